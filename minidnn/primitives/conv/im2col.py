@@ -1,0 +1,52 @@
+"""im2col and col2im: lower a convolution to a matrix product and back.
+
+Column layout (C, R, S, N, P, Q): row c·R·S + r·S + s of the lowered matrix D_m holds filter tap
+(c, r, s) for every output pixel of every image, so with groups the rows split into G contiguous
+blocks and the product is one GEMM per group: (K/G × C/G·R·S) · (C/G·R·S × N·P·Q).
+col2im is the adjoint: it sums each column entry back onto the input pixel it was copied from.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from .problem import ConvProblem
+from .reference import padded, tap_slices, windows
+
+
+def column_shape(problem: ConvProblem) -> tuple[int, ...]:
+    return (problem.C, problem.R, problem.S, problem.N, problem.P, problem.Q)
+
+
+def column_bytes(problem: ConvProblem) -> int:
+    """Bytes of the lowered matrix D_m for the whole (micro-)batch of ``problem``."""
+    C, R, S, N, P, Q = column_shape(problem)
+    return C * R * S * N * P * Q * problem.itemsize
+
+
+def im2col(x: Any, problem: ConvProblem) -> Any:
+    """x: (N, C, H, W) -> columns (C, R, S, N, P, Q), contiguous, zeros where the window hits padding."""
+    xp = backend.get_array_module(x)
+    if xp is not np:
+        from . import gpu_kernels  # noqa: PLC0415 - CuPy only
+
+        return gpu_kernels.im2col(x, problem)
+    return xp.ascontiguousarray(windows(padded(x, problem), problem).transpose(1, 4, 5, 0, 2, 3))
+
+
+def col2im(columns: Any, problem: ConvProblem) -> Any:
+    """columns: (C, R, S, N, P, Q) -> dx: (N, C, H, W), summing the entries of overlapping windows."""
+    xp = backend.get_array_module(columns)
+    if xp is not np:
+        from . import gpu_kernels  # noqa: PLC0415 - CuPy only
+
+        return gpu_kernels.col2im(columns, problem)
+    (ph, pw) = problem.padding
+    dx = xp.zeros((problem.N, problem.C, problem.H + 2 * ph, problem.W + 2 * pw), dtype=columns.dtype)
+    for r in range(problem.R):
+        for s in range(problem.S):
+            rows, cols = tap_slices(problem, r, s)
+            dx[:, :, rows, cols] += columns[:, r, s].transpose(1, 0, 2, 3)
+    return dx[:, :, ph:ph + problem.H, pw:pw + problem.W]
