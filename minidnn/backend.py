@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = [
     "Device", "device", "cuda_is_available", "cuda_device_count", "cupy", "get_array_module",
-    "device_of", "to_device", "is_cuda_array", "synchronize", "set_allow_tf32", "allow_tf32",
+    "device_of", "to_device", "is_cuda_array", "add_at", "on_device", "synchronize", "set_allow_tf32", "allow_tf32",
     "tf32", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
 ]
 
@@ -164,6 +164,16 @@ def on_device(target: "str | Device") -> Iterator[None]:
         return
     with cupy().cuda.Device(target.index):
         yield
+
+
+def add_at(target: Any, index: Any, values: Any) -> None:
+    """``target[index] += values`` with repeated indices adding up (NumPy's ``np.add.at``)."""
+    if is_cuda_array(target):
+        import cupyx  # noqa: PLC0415 - GPU only
+
+        cupyx.scatter_add(target, index, values)
+    else:
+        np.add.at(target, index, values)
 
 
 def synchronize(target: "str | Device | None" = None) -> None:

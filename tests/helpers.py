@@ -39,3 +39,29 @@ def numerical_gradient(f: Callable[..., Any], inputs: list[np.ndarray], index: i
         flat[i] = original
         grad_flat[i] = (plus - minus) / (2 * eps)
     return grad
+
+
+def gradcheck(f: Callable[..., Any], *inputs: np.ndarray, seed: int = 0, eps: float = 1e-6, rtol: float = 1e-6,
+              atol: float = 1e-9, device: str = "cpu") -> None:
+    """Autograd gradients of ``f`` (Tensors -> Tensor) against central differences, all in float64.
+
+    Each input array becomes a float64 tensor requiring grad; the output is contracted with fixed
+    random weights so every output element's gradient is checked.
+    """
+    import minidnn  # noqa: PLC0415 - helpers are imported by primitive tests that do not need it
+
+    inputs = [np.asarray(a, dtype=np.float64) for a in inputs]
+    tensors = [minidnn.tensor(a, device=device, requires_grad=True) for a in inputs]
+    out = f(*tensors)
+    weights = np.random.default_rng(seed).standard_normal(out.shape)
+    out.backward(minidnn.tensor(weights, device=device))
+
+    def plain(*arrays: np.ndarray) -> np.ndarray:
+        with minidnn.no_grad():
+            return f(*(minidnn.tensor(a, device=device) for a in arrays)).numpy()
+
+    for index, tensor in enumerate(tensors):
+        expected = numerical_gradient(plain, inputs, index, weights, eps)
+        assert tensor.grad is not None, f"input {index} got no gradient"
+        np.testing.assert_allclose(tensor.grad.numpy(), expected, rtol=rtol, atol=atol,
+                                   err_msg=f"gradient of input {index}")

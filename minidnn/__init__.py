@@ -1,0 +1,31 @@
+"""minidnn: a small deep-learning framework on its own cuDNN-like primitives library.
+
+    import minidnn
+    import minidnn.nn as nn
+    import minidnn.functional as F
+
+Layers: :mod:`minidnn.primitives` (functions on NumPy/CuPy arrays) <- :mod:`minidnn.functional`
+(graph nodes) <- :mod:`minidnn.nn` (modules) and :mod:`minidnn.optim`. See docs/architecture.md.
+"""
+import numpy as _np
+
+from . import backend, cuda, functional, nn, optim, primitives
+from .autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled, tensor
+from .backend import Device, device
+from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
+from .ops import argmax, cat, flatten, stack, where
+from .random import get_rng_state, manual_seed, set_rng_state
+
+__version__ = "0.1.0"
+
+float16, float32, float64 = _np.float16, _np.float32, _np.float64
+int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.int64, _np.uint8, _np.bool_
+half, float, double, long = float16, float32, float64, int64  # noqa: A001 - PyTorch's aliases
+
+__all__ = [
+    "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "device", "Device",
+    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "cat", "stack", "where",
+    "argmax", "flatten", "manual_seed", "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
+    "optim", "primitives", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+]

@@ -1,0 +1,406 @@
+"""Neural-network operations with PyTorch's names, signatures and semantics (``torch.nn.functional``).
+
+Each operation is a graph node (:class:`~minidnn.autograd.Function`) whose forward and backward
+call :mod:`minidnn.primitives`; nothing here computes on arrays itself beyond glue (reshapes for
+the losses). Use as ``import minidnn.functional as F``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import ops
+from . import primitives as P
+from . import random as _random
+from .autograd import Function, Tensor
+
+__all__ = [
+    "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
+    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "batch_norm",
+    "local_response_norm", "flatten",
+]
+
+
+def _require_tensor(value: Any, name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a minidnn Tensor, got {type(value).__name__}")
+    return value
+
+
+def _data(value: Tensor | None) -> Any:
+    return None if value is None else value.data
+
+
+# ----------------------------------------------------------------------------------------------
+# Convolution and linear layers
+# ----------------------------------------------------------------------------------------------
+class Conv2d(Function):
+    def forward(self, x, w, b, stride, padding, dilation, groups):
+        self.args = (stride, padding, dilation, groups)
+        self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
+        self.x_shape, self.w_shape = x.shape, w.shape
+        y = P.conv2d_forward(x, w, *self.args)
+        return y if b is None else P.bias_add(y, b, axis=1)
+
+    def backward(self, dy):
+        x, w = self.saved
+        dx = P.conv2d_backward_data(dy, w, self.x_shape, *self.args) if self.needs_input_grad[0] else None
+        dw = P.conv2d_backward_filter(x, dy, self.w_shape, *self.args) if self.needs_input_grad[1] else None
+        db = P.bias_backward(dy, axis=1) if self.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def _conv_padding(padding: Any, weight: Tensor, stride: Any, dilation: Any) -> Any:
+    """PyTorch's string paddings: 'valid' is 0; 'same' keeps the size (stride 1, odd dilated kernel)."""
+    if not isinstance(padding, str):
+        return padding
+    if padding == "valid":
+        return 0
+    if padding == "same":
+        if stride not in (1, (1, 1)):
+            raise ValueError("padding='same' is not supported for strided convolutions")
+        dh, dw = P.pair(dilation, "dilation", minimum=1)
+        spans = (dh * (weight.shape[2] - 1), dw * (weight.shape[3] - 1))
+        if spans[0] % 2 or spans[1] % 2:
+            raise ValueError("padding='same' needs an odd (dilated) kernel size here: pad explicitly instead")
+        return (spans[0] // 2, spans[1] // 2)
+    raise ValueError(f"padding must be an int, a pair of ints, 'valid' or 'same', got {padding!r}")
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """2-D cross-correlation. input (N, C, H, W), weight (K, C/groups, R, S), bias (K,) -> (N, K, P, Q)."""
+    _require_tensor(input, "input")
+    _require_tensor(weight, "weight")
+    padding = _conv_padding(padding, weight, stride, dilation)
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return Conv2d.apply(input, weight, bias, stride, padding, dilation, groups)
+
+
+class Linear(Function):
+    def forward(self, x, w, b):
+        self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
+        return P.linear_forward(x, w, b)
+
+    def backward(self, dy):
+        x, w = self.saved
+        dx = P.linear_backward_data(dy, w) if self.needs_input_grad[0] else None
+        dw = P.linear_backward_weight(x, dy) if self.needs_input_grad[1] else None
+        db = P.bias_backward(dy, axis=-1) if self.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = input @ weight.T + bias. input (..., in_features), weight (out_features, in_features)."""
+    _require_tensor(input, "input")
+    return Linear.apply(input, weight, bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pooling
+# ----------------------------------------------------------------------------------------------
+class MaxPool2d(Function):
+    def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
+        y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode)
+        self.x_shape = x.shape
+        if indices_out is not None:  # return_indices: hand the argmax to the caller as well
+            indices_out.append(self.indices)
+        return y
+
+    def backward(self, dy):
+        return P.max_pool2d_backward(dy, self.indices, self.x_shape)
+
+
+def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """Max pooling over (H, W). With ``return_indices`` also the flat h·W + w index of each maximum."""
+    _require_tensor(input, "input")
+    indices: list = []
+    y = MaxPool2d.apply(input, kernel_size, stride, padding, dilation, ceil_mode, indices if return_indices else None)
+    return (y, Tensor(indices[0])) if return_indices else y
+
+
+class AvgPool2d(Function):
+    def forward(self, x, *args):
+        self.x_shape, self.args = x.shape, args
+        return P.avg_pool2d_forward(x, *args)
+
+    def backward(self, dy):
+        return P.avg_pool2d_backward(dy, self.x_shape, *self.args)
+
+
+def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    _require_tensor(input, "input")
+    return AvgPool2d.apply(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+class AdaptiveAvgPool2d(Function):
+    def forward(self, x, output_size):
+        self.x_shape = x.shape
+        return P.adaptive_avg_pool2d_forward(x, output_size)
+
+    def backward(self, dy):
+        return P.adaptive_avg_pool2d_backward(dy, self.x_shape)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
+    _require_tensor(input, "input")
+    return AdaptiveAvgPool2d.apply(input, output_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Activations and softmax
+# ----------------------------------------------------------------------------------------------
+class _Activation(Function):
+    """y = f(x); the backward needs only y (ReLU, sigmoid and tanh all can), so x is not kept."""
+
+    primitive_forward = primitive_backward = None
+
+    def forward(self, x):
+        y = type(self).primitive_forward(x)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        return type(self).primitive_backward(dy, self.saved[0])
+
+
+class ReLU(_Activation):
+    primitive_forward, primitive_backward = staticmethod(P.relu_forward), staticmethod(P.relu_backward)
+
+
+class Sigmoid(_Activation):
+    primitive_forward, primitive_backward = staticmethod(P.sigmoid_forward), staticmethod(P.sigmoid_backward)
+
+
+class Tanh(_Activation):
+    primitive_forward, primitive_backward = staticmethod(P.tanh_forward), staticmethod(P.tanh_backward)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """max(input, 0). ``inplace`` is accepted for PyTorch compatibility; a new tensor is returned."""
+    return ReLU.apply(_require_tensor(input, "input"))
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return Sigmoid.apply(_require_tensor(input, "input"))
+
+
+def tanh(input: Tensor) -> Tensor:
+    return Tanh.apply(_require_tensor(input, "input"))
+
+
+class Softmax(Function):
+    def forward(self, x, axis):
+        self.axis = axis
+        y = P.softmax_forward(x, axis)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        return P.softmax_backward(dy, self.saved[0], self.axis)
+
+
+class LogSoftmax(Function):
+    def forward(self, x, axis):
+        self.axis = axis
+        y = P.log_softmax_forward(x, axis)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        return P.log_softmax_backward(dy, self.saved[0], self.axis)
+
+
+def _dim(dim: Any, ndim: int) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    if not -ndim <= dim < max(ndim, 1):
+        raise IndexError(f"dim {dim} is out of range for a tensor of {ndim} dimensions")
+    return dim % max(ndim, 1)
+
+
+def softmax(input: Tensor, dim: int) -> Tensor:
+    return Softmax.apply(_require_tensor(input, "input"), _dim(dim, input.ndim))
+
+
+def log_softmax(input: Tensor, dim: int) -> Tensor:
+    return LogSoftmax.apply(_require_tensor(input, "input"), _dim(dim, input.ndim))
+
+
+# ----------------------------------------------------------------------------------------------
+# Losses
+# ----------------------------------------------------------------------------------------------
+def _rows(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """(N, C) or (N, C, d1, ...) scores with (N,) or (N, d1, ...) targets -> (M, C) rows and (M,) targets."""
+    _require_tensor(input, "input")
+    _require_tensor(target, "target")
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"{name}: target must be an integer tensor of class indices, got {target.dtype}")
+    if input.ndim < 2:
+        raise ValueError(f"{name}: input must be (N, C) or (N, C, d1, ...), got shape {input.shape}")
+    if target.shape != (input.shape[0],) + input.shape[2:]:
+        raise ValueError(f"{name}: target shape {target.shape} does not match input {input.shape} "
+                         f"(expected {(input.shape[0],) + input.shape[2:]})")
+    if input.ndim == 2:
+        return input, target
+    rows = ops.permute(input, 0, *range(2, input.ndim), 1).reshape(-1, input.shape[1])
+    return rows, target.reshape(-1)
+
+
+def _unrows(loss: Tensor, input: Tensor, reduction: str) -> Tensor:
+    return loss.reshape((input.shape[0],) + input.shape[2:]) if reduction == "none" and input.ndim > 2 else loss
+
+
+class CrossEntropy(Function):
+    def forward(self, logits, target, weight, ignore_index, label_smoothing, reduction):
+        self.args = (weight, ignore_index, label_smoothing, reduction)
+        loss, log_probs = P.cross_entropy_forward(logits, target, *self.args)
+        self.save_for_backward(log_probs, target)
+        return loss
+
+    def backward(self, grad_loss):
+        log_probs, target = self.saved
+        return P.cross_entropy_backward(grad_loss, log_probs, target, *self.args), None
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross-entropy over class indices, fused (one primitive forward, one backward)."""
+    rows, targets = _rows(input, target, "cross_entropy")
+    loss = CrossEntropy.apply(rows, targets.data, _data(weight), ignore_index, float(label_smoothing), reduction)
+    return _unrows(loss, input, reduction)
+
+
+class NLLLoss(Function):
+    def forward(self, log_probs, target, weight, ignore_index, reduction):
+        self.args = (weight, ignore_index, reduction)
+        self.shape = log_probs.shape
+        self.save_for_backward(target)
+        return P.nll_loss_forward(log_probs, target, *self.args)
+
+    def backward(self, grad_loss):
+        (target,) = self.saved
+        return P.nll_loss_backward(grad_loss, target, self.shape, *self.args), None
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:
+    rows, targets = _rows(input, target, "nll_loss")
+    loss = NLLLoss.apply(rows, targets.data, _data(weight), ignore_index, reduction)
+    return _unrows(loss, input, reduction)
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    _require_tensor(input, "input")
+    if isinstance(target, Tensor) and target.shape != input.shape:
+        raise ValueError(f"mse_loss: target shape {target.shape} differs from input shape {input.shape}")
+    squared = (input - target) ** 2
+    if reduction == "mean":
+        return squared.mean()
+    if reduction == "sum":
+        return squared.sum()
+    if reduction == "none":
+        return squared
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Regularisation and normalisation
+# ----------------------------------------------------------------------------------------------
+class Dropout(Function):
+    def forward(self, x, p, seed, offset):
+        y, mask = P.dropout_forward(x, p, seed, offset)
+        self.p = p
+        self.save_for_backward(mask)
+        return y
+
+    def backward(self, dy):
+        return P.dropout_backward(dy, self.saved[0], self.p)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training.
+
+    The mask comes from the global generator's counter stream (see :mod:`minidnn.random`).
+    """
+    _require_tensor(input, "input")
+    if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
+    if not training or p == 0.0:
+        return input
+    generator = _random.default_generator
+    return Dropout.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
+
+
+class BatchNormTraining(Function):
+    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps):
+        y, mean, invstd = P.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps)
+        self.save_for_backward(x, weight, mean, invstd)
+        return y
+
+    def backward(self, dy):
+        x, weight, mean, invstd = self.saved
+        dx, dweight, dbias = P.batch_norm_backward_training(dy, x, weight, mean, invstd)
+        return dx, dweight, dbias
+
+
+class BatchNormInference(Function):
+    def forward(self, x, weight, bias, running_mean, running_var, eps):
+        self.save_for_backward(x, weight, running_mean.copy(), running_var.copy())
+        self.eps = eps
+        return P.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps)
+
+    def backward(self, dy):
+        x, weight, running_mean, running_var = self.saved
+        return P.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
+               bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Batch normalisation over every axis but 1. In training, normalises with the batch statistics
+    and updates the running ones in place; otherwise uses the running statistics."""
+    _require_tensor(input, "input")
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: input must be (N, C, ...), got shape {input.shape}")
+    channels = input.shape[1]
+    for name, value in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        if value is not None and tuple(value.shape) != (channels,):
+            raise ValueError(f"batch_norm: {name} must have shape ({channels},) for an input with {channels} "
+                             f"channels, got {tuple(value.shape)}")
+    if training:
+        return BatchNormTraining.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum, eps)
+    if running_mean is None or running_var is None:
+        raise ValueError("batch_norm: running_mean and running_var are required when training=False")
+    return BatchNormInference.apply(input, weight, bias, running_mean.data, running_var.data, eps)
+
+
+class LocalResponseNorm(Function):
+    def forward(self, x, size, alpha, beta, k):
+        self.args = (size, alpha, beta, k)
+        y, scale = P.lrn_forward(x, size, alpha, beta, k)
+        self.save_for_backward(x, y, scale)
+        return y
+
+    def backward(self, dy):
+        x, y, scale = self.saved
+        return P.lrn_backward(dy, x, y, scale, *self.args)
+
+
+def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
+    """Cross-channel LRN as in PyTorch and Caffe: x / (k + alpha/size · Σ_window x²)^beta."""
+    _require_tensor(input, "input")
+    return LocalResponseNorm.apply(input, size, alpha, beta, k)
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return ops.flatten(_require_tensor(input, "input"), start_dim, end_dim)
+
+
+# Tensor methods that are neural-network operations.
+Tensor.relu = relu
+Tensor.sigmoid = sigmoid
+Tensor.tanh = tanh
+Tensor.softmax = softmax
+Tensor.log_softmax = log_softmax

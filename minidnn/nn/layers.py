@@ -1,0 +1,313 @@
+"""Layers: thin modules that hold parameters and call :mod:`minidnn.functional`.
+
+Constructor arguments, parameter names and default initialisations are PyTorch's, so a model
+written here reads like its PyTorch twin and their state dicts are interchangeable.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from .. import functional as F
+from ..autograd import Tensor
+from ..primitives import pair
+from . import init
+from .module import Module, Parameter
+
+
+def _empty(shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+    """An uninitialised float array (float32 unless ``dtype`` says otherwise) on ``device``."""
+    array = np.empty(shape, dtype=np.float32 if dtype is None else np.dtype(dtype))
+    if array.dtype.kind != "f":
+        raise TypeError(f"dtype must be a floating-point dtype, got {array.dtype}")
+    return array if device is None else backend.to_device(array, device)
+
+
+def _parameter(shape: tuple[int, ...], dtype: Any, device: Any) -> Parameter:
+    return Parameter(_empty(shape, dtype, device))
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class Conv2d(Module):
+    """2-D convolution: (N, in_channels, H, W) -> (N, out_channels, P, Q)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
+                 dilation: Any = 1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        _positive_int(in_channels, "in_channels")
+        _positive_int(out_channels, "out_channels")
+        _positive_int(groups, "groups")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+        if padding_mode != "zeros":
+            raise ValueError(f"padding_mode must be 'zeros' (the only mode implemented), got {padding_mode!r}")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = pair(kernel_size, "kernel_size", minimum=1)
+        self.stride = pair(stride, "stride", minimum=1)
+        self.padding = padding if isinstance(padding, str) else pair(padding, "padding")
+        self.dilation = pair(dilation, "dilation", minimum=1)
+        self.weight = _parameter((out_channels, in_channels // groups, *self.kernel_size), dtype, device)
+        self.bias = _parameter((out_channels,), dtype, device) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # PyTorch's default: kaiming_uniform_(a=√5), i.e. U(±1/√fan_in), for weight and bias alike.
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(init.fan_in_and_fan_out(self.weight)[0])
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0, 0):
+            text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + ("" if self.bias is not None else ", bias=False")
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias: (..., in_features) -> (..., out_features)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        self.in_features = _positive_int(in_features, "in_features")
+        self.out_features = _positive_int(out_features, "out_features")
+        self.weight = _parameter((out_features, in_features), dtype, device)
+        self.bias = _parameter((out_features,), dtype, device) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1:] != (self.in_features,):
+            raise ValueError(f"Linear expects input (..., {self.in_features}), got shape {x.shape}")
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                 return_indices: bool = False, ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
+
+    def forward(self, x: Tensor) -> Any:
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override: int | None = None) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class ReLU(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.tanh(x)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softmax(x, self.dim)
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.log_softmax(x, self.dim)
+
+
+class LocalResponseNorm(Module):
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> None:
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = _positive_int(size, "size"), alpha, beta, k
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
+        self.p, self.inplace = float(p), inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation of (N, C, H, W) per channel; buffers running_mean, running_var, num_batches_tracked."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.num_features = _positive_int(num_features, "num_features")
+        self.eps, self.momentum, self.affine, self.track_running_stats = eps, momentum, affine, track_running_stats
+        self.weight = _parameter((num_features,), dtype, device) if affine else None
+        self.bias = _parameter((num_features,), dtype, device) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", Tensor(_empty((num_features,), dtype, device)))
+            self.register_buffer("running_var", Tensor(_empty((num_features,), dtype, device)))
+            counter = np.zeros((), dtype=np.int64)
+            self.register_buffer("num_batches_tracked", Tensor(counter if device is None else backend.to_device(counter, device)))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
+            self.num_batches_tracked.data[...] = 0
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4:
+            raise ValueError(f"BatchNorm2d expects 4-D input (N, C, H, W), got shape {x.shape}")
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.data += 1
+            if self.momentum is None:  # cumulative moving average, as PyTorch
+                momentum = 1.0 / float(self.num_batches_tracked.item())
+        # Without running statistics (track_running_stats=False) even eval() normalises with the batch's.
+        use_batch_statistics = self.training or not self.track_running_stats
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_statistics,
+                            momentum, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.flatten(x, self.start_dim, self.end_dim)
+
+
+class Identity(Module):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        self.register_buffer("weight", weight)
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
+
+
+class NLLLoss(Module):
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.mse_loss(input, target, self.reduction)

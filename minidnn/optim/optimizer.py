@@ -1,0 +1,112 @@
+"""Optimizer base class: parameter groups, per-parameter state and its state dict (PyTorch's format)."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from .. import backend
+from ..autograd import Tensor
+
+
+class Optimizer:
+    """Holds ``param_groups`` (dicts with ``"params"`` and hyper-parameters) and ``state`` per parameter.
+
+    Subclasses implement :meth:`step`; state values are arrays on the parameter's device, so the
+    state follows the model, and ints/floats.
+    """
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+        self.state: dict[Tensor, dict[str, Any]] = {}
+        self.param_groups: list[dict[str, Any]] = []
+        if isinstance(params, Tensor):
+            raise TypeError("params must be an iterable of tensors or of dicts, not a single tensor")
+        params = list(params)
+        if not params:
+            raise ValueError("optimizer got an empty parameter list")
+        for group in (params if isinstance(params[0], dict) else [{"params": params}]):
+            self.add_param_group(group)
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        if not isinstance(group, dict) or "params" not in group:
+            raise TypeError("a parameter group must be a dict with a 'params' entry")
+        group = dict(group)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        for p in group["params"]:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        for key, value in self.defaults.items():
+            group.setdefault(key, value)
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.data[...] = 0
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def _state_for(self, p: Tensor) -> dict[str, Any]:
+        return self.state.setdefault(p, {})
+
+    # --- state dict ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {index: {name: Tensor | number}}, "param_groups": [{..., "params": [index, ...]}]}``."""
+        index_of: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            indices = [index_of.setdefault(id(p), len(index_of)) for p in group["params"]]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": indices})
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p in self.state:
+                    state[index_of[id(p)]] = {k: Tensor(v) if _is_array(v) else v for k, v in self.state[p].items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        if groups is None or "state" not in state_dict:
+            raise ValueError("optimizer state_dict must have 'state' and 'param_groups' entries")
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(groups)} parameter groups, the optimizer has "
+                             f"{len(self.param_groups)}")
+        for saved, own in zip(groups, self.param_groups):
+            if len(saved["params"]) != len(own["params"]):
+                raise ValueError(f"a loaded parameter group has {len(saved['params'])} parameters, the optimizer's "
+                                 f"has {len(own['params'])}")
+        by_index = {i: p for saved, own in zip(groups, self.param_groups) for i, p in zip(saved["params"], own["params"])}
+        self.state = {}
+        for index, values in state_dict["state"].items():
+            p = by_index.get(int(index))
+            if p is None:
+                raise ValueError(f"optimizer state refers to parameter {index}, which no group holds")
+            self.state[p] = {k: _to_parameter_array(v, p) for k, v in values.items()}
+        for saved, own in zip(groups, self.param_groups):
+            own.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or backend.is_cuda_array(value)
+
+
+def _to_parameter_array(value: Any, p: Tensor) -> Any:
+    """A saved state entry as an array on ``p``'s device (numbers stay numbers)."""
+    if isinstance(value, Tensor):
+        value = value.data
+    if _is_array(value):
+        if value.shape != p.shape and value.ndim:
+            raise ValueError(f"optimizer state of shape {value.shape} does not match its parameter {p.shape}")
+        return backend.to_device(value, p.device).astype(p.dtype if value.dtype.kind == "f" else value.dtype, copy=True)
+    return value

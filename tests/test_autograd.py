@@ -1,0 +1,244 @@
+"""Tensor creation, the graph engine and the tensor operations (ops.py)."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import minidnn
+from minidnn import backend
+from tests.helpers import gradcheck
+
+
+# --- creation ---------------------------------------------------------------------------------
+def test_tensor_dtype_rules_follow_pytorch():
+    assert minidnn.tensor(1.5).dtype == np.float32
+    assert minidnn.tensor([1.0, 2.0]).dtype == np.float32
+    assert minidnn.tensor([1, 2]).dtype == np.int64
+    assert minidnn.tensor([True]).dtype == np.bool_
+    assert minidnn.tensor(np.zeros(3, np.float64)).dtype == np.float64  # arrays keep their dtype
+    assert minidnn.tensor(np.zeros(3, np.int64)).dtype == np.int64
+    assert minidnn.tensor([1, 2], dtype=minidnn.float64).dtype == np.float64
+    assert minidnn.tensor([1.0], dtype="float16").dtype == np.float16
+
+
+def test_tensor_copies_its_data():
+    source = np.ones(3)
+    t = minidnn.tensor(source)
+    source[0] = 5
+    assert t.numpy()[0] == 1
+
+
+def test_tensor_rejects_bad_input():
+    with pytest.raises(TypeError, match="dtype"):
+        minidnn.tensor([1.0], dtype="complex64")
+    with pytest.raises(TypeError, match="numbers"):
+        minidnn.tensor(["a"])
+    with pytest.raises(TypeError, match="floating-point"):
+        minidnn.tensor([1, 2], requires_grad=True)
+    with pytest.raises(ValueError, match="device"):
+        minidnn.tensor([1.0], device="tpu")
+
+
+def test_factories():
+    minidnn.manual_seed(3)
+    a = minidnn.randn(2, 3)
+    minidnn.manual_seed(3)
+    b = minidnn.randn((2, 3))
+    assert a.shape == (2, 3) and a.dtype == np.float32
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert minidnn.zeros(2, dtype=minidnn.float64).dtype == np.float64
+    assert minidnn.arange(5).dtype == np.int64 and minidnn.arange(0.0, 1.0, 0.25).shape == (4,)
+    assert minidnn.full((2, 2), 7.0).numpy().sum() == 28
+    assert minidnn.ones_like(a).shape == (2, 3)
+
+
+def test_properties_and_conversions():
+    t = minidnn.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert t.shape == (2, 2) and t.ndim == 2 and t.numel() == 4 and len(t) == 2 and t.size(1) == 2
+    assert t.device == minidnn.device("cpu") and str(t.device) == "cpu"
+    assert t[1, 0].item() == 3.0 and float(t.sum()) == 10.0
+    assert t.double().dtype == np.float64 and t.long().dtype == np.int64
+    assert "tensor(" in repr(t)
+    with pytest.raises(ValueError, match="one-element"):
+        t.item()
+
+
+# --- engine -----------------------------------------------------------------------------------
+def test_gradients_accumulate_over_fan_out_and_calls():
+    x = minidnn.tensor([2.0, 3.0], requires_grad=True)
+    y = x * x + x  # x is used three times
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * x.numpy() + 1)
+    (x * 3).sum().backward()  # a second backward adds, as in PyTorch
+    np.testing.assert_allclose(x.grad.numpy(), 2 * x.numpy() + 4)
+
+
+def test_shared_gradient_arrays_are_not_aliased():
+    a = minidnn.tensor([1.0], requires_grad=True)
+    b = minidnn.tensor([1.0], requires_grad=True)
+    (a + b).sum().backward()  # the same gradient array reaches both leaves
+    (a * 5).sum().backward()
+    assert a.grad.item() == 6.0 and b.grad.item() == 1.0
+
+
+def test_deep_graph_has_no_recursion_limit():
+    x = minidnn.tensor(np.ones(4), requires_grad=True)
+    y = x
+    for _ in range(5000):
+        y = y * 1.0 + 0.0
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.ones(4))
+
+
+def test_saved_arrays_are_released_after_backward():
+    x = minidnn.tensor(np.ones((100, 100)), requires_grad=True)
+    big = minidnn.tensor(np.full((100, 100), 2.0))
+    watch = weakref.ref(big.data)
+    y = (x * big).sum()
+    del big
+    gc.collect()
+    assert watch() is not None  # kept alive by the Mul node for its backward
+    y.backward()
+    gc.collect()
+    assert watch() is None  # released as soon as the node's backward ran
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+def test_retain_graph_allows_a_second_backward():
+    x = minidnn.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 4 * x.numpy())
+
+
+def test_no_grad_records_nothing():
+    x = minidnn.tensor([1.0], requires_grad=True)
+    with minidnn.no_grad():
+        y = x * 2
+    assert not y.requires_grad and y.is_leaf
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        y.backward()
+
+
+def test_backward_needs_gradient_for_non_scalars_and_checks_its_shape():
+    x = minidnn.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="one-element"):
+        (x * 2).backward()
+    with pytest.raises(ValueError, match="shape"):
+        (x * 2).backward(minidnn.tensor([1.0]))
+
+
+def test_detach_and_retain_grad():
+    x = minidnn.tensor([3.0], requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    z = y * y.detach()
+    z.sum().backward()
+    assert x.grad.item() == pytest.approx(2 * 6.0)  # d(2x · const 6)/dx
+    assert y.grad.item() == pytest.approx(6.0)
+
+
+def test_inplace_on_leaf_requiring_grad_is_refused():
+    x = minidnn.tensor([1.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place"):
+        x.add_(1.0)
+    with minidnn.no_grad():
+        x.add_(1.0)
+    assert x.item() == 2.0
+
+
+# --- operations: gradients against finite differences -----------------------------------------
+@pytest.mark.parametrize("op", [
+    lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / (b * b + 1.0),
+    lambda a, b: (a * a + 1.0) ** b, lambda a, b: 2.0 - a * 3.0 + 1.5 / (b * b + 1.0),
+])
+def test_binary_ops_with_broadcasting(op, rng):
+    gradcheck(op, rng.standard_normal((3, 1, 4)), rng.standard_normal((5, 1)))
+
+
+@pytest.mark.parametrize("op", [
+    lambda a: a.exp(), lambda a: (a * a + 1).log(), lambda a: (a * a + 1).sqrt(), lambda a: abs(a),
+    lambda a: -a, lambda a: a.clamp(-0.3, 0.4), lambda a: a.relu(), lambda a: a ** 3,
+])
+def test_unary_ops(op, rng):
+    gradcheck(op, rng.standard_normal((4, 3)))
+
+
+@pytest.mark.parametrize("shapes", [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 4)), ((2, 3), (3, 4)),
+                                    ((5, 2, 3), (3, 4)), ((5, 2, 3), (1, 3, 4))])
+def test_matmul_shapes(shapes, rng):
+    gradcheck(lambda a, b: a @ b, rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1]))
+
+
+@pytest.mark.parametrize("op", [
+    lambda a: a.sum(), lambda a: a.sum(1), lambda a: a.sum((0, 2), keepdim=True), lambda a: a.mean(),
+    lambda a: a.mean(-1), lambda a: a.max(), lambda a: a.max(1).values, lambda a: a.min(2, keepdim=True).values,
+])
+def test_reductions(op, rng):
+    gradcheck(op, rng.standard_normal((2, 3, 4)))
+
+
+def test_max_with_dim_returns_values_and_indices():
+    t = minidnn.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]])
+    values, indices = t.max(1)
+    np.testing.assert_array_equal(values.numpy(), [5.0, 7.0])
+    np.testing.assert_array_equal(indices.numpy(), [1, 0])
+    assert t.argmax(1).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("op", [
+    lambda a: a.reshape(4, 6), lambda a: a.view(-1), lambda a: a.permute(2, 0, 1), lambda a: a.transpose(0, 2),
+    lambda a: a.flatten(1), lambda a: a.unsqueeze(1).squeeze(1), lambda a: a.T, lambda a: a[1:, ::2, -1],
+    lambda a: a[:, [0, 0, 2]], lambda a: a[a.detach() > 0], lambda a: a[None, ..., 1],
+    lambda a: a.expand(3, 2, 3, 4).sum(0),
+])
+def test_shape_and_indexing_ops(op, rng):
+    gradcheck(op, rng.standard_normal((2, 3, 4)))
+
+
+def test_cat_stack_where(rng):
+    gradcheck(lambda a, b: minidnn.cat([a, b, a], dim=1), rng.standard_normal((2, 3)), rng.standard_normal((2, 1)))
+    gradcheck(lambda a, b: minidnn.stack([a, b], dim=-1), rng.standard_normal((2, 3)), rng.standard_normal((2, 3)))
+    gradcheck(lambda a, b: minidnn.where(a > 0, a, b), rng.standard_normal((4,)), rng.standard_normal((4,)))
+
+
+def test_shape_errors_name_the_problem():
+    t = minidnn.zeros(2, 3)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        t.reshape(4, 2)
+    with pytest.raises(ValueError, match="permutation"):
+        t.permute(0, 0)
+    with pytest.raises(IndexError, match="out of range"):
+        t.sum(3)
+    with pytest.raises(ValueError, match="differ outside dim"):
+        minidnn.cat([t, minidnn.zeros(3, 3)], dim=1)
+
+
+def test_comparisons_give_bool_tensors_outside_the_graph():
+    a = minidnn.tensor([1.0, 2.0], requires_grad=True)
+    mask = a > 1.5
+    assert mask.dtype == np.bool_ and not mask.requires_grad
+    assert (a == minidnn.tensor([1.0, 0.0])).tolist() == [True, False]
+
+
+def test_to_changes_dtype_differentiably():
+    x = minidnn.tensor([1.0, 2.0], dtype=minidnn.float64, requires_grad=True)
+    y = x.to(minidnn.float32) * 2
+    assert y.dtype == np.float32
+    y.sum().backward()
+    assert x.grad.dtype == np.float64
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0])
+
+
+@pytest.mark.gpu
+def test_moving_between_devices_and_mixing_is_an_error():
+    x = minidnn.tensor([1.0, 2.0], requires_grad=True)
+    y = x.to("cuda")
+    assert str(y.device) == "cuda:0" and backend.is_cuda_array(y.data)
+    (y * 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [3.0, 3.0])
+    with pytest.raises(ValueError, match="same device"):
+        x + y
