@@ -1,10 +1,9 @@
 """Convolution primitives: three directions, an algorithm registry, a workspace limit.
 
-Algorithms register on import; the import order below is the order of preference of
-``algo="auto"`` (fastest first, the zero-workspace ``reference`` last, as cuDNN falls back to its
-zero-workspace implicit GEMM).
+Algorithms register on import; ``algo="auto"`` tries them by their ``priority`` (fastest first,
+the zero-workspace ``reference`` last, as cuDNN falls back to its zero-workspace implicit GEMM).
 """
-from . import gemm, reference  # noqa: F401 - registers the algorithms, in order of preference
+from . import gemm, reference  # noqa: F401 - importing registers the algorithms
 from .api import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .problem import ConvProblem
 from .registry import (ConvAlgorithm, algorithms, default_algorithm, register, set_workspace_limit, settings,

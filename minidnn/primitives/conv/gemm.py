@@ -33,6 +33,7 @@ def _output_rows(dy: Any, problem: ConvProblem) -> Any:
 
 class Gemm(ConvAlgorithm):
     name = "gemm"
+    priority = 10
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True

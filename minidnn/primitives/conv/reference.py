@@ -46,6 +46,7 @@ def _grouped(array: Any, groups: int) -> Any:
 
 class Reference(ConvAlgorithm):
     name = "reference"
+    priority = 1000  # exact but slow: only when nothing else fits
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True

@@ -4,7 +4,7 @@ An algorithm is an object with a ``name`` that, for each direction, says whether
 problem and how many workspace bytes it needs, and runs it. Each lives in its own file in this
 package and registers itself on import. Selection mirrors cuDNN's ``cudnnGet*Algorithm``: walk
 the algorithms in order of preference and take the first that supports the problem and fits the
-workspace limit. Any algorithm can run a problem as micro-batches (slices of the batch), so an
+workspace limit (``priority`` orders them). Any algorithm can run a problem as micro-batches (slices of the batch), so an
 algorithm fits when one image fits; :mod:`.api` splits the batch to the limit.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ class ConvAlgorithm:
 
     name = "abstract"
     deterministic = True
+    priority = 50  # order of preference for "auto": lower first
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError
@@ -58,10 +59,13 @@ _algorithms: dict[str, ConvAlgorithm] = {}
 
 
 def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
-    """Add an algorithm; registration order is the order of preference for ``"auto"``."""
+    """Add an algorithm; ``"auto"`` tries algorithms in order of their ``priority`` (lower first)."""
     if algorithm.name in _algorithms:
         raise ValueError(f"a convolution algorithm named {algorithm.name!r} is already registered")
     _algorithms[algorithm.name] = algorithm
+    ordered = sorted(_algorithms.values(), key=lambda a: a.priority)
+    _algorithms.clear()
+    _algorithms.update((a.name, a) for a in ordered)
     return algorithm
 
 
