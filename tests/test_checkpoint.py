@@ -1,0 +1,107 @@
+"""Checkpoints: round trip, atomic writes, bad files, and resuming equal to never stopping."""
+import os
+
+import numpy as np
+import pytest
+
+import minidnn
+import minidnn.functional as F
+import minidnn.nn as nn
+from minidnn import optim
+
+
+def tiny_model():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Dropout(0.3), nn.Linear(4 * 4 * 4, 5))
+
+
+def batches(count):
+    rng = np.random.default_rng(42)
+    return [(minidnn.tensor(rng.standard_normal((8, 3, 8, 8)).astype(np.float32)),
+             minidnn.tensor(rng.integers(0, 5, 8))) for _ in range(count)]
+
+
+def train(model, optimizer, scheduler, data):
+    losses = []
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def fresh(seed=0):
+    minidnn.manual_seed(seed)
+    model = tiny_model()
+    optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    return model, optimizer, optim.lr_scheduler.StepLR(optimizer, 3, gamma=0.5)
+
+
+def test_a_tiny_training_run_lowers_the_loss():
+    model, optimizer, scheduler = fresh()
+    data = batches(2) * 15
+    losses = train(model, optimizer, scheduler, data)
+    assert np.mean(losses[-4:]) < 0.5 * np.mean(losses[:4])
+
+
+def test_resuming_gives_bitwise_the_same_parameters_as_not_stopping(tmp_path):
+    data = batches(8)
+    straight = fresh()
+    train(*straight, data)
+
+    first = fresh()
+    train(*first, data[:3])
+    path = tmp_path / "run" / "checkpoint.npz"
+    minidnn.save_checkpoint(path, *first, step=3, epoch=0, note="halfway")
+    minidnn.manual_seed(999)  # disturb the global RNG: the checkpoint must restore it
+    resumed = fresh(seed=7)   # different initial weights: the checkpoint must overwrite them
+    checkpoint = minidnn.load_checkpoint(path, *resumed)
+    assert checkpoint.step == 3 and checkpoint.extra == {"epoch": 0, "note": "halfway"}
+    train(*resumed, data[3:])
+    for (name, a), b in zip(straight[0].state_dict().items(), resumed[0].state_dict().values()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
+    assert os.listdir(tmp_path / "run") == ["checkpoint.npz"]  # no temporary file left behind
+
+
+def test_truncated_foreign_and_pickled_files_give_clear_errors(tmp_path):
+    model, optimizer, scheduler = fresh()
+    good = tmp_path / "good.npz"
+    minidnn.save_checkpoint(good, model, optimizer, scheduler)
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(ValueError, match="truncated.npz.*not a readable minidnn checkpoint"):
+        minidnn.load_checkpoint(truncated, model)
+    foreign = tmp_path / "foreign.npz"
+    np.savez(foreign, weights=np.zeros(3))
+    with pytest.raises(ValueError, match="foreign.npz.*not a readable minidnn checkpoint|foreign.npz.*not a minidnn"):
+        minidnn.load_checkpoint(foreign, model)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, metadata=np.array([{"format": "minidnn-checkpoint"}], dtype=object))
+    with pytest.raises(ValueError, match="pickled.npz"):
+        minidnn.load_checkpoint(pickled, model)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="notes.txt"):
+        minidnn.read_checkpoint(text)
+    with pytest.raises(FileNotFoundError, match="missing.npz"):
+        minidnn.read_checkpoint(tmp_path / "missing.npz")
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    path = tmp_path / "other.npz"
+    minidnn.save_checkpoint(path, nn.Sequential(nn.Linear(3, 2)))
+    model, optimizer, _ = fresh()
+    with pytest.raises(ValueError, match="(?s)cannot load checkpoint .*other.npz.*missing keys"):
+        minidnn.load_checkpoint(path, model)
+    minidnn.save_checkpoint(path, model, optim.Adam(model.parameters()))
+    with pytest.raises(ValueError, match="holds Adam state, not SGD"):
+        minidnn.load_checkpoint(path, model, optimizer)
+
+
+def test_extras_must_be_json(tmp_path):
+    with pytest.raises(TypeError, match="JSON"):
+        minidnn.save_checkpoint(tmp_path / "x.npz", nn.Linear(1, 1), extra_object=object())
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,133 @@
+"""minidnn.functional: finite-difference gradients of every differentiable function (float64),
+PyTorch semantics where torch is installed, and argument errors."""
+import numpy as np
+import pytest
+
+import minidnn
+import minidnn.functional as F
+from tests.helpers import gradcheck
+
+
+def test_conv2d_gradients(rng):
+    x, w, b = rng.standard_normal((2, 4, 6, 5)), rng.standard_normal((6, 2, 3, 2)), rng.standard_normal(6)
+    gradcheck(lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), x, w, b)
+
+
+def test_conv2d_without_bias_and_same_padding(rng):
+    x, w = rng.standard_normal((1, 3, 5, 6)), rng.standard_normal((2, 3, 3, 5))
+    y = F.conv2d(minidnn.tensor(x), minidnn.tensor(w), padding="same")
+    assert y.shape == (1, 2, 5, 6)
+    gradcheck(lambda x, w: F.conv2d(x, w, padding="valid"), x, w)
+
+
+def test_linear_gradients(rng):
+    gradcheck(F.linear, rng.standard_normal((3, 2, 5)), rng.standard_normal((4, 5)), rng.standard_normal(4))
+
+
+@pytest.mark.parametrize("function", [
+    lambda x: F.max_pool2d(x, 3, 2, 1),
+    lambda x: F.max_pool2d(x, (2, 3), ceil_mode=True),
+    lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
+    F.relu, F.sigmoid, F.tanh,
+    lambda x: F.softmax(x, 1), lambda x: F.log_softmax(x, -1),
+    lambda x: F.local_response_norm(x, 3, alpha=0.3, beta=0.75, k=2.0),
+    lambda x: F.flatten(x, 1) * 2.0,
+])
+def test_gradients_of_pointwise_pooling_and_normalisation(function, rng):
+    gradcheck(function, rng.standard_normal((2, 4, 7, 6)))
+
+
+def test_batch_norm_training_and_inference_gradients(rng):
+    x, weight, bias = rng.standard_normal((3, 4, 5, 2)), rng.random(4) + 0.5, rng.standard_normal(4)
+    gradcheck(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True), x, weight, bias)
+    mean, var = minidnn.tensor(rng.standard_normal(4)), minidnn.tensor(rng.random(4) + 0.5)
+    gradcheck(lambda x, w, b: F.batch_norm(x, mean, var, w, b, training=False), x, weight, bias)
+
+
+def test_batch_norm_updates_running_statistics(rng):
+    x = rng.standard_normal((6, 3, 4, 4)) * 2 + 1
+    mean, var = minidnn.zeros(3, dtype=minidnn.float64), minidnn.ones(3, dtype=minidnn.float64)
+    F.batch_norm(minidnn.tensor(x), mean, var, training=True, momentum=0.25)
+    np.testing.assert_allclose(mean.numpy(), 0.25 * x.mean(axis=(0, 2, 3)))
+    np.testing.assert_allclose(var.numpy(), 0.75 + 0.25 * x.var(axis=(0, 2, 3), ddof=1))
+
+
+def test_losses_gradients(rng):
+    logits = rng.standard_normal((5, 4))
+    target = minidnn.tensor(np.array([0, 3, 1, 1, 2]))
+    weight = minidnn.tensor(rng.random(4) + 0.5)
+    gradcheck(lambda x: F.cross_entropy(x, target), logits)
+    gradcheck(lambda x: F.cross_entropy(x, target, weight=weight, label_smoothing=0.2, reduction="sum"), logits)
+    gradcheck(lambda x: F.nll_loss(F.log_softmax(x, 1), target, reduction="none"), logits)
+    gradcheck(lambda x, y: F.mse_loss(x, y), logits, rng.standard_normal((5, 4)))
+
+
+def test_cross_entropy_on_spatial_inputs(rng):
+    logits = rng.standard_normal((2, 3, 4, 5))
+    target = minidnn.tensor(rng.integers(0, 3, (2, 4, 5)))
+    gradcheck(lambda x: F.cross_entropy(x, target), logits)
+    per_pixel = F.cross_entropy(minidnn.tensor(logits), target, reduction="none")
+    assert per_pixel.shape == (2, 4, 5)
+
+
+def test_dropout_is_reproducible_and_differentiable(rng):
+    x = rng.standard_normal((4, 6))
+
+    def fixed_mask_dropout(t):
+        minidnn.manual_seed(11)
+        return F.dropout(t, 0.4)
+
+    gradcheck(fixed_mask_dropout, x)
+    t = minidnn.tensor(x)
+    assert F.dropout(t, 0.4, training=False) is t
+    minidnn.manual_seed(5)
+    first, second = F.dropout(t, 0.5), F.dropout(t, 0.5)
+    assert not np.array_equal(first.numpy(), second.numpy())  # the counter advanced
+    minidnn.manual_seed(5)
+    np.testing.assert_array_equal(F.dropout(t, 0.5).numpy(), first.numpy())
+
+
+def test_functional_errors():
+    x = minidnn.zeros(1, 3, 5, 5)
+    with pytest.raises(TypeError, match="input must be a minidnn Tensor"):
+        F.conv2d(np.zeros((1, 3, 5, 5)), minidnn.zeros(2, 3, 3, 3))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        F.conv2d(x, minidnn.zeros(2, 3, 3, 3), minidnn.zeros(3))
+    with pytest.raises(ValueError, match="padding must be"):
+        F.conv2d(x, minidnn.zeros(2, 3, 3, 3), padding="full")
+    with pytest.raises(TypeError, match="class indices"):
+        F.cross_entropy(minidnn.zeros(2, 3), minidnn.zeros(2))
+    with pytest.raises(ValueError, match="target shape"):
+        F.cross_entropy(minidnn.zeros(2, 3), minidnn.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="dropout probability"):
+        F.dropout(x, 1.5)
+    with pytest.raises(ValueError, match="running_mean must have shape"):
+        F.batch_norm(x, minidnn.zeros(2), minidnn.ones(2), training=True)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        F.softmax(x, None)
+
+
+def test_matches_pytorch_forward_and_backward(rng):
+    torch = pytest.importorskip("torch")
+    tf = torch.nn.functional
+    x = rng.standard_normal((2, 6, 9, 8))
+    w = rng.standard_normal((4, 3, 3, 3))
+    target = rng.integers(0, 4, 2)
+
+    def pipeline(lib, f, x, w):
+        y = f.conv2d(x, w, None, 2, 1, 1, 2)
+        y = f.local_response_norm(f.relu(y), 3, 1e-2, 0.75, 2.0)
+        y = f.max_pool2d(y, 3, 2, 1, ceil_mode=True)
+        y = f.adaptive_avg_pool2d(y, 1).flatten(1)
+        return f.cross_entropy(y, lib(target), label_smoothing=0.1)
+
+    ours_x, ours_w = minidnn.tensor(x, requires_grad=True), minidnn.tensor(w, requires_grad=True)
+    theirs_x, theirs_w = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ours = pipeline(minidnn.tensor, F, ours_x, ours_w)
+    theirs = pipeline(torch.tensor, tf, theirs_x, theirs_w)
+    ours.backward()
+    theirs.backward()
+    np.testing.assert_allclose(ours.item(), theirs.item(), rtol=1e-12)
+    np.testing.assert_allclose(ours_x.grad.numpy(), theirs_x.grad.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ours_w.grad.numpy(), theirs_w.grad.numpy(), rtol=1e-9, atol=1e-12)

@@ -1,0 +1,195 @@
+"""Optimizers and schedules against hand-written update rules (and PyTorch when installed)."""
+import math
+
+import numpy as np
+import pytest
+
+import minidnn
+from minidnn import optim
+from minidnn.optim import lr_scheduler
+
+
+def run(optimizer_class, grads, start, **options):
+    p = minidnn.tensor(start.copy(), requires_grad=True)
+    optimizer = optimizer_class([p], **options)
+    for g in grads:
+        p.grad = minidnn.tensor(g)
+        optimizer.step()
+    return p.numpy()
+
+
+def sgd_reference(grads, p, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    p, buffer = p.copy(), None
+    for g in grads:
+        g = g + weight_decay * p
+        if momentum:
+            buffer = g.copy() if buffer is None else momentum * buffer + (1 - dampening) * g
+            g = g + momentum * buffer if nesterov else buffer
+        p = p - lr * g
+    return p
+
+
+def adam_reference(grads, p, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False, amsgrad=False):
+    p, m, v, v_max = p.copy(), 0.0, 0.0, 0.0
+    for t, g in enumerate(grads, start=1):
+        if decoupled:
+            p = p * (1 - lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        v_max = np.maximum(v_max, v) if amsgrad else v
+        m_hat, v_hat = m / (1 - betas[0] ** t), v_max / (1 - betas[1] ** t)
+        p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p
+
+
+@pytest.fixture
+def grads(rng):
+    return [rng.standard_normal((3, 4)) for _ in range(6)]
+
+
+@pytest.mark.parametrize("options", [
+    dict(lr=0.1), dict(lr=0.1, momentum=0.9), dict(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=0.01),
+    dict(lr=0.1, momentum=0.8, nesterov=True, weight_decay=1e-3),
+])
+def test_sgd_matches_the_pytorch_rule(grads, rng, options):
+    start = rng.standard_normal((3, 4))
+    np.testing.assert_allclose(run(optim.SGD, grads, start, **options), sgd_reference(grads, start, **options),
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("options", [dict(lr=0.01), dict(lr=0.02, weight_decay=0.1), dict(lr=0.01, amsgrad=True),
+                                     dict(lr=0.01, betas=(0.5, 0.9), eps=1e-3)])
+def test_adam_and_adamw(grads, rng, options):
+    start = rng.standard_normal((3, 4))
+    np.testing.assert_allclose(run(optim.Adam, grads, start, **options), adam_reference(grads, start, **options),
+                               rtol=1e-12)
+    adamw = dict(options, weight_decay=options.get("weight_decay", 0.05))
+    np.testing.assert_allclose(run(optim.AdamW, grads, start, **adamw),
+                               adam_reference(grads, start, decoupled=True, **adamw), rtol=1e-12)
+
+
+def test_against_pytorch(grads, rng):
+    torch = pytest.importorskip("torch")
+    start = rng.standard_normal((3, 4))
+    for ours, theirs, options in [(optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+                                  (optim.AdamW, torch.optim.AdamW, dict(lr=0.01, amsgrad=True))]:
+        p = torch.tensor(start.copy(), requires_grad=True)
+        optimizer = theirs([p], **options)
+        for g in grads:
+            p.grad = torch.tensor(g)
+            optimizer.step()
+        np.testing.assert_allclose(run(ours, grads, start, **options), p.detach().numpy(), rtol=1e-10)
+
+
+def test_parameters_without_grad_are_skipped_and_groups_have_own_lr():
+    a = minidnn.tensor([1.0], requires_grad=True)
+    b = minidnn.tensor([1.0], requires_grad=True)
+    optimizer = optim.SGD([{"params": [a]}, {"params": [b], "lr": 1.0}], lr=0.1)
+    a.grad, b.grad = minidnn.tensor([1.0]), None
+    optimizer.step()
+    assert a.item() == pytest.approx(0.9) and b.item() == 1.0
+    b.grad = minidnn.tensor([1.0])
+    optimizer.step()
+    assert b.item() == pytest.approx(0.0)
+    optimizer.zero_grad()
+    assert a.grad is None
+
+
+def test_optimizer_state_dict_round_trip(grads, rng):
+    start = rng.standard_normal((3, 4))
+    p = minidnn.tensor(start.copy(), requires_grad=True)
+    first = optim.Adam([p], lr=0.01)
+    for g in grads[:3]:
+        p.grad = minidnn.tensor(g)
+        first.step()
+    state = first.state_dict()
+    assert state["state"][0]["step"] == 3 and state["param_groups"][0]["params"] == [0]
+    second = optim.Adam([p], lr=0.5)
+    second.load_state_dict(state)
+    assert second.param_groups[0]["lr"] == 0.01
+    for g in grads[3:]:
+        p.grad = minidnn.tensor(g)
+        second.step()
+    np.testing.assert_allclose(p.numpy(), adam_reference(grads, start, lr=0.01), rtol=1e-12)
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda p: optim.SGD(p, lr=-0.1), "lr must be a number >= 0"),
+    (lambda p: optim.SGD(p, lr=0.1, nesterov=True), "nesterov"),
+    (lambda p: optim.Adam(p, betas=(0.9, 1.0)), "betas"),
+    (lambda p: optim.SGD([], lr=0.1), "empty parameter list"),
+    (lambda p: optim.SGD(p[0], lr=0.1), "not a single tensor"),
+])
+def test_optimizer_errors(make, error):
+    with pytest.raises((ValueError, TypeError), match=error):
+        make([minidnn.tensor([1.0], requires_grad=True)])
+
+
+def lrs(scheduler, optimizer, steps):
+    values = []
+    for _ in range(steps):
+        values.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return values
+
+
+@pytest.fixture
+def sgd():
+    return optim.SGD([minidnn.tensor([1.0], requires_grad=True)], lr=0.5)
+
+
+def test_step_and_multistep(sgd):
+    assert lrs(lr_scheduler.StepLR(sgd, 2, gamma=0.5), sgd, 6) == [0.5, 0.5, 0.25, 0.25, 0.125, 0.125]
+
+
+def test_multistep(sgd):
+    assert lrs(lr_scheduler.MultiStepLR(sgd, [1, 3], gamma=0.1), sgd, 4) == pytest.approx([0.5, 0.05, 0.05, 0.005])
+
+
+def test_cosine_and_warmup_then_cosine(sgd):
+    values = lrs(lr_scheduler.CosineAnnealingLR(sgd, T_max=4, eta_min=0.1), sgd, 5)
+    assert values == pytest.approx([0.1 + 0.4 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(5)])
+    optimizer = optim.SGD([minidnn.tensor([1.0], requires_grad=True)], lr=1.0)
+    warmup = lr_scheduler.LinearLR(optimizer, start_factor=0.25, total_iters=3)
+    cosine = lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)
+    schedule = lr_scheduler.SequentialLR(optimizer, [warmup, cosine], milestones=[3])
+    assert lrs(schedule, optimizer, 7) == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.8535533905932737, 0.5,
+                                                          0.14644660940672627])
+
+
+def test_schedules_match_pytorch():
+    torch = pytest.importorskip("torch")
+    p = torch.zeros(1, requires_grad=True)
+    theirs = torch.optim.SGD([p], lr=0.5)
+    their_schedule = torch.optim.lr_scheduler.MultiStepLR(theirs, [2, 5], gamma=0.3)
+    ours = optim.SGD([minidnn.tensor([0.0], requires_grad=True)], lr=0.5)
+    values = lrs(lr_scheduler.MultiStepLR(ours, [2, 5], gamma=0.3), ours, 7)
+    expected = []
+    for _ in range(7):
+        expected.append(theirs.param_groups[0]["lr"])
+        theirs.step()
+        their_schedule.step()
+    assert values == pytest.approx(expected)
+
+
+def test_scheduler_state_dict_resumes(sgd):
+    schedule = lr_scheduler.StepLR(sgd, 2, gamma=0.5)
+    lrs(schedule, sgd, 3)
+    state = schedule.state_dict()
+    optimizer = optim.SGD([minidnn.tensor([1.0], requires_grad=True)], lr=0.5)
+    restored = lr_scheduler.StepLR(optimizer, 2, gamma=0.5)
+    restored.load_state_dict(state)
+    restored.step()
+    assert restored.get_last_lr() == [0.125] and restored.last_epoch == 4
+
+
+def test_scheduler_errors(sgd):
+    with pytest.raises(ValueError, match="step_size"):
+        lr_scheduler.StepLR(sgd, 0)
+    with pytest.raises(ValueError, match="milestones"):
+        lr_scheduler.MultiStepLR(sgd, [3, 1])
+    with pytest.raises(TypeError, match="Optimizer"):
+        lr_scheduler.StepLR(object(), 1)
