@@ -22,7 +22,8 @@ def pair(value: Any, name: str, minimum: int = 0) -> tuple[int, int]:
 def check_float(array: Any, name: str) -> None:
     """``array`` must be a float32 or float64 array."""
     dtype = getattr(array, "dtype", None)
-    if dtype not in FLOAT_DTYPES:
+    # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
+    if dtype is None or dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be a float32 or float64 array, got {dtype if dtype is not None else type(array).__name__}")
 
 

@@ -1,0 +1,258 @@
+"""Batch normalisation: forward and backward, training (batch statistics) and inference (running statistics).
+
+PyTorch semantics. x is (N, C, *spatial) with rank >= 2; every statistic is per channel (axis 1)
+over the M = N·prod(spatial) values of that channel:
+
+    training   y = (x − mean_B)·invstd_B·weight + bias,  invstd_B = 1/sqrt(var_B + eps)
+               mean_B, var_B: the batch mean and *biased* variance (divide by M)
+               running_mean ← (1 − momentum)·running_mean + momentum·mean_B
+               running_var  ← (1 − momentum)·running_var  + momentum·var_B·M/(M − 1)   (unbiased)
+    inference  y = (x − running_mean)/sqrt(running_var + eps)·weight + bias
+
+``weight``/``bias`` of None mean the identity affine (weight 1, bias 0). PyTorch's
+``momentum=None`` (cumulative average) is the caller's business: it passes 1/num_batches_tracked.
+
+Statistics are two-pass (mean first, then the mean of the squared deviations), never
+E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std. The sums run along
+the contiguous spatial axis first (NumPy's pairwise summation) and then over the batch in
+float64, so they are sound for float32 without a float64 copy of x; every result keeps x's dtype.
+This module is the NumPy twin of the GPU implementation, a one-pass Welford kernel per channel:
+both give the same statistics up to rounding.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable
+
+from .. import backend
+from ._checks import check_float
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_input(x: Any, name: str = "x") -> int:
+    """x must be a float array (N, C, *spatial) of rank >= 2; returns C."""
+    check_float(x, name)
+    if x.ndim < 2:
+        raise ValueError(f"batch_norm: {name} must be at least 2-D (N, C, *spatial), got shape {tuple(x.shape)}")
+    return int(x.shape[1])
+
+
+def _check_channel_vector(v: Any, name: str, channels: int, x: Any, optional: bool = False) -> None:
+    """v must be a (C,) array of x's dtype (or None when ``optional``)."""
+    if v is None:
+        if optional:
+            return
+        raise TypeError(f"batch_norm: {name} must be a ({channels},) array, got None")
+    check_float(v, name)
+    if tuple(v.shape) != (channels,):
+        raise ValueError(f"batch_norm: {name} must have shape (C,) = ({channels},) for x of shape "
+                         f"{tuple(x.shape)}, got {tuple(v.shape)}")
+    if v.dtype != x.dtype:
+        raise TypeError(f"batch_norm: {name} must have x's dtype {x.dtype}, got {v.dtype}")
+
+
+def _check_output_grad(dy: Any, x: Any) -> None:
+    check_float(dy, "dy")
+    if tuple(dy.shape) != tuple(x.shape):
+        raise ValueError(f"batch_norm: dy must have x's shape {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if dy.dtype != x.dtype:
+        raise TypeError(f"batch_norm: dy must have x's dtype {x.dtype}, got {dy.dtype}")
+
+
+def _check_number(value: Any, name: str, in_range: Callable[[float], bool], expected: str) -> float:
+    """A real number (not a bool) for which ``in_range`` holds; ``expected`` words the range for the error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"batch_norm: {name} must be a real number, got {value!r}")
+    value = float(value)
+    if not in_range(value):  # NaN fails every comparison, so it lands here too
+        raise ValueError(f"batch_norm: {name} must be {expected}, got {value!r}")
+    return value
+
+
+def _check_momentum(momentum: Any) -> float:
+    return _check_number(momentum, "momentum", lambda m: 0.0 <= m <= 1.0, "in [0, 1]")
+
+
+def _check_eps(eps: Any) -> float:
+    return _check_number(eps, "eps", lambda e: 0.0 < e < float("inf"), "a finite number > 0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-channel layout helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _channel_view(a: Any) -> Any:
+    """(N, C, *spatial) -> (N, C, S) with S = prod(spatial): a free reshape for contiguous arrays,
+    after which every per-channel reduction is over axes (0, 2) whatever the input's rank."""
+    return a.reshape(a.shape[0], a.shape[1], math.prod(a.shape[2:]))
+
+
+def _per_channel(v: Any, dtype: Any) -> Any:
+    """(C,) -> (1, C, 1) of ``dtype``, to broadcast against a channel view."""
+    return v.astype(dtype, copy=False).reshape(1, -1, 1)
+
+
+def _channel_sum(a: Any) -> Any:
+    """(N, C, S) -> (C,) float64 sums.
+
+    Sum the contiguous S axis first in a's dtype (pairwise summation, error ~ log S ulps), then the
+    N partial sums in float64: sound for float32 without converting the whole array to float64.
+    """
+    xp = backend.get_array_module(a)
+    return xp.sum(xp.sum(a, axis=2), axis=0, dtype=xp.float64)
+
+
+def _values_per_channel(x: Any) -> int:
+    return x.size // x.shape[1] if x.shape[1] else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any) -> Any:
+    """y = (x − mean)·(invstd·weight) + bias with (C,) float64 statistics; y has x's shape and dtype.
+
+    Subtract the mean before scaling (rather than folding it into one shift) so that |mean| ≫ std
+    does not cancel in float32.
+    """
+    scale = invstd if weight is None else invstd * weight.astype(invstd.dtype)
+    xv = _channel_view(x)
+    y = xv - _per_channel(mean, x.dtype)
+    y *= _per_channel(scale, x.dtype)
+    if bias is not None:
+        y += _per_channel(bias, x.dtype)
+    return y.reshape(x.shape)
+
+
+def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                                momentum: float = 0.1, eps: float = 1e-5) -> tuple[Any, Any, Any]:
+    """Normalise with the batch statistics and update the running statistics in place.
+
+    x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,) or both None
+    (no running statistics are tracked). Returns y: x's shape, and mean, invstd: (C,), all of x's
+    dtype; the caller saves mean and invstd for :func:`batch_norm_backward_training`.
+    Raises ``ValueError`` when a channel has only one value (M = 1), as PyTorch does.
+    """
+    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
+    channels = _check_input(x)
+    _check_channel_vector(weight, "weight", channels, x, optional=True)
+    _check_channel_vector(bias, "bias", channels, x, optional=True)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: running_mean and running_var must both be arrays or both be None")
+    _check_channel_vector(running_mean, "running_mean", channels, x, optional=True)
+    _check_channel_vector(running_var, "running_var", channels, x, optional=True)
+    momentum = _check_momentum(momentum)
+    eps = _check_eps(eps)
+    count = _values_per_channel(x)
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got x of shape {tuple(x.shape)} "
+                         f"({count} value(s) per channel)")
+
+    xv = _channel_view(x)
+    mean = _channel_sum(xv) / count  # float64
+    centered = xv - _per_channel(mean, x.dtype)
+    centered *= centered
+    var = _channel_sum(centered) / count  # biased: the normalisation uses it
+    del centered
+    invstd = 1.0 / xp.sqrt(var + eps)
+
+    if running_mean is not None:
+        # In place: the caller's buffers are the module's state. The running variance is unbiased.
+        running_mean[...] = ((1.0 - momentum) * running_mean + momentum * mean).astype(x.dtype)
+        running_var[...] = ((1.0 - momentum) * running_var + momentum * var * (count / (count - 1))).astype(x.dtype)
+
+    y = _normalise(x, weight, bias, mean, invstd)
+    return y, mean.astype(x.dtype), invstd.astype(x.dtype)
+
+
+def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                                 eps: float = 1e-5) -> Any:
+    """Normalise with the running statistics: y = (x − running_mean)/sqrt(running_var + eps)·weight + bias.
+
+    x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,).
+    Returns y of x's shape and dtype. Any N (including 1) and any M are fine.
+    """
+    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
+    channels = _check_input(x)
+    _check_channel_vector(weight, "weight", channels, x, optional=True)
+    _check_channel_vector(bias, "bias", channels, x, optional=True)
+    _check_channel_vector(running_mean, "running_mean", channels, x)
+    _check_channel_vector(running_var, "running_var", channels, x)
+    eps = _check_eps(eps)
+    invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
+    return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any) -> tuple[Any, Any, Any]:
+    """Gradients of :func:`batch_norm_forward_training`, through the batch statistics.
+
+    dy, x: (N, C, *spatial); weight: (C,) or None; mean, invstd: (C,) as returned by the forward.
+    Returns dx: x's shape, dweight, dbias: (C,), all of x's dtype. dweight and dbias are computed
+    even when weight is None (the caller drops them). With x̂ = (x − mean)·invstd:
+
+        dbias   = Σ dy                 dweight = Σ dy·x̂          (sums over all axes but 1)
+        dx      = weight·invstd·(dy − dbias/M − x̂·dweight/M)
+
+    The two subtracted terms are the paths through the batch mean and the batch variance.
+    """
+    xp = backend.get_array_module(dy, x, weight, mean, invstd)
+    channels = _check_input(x)
+    _check_output_grad(dy, x)
+    _check_channel_vector(weight, "weight", channels, x, optional=True)
+    _check_channel_vector(mean, "mean", channels, x)
+    _check_channel_vector(invstd, "invstd", channels, x)
+    count = _values_per_channel(x)
+    if count == 0:
+        raise ValueError(f"batch_norm: x of shape {tuple(x.shape)} has no values per channel")
+
+    xv, dyv = _channel_view(x), _channel_view(dy)
+    invstd64 = invstd.astype(xp.float64)
+    centered = xv - _per_channel(mean, x.dtype)
+    dbias = _channel_sum(dyv)
+    dweight = _channel_sum(dyv * centered) * invstd64
+    scale = invstd64 if weight is None else invstd64 * weight.astype(xp.float64)
+    # dx = scale·(dy − dbias/M) − (x − mean)·scale·invstd·dweight/M, reusing the centered buffer.
+    dx = dyv - _per_channel(dbias / count, x.dtype)
+    dx *= _per_channel(scale, x.dtype)
+    centered *= _per_channel(scale * invstd64 * dweight / count, x.dtype)
+    dx -= centered
+    return dx.reshape(x.shape), dweight.astype(x.dtype), dbias.astype(x.dtype)
+
+
+def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any,
+                                  eps: float = 1e-5) -> tuple[Any, Any, Any]:
+    """Gradients of :func:`batch_norm_forward_inference` (statistics are constants here).
+
+    dy, x: (N, C, *spatial); weight: (C,) or None; running_mean, running_var: (C,).
+    Returns dx: x's shape, dweight, dbias: (C,), all of x's dtype, with invstd = 1/sqrt(running_var + eps):
+
+        dx = dy·weight·invstd      dweight = Σ dy·(x − running_mean)·invstd      dbias = Σ dy
+    """
+    xp = backend.get_array_module(dy, x, weight, running_mean, running_var)
+    channels = _check_input(x)
+    _check_output_grad(dy, x)
+    _check_channel_vector(weight, "weight", channels, x, optional=True)
+    _check_channel_vector(running_mean, "running_mean", channels, x)
+    _check_channel_vector(running_var, "running_var", channels, x)
+    eps = _check_eps(eps)
+
+    xv, dyv = _channel_view(x), _channel_view(dy)
+    invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
+    scale = invstd if weight is None else invstd * weight.astype(xp.float64)
+    dx = (dyv * _per_channel(scale, x.dtype)).reshape(x.shape)
+    centered = xv - _per_channel(running_mean, x.dtype)
+    dweight = _channel_sum(dyv * centered) * invstd
+    dbias = _channel_sum(dyv)
+    return dx, dweight.astype(x.dtype), dbias.astype(x.dtype)

@@ -1,0 +1,190 @@
+"""Dropout with a counter-based random generator: the mask is a pure function of (seed, offset).
+
+No RNG state is stored or advanced: element i (C order) of a draw is a hash of (seed, offset + i),
+so a mask can be recomputed instead of saved, a draw can be split across devices or kernels, and
+the CPU and the GPU (a CUDA kernel computing the same hash per element) give identical masks. The
+caller owns the counter: after drawing ``size`` values it passes ``offset + size`` next time, as
+PyTorch advances its Philox offset.
+
+The hash is SplitMix64 (Steele, Lea & Flood 2014; Vigna's ``splitmix64.c``), evaluated at a
+counter instead of stepped. All arithmetic is on unsigned 64-bit integers modulo 2^64:
+
+    GAMMA       = 0x9E3779B97F4A7C15                    (2^64 / golden ratio, odd)
+    mix64(z)    = z ^= z >> 30;  z *= 0xBF58476D1CE4E5B9;
+                  z ^= z >> 27;  z *= 0x94D049BB133111EB;
+                  z ^ (z >> 31)                         (SplitMix64's finaliser, a bijection)
+    key         = mix64(seed)                           (once per call, on the host)
+    counter     = offset + i                            (i: the C-order index of the element)
+    bits(i)     = mix64(key + (counter + 1)·GAMMA)
+    uniform(i)  = (bits(i) >> 40) · 2^-24               (top 24 bits: exact in float32, in [0, 1))
+    keep(i)     = (bits(i) >> 40) >= ceil(p · 2^24)     (the same as uniform(i) >= p, in integers)
+
+So element ``counter`` is the (counter + 1)-th output of the standard SplitMix64 generator seeded
+with ``key`` (for seed 0, key = 0: Vigna's reference stream itself). The seed goes through mix64
+first because SplitMix64 has a single cycle: with key = seed, seeds a multiple of GAMMA apart
+(and, since GAMMA/2^64 is the golden ratio, also seeds some Fibonacci-like distance apart) would
+replay each other's streams at modest offsets; mixed keys land at unrelated points of the cycle.
+The keep test compares integers so that it does not depend on the precision of a float compare
+(a float32 p would round 0.1 to 0.10000000149...).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from types import ModuleType
+from typing import Any
+
+from .. import backend
+from ._checks import check_float
+
+_MASK64 = (1 << 64) - 1
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_MIX_MULTIPLIER_1 = 0xBF58476D1CE4E5B9
+_MIX_MULTIPLIER_2 = 0x94D049BB133111EB
+UNIFORM_BITS = 24  # float32 has a 24-bit significand: k · 2^-24 is exact for every 24-bit k
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_integer(value: Any, name: str, upper: int | None = None) -> int:
+    """A Python int (or NumPy integer; not a bool) in [0, upper)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"dropout: {name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < 0 or (upper is not None and value >= upper):
+        expected = "an int >= 0" if upper is None else "an int in [0, 2**64)"
+        raise ValueError(f"dropout: {name} must be {expected}, got {value}")
+    return value
+
+
+def _check_probability(p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"dropout: p must be a real number in [0, 1], got {p!r}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # NaN fails too
+        raise ValueError(f"dropout: probability p must be in [0, 1], got {p!r}")
+    return p
+
+
+def _check_shape(shape: Any) -> tuple[int, ...]:
+    values = (shape,) if isinstance(shape, numbers.Integral) and not isinstance(shape, bool) else shape
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise TypeError(f"uniform: shape must be an int or a tuple of ints, got {shape!r}") from None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"uniform: shape must be an int or a tuple of ints, got {shape!r}")
+    if any(v < 0 for v in values):
+        raise ValueError(f"uniform: shape must have non-negative sizes, got {shape!r}")
+    return tuple(int(v) for v in values)
+
+
+# ----------------------------------------------------------------------------------------------
+# The counter-based generator
+# ----------------------------------------------------------------------------------------------
+
+
+def _mix64_int(z: int) -> int:
+    """SplitMix64's finaliser on one Python int (used once per call, for the key)."""
+    z = ((z ^ (z >> 30)) * _MIX_MULTIPLIER_1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX_MULTIPLIER_2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _random_bits(size: int, seed: int, offset: int, xp: ModuleType) -> Any:
+    """The 64-bit hashes bits(i) for i = 0 .. size − 1 (the module docstring's formula), uint64 (size,).
+
+    The scalar part, key + (offset + 1)·GAMMA, is reduced mod 2^64 in Python ints, so only the
+    per-element part runs on arrays, where uint64 arithmetic wraps silently (NumPy warns about
+    overflow only for scalar operations, never for arrays). Updates are in place to keep the
+    temporaries to two uint64 arrays.
+    """
+    u64 = xp.uint64
+    start = (_mix64_int(seed) + (offset + 1) * GOLDEN_GAMMA) & _MASK64
+    z = xp.arange(size, dtype=u64)
+    z *= u64(GOLDEN_GAMMA)
+    z += u64(start)
+    z ^= z >> u64(30)
+    z *= u64(_MIX_MULTIPLIER_1)
+    z ^= z >> u64(27)
+    z *= u64(_MIX_MULTIPLIER_2)
+    z ^= z >> u64(31)
+    return z
+
+
+def _top_bits(size: int, seed: int, offset: int, xp: ModuleType) -> Any:
+    """The top 24 bits of each hash as uint32 (size,): the integer k of uniform = k · 2^-24."""
+    return (_random_bits(size, seed, offset, xp) >> xp.uint64(64 - UNIFORM_BITS)).astype(xp.uint32)
+
+
+def uniform(shape: Any, seed: int, offset: int, xp: ModuleType) -> Any:
+    """Counter-based uniform draws in [0, 1): float32 array of ``shape`` on ``xp``'s device.
+
+    Element i (C order) is (bits(offset + i) >> 40) · 2^-24 (see the module docstring), so
+    ``uniform(shape, seed, offset + k, xp)`` is the tail of a longer draw starting at ``offset``.
+    """
+    shape = _check_shape(shape)
+    seed = _check_integer(seed, "seed", upper=1 << 64)
+    offset = _check_integer(offset, "offset")
+    k = _top_bits(math.prod(shape), seed, offset, xp)
+    return (k.astype(xp.float32) * xp.float32(2.0 ** -UNIFORM_BITS)).reshape(shape)
+
+
+def _keep_mask(shape: tuple[int, ...], p: float, seed: int, offset: int, xp: ModuleType) -> Any:
+    """keep = uniform >= p, decided on the 24-bit integers (exact: k·2^-24 >= p ⟺ k >= ceil(p·2^24))."""
+    threshold = math.ceil(p * (1 << UNIFORM_BITS))  # p·2^24 is exact in float64
+    return (_top_bits(math.prod(shape), seed, offset, xp) >= xp.uint32(threshold)).reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout
+# ----------------------------------------------------------------------------------------------
+
+
+def _keep_scale(p: float, dtype: Any) -> Any:
+    """1/(1 − p) in the array's dtype (0 for p = 1: every element is dropped, nothing to rescale)."""
+    return dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
+
+
+def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, Any]:
+    """y = x·mask/(1 − p) with mask = keep(seed, offset + i) per element (module docstring).
+
+    x: any shape, float32 or float64; p in [0, 1] is the drop probability; seed in [0, 2^64) and
+    offset >= 0 are ints. Returns y: x's shape and dtype, and mask: bool, x's shape, True = kept
+    (save it for the backward, or recompute it from (seed, offset)). The draw uses the counters
+    offset .. offset + x.size − 1.
+    p == 0: y is a copy of x, mask all True. p == 1: mask all False and y = x·0 (zeros; a NaN or
+    inf in x stays NaN, as in PyTorch), no division by zero.
+    """
+    xp = backend.get_array_module(x)
+    check_float(x, "x")
+    p = _check_probability(p)
+    seed = _check_integer(seed, "seed", upper=1 << 64)
+    offset = _check_integer(offset, "offset")
+    shape = tuple(x.shape)
+    if p == 0.0:
+        return x.copy(), xp.ones(shape, dtype=bool)
+    if p == 1.0:
+        return x * x.dtype.type(0), xp.zeros(shape, dtype=bool)
+    mask = _keep_mask(shape, p, seed, offset, xp)
+    # Multiply rather than select, so the semantics are exactly x·mask/(1 − p) (as PyTorch's).
+    return x * (mask * _keep_scale(p, x.dtype)), mask
+
+
+def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
+    """dx = dy·mask/(1 − p) (dy·0 for p = 1).
+
+    dy: any shape, float32 or float64; mask: bool of dy's shape, from :func:`dropout_forward`.
+    Returns dx: dy's shape and dtype.
+    """
+    backend.get_array_module(dy, mask)  # one device for both
+    check_float(dy, "dy")
+    p = _check_probability(p)
+    if getattr(mask, "dtype", None) != bool:
+        raise TypeError(f"dropout: mask must be a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if tuple(mask.shape) != tuple(dy.shape):
+        raise ValueError(f"dropout: mask must have dy's shape {tuple(dy.shape)}, got {tuple(mask.shape)}")
+    return dy * (mask * _keep_scale(p, dy.dtype))

@@ -1,0 +1,161 @@
+"""Fully connected layer and bias primitives.
+
+linear      y = x·weightᵀ + bias    x: (..., in_features), weight: (out_features, in_features)
+bias_add    y + bias broadcast along one axis (axis 1 for NCHW convolutions, -1 for linear)
+
+Every product flattens the leading dimensions of x into one batch axis M, so each direction is a
+single 2-D GEMM (one BLAS call; on the GPU its compute type honours the TF32 switch), not a
+batched matmul over the leading dimensions:
+
+    forward          Y (M × out) = X (M × in) · Wᵀ
+    backward-data    dX (M × in) = dY (M × out) · W
+    backward-weight  dW (out × in) = dYᵀ (out × M) · X
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from .. import backend
+from ._checks import check_float, check_same_dtype
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_features(a: Any, name: str, layout: str) -> None:
+    """a must be a float array of rank >= 1, laid out as ``layout`` (e.g. ``"(..., in_features)"``)."""
+    check_float(a, name)
+    if a.ndim < 1:
+        raise ValueError(f"linear: {name} must be at least 1-D {layout}, got a 0-D array")
+
+
+def _check_weight(weight: Any) -> None:
+    check_float(weight, "weight")
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+
+
+def _check_bias(bias: Any, x: Any, out_features: int) -> None:
+    """bias must be an (out_features,) array of x's dtype."""
+    check_float(bias, "bias")
+    if tuple(bias.shape) != (out_features,):
+        raise ValueError(f"linear: bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")
+    check_same_dtype(x, bias, "x", "bias")
+
+
+def _normalise_axis(axis: Any, ndim: int, name: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension(s) "
+                         f"(expected -{ndim} <= axis < {ndim})")
+    return int(axis) % ndim
+
+
+def _as_rows(a: Any) -> Any:
+    """(..., F) -> (M, F) with M = prod(leading dims): free for contiguous arrays."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear
+# ----------------------------------------------------------------------------------------------
+
+
+def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
+    """y = x·weightᵀ + bias.
+
+    x: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
+    Returns y: (..., out_features) of x's dtype.
+    """
+    backend.get_array_module(x, weight, bias)  # one device for all
+    _check_features(x, "x", "(..., in_features)")
+    _check_weight(weight)
+    check_same_dtype(x, weight, "x", "weight")
+    out_features, in_features = weight.shape
+    if x.shape[-1] != in_features:
+        raise ValueError(f"linear: x has in_features={x.shape[-1]} (shape {tuple(x.shape)}) but weight "
+                         f"expects in_features={in_features} (shape {tuple(weight.shape)})")
+    if bias is not None:
+        _check_bias(bias, x, out_features)
+    y = _as_rows(x) @ weight.T
+    if bias is not None:
+        y += bias
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+def linear_backward_data(dy: Any, weight: Any) -> Any:
+    """dx = dy·weight.
+
+    dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
+    """
+    backend.get_array_module(dy, weight)
+    _check_features(dy, "dy", "(..., out_features)")
+    _check_weight(weight)
+    check_same_dtype(dy, weight, "dy", "weight")
+    out_features, in_features = weight.shape
+    if dy.shape[-1] != out_features:
+        raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
+                         f"has out_features={out_features} (shape {tuple(weight.shape)})")
+    return (_as_rows(dy) @ weight).reshape(*dy.shape[:-1], in_features)
+
+
+def linear_backward_weight(x: Any, dy: Any) -> Any:
+    """dweight = Σ over every leading index of dy ⊗ x.
+
+    x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
+    Returns dweight: (out_features, in_features) of x's dtype.
+    """
+    backend.get_array_module(x, dy)
+    _check_features(x, "x", "(..., in_features)")
+    _check_features(dy, "dy", "(..., out_features)")
+    check_same_dtype(x, dy, "x", "dy")
+    if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
+        raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
+                         f"dimensions (..., in_features) and (..., out_features)")
+    return _as_rows(dy).T @ _as_rows(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bias
+# ----------------------------------------------------------------------------------------------
+
+
+def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
+    """y + bias, with bias broadcast along ``axis`` of y (a new array; y is unchanged).
+
+    y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
+    -1 for (..., out_features).
+    """
+    backend.get_array_module(y, bias)
+    check_float(y, "y")
+    if y.ndim < 1:
+        raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
+    axis = _normalise_axis(axis, y.ndim, "y")
+    check_float(bias, "bias")
+    if tuple(bias.shape) != (y.shape[axis],):
+        raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
+                         f"{tuple(y.shape)}), got {tuple(bias.shape)}")
+    check_same_dtype(y, bias, "y", "bias")
+    broadcast = [1] * y.ndim
+    broadcast[axis] = -1
+    return y + bias.reshape(broadcast)
+
+
+def bias_backward(dy: Any, axis: int = 1) -> Any:
+    """dbias = Σ dy over every axis except ``axis``.
+
+    dy: any shape with rank >= 1. Returns dbias: (dy.shape[axis],) of dy's dtype. The sum is
+    accumulated in float64 and rounded once, as a per-channel sum over a whole batch can hold
+    millions of terms.
+    """
+    xp = backend.get_array_module(dy)
+    check_float(dy, "dy")
+    if dy.ndim < 1:
+        raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
+    axis = _normalise_axis(axis, dy.ndim, "dy")
+    others = tuple(a for a in range(dy.ndim) if a != axis)
+    return xp.sum(dy, axis=others, dtype=xp.float64).astype(dy.dtype)

@@ -1,0 +1,334 @@
+"""Batch normalisation primitives against an independent float64 reference, finite differences and torch."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from minidnn.primitives.batchnorm import (batch_norm_backward_inference, batch_norm_backward_training,
+                                          batch_norm_forward_inference, batch_norm_forward_training)
+from tests.helpers import assert_close, numerical_gradient, to_numpy
+
+EPS = 1e-5
+# Odd shapes: 2-D (N, C), 3-D, 4-D with N = 1 and spatial > 1, 5-D.
+SHAPES = [(5, 3), (2, 3, 5), (3, 2, 4, 5), (1, 4, 3, 2), (2, 3, 2, 1, 3)]
+FD_SHAPES = [(4, 3), (2, 3, 3, 2), (1, 2, 3, 3)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Independent float64 reference: per-channel loops, exact sums, an explicit Jacobian for backward
+# ----------------------------------------------------------------------------------------------
+def channel_values(x: np.ndarray, c: int) -> list[float]:
+    """Every value of channel c (axis 1), as Python floats."""
+    return [float(v) for v in np.asarray(x, dtype=np.float64)[:, c].ravel()]
+
+
+def reference_statistics(x: np.ndarray) -> tuple[list[float], list[float], int]:
+    """Per-channel mean and biased variance with exact (fsum) sums, and M."""
+    means, variances = [], []
+    for c in range(x.shape[1]):
+        values = channel_values(x, c)
+        mean = math.fsum(values) / len(values)
+        means.append(mean)
+        variances.append(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    return means, variances, len(channel_values(x, 0))
+
+
+def reference_normalise(x, weight, bias, means, variances, eps=EPS) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    y = np.empty_like(x)
+    for c in range(x.shape[1]):
+        w = 1.0 if weight is None else float(weight[c])
+        b = 0.0 if bias is None else float(bias[c])
+        y[:, c] = (x[:, c] - means[c]) / math.sqrt(variances[c] + eps) * w + b
+    return y
+
+
+def reference_backward_training(dy, x, weight, eps=EPS):
+    """dx = Jᵀ·dy with the explicit per-channel Jacobian ∂y_i/∂x_j = w/σ·(δ_ij − 1/M − x̂_i·x̂_j/M)."""
+    x, dy = np.asarray(x, dtype=np.float64), np.asarray(dy, dtype=np.float64)
+    means, variances, count = reference_statistics(x)
+    dx = np.empty_like(x)
+    dweight, dbias = np.empty(x.shape[1]), np.empty(x.shape[1])
+    for c in range(x.shape[1]):
+        sigma = math.sqrt(variances[c] + eps)
+        xhat = (np.array(channel_values(x, c)) - means[c]) / sigma
+        grad = np.array(channel_values(dy, c))
+        w = 1.0 if weight is None else float(weight[c])
+        jacobian = w / sigma * (np.eye(count) - 1.0 / count - np.outer(xhat, xhat) / count)
+        dx[:, c] = (jacobian.T @ grad).reshape(dx[:, c].shape)
+        dweight[c] = math.fsum(grad * xhat)
+        dbias[c] = math.fsum(grad)
+    return dx, dweight, dbias
+
+
+def reference_backward_inference(dy, x, weight, running_mean, running_var, eps=EPS):
+    x, dy = np.asarray(x, dtype=np.float64), np.asarray(dy, dtype=np.float64)
+    dx = np.empty_like(x)
+    dweight, dbias = np.empty(x.shape[1]), np.empty(x.shape[1])
+    for c in range(x.shape[1]):
+        invstd = 1.0 / math.sqrt(float(running_var[c]) + eps)
+        w = 1.0 if weight is None else float(weight[c])
+        dx[:, c] = dy[:, c] * w * invstd
+        xhat = (np.array(channel_values(x, c)) - float(running_mean[c])) * invstd
+        dweight[c] = math.fsum(np.array(channel_values(dy, c)) * xhat)
+        dbias[c] = math.fsum(channel_values(dy, c))
+    return dx, dweight, dbias
+
+
+def random_inputs(rng, shape, affine=True, dtype=np.float64):
+    """x with a per-channel offset and scale (so mean and variance matter), weight, bias, running stats."""
+    C = shape[1]
+    centre = rng.uniform(-2, 2, size=(1, C) + (1,) * (len(shape) - 2))
+    x = (rng.standard_normal(shape) * rng.uniform(0.5, 2.0, size=centre.shape) + centre).astype(dtype)
+    weight = rng.uniform(0.5, 1.5, C).astype(dtype) if affine else None
+    bias = rng.standard_normal(C).astype(dtype) if affine else None
+    running_mean = rng.standard_normal(C).astype(dtype)
+    running_var = rng.uniform(0.5, 2.0, C).astype(dtype)
+    return x, weight, bias, running_mean, running_var
+
+
+def on(xp, *arrays):
+    """Fresh device copies (xp.asarray of a NumPy array would alias it, and running stats change in place)."""
+    return [None if a is None else xp.array(a, copy=True) for a in arrays]
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_forward_training_matches_reference(xp, rng, shape, affine):
+    x, weight, bias, _, _ = random_inputs(rng, shape, affine)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), None, None)
+    means, variances, _ = reference_statistics(x)
+    assert_close(y, reference_normalise(x, weight, bias, means, variances), name="y")
+    assert_close(mean, np.array(means), name="mean")
+    assert_close(invstd, 1.0 / np.sqrt(np.array(variances) + EPS), name="invstd")
+    assert to_numpy(mean).dtype == to_numpy(invstd).dtype == np.float64
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.35, 1.0, 0.0])
+def test_running_statistics_update_in_place_with_unbiased_variance(xp, rng, momentum):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, (3, 4, 2, 3))
+    rm, rv = on(xp, running_mean, running_var)
+    rm_id, rv_id = id(rm), id(rv)
+    x_dev = xp.asarray(x)
+    y, _, _ = batch_norm_forward_training(x_dev, *on(xp, weight, bias), rm, rv, momentum=momentum)
+    means, variances, count = reference_statistics(x)
+    assert count == 3 * 2 * 3
+    unbiased = np.array(variances) * count / (count - 1)
+    assert id(rm) == rm_id and id(rv) == rv_id
+    assert_close(rm, (1 - momentum) * running_mean + momentum * np.array(means), name="running_mean")
+    assert_close(rv, (1 - momentum) * running_var + momentum * unbiased, name="running_var")
+    # The normalisation itself uses the biased variance, and tracking statistics does not change y.
+    assert_close(y, reference_normalise(x, weight, bias, means, variances), name="y")
+    assert_close(x_dev, x, name="x unchanged")
+
+
+def test_running_statistics_accumulate_over_steps(xp, rng):
+    running_mean, running_var = xp.zeros(2), xp.ones(2)
+    expected_mean, expected_var = np.zeros(2), np.ones(2)
+    for _ in range(3):
+        x = rng.standard_normal((2, 2, 3)) * 3 + 1
+        batch_norm_forward_training(xp.asarray(x), None, None, running_mean, running_var, momentum=0.2)
+        means, variances, count = reference_statistics(x)
+        expected_mean = 0.8 * expected_mean + 0.2 * np.array(means)
+        expected_var = 0.8 * expected_var + 0.2 * np.array(variances) * count / (count - 1)
+    assert_close(running_mean, expected_mean, name="running_mean")
+    assert_close(running_var, expected_var, name="running_var")
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(1, 3)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_forward_inference_matches_reference(xp, rng, shape, affine):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape, affine)
+    y = batch_norm_forward_inference(*on(xp, x, weight, bias, running_mean, running_var), eps=1e-3)
+    expected = reference_normalise(x, weight, bias, list(running_mean), list(running_var), eps=1e-3)
+    assert_close(y, expected, name="y")
+
+
+def test_statistics_are_numerically_sound_in_float32(xp, rng):
+    """|mean| ≫ std: E[x²] − E[x]² would lose every digit in float32; two-pass keeps them."""
+    x = (1e4 + rng.standard_normal((16, 3, 9, 7))).astype(np.float32)
+    y, mean, invstd = batch_norm_forward_training(xp.asarray(x), None, None, None, None)
+    means, variances, _ = reference_statistics(x)  # of the very float32 values, in float64
+    assert_close(mean, np.array(means, dtype=np.float32), rtol=1e-7, atol=0, name="mean")
+    assert_close(invstd, 1.0 / np.sqrt(np.array(variances) + EPS), rtol=1e-5, atol=0, name="invstd")
+    assert_close(y, reference_normalise(x, None, None, means, variances), rtol=1e-4, atol=1e-3, name="y")
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_backward_training_matches_reference(xp, rng, shape, affine):
+    x, weight, _, _, _ = random_inputs(rng, shape, affine)
+    dy = rng.standard_normal(shape)
+    _, mean, invstd = batch_norm_forward_training(*on(xp, x, weight), None, None, None)
+    dx, dweight, dbias = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd)
+    expected = reference_backward_training(dy, x, weight)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), (dx, dweight, dbias), expected):
+        assert_close(actual, wanted, rtol=1e-9, atol=1e-11, name=name)
+
+
+@pytest.mark.parametrize("shape", FD_SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_backward_training_finite_differences(xp, rng, shape, affine):
+    """Through the batch statistics: perturbing x moves the mean and the variance too."""
+    x, weight, bias, _, _ = random_inputs(rng, shape, affine=True)
+    dy = rng.standard_normal(shape)
+    if not affine:
+        weight = bias = None
+
+    def f(x_, w_, b_):
+        return to_numpy(batch_norm_forward_training(*on(xp, x_, w_, b_), None, None)[0])
+
+    _, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), None, None)
+    dx, dweight, dbias = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd)
+    assert_close(dx, numerical_gradient(f, [x, weight, bias], 0, dy), rtol=1e-6, atol=1e-7, name="dx")
+    # dweight/dbias are computed without a weight too: they are the gradients at weight = 1, bias = 0.
+    ones, zeros = np.ones(shape[1]), np.zeros(shape[1])
+    w_at, b_at = (weight, bias) if affine else (ones, zeros)
+    assert_close(dweight, numerical_gradient(f, [x, w_at, b_at], 1, dy), rtol=1e-6, atol=1e-7, name="dweight")
+    assert_close(dbias, numerical_gradient(f, [x, w_at, b_at], 2, dy), rtol=1e-6, atol=1e-7, name="dbias")
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3])
+@pytest.mark.parametrize("affine", [True, False])
+def test_backward_inference_matches_reference(xp, rng, shape, affine):
+    x, weight, _, running_mean, running_var = random_inputs(rng, shape, affine)
+    dy = rng.standard_normal(shape)
+    actual = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var))
+    expected = reference_backward_inference(dy, x, weight, running_mean, running_var)
+    for name, a, e in zip(("dx", "dweight", "dbias"), actual, expected):
+        assert_close(a, e, name=name)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (2, 3, 2, 2)])
+def test_backward_inference_finite_differences(xp, rng, shape):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape)
+    dy = rng.standard_normal(shape)
+
+    def f(x_, w_, b_):
+        return to_numpy(batch_norm_forward_inference(*on(xp, x_, w_, b_, running_mean, running_var), eps=0.1))
+
+    dx, dweight, dbias = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var), eps=0.1)
+    inputs = [x, weight, bias]
+    for index, (name, actual) in enumerate(zip(("dx", "dweight", "dbias"), (dx, dweight, dbias))):
+        assert_close(actual, numerical_gradient(f, inputs, index, dy), rtol=1e-6, atol=1e-8, name=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# float32
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(7, 3), (2, 5, 4, 3), (1, 3, 5, 5)])
+def test_float32_against_float64_reference(xp, rng, shape):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape)
+    dy = rng.standard_normal(shape)
+    x32, w32, b32, rm32, rv32, dy32 = (a.astype(np.float32) for a in (x, weight, bias, running_mean, running_var, dy))
+    # The reference runs on the float32 values, so only the arithmetic's rounding is compared.
+    x64, w64, b64, rm64, rv64, dy64 = (a.astype(np.float64) for a in (x32, w32, b32, rm32, rv32, dy32))
+    tol = dict(rtol=2e-5, atol=2e-5)
+
+    rm, rv = on(xp, rm32, rv32)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x32, w32, b32), rm, rv, momentum=0.3)
+    means, variances, count = reference_statistics(x64)
+    for name, array in (("y", y), ("mean", mean), ("invstd", invstd), ("running_mean", rm), ("running_var", rv)):
+        assert to_numpy(array).dtype == np.float32, name
+    assert_close(y, reference_normalise(x64, w64, b64, means, variances), **tol, name="y")
+    assert_close(mean, np.array(means), **tol, name="mean")
+    assert_close(invstd, 1 / np.sqrt(np.array(variances) + EPS), **tol, name="invstd")
+    assert_close(rm, 0.7 * rm64 + 0.3 * np.array(means), **tol, name="running_mean")
+    assert_close(rv, 0.7 * rv64 + 0.3 * np.array(variances) * count / (count - 1), **tol, name="running_var")
+
+    grads = batch_norm_backward_training(*on(xp, dy32, x32, w32), mean, invstd)
+    for name, actual, expected in zip(("dx", "dweight", "dbias"), grads, reference_backward_training(dy64, x64, w64)):
+        assert to_numpy(actual).dtype == np.float32, name
+        assert_close(actual, expected, rtol=1e-4, atol=1e-4, name=name)
+
+    y_inf = batch_norm_forward_inference(*on(xp, x32, w32, b32, rm32, rv32))
+    assert to_numpy(y_inf).dtype == np.float32
+    assert_close(y_inf, reference_normalise(x64, w64, b64, list(rm64), list(rv64)), **tol, name="y inference")
+    grads = batch_norm_backward_inference(*on(xp, dy32, x32, w32, rm32, rv32))
+    expected = reference_backward_inference(dy64, x64, w64, rm64, rv64)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert to_numpy(actual).dtype == np.float32, name
+        assert_close(actual, wanted, **tol, name=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1, 3), (1, 3, 1, 1), (1, 2, 1)])
+def test_one_value_per_channel_is_an_error_in_training_only(xp, shape):
+    x = xp.ones(shape)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        batch_norm_forward_training(x, None, None, None, None)
+    batch_norm_forward_inference(x, None, None, xp.zeros(shape[1]), xp.ones(shape[1]))
+
+
+def test_argument_errors(xp):
+    x, c3 = xp.ones((2, 3, 2)), xp.ones(3)
+    train = batch_norm_forward_training
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
+        train(xp.ones((2, 3), dtype=xp.int64), None, None, None, None)
+    with pytest.raises(ValueError, match=r"x must be at least 2-D \(N, C, \*spatial\), got shape \(3,\)"):
+        train(xp.ones(3), None, None, None, None)
+    with pytest.raises(ValueError, match=r"weight must have shape \(C,\) = \(3,\).*got \(4,\)"):
+        train(x, xp.ones(4), None, None, None)
+    with pytest.raises(ValueError, match=r"bias must have shape \(C,\) = \(3,\)"):
+        train(x, c3, xp.ones((3, 1)), None, None)
+    with pytest.raises(TypeError, match="weight must have x's dtype float64, got float32"):
+        train(x, xp.ones(3, dtype=xp.float32), None, None, None)
+    with pytest.raises(ValueError, match="running_mean and running_var must both be arrays or both be None"):
+        train(x, None, None, c3, None)
+    with pytest.raises(ValueError, match=r"running_var must have shape \(C,\) = \(3,\)"):
+        train(x, None, None, c3, xp.ones(2))
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\], got 1.5"):
+        train(x, None, None, None, None, momentum=1.5)
+    with pytest.raises(TypeError, match="momentum must be a real number, got None"):
+        train(x, None, None, None, None, momentum=None)
+    with pytest.raises(ValueError, match="eps must be a finite number > 0, got 0.0"):
+        train(x, None, None, None, None, eps=0.0)
+    with pytest.raises(TypeError, match="running_mean must be a \\(3,\\) array, got None"):
+        batch_norm_forward_inference(x, None, None, None, c3)
+    with pytest.raises(ValueError, match=r"dy must have x's shape \(2, 3, 2\), got \(2, 3\)"):
+        batch_norm_backward_training(xp.ones((2, 3)), x, None, c3, c3)
+    with pytest.raises(TypeError, match="dy must have x's dtype float64, got float32"):
+        batch_norm_backward_training(xp.ones((2, 3, 2), dtype=xp.float32), x, None, c3, c3)
+    with pytest.raises(ValueError, match=r"invstd must have shape \(C,\) = \(3,\)"):
+        batch_norm_backward_training(x, x, None, c3, xp.ones(2))
+    with pytest.raises(ValueError, match=r"running_var must have shape \(C,\) = \(3,\)"):
+        batch_norm_backward_inference(x, x, None, c3, xp.ones(5))
+
+
+# ----------------------------------------------------------------------------------------------
+# Optional cross-check with PyTorch
+# ----------------------------------------------------------------------------------------------
+def test_matches_torch(xp, rng):
+    torch = pytest.importorskip("torch")
+    x, weight, bias, running_mean, running_var = random_inputs(rng, (3, 4, 5, 2))
+    dy = rng.standard_normal(x.shape)
+    rm, rv = on(xp, running_mean, running_var)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), rm, rv, momentum=0.25)
+    dx, dweight, dbias = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd)
+
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, weight, bias))
+    trm, trv = torch.tensor(running_mean), torch.tensor(running_var)
+    ty = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=True, momentum=0.25, eps=EPS)
+    ty.backward(torch.tensor(dy))
+    assert_close(y, ty.detach().numpy(), name="y")
+    assert_close(rm, trm.numpy(), name="running_mean")
+    assert_close(rv, trv.numpy(), name="running_var")
+    for name, ours, theirs in (("dx", dx, tx), ("dweight", dweight, tw), ("dbias", dbias, tb)):
+        assert_close(ours, theirs.grad.numpy(), rtol=1e-9, atol=1e-11, name=name)
+
+    tx.grad = None
+    ty = torch.nn.functional.batch_norm(tx, trm, trv, tw, tb, training=False, eps=EPS)
+    ty.backward(torch.tensor(dy))
+    assert_close(batch_norm_forward_inference(*on(xp, x, weight, bias), rm, rv), ty.detach().numpy(), name="y")
+    dx = batch_norm_backward_inference(*on(xp, dy, x, weight), rm, rv)[0]
+    assert_close(dx, tx.grad.numpy(), name="dx inference")

@@ -1,0 +1,219 @@
+"""Linear and bias primitives against plain-loop float64 references, finite differences and torch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minidnn.primitives.linear import (bias_add, bias_backward, linear_backward_data, linear_backward_weight,
+                                       linear_forward)
+from tests.helpers import assert_close, numerical_gradient, to_numpy
+
+IN, OUT = 5, 3
+LEADING = [(), (1,), (4,), (2, 3)]  # x is (*leading, in_features); () is a single 1-D sample
+
+
+# ----------------------------------------------------------------------------------------------
+# Independent float64 reference: plain loops over every index
+# ----------------------------------------------------------------------------------------------
+def reference_linear(x, weight, bias):
+    x, weight = np.asarray(x, dtype=np.float64), np.asarray(weight, dtype=np.float64)
+    out_features, in_features = weight.shape
+    y = np.zeros(x.shape[:-1] + (out_features,))
+    for lead in np.ndindex(*x.shape[:-1]):
+        for o in range(out_features):
+            total = 0.0 if bias is None else float(bias[o])
+            for i in range(in_features):
+                total += x[lead + (i,)] * weight[o, i]
+            y[lead + (o,)] = total
+    return y
+
+
+def reference_backward_data(dy, weight):
+    out_features, in_features = weight.shape
+    dx = np.zeros(dy.shape[:-1] + (in_features,))
+    for lead in np.ndindex(*dy.shape[:-1]):
+        for i in range(in_features):
+            dx[lead + (i,)] = sum(float(dy[lead + (o,)]) * float(weight[o, i]) for o in range(out_features))
+    return dx
+
+
+def reference_backward_weight(x, dy):
+    dweight = np.zeros((dy.shape[-1], x.shape[-1]))
+    for lead in np.ndindex(*x.shape[:-1]):
+        for o in range(dy.shape[-1]):
+            for i in range(x.shape[-1]):
+                dweight[o, i] += float(dy[lead + (o,)]) * float(x[lead + (i,)])
+    return dweight
+
+
+def reference_bias_add(y, bias, axis):
+    out = np.array(y, dtype=np.float64)
+    for index in np.ndindex(*y.shape):
+        out[index] += float(bias[index[axis]])
+    return out
+
+
+def reference_bias_backward(dy, axis):
+    dbias = np.zeros(dy.shape[axis])
+    for index in np.ndindex(*dy.shape):
+        dbias[index[axis]] += float(dy[index])
+    return dbias
+
+
+def draws(rng, leading, dtype=np.float64):
+    x = rng.standard_normal(leading + (IN,)).astype(dtype)
+    weight = rng.standard_normal((OUT, IN)).astype(dtype)
+    bias = rng.standard_normal(OUT).astype(dtype)
+    dy = rng.standard_normal(leading + (OUT,)).astype(dtype)
+    return x, weight, bias, dy
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("leading", LEADING)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_matches_reference(xp, rng, leading, with_bias):
+    x, weight, bias, dy = draws(rng, leading)
+    bias = bias if with_bias else None
+    y = linear_forward(xp.asarray(x), xp.asarray(weight), None if bias is None else xp.asarray(bias))
+    assert_close(y, reference_linear(x, weight, bias), name="y")
+    assert_close(linear_backward_data(xp.asarray(dy), xp.asarray(weight)), reference_backward_data(dy, weight),
+                 name="dx")
+    assert_close(linear_backward_weight(xp.asarray(x), xp.asarray(dy)), reference_backward_weight(x, dy),
+                 name="dweight")
+    assert_close(bias_backward(xp.asarray(dy), axis=-1), reference_bias_backward(dy, -1), name="dbias")
+
+
+@pytest.mark.parametrize("leading", [(), (1,), (2, 3)])
+def test_linear_finite_differences(xp, rng, leading):
+    x, weight, bias, dy = draws(rng, leading)
+
+    def f(x_, w_, b_):
+        return to_numpy(linear_forward(xp.asarray(x_), xp.asarray(w_), xp.asarray(b_)))
+
+    inputs = [x, weight, bias]
+    grads = {
+        "dx": linear_backward_data(xp.asarray(dy), xp.asarray(weight)),
+        "dweight": linear_backward_weight(xp.asarray(x), xp.asarray(dy)),
+        "dbias": bias_backward(xp.asarray(dy), axis=-1),
+    }
+    for index, (name, grad) in enumerate(grads.items()):
+        assert_close(grad, numerical_gradient(f, inputs, index, dy), rtol=1e-7, atol=1e-9, name=name)
+
+
+def test_linear_does_not_require_contiguous_inputs(xp, rng):
+    x = rng.standard_normal((IN, 4, 3)).transpose(2, 1, 0)  # (3, 4, IN), strided
+    weight = rng.standard_normal((IN, OUT)).T  # (OUT, IN), transposed view
+    assert_close(linear_forward(xp.asarray(x), xp.asarray(weight)), reference_linear(x, weight, None), name="y")
+
+
+def test_linear_float32_against_float64_reference(xp, rng):
+    x, weight, bias, dy = draws(rng, (4, 3), np.float32)
+    x64, w64, b64, dy64 = (a.astype(np.float64) for a in (x, weight, bias, dy))
+    results = {
+        "y": (linear_forward(xp.asarray(x), xp.asarray(weight), xp.asarray(bias)), reference_linear(x64, w64, b64)),
+        "dx": (linear_backward_data(xp.asarray(dy), xp.asarray(weight)), reference_backward_data(dy64, w64)),
+        "dweight": (linear_backward_weight(xp.asarray(x), xp.asarray(dy)), reference_backward_weight(x64, dy64)),
+        "dbias": (bias_backward(xp.asarray(dy), axis=-1), reference_bias_backward(dy64, -1)),
+    }
+    for name, (actual, expected) in results.items():
+        assert to_numpy(actual).dtype == np.float32, name
+        assert_close(actual, expected, rtol=1e-5, atol=1e-5, name=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bias
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape, axis", [((1, 3, 4, 5), 1), ((2, 3, 5), 1), ((2, 5, 3), -1), ((7,), 0),
+                                         ((3, 2, 4), 0), ((2, 3, 4, 5), -2)])
+def test_bias_add_and_backward_match_reference(xp, rng, shape, axis):
+    y, dy = rng.standard_normal(shape), rng.standard_normal(shape)
+    bias = rng.standard_normal(shape[axis])
+    y_dev = xp.asarray(y)
+    out = bias_add(y_dev, xp.asarray(bias), axis=axis)
+    assert_close(out, reference_bias_add(y, bias, axis), name="y + bias")
+    assert_close(y_dev, y, name="y unchanged")  # a new array, not an in-place add
+    assert_close(bias_backward(xp.asarray(dy), axis=axis), reference_bias_backward(dy, axis), name="dbias")
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 3, 2, 2), 1), ((3, 4), -1)])
+def test_bias_backward_finite_differences(xp, rng, shape, axis):
+    y, dy, bias = rng.standard_normal(shape), rng.standard_normal(shape), rng.standard_normal(shape[axis])
+
+    def f(y_, b_):
+        return to_numpy(bias_add(xp.asarray(y_), xp.asarray(b_), axis=axis))
+
+    assert_close(bias_backward(xp.asarray(dy), axis=axis), numerical_gradient(f, [y, bias], 1, dy),
+                 rtol=1e-7, atol=1e-9, name="dbias")
+    assert_close(numerical_gradient(f, [y, bias], 0, dy), dy, rtol=1e-7, atol=1e-9, name="dy passes through")
+
+
+def test_bias_float32_against_float64_reference(xp, rng):
+    y, dy = rng.standard_normal((3, 4, 5, 3)).astype(np.float32), rng.standard_normal((3, 4, 5, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    out, dbias = bias_add(xp.asarray(y), xp.asarray(bias)), bias_backward(xp.asarray(dy))
+    assert to_numpy(out).dtype == np.float32 and to_numpy(dbias).dtype == np.float32
+    assert_close(out, reference_bias_add(y.astype(np.float64), bias, 1), rtol=1e-6, atol=1e-6, name="y + bias")
+    assert_close(dbias, reference_bias_backward(dy.astype(np.float64), 1), rtol=1e-6, atol=1e-6, name="dbias")
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+def test_argument_errors(xp):
+    x, w = xp.ones((2, 4)), xp.ones((3, 5))
+    with pytest.raises(ValueError, match=r"x has in_features=4 \(shape \(2, 4\)\) but weight expects "
+                                         r"in_features=5 \(shape \(3, 5\)\)"):
+        linear_forward(x, w)
+    with pytest.raises(ValueError, match=r"weight must be 2-D \(out_features, in_features\), got shape \(5,\)"):
+        linear_forward(x, xp.ones(5))
+    with pytest.raises(ValueError, match=r"bias must have shape \(out_features,\) = \(3,\), got \(4,\)"):
+        linear_forward(xp.ones((2, 5)), w, xp.ones(4))
+    with pytest.raises(TypeError, match="x and weight must have the same dtype, got float32 and float64"):
+        linear_forward(xp.ones((2, 5), dtype=xp.float32), w)
+    with pytest.raises(TypeError, match="x and bias must have the same dtype, got float64 and float32"):
+        linear_forward(xp.ones((2, 5)), w, xp.ones(3, dtype=xp.float32))
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array, got int64"):
+        linear_forward(xp.ones((2, 5), dtype=xp.int64), w)
+    with pytest.raises(TypeError, match="weight must be a float32 or float64 array, got int32"):
+        linear_forward(xp.ones((2, 5)), xp.ones((3, 5), dtype=xp.int32))
+    with pytest.raises(ValueError, match="x must be at least 1-D"):
+        linear_forward(xp.ones(()), w)
+    with pytest.raises(ValueError, match=r"dy has out_features=4 \(shape \(2, 4\)\) but weight has out_features=3"):
+        linear_backward_data(xp.ones((2, 4)), w)
+    with pytest.raises(ValueError, match=r"x \(2, 5\) and dy \(3, 3\) must have the same leading dimensions"):
+        linear_backward_weight(xp.ones((2, 5)), xp.ones((3, 3)))
+    with pytest.raises(TypeError, match="x and dy must have the same dtype"):
+        linear_backward_weight(xp.ones((2, 5)), xp.ones((2, 3), dtype=xp.float32))
+    y = xp.ones((2, 3, 4))
+    with pytest.raises(ValueError, match=r"bias must have shape \(3,\) \(y.shape\[1\] of y with shape \(2, 3, 4\)\), "
+                                         r"got \(4,\)"):
+        bias_add(y, xp.ones(4))
+    with pytest.raises(ValueError, match=r"axis 3 is out of range for y with 3 dimension\(s\)"):
+        bias_add(y, xp.ones(4), axis=3)
+    with pytest.raises(TypeError, match="axis must be an int, got 1.0"):
+        bias_add(y, xp.ones(3), axis=1.0)
+    with pytest.raises(TypeError, match="y and bias must have the same dtype"):
+        bias_add(y, xp.ones(3, dtype=xp.float32))
+    with pytest.raises(TypeError, match="y must be a float32 or float64 array, got int64"):
+        bias_add(xp.ones((2, 3), dtype=xp.int64), xp.ones(3))
+    with pytest.raises(ValueError, match=r"axis -4 is out of range for dy"):
+        bias_backward(y, axis=-4)
+    with pytest.raises(ValueError, match="dy must be at least 1-D"):
+        bias_backward(xp.ones(()))
+
+
+# ----------------------------------------------------------------------------------------------
+# Optional cross-check with PyTorch
+# ----------------------------------------------------------------------------------------------
+def test_matches_torch(xp, rng):
+    torch = pytest.importorskip("torch")
+    x, weight, bias, dy = draws(rng, (2, 3))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, weight, bias))
+    ty = torch.nn.functional.linear(tx, tw, tb)
+    ty.backward(torch.tensor(dy))
+    assert_close(linear_forward(*(xp.asarray(a) for a in (x, weight, bias))), ty.detach().numpy(), name="y")
+    assert_close(linear_backward_data(xp.asarray(dy), xp.asarray(weight)), tx.grad.numpy(), name="dx")
+    assert_close(linear_backward_weight(xp.asarray(x), xp.asarray(dy)), tw.grad.numpy(), name="dweight")
+    assert_close(bias_backward(xp.asarray(dy), axis=-1), tb.grad.numpy(), name="dbias")
