@@ -1,0 +1,381 @@
+"""Pooling primitives: max, average and adaptive average pooling over the H and W axes of NCHW.
+
+Every parameter follows PyTorch (``torch.nn.functional.max_pool2d`` and friends):
+
+* ``kernel_size``, ``stride``, ``padding``, ``dilation`` are an int or a pair (rows, columns);
+  ``stride=None`` means stride = kernel_size.
+* Output size per axis (:func:`pool_output_size`):
+  ``(size + 2·padding − dilation·(kernel − 1) − 1) / stride + 1``, rounded down, or up with
+  ``ceil_mode``; in ceil mode a last window that would start in the right padding (or beyond it)
+  is dropped, so every window starts inside the input or the left padding.
+* ``padding`` is at most ``kernel_size // 2`` (PyTorch's rule), so every average-pool window holds
+  an input pixel. A max-pool window that still holds none (a dilation that skips over a tiny
+  input) is a ``ValueError`` here, where PyTorch returns −inf with an index outside the plane.
+* Max pooling: padding acts as −inf and is never chosen; ``indices`` holds, for each output, the
+  flat position ``h·W + w`` of the maximum inside its (n, c) plane; on ties the first maximum in
+  window order (row-major) wins; a NaN wins over any number (the last NaN in window order, as
+  PyTorch's kernels). The backward pass scatter-adds dy to those positions.
+* Average pooling divides by the window's area counted inside the padded input (the ceil-mode
+  overhang past the padded border never counts), by the number of real input pixels with
+  ``count_include_pad=False``, or by ``divisor_override``.
+* Adaptive average pooling: output cell i of an axis of size L into n cells averages
+  ``[floor(i·L/n), ceil((i+1)·L/n))``; windows may overlap and differ in size.
+
+All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64).
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+from ._checks import check_float, check_rank, pair
+
+__all__ = [
+    "pool_output_size", "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
+    "adaptive_avg_pool2d_forward", "adaptive_avg_pool2d_backward",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Geometry and argument checks
+# ----------------------------------------------------------------------------------------------
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
+    """Number of pooling windows along one axis of ``size`` input pixels (PyTorch's formula).
+
+    The result may be < 1 when the kernel does not fit; the pooling functions reject that.
+    """
+    size = _check_int(size, "size", 0)
+    kernel = _check_int(kernel, "kernel", 1)
+    stride = _check_int(stride, "stride", 1)
+    padding = _check_int(padding, "padding", 0)
+    dilation = _check_int(dilation, "dilation", 1)
+    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    span = dilation * (kernel - 1) + 1
+    # Python's // floors negative numerators too, as PyTorch's div_rtn does.
+    out = (size + 2 * padding - span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    # Rounding up may add a window that starts in the right padding: it would pool padding only.
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
+
+
+def _check_input(x: Any, name: str = "input") -> None:
+    """A float32/float64 (N, C, H, W) array; N may be 0, as in PyTorch, but not C, H or W."""
+    check_float(x, name)
+    check_rank(x, 4, name, "(N, C, H, W)")
+    if min(x.shape[1:]) < 1:
+        raise ValueError(f"{name} must have non-zero C, H and W, got shape {tuple(x.shape)}")
+
+
+def _check_x_shape(x_shape: Any) -> tuple[int, int, int, int]:
+    """x_shape of a backward call: four ints (N, C, H, W), C, H and W at least 1."""
+    shape = tuple(x_shape) if isinstance(x_shape, (tuple, list)) else None
+    if (shape is None or len(shape) != 4
+            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in shape)):
+        raise ValueError(f"x_shape must be a tuple of 4 ints (N, C, H, W), got {x_shape!r}")
+    if shape[0] < 0 or min(shape[1:]) < 1:
+        raise ValueError(f"x_shape must have N >= 0 and C, H, W >= 1, got {x_shape!r}")
+    return tuple(int(v) for v in shape)  # type: ignore[return-value]
+
+
+def _check_grad(dy: Any, expected: tuple[int, ...], what: str) -> None:
+    check_float(dy, "grad_output")
+    check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
+    if tuple(dy.shape) != expected:
+        raise ValueError(f"grad_output must have shape {expected} ({what}), got {tuple(dy.shape)}")
+
+
+def _window_params(kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: Any):
+    """Validated pairs (kernel, stride, padding, dilation) and ceil_mode."""
+    kernel = pair(kernel_size, "kernel_size", minimum=1)
+    stride = kernel if stride is None else pair(stride, "stride", minimum=1)
+    padding = pair(padding, "padding", minimum=0)
+    dilation = pair(dilation, "dilation", minimum=1)
+    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    # PyTorch's rule (half of the undilated kernel): it keeps a real pixel in every window of an
+    # average pool, so no divisor is zero.
+    if padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2:
+        raise ValueError(f"padding must be at most half of kernel_size, got padding={padding} "
+                         f"for kernel_size={kernel}")
+    return kernel, stride, padding, dilation, ceil_mode
+
+
+def _output_hw(hw: tuple[int, int], kernel, stride, padding, dilation, ceil_mode) -> tuple[int, int]:
+    out = tuple(pool_output_size(hw[a], kernel[a], stride[a], padding[a], dilation[a], ceil_mode) for a in (0, 1))
+    if min(out) < 1:
+        span = tuple(dilation[a] * (kernel[a] - 1) + 1 for a in (0, 1))
+        dilated = f" (dilated {span})" if dilation != (1, 1) else ""
+        raise ValueError(f"kernel_size {kernel}{dilated} with padding {padding} is too large for input of size "
+                         f"{tuple(hw)}: the output size would be {out}")
+    return out  # type: ignore[return-value]
+
+
+def _padded(x: Any, padding: tuple[int, int], extent: tuple[int, int], value: float) -> Any:
+    """x padded by ``padding`` on the top/left and up to ``extent`` (at least H + padding) on the bottom/right.
+
+    The bottom/right padding may exceed ``padding``: ceil mode's last window overhangs the padded input.
+    """
+    xp = backend.get_array_module(x)
+    N, C, H, W = x.shape
+    (ph, pw), (eh, ew) = padding, extent
+    out = xp.full((N, C, eh, ew), value, dtype=x.dtype)
+    out[:, :, ph:ph + H, pw:pw + W] = x
+    return out
+
+
+def _tap_slices(r: int, s: int, stride, dilation, out_hw) -> tuple[slice, slice]:
+    """Rows and columns of the padded input that window tap (r, s) reads, one per output pixel."""
+    top, left = r * dilation[0], s * dilation[1]
+    return (slice(top, top + stride[0] * (out_hw[0] - 1) + 1, stride[0]),
+            slice(left, left + stride[1] * (out_hw[1] - 1) + 1, stride[1]))
+
+
+def _padded_extent(hw, kernel, stride, padding, dilation, out_hw) -> tuple[int, int]:
+    """Padded size that holds every window: the last window's end, or the input, whichever is further."""
+    return tuple(max(padding[a] + hw[a], stride[a] * (out_hw[a] - 1) + dilation[a] * (kernel[a] - 1) + 1)
+                 for a in (0, 1))  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------------------------
+# Max pooling
+# ----------------------------------------------------------------------------------------------
+def _first_input_tap(size: int, kernel: int, stride: int, padding: int, dilation: int, out: int,
+                     axis: str) -> np.ndarray:
+    """Per output position along one axis, the input coordinate of the window's first tap inside the input.
+
+    That is where PyTorch's kernels point the index of a window whose input pixels are all −inf.
+    A window with no input tap at all can only come from a dilation larger than the input: PyTorch
+    returns −inf with an index outside the plane there, which no backward pass could use, so it is
+    an error here.
+    """
+    starts = np.arange(out) * stride - padding
+    taps_in_padding = np.maximum(0, -starts + dilation - 1) // dilation  # ceil(-start / dilation) when start < 0
+    first = starts + taps_in_padding * dilation
+    empty = (taps_in_padding >= kernel) | (first >= size)
+    if empty.any():
+        raise ValueError(f"max_pool2d: with dilation {dilation} and padding {padding}, the window of output "
+                         f"{axis} {int(np.argmax(empty))} holds no input pixel (input {axis}s: {size})")
+    return first
+
+
+def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                       ceil_mode: bool = False) -> tuple[Any, Any]:
+    """Maximum over each (dilated) window.
+
+    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype and indices: int64 (N, C, P, Q), the
+    flat position h·W + w in its (n, c) plane of each maximum (PyTorch's ``return_indices``).
+    """
+    _check_input(x)
+    kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
+    xp = backend.get_array_module(x)
+    N, C, H, W = x.shape
+    P, Q = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
+    first_h = _first_input_tap(H, kernel[0], stride[0], padding[0], dilation[0], P, "row")
+    first_w = _first_input_tap(W, kernel[1], stride[1], padding[1], dilation[1], Q, "column")
+    # Padding is −inf and only a strictly greater value replaces the running maximum, so padding
+    # is never chosen and ties keep the first maximum. The loop runs over the R·S taps (a running
+    # max, like Caffe's kernel), never over pixels, and needs no R·S-times copy of the input.
+    x_padded = _padded(x, padding, _padded_extent((H, W), kernel, stride, padding, dilation, (P, Q)), -np.inf)
+    y = xp.full((N, C, P, Q), -np.inf, dtype=x.dtype)
+    start_h = np.arange(P) * stride[0] - padding[0]
+    start_w = np.arange(Q) * stride[1] - padding[1]
+    indices = xp.empty((N, C, P, Q), dtype=xp.int64)
+    indices[...] = xp.asarray(first_h[:, None] * W + first_w[None, :], dtype=xp.int64)
+    for r in range(kernel[0]):
+        for s in range(kernel[1]):
+            window = x_padded[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, (P, Q))]
+            better = (window > y) | xp.isnan(window)  # NaN propagates, as in PyTorch
+            tap_index = (start_h + r * dilation[0])[:, None] * W + (start_w + s * dilation[1])[None, :]
+            xp.copyto(y, window, where=better)
+            xp.copyto(indices, xp.asarray(tap_index, dtype=xp.int64), where=better)
+    return y, indices
+
+
+def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple) -> Any:
+    """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
+
+    dy: (N, C, P, Q); indices: integer (N, C, P, Q) from :func:`max_pool2d_forward`;
+    x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    """
+    N, C, H, W = _check_x_shape(x_shape)
+    check_float(dy, "grad_output")
+    check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
+    if tuple(dy.shape[:2]) != (N, C):
+        raise ValueError(f"grad_output must have x_shape's N and C {(N, C)} in its first two axes, "
+                         f"got shape {tuple(dy.shape)}")
+    dtype = getattr(indices, "dtype", None)
+    if dtype is None or dtype.kind not in "iu":
+        raise TypeError(f"indices must be an integer array (int64 from max_pool2d_forward), got "
+                        f"{dtype if dtype is not None else type(indices).__name__}")
+    if tuple(indices.shape) != tuple(dy.shape):
+        raise ValueError(f"indices must have grad_output's shape {tuple(dy.shape)}, got {tuple(indices.shape)}")
+    xp = backend.get_array_module(dy, indices)
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
+        raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
+                         f"got values in [{int(indices.min())}, {int(indices.max())}]")
+    # Scatter-add into the flattened batch; np.add.at is unbuffered (repeated indices accumulate),
+    # deterministic, and in NumPy 2 faster than bincount (which also computes in float64).
+    planes = xp.arange(N * C, dtype=xp.int64).reshape(N, C, 1, 1) * (H * W)
+    dx = xp.zeros(N * C * H * W, dtype=dy.dtype)
+    xp.add.at(dx, (planes + indices).reshape(-1), dy.reshape(-1))
+    return dx.reshape(N, C, H, W)
+
+
+# ----------------------------------------------------------------------------------------------
+# Average pooling
+# ----------------------------------------------------------------------------------------------
+def _check_divisor(divisor_override: Any) -> int | None:
+    if divisor_override is None:
+        return None
+    if not isinstance(divisor_override, numbers.Integral) or isinstance(divisor_override, bool):
+        raise TypeError(f"divisor_override must be None or a non-zero int, got {divisor_override!r}")
+    if divisor_override == 0:
+        raise ValueError("divisor_override must be None or a non-zero int, got 0")
+    return int(divisor_override)
+
+
+def _axis_divisor(size: int, kernel: int, stride: int, padding: int, out: int, count_include_pad: bool) -> np.ndarray:
+    """Per output position along one axis, how many of its window's taps count in the divisor."""
+    starts = np.arange(out) * stride - padding
+    ends = np.minimum(starts + kernel, size + padding)  # the overhang past the padded border never counts
+    if count_include_pad:
+        return ends - starts
+    return np.minimum(ends, size) - np.maximum(starts, 0)
+
+
+def _avg_divisor(xp, hw, kernel, stride, padding, out_hw, count_include_pad, divisor_override, dtype) -> Any:
+    """The divisor of every output pixel, (P, Q) of ``dtype``; the window area is separable in rows × columns."""
+    if divisor_override is not None:
+        return xp.asarray(divisor_override, dtype=dtype)
+    rows = _axis_divisor(hw[0], kernel[0], stride[0], padding[0], out_hw[0], count_include_pad)
+    cols = _axis_divisor(hw[1], kernel[1], stride[1], padding[1], out_hw[1], count_include_pad)
+    return xp.asarray(rows[:, None] * cols[None, :], dtype=dtype)
+
+
+def _avg_params(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, 1, ceil_mode)
+    count_include_pad = _check_bool(count_include_pad, "count_include_pad")
+    return kernel, stride, padding, dilation, ceil_mode, count_include_pad, _check_divisor(divisor_override)
+
+
+def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                       count_include_pad: bool = True, divisor_override: int | None = None) -> Any:
+    """Mean over each window (see the module docstring for the divisor).
+
+    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype.
+    """
+    _check_input(x)
+    kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = _avg_params(
+        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    xp = backend.get_array_module(x)
+    N, C, H, W = x.shape
+    out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
+    x_padded = _padded(x, padding, _padded_extent((H, W), kernel, stride, padding, dilation, out_hw), 0.0)
+    total = xp.zeros((N, C) + out_hw, dtype=x.dtype)
+    for r in range(kernel[0]):
+        for s in range(kernel[1]):
+            total += x_padded[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, out_hw)]
+    return total / _avg_divisor(xp, (H, W), kernel, stride, padding, out_hw, count_include_pad, divisor_override,
+                                x.dtype)
+
+
+def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                        ceil_mode: bool = False, count_include_pad: bool = True,
+                        divisor_override: int | None = None) -> Any:
+    """dx = ∂L/∂x: each dy entry divided by its divisor and spread over its window's input pixels.
+
+    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    """
+    N, C, H, W = _check_x_shape(x_shape)
+    kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = _avg_params(
+        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
+    _check_grad(dy, (N, C) + out_hw, "the pooling output for x_shape")
+    xp = backend.get_array_module(dy)
+    share = dy / _avg_divisor(xp, (H, W), kernel, stride, padding, out_hw, count_include_pad, divisor_override,
+                              dy.dtype)
+    extent = _padded_extent((H, W), kernel, stride, padding, dilation, out_hw)
+    dx_padded = xp.zeros((N, C) + extent, dtype=dy.dtype)
+    # Within one tap the output pixels read distinct input pixels, so a strided += is a scatter.
+    for r in range(kernel[0]):
+        for s in range(kernel[1]):
+            dx_padded[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, out_hw)] += share
+    return xp.ascontiguousarray(dx_padded[:, :, padding[0]:padding[0] + H, padding[1]:padding[1] + W])
+
+
+# ----------------------------------------------------------------------------------------------
+# Adaptive average pooling
+# ----------------------------------------------------------------------------------------------
+def _adaptive_output_size(output_size: Any, hw: tuple[int, int]) -> tuple[int, int]:
+    """int or (h, w), a None entry keeping that input size; each size at least 1."""
+    values = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    if len(values) != 2 or not all(v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool))
+                                   for v in values):
+        raise TypeError(f"output_size must be an int or a pair of ints (or None), got {output_size!r}")
+    sizes = tuple(hw[a] if values[a] is None else int(values[a]) for a in (0, 1))
+    if min(sizes) < 1:
+        raise ValueError(f"output_size must be >= 1, got {output_size!r}")
+    return sizes  # type: ignore[return-value]
+
+
+def _averaging_matrix(xp, size: int, out: int, dtype) -> Any:
+    """(out, size) matrix whose row i averages input cells [floor(i·size/out), ceil((i+1)·size/out)).
+
+    Averaging over a rectangle is separable, so adaptive pooling is A_h · x · A_wᵀ per plane: two
+    GEMMs, however unequal or overlapping the windows are.
+    """
+    i = np.arange(out)
+    starts = (i * size) // out
+    ends = -((-(i + 1) * size) // out)  # ceil division in integers, exact for any size
+    cells = np.arange(size)
+    inside = (cells[None, :] >= starts[:, None]) & (cells[None, :] < ends[:, None])
+    return xp.asarray(inside / (ends - starts)[:, None], dtype=dtype)
+
+
+def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
+    """Mean over windows that tile the input into ``output_size`` cells (PyTorch's adaptive_avg_pool2d).
+
+    x: (N, C, H, W); output_size: int or (P, Q), a None entry keeping H or W; returns y: (N, C, P, Q)
+    of x's dtype.
+    """
+    _check_input(x)
+    xp = backend.get_array_module(x)
+    H, W = x.shape[2:]
+    P, Q = _adaptive_output_size(output_size, (H, W))
+    rows, cols = _averaging_matrix(xp, H, P, x.dtype), _averaging_matrix(xp, W, Q, x.dtype)
+    # Columns first: one (N·C·H, W) × (W, Q) GEMM, then a batched (P, H) × (H, Q) per plane.
+    return xp.matmul(rows, xp.matmul(x, cols.T))
+
+
+def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
+    """dx = ∂L/∂x = A_hᵀ · dy · A_w per plane, the output size read from dy.
+
+    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    """
+    N, C, H, W = _check_x_shape(x_shape)
+    check_float(dy, "grad_output")
+    check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
+    if tuple(dy.shape[:2]) != (N, C) or min(dy.shape[2:]) < 1:
+        raise ValueError(f"grad_output must have shape ({N}, {C}, P, Q) with P, Q >= 1 for x_shape "
+                         f"{(N, C, H, W)}, got {tuple(dy.shape)}")
+    xp = backend.get_array_module(dy)
+    P, Q = dy.shape[2:]
+    rows, cols = _averaging_matrix(xp, H, P, dy.dtype), _averaging_matrix(xp, W, Q, dy.dtype)
+    return xp.ascontiguousarray(xp.matmul(rows.T, xp.matmul(dy, cols)))

@@ -1,0 +1,558 @@
+"""Pooling primitives against float64 loop references written here, finite differences and (optionally) PyTorch.
+
+The references loop over output pixels and window taps in plain Python and never call the code
+under test; they define PyTorch's semantics independently: windows are counted one by one, padding
+is skipped (so it can never be the maximum), and divisors are counted tap by tap.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import assert_close, numerical_gradient, to_numpy
+from minidnn.primitives import pooling
+
+F32 = dict(rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# References (float64, loops)
+# ----------------------------------------------------------------------------------------------
+def as_pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def ref_output_size(size, kernel, stride, padding, dilation, ceil_mode):
+    """Count windows one by one, in padded coordinates.
+
+    Floor mode keeps the windows that fit in the padded input. Ceil mode also keeps a window that
+    overhangs the padded end by less than one stride, as long as it starts before the input ends.
+    """
+    span, padded_size, count = dilation * (kernel - 1) + 1, size + 2 * padding, 0
+    while True:
+        start = count * stride
+        end = start + span
+        keep = end - padded_size < stride and start < size + padding if ceil_mode else end <= padded_size
+        if not keep:
+            return count
+        count += 1
+
+
+def ref_geometry(x_shape, kernel, stride, padding, dilation, ceil_mode):
+    kernel, padding, dilation = as_pair(kernel), as_pair(padding), as_pair(dilation)
+    stride = kernel if stride is None else as_pair(stride)
+    out = tuple(ref_output_size(x_shape[2 + a], kernel[a], stride[a], padding[a], dilation[a], ceil_mode)
+                for a in (0, 1))
+    return kernel, stride, padding, dilation, out
+
+
+def ref_max_pool(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """(y, indices): the first strictly greater input pixel of each window wins; padding is skipped."""
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (P, Q) = ref_geometry(x.shape, kernel, stride, padding, dilation,
+                                                                   ceil_mode)
+    y = np.empty((N, C, P, Q))
+    indices = np.empty((N, C, P, Q), dtype=np.int64)
+    for n, c, p, q in np.ndindex(N, C, P, Q):
+        best, where = -np.inf, None
+        for r in range(kh):
+            for s in range(kw):
+                h, w = p * sh - ph + r * dh, q * sw - pw + s * dw
+                if 0 <= h < H and 0 <= w < W and (where is None or x[n, c, h, w] > best):
+                    best, where = x[n, c, h, w], h * W + w
+        y[n, c, p, q], indices[n, c, p, q] = best, where
+    return y, indices
+
+
+def ref_max_pool_backward(dy, indices, x_shape):
+    N, C, H, W = x_shape
+    dx = np.zeros(x_shape)
+    for n, c, p, q in np.ndindex(*dy.shape):
+        h, w = divmod(int(indices[n, c, p, q]), W)
+        dx[n, c, h, w] += dy[n, c, p, q]
+    return dx
+
+
+def ref_avg_windows(x_shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Yield (p, q, [(h, w) input pixels], divisor) for every output pixel."""
+    N, C, H, W = x_shape
+    (kh, kw), (sh, sw), (ph, pw), _, (P, Q) = ref_geometry(x_shape, kernel, stride, padding, 1, ceil_mode)
+    for p in range(P):
+        for q in range(Q):
+            pixels, in_padded_input = [], 0
+            for r in range(kh):
+                for s in range(kw):
+                    h, w = p * sh - ph + r, q * sw - pw + s
+                    if -ph <= h < H + ph and -pw <= w < W + pw:
+                        in_padded_input += 1
+                    if 0 <= h < H and 0 <= w < W:
+                        pixels.append((h, w))
+            if divisor_override is not None:
+                divisor = divisor_override
+            else:
+                divisor = in_padded_input if count_include_pad else len(pixels)
+            yield p, q, pixels, divisor
+
+
+def ref_avg_pool(x, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    N, C = x.shape[:2]
+    *_, (P, Q) = ref_geometry(x.shape, kernel, stride, padding, 1, ceil_mode)
+    y = np.zeros((N, C, P, Q))
+    for p, q, pixels, divisor in ref_avg_windows(x.shape, kernel, stride, padding, ceil_mode, count_include_pad,
+                                                 divisor_override):
+        for h, w in pixels:
+            y[:, :, p, q] += x[:, :, h, w]
+        y[:, :, p, q] /= divisor
+    return y
+
+
+def ref_avg_pool_backward(dy, x_shape, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                          divisor_override=None):
+    dx = np.zeros(x_shape)
+    for p, q, pixels, divisor in ref_avg_windows(x_shape, kernel, stride, padding, ceil_mode, count_include_pad,
+                                                 divisor_override):
+        for h, w in pixels:
+            dx[:, :, h, w] += dy[:, :, p, q] / divisor
+    return dx
+
+
+def ref_adaptive_windows(size, out):
+    return [(math.floor(i * size / out), math.ceil((i + 1) * size / out)) for i in range(out)]
+
+
+def ref_adaptive_output(x_shape, output_size):
+    P, Q = as_pair(output_size)
+    return (x_shape[2] if P is None else P, x_shape[3] if Q is None else Q)
+
+
+def ref_adaptive_pool(x, output_size):
+    P, Q = ref_adaptive_output(x.shape, output_size)
+    y = np.empty(x.shape[:2] + (P, Q))
+    for p, (h0, h1) in enumerate(ref_adaptive_windows(x.shape[2], P)):
+        for q, (w0, w1) in enumerate(ref_adaptive_windows(x.shape[3], Q)):
+            y[:, :, p, q] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return y
+
+
+def ref_adaptive_pool_backward(dy, x_shape):
+    P, Q = dy.shape[2:]
+    dx = np.zeros(x_shape)
+    for p, (h0, h1) in enumerate(ref_adaptive_windows(x_shape[2], P)):
+        for q, (w0, w1) in enumerate(ref_adaptive_windows(x_shape[3], Q)):
+            dx[:, :, h0:h1, w0:w1] += dy[:, :, p, q][:, :, None, None] / ((h1 - h0) * (w1 - w0))
+    return dx
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases: (kernel, stride, padding, dilation, ceil_mode, x_shape)
+# ----------------------------------------------------------------------------------------------
+MAX_CASES = [
+    (1, None, 0, 1, False, (1, 2, 5, 4)),
+    (2, None, 0, 1, False, (2, 3, 7, 6)),                  # floor mode drops the last row
+    (2, None, 0, 1, True, (2, 3, 7, 5)),                   # ceil mode: windows overhang the input
+    (3, 2, 1, 1, False, (1, 2, 9, 7)),
+    (3, 2, 1, 1, True, (2, 1, 8, 7)),
+    ((3, 2), (2, 1), (1, 1), 1, True, (1, 3, 7, 5)),
+    (3, 1, 1, 2, False, (2, 2, 7, 8)),                     # dilation
+    ((2, 3), (3, 2), (1, 0), (2, 1), True, (1, 2, 9, 6)),
+    (4, 3, 2, 1, True, (2, 2, 9, 7)),                      # padding 2
+    (4, (1, 3), (2, 1), (1, 2), False, (1, 1, 6, 11)),
+    (2, 3, 1, 1, True, (1, 2, 5, 8)),                      # ceil mode drops a window starting in the padding
+]
+AVG_CASES = [
+    (1, None, 0, False, True, None, (1, 2, 5, 4)),
+    (2, None, 0, False, True, None, (2, 3, 7, 6)),
+    (2, None, 0, True, True, None, (2, 3, 7, 5)),          # overhang not counted in the divisor
+    (3, 2, 1, False, True, None, (1, 2, 9, 7)),            # padding counted
+    (3, 2, 1, False, False, None, (1, 2, 9, 7)),           # padding not counted
+    (3, 2, 1, True, True, None, (2, 1, 8, 7)),
+    (3, 2, 1, True, False, None, (2, 1, 8, 7)),
+    ((3, 2), (2, 1), (1, 1), True, False, None, (1, 3, 7, 5)),
+    (4, 3, 2, True, True, None, (2, 2, 9, 7)),
+    (4, (1, 3), (2, 1), False, False, None, (1, 1, 6, 11)),
+    (2, 3, 1, True, True, None, (1, 2, 5, 8)),
+    (3, 2, 1, True, True, 4, (1, 2, 7, 6)),                # divisor_override
+    ((2, 3), 1, (1, 0), False, False, 5, (2, 1, 5, 6)),
+]
+ADAPTIVE_CASES = [
+    ((1, 2, 7, 7), 3),             # 7 -> 3: windows of unequal size that overlap
+    ((2, 3, 5, 9), (2, 4)),
+    ((1, 2, 6, 8), (3, 4)),        # sizes that divide: plain non-overlapping windows
+    ((2, 1, 5, 7), 1),             # global average
+    ((1, 2, 7, 5), (None, 3)),     # None keeps the input height
+    ((1, 1, 3, 4), (5, 6)),        # output larger than input: windows repeat
+]
+
+
+def draw(rng, shape):
+    return rng.standard_normal(shape)
+
+
+def random_max_case(rng):
+    kernel = tuple(int(k) for k in rng.integers(1, 5, 2))
+    stride = tuple(int(s) for s in rng.integers(1, 4, 2))
+    padding = tuple(int(rng.integers(0, k // 2 + 1)) for k in kernel)
+    dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
+    ceil_mode = bool(rng.integers(2))
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.integers(4, 10)), int(rng.integers(4, 10)))
+    return kernel, stride, padding, dilation, ceil_mode, shape
+
+
+def random_avg_case(rng):
+    kernel, stride, padding, _, ceil_mode, shape = random_max_case(rng)
+    return kernel, stride, padding, ceil_mode, bool(rng.integers(2)), [None, None, 3, -2][rng.integers(4)], shape
+
+
+def fits(case_geometry, shape):
+    """Whether every window holds an input pixel and the output is non-empty (the reference's view)."""
+    kernel, stride, padding, dilation, (P, Q) = case_geometry
+    if min(P, Q) < 1:
+        return False
+    for a, (size, out) in enumerate(zip(shape[2:], (P, Q))):
+        for i in range(out):
+            taps = [i * stride[a] - padding[a] + t * dilation[a] for t in range(kernel[a])]
+            if not any(0 <= tap < size for tap in taps):
+                return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Output size
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, expected", [
+    ((5, 2, 2, 0, 1, False), 2), ((5, 2, 2, 0, 1, True), 3), ((5, 2, 3, 1, 1, True), 2), ((5, 2, 3, 1, 1, False), 2),
+    ((6, 3, 2, 1, 1, True), 4), ((7, 3, 2, 1, 2, True), 3), ((3, 4, 2, 0, 1, True), 1), ((224, 3, 2, 1, 1, False), 112),
+    ((112, 3, 2, 0, 1, True), 56), ((1, 1, 1, 0, 1, True), 1), ((2, 5, 1, 0, 1, False), -2),
+])
+def test_pool_output_size_known_values(args, expected):
+    # Values read from torch.nn.functional.max_pool2d output shapes.
+    assert pooling.pool_output_size(*args) == expected
+
+
+def test_pool_output_size_matches_window_count():
+    for size in range(1, 12):
+        for kernel in range(1, 5):
+            for stride in range(1, 4):
+                for dilation in (1, 2):
+                    for padding in range(kernel // 2 + 1):
+                        for ceil_mode in (False, True):
+                            args = (size, kernel, stride, padding, dilation, ceil_mode)
+                            got = pooling.pool_output_size(*args)
+                            assert max(got, 0) == ref_output_size(*args), args
+
+
+# ----------------------------------------------------------------------------------------------
+# Max pooling
+# ----------------------------------------------------------------------------------------------
+def check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
+    x = draw(rng, shape)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    y_ref, indices_ref = ref_max_pool(x, kernel, stride, padding, dilation, ceil_mode)
+    assert_close(y, y_ref, name="y")
+    assert to_numpy(indices).dtype == np.int64
+    np.testing.assert_array_equal(to_numpy(indices), indices_ref)
+    dy = draw(rng, y_ref.shape)
+    dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape)
+    assert_close(dx, ref_max_pool_backward(dy, indices_ref, shape), name="dx")
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES)
+def test_max_pool2d_matches_reference(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
+    check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape)
+
+
+def test_max_pool2d_random_cases_match_reference(xp, rng):
+    checked = 0
+    while checked < 12:
+        kernel, stride, padding, dilation, ceil_mode, shape = random_max_case(rng)
+        if fits(ref_geometry(shape, kernel, stride, padding, dilation, ceil_mode), shape):
+            check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape)
+            checked += 1
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES[3::2])
+def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
+    x = draw(rng, shape).astype(np.float32)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    y_ref, indices_ref = ref_max_pool(x.astype(np.float64), kernel, stride, padding, dilation, ceil_mode)
+    assert y.dtype == np.float32
+    assert_close(y, y_ref, **F32, name="y")
+    np.testing.assert_array_equal(to_numpy(indices), indices_ref)
+    dy = draw(rng, y_ref.shape).astype(np.float32)
+    dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape)
+    assert dx.dtype == np.float32
+    assert_close(dx, ref_max_pool_backward(dy.astype(np.float64), indices_ref, shape), **F32, name="dx")
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", [
+    (3, 2, 1, 1, True, (1, 2, 5, 4)),       # overlapping windows: gradients add
+    ((2, 3), 1, (1, 1), (2, 1), False, (2, 1, 4, 5)),
+    (2, None, 0, 1, True, (1, 1, 5, 3)),
+])
+def test_max_pool2d_backward_finite_differences(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
+    x = draw(rng, shape)  # random floats: no ties, so the max is differentiable
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    dy = draw(rng, y.shape)
+    expected = numerical_gradient(
+        lambda a: pooling.max_pool2d_forward(a, kernel, stride, padding, dilation, ceil_mode)[0], [x], 0, dy)
+    assert_close(pooling.max_pool2d_backward(xp.asarray(dy), indices, shape), expected, rtol=1e-6, atol=1e-8)
+
+
+def test_max_pool2d_ties_choose_first_maximum(xp, rng):
+    x = rng.integers(0, 3, (2, 3, 7, 6)).astype(np.float64)  # many ties
+    for args in [(3, 1, 1, 1, False), ((2, 3), (1, 2), (1, 1), (2, 1), True)]:
+        y, indices = pooling.max_pool2d_forward(xp.asarray(x), *args)
+        y_ref, indices_ref = ref_max_pool(x, *args)
+        assert_close(y, y_ref)
+        np.testing.assert_array_equal(to_numpy(indices), indices_ref)
+
+
+def test_max_pool2d_padding_is_never_chosen(xp, rng):
+    x = -1e30 - draw(rng, (1, 2, 5, 4)) ** 2  # all far below the zero a zero padding would give
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), 3, 2, 1, 1, True)
+    y_ref, indices_ref = ref_max_pool(x, 3, 2, 1, 1, True)
+    assert_close(y, y_ref)
+    np.testing.assert_array_equal(to_numpy(indices), indices_ref)
+    # Windows of only −inf pixels point at their first input pixel (PyTorch's kernels do so).
+    y, indices = pooling.max_pool2d_forward(xp.asarray(np.full((1, 1, 3, 3), -np.inf)), 2, 1, 1)
+    assert np.all(to_numpy(y) == -np.inf)
+    np.testing.assert_array_equal(to_numpy(indices)[0, 0], [[0, 0, 1, 2], [0, 0, 1, 2], [3, 3, 4, 5], [6, 6, 7, 8]])
+
+
+def test_max_pool2d_nan_propagates(xp):
+    x = np.array([[[[1.0, np.nan, np.nan, 2.0], [0.0, 1.0, 2.0, 3.0]]]])
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), (1, 4))
+    assert np.isnan(to_numpy(y)[0, 0, 0, 0]) and to_numpy(y)[0, 0, 1, 0] == 3.0
+    np.testing.assert_array_equal(to_numpy(indices)[0, 0, :, 0], [2, 7])  # the last NaN, as PyTorch
+
+
+# ----------------------------------------------------------------------------------------------
+# Average pooling
+# ----------------------------------------------------------------------------------------------
+def check_avg_pool(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape):
+    args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    x = draw(rng, shape)
+    y = pooling.avg_pool2d_forward(xp.asarray(x), *args)
+    y_ref = ref_avg_pool(x, *args)
+    assert_close(y, y_ref, name="y")
+    dy = draw(rng, y_ref.shape)
+    assert_close(pooling.avg_pool2d_backward(xp.asarray(dy), shape, *args), ref_avg_pool_backward(dy, shape, *args),
+                 name="dx")
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape", AVG_CASES)
+def test_avg_pool2d_matches_reference(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad,
+                                      divisor_override, shape):
+    check_avg_pool(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape)
+
+
+def test_avg_pool2d_random_cases_match_reference(xp, rng):
+    checked = 0
+    while checked < 12:
+        kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape = random_avg_case(rng)
+        if fits(ref_geometry(shape, kernel, stride, padding, 1, ceil_mode), shape):
+            check_avg_pool(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape)
+            checked += 1
+
+
+def test_avg_pool2d_divisors():
+    # 1x6 row, kernel 1x3, stride 2, padding 1, ceil mode: windows [-1, 2), [1, 4), [3, 6), [5, 8).
+    # The last holds x[5], the right padding (6) and an overhang (7): its divisor is 2 counting
+    # the padding but not the overhang, 1 counting input pixels only. (Values checked with PyTorch.)
+    x = np.arange(1.0, 7.0).reshape(1, 1, 1, 6)
+    assert_close(pooling.avg_pool2d_forward(x, (1, 3), 2, (0, 1), True, True), [[[[3 / 3, 9 / 3, 15 / 3, 6 / 2]]]])
+    assert_close(pooling.avg_pool2d_forward(x, (1, 3), 2, (0, 1), True, False), [[[[3 / 2, 9 / 3, 15 / 3, 6 / 1]]]])
+    assert_close(pooling.avg_pool2d_forward(x, (1, 3), 2, (0, 1), True, False, 7), [[[[3 / 7, 9 / 7, 15 / 7, 6 / 7]]]])
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape",
+                         AVG_CASES[3::2])
+def test_avg_pool2d_float32(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                            shape):
+    args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    x = draw(rng, shape).astype(np.float32)
+    y = pooling.avg_pool2d_forward(xp.asarray(x), *args)
+    assert y.dtype == np.float32
+    assert_close(y, ref_avg_pool(x.astype(np.float64), *args), **F32, name="y")
+    dy = draw(rng, y.shape).astype(np.float32)
+    dx = pooling.avg_pool2d_backward(xp.asarray(dy), shape, *args)
+    assert dx.dtype == np.float32
+    assert_close(dx, ref_avg_pool_backward(dy.astype(np.float64), shape, *args), **F32, name="dx")
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, shape", [
+    (3, 2, 1, True, True, None, (1, 2, 5, 4)),
+    ((2, 3), 1, (1, 1), False, False, None, (2, 1, 4, 5)),
+    (2, None, 0, True, False, 3, (1, 1, 5, 3)),
+])
+def test_avg_pool2d_backward_finite_differences(xp, rng, kernel, stride, padding, ceil_mode, count_include_pad,
+                                                divisor_override, shape):
+    args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    x = draw(rng, shape)
+    dy = draw(rng, pooling.avg_pool2d_forward(x, *args).shape)
+    expected = numerical_gradient(lambda a: pooling.avg_pool2d_forward(a, *args), [x], 0, dy)
+    assert_close(pooling.avg_pool2d_backward(xp.asarray(dy), shape, *args), expected, rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------------------------
+# Adaptive average pooling
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape, output_size", ADAPTIVE_CASES)
+def test_adaptive_avg_pool2d_matches_reference(xp, rng, shape, output_size):
+    x = draw(rng, shape)
+    y = pooling.adaptive_avg_pool2d_forward(xp.asarray(x), output_size)
+    y_ref = ref_adaptive_pool(x, output_size)
+    assert_close(y, y_ref, name="y")
+    dy = draw(rng, y_ref.shape)
+    assert_close(pooling.adaptive_avg_pool2d_backward(xp.asarray(dy), shape), ref_adaptive_pool_backward(dy, shape),
+                 name="dx")
+
+
+@pytest.mark.parametrize("shape, output_size", ADAPTIVE_CASES[:3])
+def test_adaptive_avg_pool2d_float32(xp, rng, shape, output_size):
+    x = draw(rng, shape).astype(np.float32)
+    y = pooling.adaptive_avg_pool2d_forward(xp.asarray(x), output_size)
+    assert y.dtype == np.float32
+    assert_close(y, ref_adaptive_pool(x.astype(np.float64), output_size), **F32, name="y")
+    dy = draw(rng, y.shape).astype(np.float32)
+    dx = pooling.adaptive_avg_pool2d_backward(xp.asarray(dy), shape)
+    assert dx.dtype == np.float32
+    assert_close(dx, ref_adaptive_pool_backward(dy.astype(np.float64), shape), **F32, name="dx")
+
+
+def test_adaptive_avg_pool2d_windows():
+    # 7 -> 3: [0, 3), [2, 5), [4, 7) (they overlap at 2 and 4).
+    x = np.arange(7.0).reshape(1, 1, 1, 7)
+    assert_close(pooling.adaptive_avg_pool2d_forward(x, (1, 3)), [[[[1.0, 3.0, 5.0]]]])
+
+
+@pytest.mark.parametrize("shape, output_size", [((1, 2, 5, 4), (2, 3)), ((2, 1, 3, 5), (4, 2))])
+def test_adaptive_avg_pool2d_backward_finite_differences(xp, rng, shape, output_size):
+    x = draw(rng, shape)
+    dy = draw(rng, tuple(shape[:2]) + ref_adaptive_output(shape, output_size))
+    expected = numerical_gradient(lambda a: pooling.adaptive_avg_pool2d_forward(a, output_size), [x], 0, dy)
+    assert_close(pooling.adaptive_avg_pool2d_backward(xp.asarray(dy), shape), expected, rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, message", [
+    (lambda x: pooling.max_pool2d_forward(x[0], 2), ValueError, r"input must be 4-D \(N, C, H, W\)"),
+    (lambda x: pooling.avg_pool2d_forward(x.astype(np.int32), 2), TypeError, "input must be a float32 or float64"),
+    (lambda x: pooling.adaptive_avg_pool2d_forward(x[..., :0], 1), ValueError, "non-zero C, H and W"),
+    (lambda x: pooling.max_pool2d_forward(x, 0), ValueError, "kernel_size must be >= 1"),
+    (lambda x: pooling.max_pool2d_forward(x, 1.5), TypeError, "kernel_size must be an int or a pair of ints, got 1.5"),
+    (lambda x: pooling.avg_pool2d_forward(x, (2, 2, 2)), TypeError, "kernel_size must be an int or a pair"),
+    (lambda x: pooling.max_pool2d_forward(x, 2, 0), ValueError, "stride must be >= 1"),
+    (lambda x: pooling.avg_pool2d_forward(x, 2, (1, 0)), ValueError, "stride must be >= 1"),
+    (lambda x: pooling.max_pool2d_forward(x, 2, padding=-1), ValueError, "padding must be >= 0"),
+    (lambda x: pooling.max_pool2d_forward(x, 3, padding=2), ValueError, "padding must be at most half of kernel_size"),
+    (lambda x: pooling.avg_pool2d_forward(x, (2, 4), padding=(2, 1)), ValueError, "padding must be at most half"),
+    (lambda x: pooling.max_pool2d_forward(x, 2, dilation=0), ValueError, "dilation must be >= 1"),
+    (lambda x: pooling.max_pool2d_forward(x, 6), ValueError, r"kernel_size \(6, 6\) .*too large for input"),
+    (lambda x: pooling.max_pool2d_forward(x, 3, dilation=3), ValueError, r"dilated \(7, 7\).*too large for input"),
+    (lambda x: pooling.avg_pool2d_forward(x, (1, 6), 1), ValueError, "too large for input of size"),
+    (lambda x: pooling.max_pool2d_forward(x, 2, ceil_mode="yes"), TypeError, "ceil_mode must be a bool"),
+    (lambda x: pooling.avg_pool2d_forward(x, 2, count_include_pad=1), TypeError, "count_include_pad must be a bool"),
+    (lambda x: pooling.avg_pool2d_forward(x, 2, divisor_override=0), ValueError, "divisor_override must be None or"),
+    (lambda x: pooling.avg_pool2d_forward(x, 2, divisor_override=1.5), TypeError, "divisor_override must be None or"),
+    (lambda x: pooling.max_pool2d_forward(x[..., :1, :1], 2, 1, 1, 2), ValueError, "holds no input pixel"),
+    (lambda x: pooling.adaptive_avg_pool2d_forward(x, 0), ValueError, "output_size must be >= 1"),
+    (lambda x: pooling.adaptive_avg_pool2d_forward(x, 1.5), TypeError, "output_size must be an int or a pair"),
+    (lambda x: pooling.adaptive_avg_pool2d_forward(x, (1, 2, 3)), TypeError, "output_size must be an int or a pair"),
+])
+def test_forward_errors(call, error, message):
+    x = np.zeros((1, 2, 5, 4))
+    with pytest.raises(error, match=message):
+        call(x)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 5)), ValueError, "x_shape must be a tuple of 4 ints"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, "1x2x5x4"), ValueError, "x_shape must be a tuple of 4 ints"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 0, 4)), ValueError, "x_shape must have"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, (2, 2, 5, 4)), ValueError, "grad_output must have x_shape's N"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy.astype(np.int64), i, (1, 2, 5, 4)), TypeError,
+     "grad_output must be a float32 or float64"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy[0], i, (1, 2, 5, 4)), ValueError, "grad_output must be 4-D"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i.astype(np.float64), (1, 2, 5, 4)), TypeError,
+     "indices must be an integer array"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i[..., :1], (1, 2, 5, 4)), ValueError,
+     "indices must have grad_output's shape"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i + 20, (1, 2, 5, 4)), ValueError,
+     r"indices must lie in \[0, H\*W\)"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i - 20, (1, 2, 5, 4)), ValueError,
+     r"indices must lie in \[0, H\*W\)"),
+    (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 2, 7, 4), 2), ValueError,
+     r"grad_output must have shape \(1, 2, 3, 2\)"),
+    (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 3, 5, 4), 2), ValueError, "grad_output must have shape"),
+    (lambda dy, i: pooling.avg_pool2d_backward(dy.astype(np.int64), (1, 2, 5, 4), 2), TypeError, "grad_output must be"),
+    (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 2, 5), 2), ValueError, "x_shape must be a tuple of 4 ints"),
+    (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 2, 5, 4), 3, padding=2), ValueError, "padding must be at most"),
+    (lambda dy, i: pooling.adaptive_avg_pool2d_backward(dy, (2, 2, 5, 4)), ValueError,
+     r"grad_output must have shape \(2, 2, P, Q\)"),
+    (lambda dy, i: pooling.adaptive_avg_pool2d_backward(dy[0], (1, 2, 5, 4)), ValueError, "grad_output must be 4-D"),
+    (lambda dy, i: pooling.adaptive_avg_pool2d_backward(dy, [1, 2, 5.0, 4]), ValueError, "x_shape must be a tuple"),
+])
+def test_backward_errors(call, error, message):
+    x = np.zeros((1, 2, 5, 4))
+    y, indices = pooling.max_pool2d_forward(x, 2)
+    with pytest.raises(error, match=message):
+        call(np.ones_like(y), indices)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((5, 0, 1, 0, 1, False), ValueError, "kernel must be >= 1"),
+    ((5, 2, 0, 0, 1, False), ValueError, "stride must be >= 1"),
+    ((5, 2, 1, -1, 1, False), ValueError, "padding must be >= 0"),
+    ((5, 2, 1, 0, 0, False), ValueError, "dilation must be >= 1"),
+    ((5.0, 2, 1, 0, 1, False), TypeError, "size must be an int"),
+    ((5, 2, 1, 0, 1, None), TypeError, "ceil_mode must be a bool"),
+])
+def test_pool_output_size_errors(args, error, message):
+    with pytest.raises(error, match=message):
+        pooling.pool_output_size(*args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Optional cross-check with PyTorch
+# ----------------------------------------------------------------------------------------------
+def test_matches_torch(rng):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    checked = 0
+    while checked < 25:
+        kernel, stride, padding, dilation, ceil_mode, shape = random_max_case(rng)
+        if not fits(ref_geometry(shape, kernel, stride, padding, dilation, ceil_mode), shape):
+            continue
+        checked += 1
+        x = draw(rng, shape)
+        x_torch = torch.tensor(x, requires_grad=True)
+        y_torch, indices_torch = functional.max_pool2d(x_torch, kernel, stride, padding, dilation, ceil_mode,
+                                                       return_indices=True)
+        dy = draw(rng, tuple(y_torch.shape))
+        y_torch.backward(torch.tensor(dy))
+        y, indices = pooling.max_pool2d_forward(x, kernel, stride, padding, dilation, ceil_mode)
+        np.testing.assert_array_equal(y, y_torch.detach().numpy())
+        np.testing.assert_array_equal(indices, indices_torch.numpy())
+        assert_close(pooling.max_pool2d_backward(dy, indices, shape), x_torch.grad.numpy())
+
+        count_include_pad, divisor_override = bool(rng.integers(2)), [None, 3][rng.integers(2)]
+        avg_args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        x_torch = torch.tensor(x, requires_grad=True)
+        y_torch = functional.avg_pool2d(x_torch, *avg_args)
+        dy = draw(rng, tuple(y_torch.shape))
+        y_torch.backward(torch.tensor(dy))
+        assert_close(pooling.avg_pool2d_forward(x, *avg_args), y_torch.detach().numpy())
+        assert_close(pooling.avg_pool2d_backward(dy, shape, *avg_args), x_torch.grad.numpy())
+
+        output_size = (int(rng.integers(1, 8)), [None, int(rng.integers(1, 8))][rng.integers(2)])
+        x_torch = torch.tensor(x, requires_grad=True)
+        y_torch = functional.adaptive_avg_pool2d(x_torch, output_size)
+        dy = draw(rng, tuple(y_torch.shape))
+        y_torch.backward(torch.tensor(dy))
+        assert_close(pooling.adaptive_avg_pool2d_forward(x, output_size), y_torch.detach().numpy())
+        assert_close(pooling.adaptive_avg_pool2d_backward(dy, shape), x_torch.grad.numpy())
