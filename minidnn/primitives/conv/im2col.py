@@ -1,4 +1,4 @@
-"""im2col and col2im: lower a convolution to a matrix product and back.
+"""im2col and col2im: lower a convolution to a matrix product and back (NumPy here, CUDA in im2col.cu).
 
 Column layout (C, R, S, N, P, Q): row c·R·S + r·S + s of the lowered matrix D_m holds filter tap
 (c, r, s) for every output pixel of every image, so with groups the rows split into G contiguous
@@ -30,9 +30,9 @@ def im2col(x: Any, problem: ConvProblem) -> Any:
     """x: (N, C, H, W) -> columns (C, R, S, N, P, Q), contiguous, zeros where the window hits padding."""
     xp = backend.get_array_module(x)
     if xp is not np:
-        from . import gpu_kernels  # noqa: PLC0415 - CuPy only
-
-        return gpu_kernels.im2col(x, problem)
+        columns = xp.empty(column_shape(problem), dtype=x.dtype)
+        _launch("im2col", xp.ascontiguousarray(x), columns, problem, columns.size)
+        return columns
     return xp.ascontiguousarray(windows(padded(x, problem), problem).transpose(1, 4, 5, 0, 2, 3))
 
 
@@ -40,9 +40,9 @@ def col2im(columns: Any, problem: ConvProblem) -> Any:
     """columns: (C, R, S, N, P, Q) -> dx: (N, C, H, W), summing the entries of overlapping windows."""
     xp = backend.get_array_module(columns)
     if xp is not np:
-        from . import gpu_kernels  # noqa: PLC0415 - CuPy only
-
-        return gpu_kernels.col2im(columns, problem)
+        dx = xp.empty(problem.x_shape, dtype=columns.dtype)
+        _launch("col2im", xp.ascontiguousarray(columns), dx, problem, dx.size)
+        return dx
     (ph, pw) = problem.padding
     dx = xp.zeros((problem.N, problem.C, problem.H + 2 * ph, problem.W + 2 * pw), dtype=columns.dtype)
     for r in range(problem.R):
@@ -50,3 +50,18 @@ def col2im(columns: Any, problem: ConvProblem) -> Any:
             rows, cols = tap_slices(problem, r, s)
             dx[:, :, rows, cols] += columns[:, r, s].transpose(1, 0, 2, 3)
     return dx[:, :, ph:ph + problem.H, pw:pw + problem.W]
+
+
+def _launch(name: str, source: Any, target: Any, problem: ConvProblem, count: int) -> None:
+    """Run kernel ``name`` of im2col.cu; the problem's shape travels as one struct argument."""
+    from .. import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(source, target)
+    shape = np.array([(problem.N, problem.C, problem.H, problem.W, problem.R, problem.S, problem.P, problem.Q,
+                       *problem.stride, *problem.padding, *problem.dilation)], dtype=_CONV_SHAPE)[0]
+    _cuda.launch(_cuda.function("conv/im2col.cu", name, source.dtype), count, (source, target, shape))
+
+
+# The C struct ConvShape of im2col.cu: fourteen ints, in this order.
+_CONV_SHAPE = np.dtype([(name, np.int32) for name in ("N", "C", "H", "W", "R", "S", "P", "Q", "stride_h",
+                                                        "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w")])

@@ -1,0 +1,96 @@
+"""Compiling and launching minidnn's own CUDA kernels through CuPy (GPU only; imported lazily).
+
+Conventions every ``.cu`` file follows, so that it compiles both here (``cupy.RawModule``, NVRTC)
+and with ``nvcc`` in the CPU test suite:
+
+* kernels are ``extern "C" __global__`` (no C++ name mangling) and written on ``scalar_t``, which
+  the file defines from the macro ``SCALAR`` (``float`` unless given). Each file is compiled once
+  per dtype, with ``-DSCALAR=float`` or ``-DSCALAR=double``: two cached modules, no templates.
+* sizes and indices are ``int``: :func:`check_int32` refuses arrays of 2^31 elements or more
+  rather than let an index wrap; hyper-parameters (learning rates, epsilons) are ``double`` and
+  converted once at the top of the kernel.
+* element-wise kernels use grid-stride loops, so :func:`launch` may cap the grid.
+
+Python scalars must be wrapped before a launch (CuPy would pass an ``int`` as a 64-bit integer):
+use :func:`i32` and :func:`f64`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import backend
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+INT32_LIMIT = 2**31 - 1
+THREADS = 256
+MAX_BLOCKS = 132 * 32  # enough blocks to fill an H200 (132 SMs) many times; loops cover the rest
+
+
+def source_path(relative: str) -> str:
+    """Absolute path of a ``.cu`` file given relative to ``minidnn/primitives``."""
+    return os.path.join(HERE, relative)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(relative: str, scalar: str) -> Any:
+    cupy = backend.cupy()
+    with open(source_path(relative), encoding="utf-8") as file:
+        code = file.read()
+    return cupy.RawModule(code=code, options=("--std=c++17", f"-DSCALAR={scalar}"))
+
+
+def function(relative: str, name: str, dtype: Any) -> Any:
+    """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64)."""
+    dtype = np.dtype(dtype)
+    if dtype not in DTYPES:
+        raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
+    return _module(relative, DTYPES[dtype]).get_function(name)
+
+
+def i32(value: int) -> np.int32:
+    if not -INT32_LIMIT - 1 <= value <= INT32_LIMIT:
+        raise ValueError(f"{value} does not fit the kernels' 32-bit indices")
+    return np.int32(value)
+
+
+def f64(value: float) -> np.float64:
+    return np.float64(value)
+
+
+def check_int32(*arrays_or_sizes: Any) -> None:
+    """Refuse problems whose element counts would overflow 32-bit kernel indices."""
+    for item in arrays_or_sizes:
+        size = item if isinstance(item, (int, np.integer)) else item.size
+        if size > INT32_LIMIT:
+            raise ValueError(f"an array of {size} elements is too large for the GPU kernels' 32-bit indexing; "
+                             "use a smaller batch (or a smaller workspace limit for convolutions)")
+
+
+def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS, shared_bytes: int = 0) -> None:
+    """Run ``kernel`` with enough blocks of ``threads`` for ``count`` grid-stride iterations."""
+    if count <= 0:
+        return
+    blocks = min((count + threads - 1) // threads, MAX_BLOCKS)
+    kernel((blocks,), (threads,), tuple(args), shared_mem=shared_bytes)
+
+
+def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args: Sequence[Any],
+                  shared_bytes: int = 0) -> None:
+    """Run ``kernel`` on an explicit grid (one block per row, per channel, ...)."""
+    grid = blocks if isinstance(blocks, tuple) else (blocks,)
+    if min(grid) <= 0:
+        return
+    kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
+
+
+def cuda_sources() -> list[str]:
+    """Every ``.cu`` file of the package, relative to ``minidnn/primitives`` (for the nvcc test)."""
+    found = []
+    for directory, _, names in os.walk(HERE):
+        found.extend(os.path.relpath(os.path.join(directory, n), HERE) for n in names if n.endswith(".cu"))
+    return sorted(found)
