@@ -193,3 +193,30 @@ def test_scheduler_errors(sgd):
         lr_scheduler.MultiStepLR(sgd, [3, 1])
     with pytest.raises(TypeError, match="Optimizer"):
         lr_scheduler.StepLR(object(), 1)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_update_primitives_on_each_device(xp, rng, dtype, rtol):
+    """The primitives themselves: NumPy here, the fused CUDA kernels of optimizer.cu on a GPU."""
+    from minidnn.primitives import adam_update, sgd_update
+
+    start = rng.standard_normal((7, 33))
+    grads = [rng.standard_normal((7, 33)) for _ in range(4)]
+    p, buffer = xp.asarray(start.astype(dtype)), xp.zeros(start.shape, dtype)
+    for i, g in enumerate(grads):
+        sgd_update(p, xp.asarray(g.astype(dtype)), buffer, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True,
+                   first_step=i == 0)
+    expected = sgd_reference(grads, start, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)
+    np.testing.assert_allclose(backend_to_numpy(p), expected, rtol=rtol, atol=rtol)
+    for decoupled in (False, True):
+        p = xp.asarray(start.astype(dtype))
+        m, v, v_max = (xp.zeros(start.shape, dtype) for _ in range(3))
+        for t, g in enumerate(grads, start=1):
+            adam_update(p, xp.asarray(g.astype(dtype)), m, v, step=t, lr=0.01, weight_decay=0.1,
+                        decoupled_weight_decay=decoupled, amsgrad=True, max_exp_avg_sq=v_max)
+        expected = adam_reference(grads, start, lr=0.01, weight_decay=0.1, decoupled=decoupled, amsgrad=True)
+        np.testing.assert_allclose(backend_to_numpy(p), expected, rtol=rtol * 10, atol=rtol * 10)
+
+
+def backend_to_numpy(array):
+    return minidnn.backend.to_device(array, "cpu")

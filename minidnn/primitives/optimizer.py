@@ -1,8 +1,9 @@
 """Optimizer updates as primitives: one call updates one parameter array in place.
 
 The formulas are PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``), so a training run can be
-compared step for step. On the GPU each update is one fused kernel (read parameter, gradient
-and state once, write them once); the NumPy twin below spells the same arithmetic out.
+compared step for step. On the GPU each update is one fused kernel of optimizer.cu (read
+parameter, gradient and state once, write them once); the NumPy twin below spells the same
+arithmetic out. Parameters and state must be contiguous arrays (they are updated in place).
 """
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float,
     g = g + momentum·b (Nesterov) or b; param −= lr·g.
     """
     if backend.is_cuda_array(param):
-        from . import gpu_optimizer  # noqa: PLC0415 - CuPy only
+        from . import _cuda  # noqa: PLC0415 - GPU only
 
-        return gpu_optimizer.sgd_update(param, grad, momentum_buffer, lr, momentum, dampening, weight_decay,
-                                        nesterov, maximize, first_step)
+        buffer = param if momentum_buffer is None else momentum_buffer  # never read when momentum == 0
+        _cuda.launch(_cuda.function("optimizer.cu", "sgd_update", param.dtype), param.size,
+                     (param, _contiguous(grad), buffer, _cuda.i32(param.size), _cuda.f64(lr), _cuda.f64(momentum),
+                      _cuda.f64(dampening), _cuda.f64(weight_decay), _cuda.i32(nesterov), _cuda.i32(maximize),
+                      _cuda.i32(first_step)))
+        return None
     g = -grad if maximize else grad
     if weight_decay:
         g = g + weight_decay * param
@@ -49,11 +54,18 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
     m = β1·m + (1 − β1)·g; v = β2·v + (1 − β2)·g²; param −= lr/(1 − β1^t) · m / (√v/√(1 − β2^t) + eps),
     with v replaced by its running maximum under AMSGrad.
     """
+    bias_correction1 = 1.0 - beta1 ** step
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
     if backend.is_cuda_array(param):
-        from . import gpu_optimizer  # noqa: PLC0415 - CuPy only
+        from . import _cuda  # noqa: PLC0415 - GPU only
 
-        return gpu_optimizer.adam_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                                         decoupled_weight_decay, amsgrad, max_exp_avg_sq, maximize)
+        maximum = exp_avg_sq if max_exp_avg_sq is None else max_exp_avg_sq  # read only under AMSGrad
+        _cuda.launch(_cuda.function("optimizer.cu", "adam_update", param.dtype), param.size,
+                     (param, _contiguous(grad), exp_avg, exp_avg_sq, maximum, _cuda.i32(param.size), _cuda.f64(lr),
+                      _cuda.f64(beta1), _cuda.f64(beta2), _cuda.f64(eps), _cuda.f64(weight_decay),
+                      _cuda.f64(lr / bias_correction1), _cuda.f64(bias_correction2_sqrt),
+                      _cuda.i32(decoupled_weight_decay), _cuda.i32(amsgrad), _cuda.i32(maximize)))
+        return None
     xp = backend.get_array_module(param)
     g = -grad if maximize else grad
     if weight_decay:
@@ -69,8 +81,10 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
     if amsgrad:
         xp.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second = max_exp_avg_sq
-    bias_correction1 = 1.0 - beta1 ** step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
     denominator = xp.sqrt(second) / bias_correction2_sqrt + eps
     param -= (lr / bias_correction1) * exp_avg / denominator
     return None
+
+
+def _contiguous(array: Any) -> Any:
+    return backend.get_array_module(array).ascontiguousarray(array)
