@@ -77,11 +77,13 @@ def _import_cupy() -> ModuleType | None:
 
             if module.cuda.runtime.getDeviceCount() < 1:
                 raise RuntimeError("CuPy found no CUDA device")
-            _cupy_module = module
-            _install_memory_tracker(module)
-            _apply_tf32(module)
         except Exception as error:  # ImportError, CUDA driver errors, no device...
             _cupy_error = f"{type(error).__name__}: {error}"
+            return None
+        # Outside the try: a failure here is a bug to see, not a reason to call CUDA unavailable.
+        _install_memory_tracker(module)
+        _apply_tf32(module)
+        _cupy_module = module
     return _cupy_module
 
 

@@ -1,0 +1,86 @@
+"""Datasets: indexable collections of (input, target) samples, PyTorch's ``Dataset`` protocol.
+
+Random augmentation must be reproducible, also when several threads decode samples and when a
+run resumes mid-way. So a dataset never draws from a shared generator: sample ``i`` of epoch
+``e`` gets its own generator seeded from ``(seed, e, i)``, and the loader tells the dataset the
+epoch with :meth:`Dataset.set_epoch`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+
+class Dataset:
+    """Subclasses define ``__len__`` and ``__getitem__(index) -> (input, target)``."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Any:
+        raise NotImplementedError
+
+
+class TransformedDataset(Dataset):
+    """Base for datasets whose samples go through ``transform(image, rng)`` and ``target_transform``.
+
+    ``transform`` is a callable taking the raw sample and a NumPy generator (see
+    :mod:`minidnn.data.transforms`); the generator is seeded from (seed, epoch, index).
+    """
+
+    def __init__(self, transform: Callable | None = None, target_transform: Callable | None = None,
+                 seed: int = 0) -> None:
+        self.transform = transform
+        self.target_transform = target_transform
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def sample_rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng((self.seed, self.epoch, int(index)))
+
+    def apply_transforms(self, index: int, image: Any, target: Any) -> tuple[Any, Any]:
+        if self.transform is not None:
+            image = self.transform(image, self.sample_rng(index))
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+
+class ArrayDataset(TransformedDataset):
+    """Samples held in memory: ``images[i]`` and ``labels[i]`` (e.g. the built-in shapes data, CIFAR, MNIST)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None,
+                 target_transform: Callable | None = None, seed: int = 0, classes: tuple[str, ...] = ()) -> None:
+        super().__init__(transform, target_transform, seed)
+        if len(images) != len(labels):
+            raise ValueError(f"images and labels must have the same length, got {len(images)} and {len(labels)}")
+        self.images, self.labels, self.classes = images, labels, tuple(classes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
+        return self.apply_transforms(index % len(self), self.images[index], int(self.labels[index]))
+
+
+class Subset(Dataset):
+    """The samples of ``dataset`` at ``indices`` (a validation split, a quick subset)."""
+
+    def __init__(self, dataset: Dataset, indices: Any) -> None:
+        self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(self.indices[index])]
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
