@@ -49,11 +49,11 @@ def atomic_write(path: str | os.PathLike, write: Any, suffix: str = ".tmp") -> N
 
 
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, scheduler: Any = None,
-                    step: int = 0, **extra: Any) -> None:
+                    step: int = 0, extra: dict[str, Any] | None = None) -> None:
     """Write ``model`` (its state dict), optionally ``optimizer`` and ``scheduler``, the step counter,
-    the global RNG state and any JSON-able ``extra`` values (epoch, best accuracy, arguments...)."""
+    the global RNG state and a JSON-able ``extra`` dict (epoch, best accuracy, arguments...)."""
     arrays: dict[str, np.ndarray] = {f"model/{k}": _host(v) for k, v in model.state_dict().items()}
-    metadata: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": int(step), "extra": extra,
+    metadata: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": int(step), "extra": extra or {},
                                 "rng": _random.get_rng_state(), "model_class": type(model).__name__}
     if optimizer is not None:
         state = optimizer.state_dict()

@@ -55,7 +55,7 @@ def test_resuming_gives_bitwise_the_same_parameters_as_not_stopping(tmp_path):
     first = fresh()
     train(*first, data[:3])
     path = tmp_path / "run" / "checkpoint.npz"
-    minidnn.save_checkpoint(path, *first, step=3, epoch=0, note="halfway")
+    minidnn.save_checkpoint(path, *first, step=3, extra={"epoch": 0, "note": "halfway"})
     minidnn.manual_seed(999)  # disturb the global RNG: the checkpoint must restore it
     resumed = fresh(seed=7)   # different initial weights: the checkpoint must overwrite them
     checkpoint = minidnn.load_checkpoint(path, *resumed)
@@ -103,5 +103,5 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
 
 def test_extras_must_be_json(tmp_path):
     with pytest.raises(TypeError, match="JSON"):
-        minidnn.save_checkpoint(tmp_path / "x.npz", nn.Linear(1, 1), extra_object=object())
+        minidnn.save_checkpoint(tmp_path / "x.npz", nn.Linear(1, 1), extra={"object": object()})
     assert not any(tmp_path.iterdir())
