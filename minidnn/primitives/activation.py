@@ -1,0 +1,72 @@
+"""Element-wise activations: ReLU, sigmoid and tanh, forward and backward.
+
+Every function works on arrays of any shape and keeps the input dtype (float32 or float64).
+The backward functions take the forward *output* y rather than the input x, as cuDNN's
+activation backward does: all three derivatives are cheap functions of y, so the caller keeps
+one array per layer instead of two.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import backend
+from ._checks import check_float, check_same_dtype
+
+__all__ = ["relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward"]
+
+
+def _check_backward_args(dy: Any, y: Any) -> None:
+    """dy and y must be float arrays of one shape and one dtype."""
+    check_float(dy, "dy")
+    check_float(y, "y")
+    check_same_dtype(dy, y, "dy", "y")
+    if dy.shape != y.shape:
+        raise ValueError(f"dy and y must have the same shape, got {tuple(dy.shape)} and {tuple(y.shape)}")
+
+
+def relu_forward(x: Any) -> Any:
+    """y = max(x, 0). x: any shape; returns y: x's shape and dtype."""
+    check_float(x, "x")
+    xp = backend.get_array_module(x)
+    return xp.maximum(x, xp.zeros((), dtype=x.dtype))
+
+
+def relu_backward(dy: Any, y: Any) -> Any:
+    """dx = dy where y > 0, else 0. dy, y: same shape; returns dx: that shape.
+
+    The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
+    enough to tell which inputs passed.
+    """
+    _check_backward_args(dy, y)
+    xp = backend.get_array_module(dy, y)
+    return xp.where(y > 0, dy, xp.zeros((), dtype=dy.dtype))
+
+
+def sigmoid_forward(x: Any) -> Any:
+    """y = 1 / (1 + exp(−x)). x: any shape; returns y: x's shape and dtype.
+
+    exp is only ever taken of −|x| ≤ 0, so it cannot overflow: for x ≥ 0 use 1 / (1 + e^−x), for
+    x < 0 the equal form e^x / (1 + e^x). Large |x| then saturates to exactly 0 or 1 silently.
+    """
+    check_float(x, "x")
+    xp = backend.get_array_module(x)
+    decay = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + decay), decay / (1 + decay))
+
+
+def sigmoid_backward(dy: Any, y: Any) -> Any:
+    """dx = dy · y · (1 − y). dy, y: same shape; returns dx: that shape."""
+    _check_backward_args(dy, y)
+    return dy * y * (1 - y)
+
+
+def tanh_forward(x: Any) -> Any:
+    """y = tanh(x). x: any shape; returns y: x's shape and dtype."""
+    check_float(x, "x")
+    return backend.get_array_module(x).tanh(x)
+
+
+def tanh_backward(dy: Any, y: Any) -> Any:
+    """dx = dy · (1 − y²). dy, y: same shape; returns dx: that shape."""
+    _check_backward_args(dy, y)
+    return dy * (1 - y * y)

@@ -1,0 +1,334 @@
+"""Softmax and log-softmax, and the two losses built on them: negative log-likelihood and cross-entropy.
+
+Softmax is the "accurate" form (cuDNN's CUDNN_SOFTMAX_ACCURATE): the maximum along the axis is
+subtracted first, so exp never sees a positive argument and logits of 1e4 stay finite.
+
+The losses follow PyTorch's ``F.nll_loss`` and ``F.cross_entropy`` with class-index targets:
+log_probs / logits (N, C), target (N,) of integer class indices, optional per-class weight (C,),
+rows whose target equals ``ignore_index`` contribute 0 and leave the mean's denominator, and the
+mean divides by the sum of the target classes' weights over the remaining rows (0/0 gives NaN, as
+in PyTorch, with the gradient of ignored rows still 0). Label smoothing ε mixes in a uniform
+target: row i costs (1 − ε)·(−w[t_i]·logp[i, t_i]) + (ε/C)·Σ_c(−w[c]·logp[i, c]), and the mean
+divides both terms by the same Σ w[t_i].
+
+Reductions stay on the device: "mean" and "sum" return a 0-d array of the input dtype, never a
+Python float, so a training step on the GPU queues the loss without waiting for it.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from .. import backend
+from ._checks import check_float, check_rank, check_same_dtype
+
+__all__ = [
+    "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+    "nll_loss_forward", "nll_loss_backward", "cross_entropy_forward", "cross_entropy_backward",
+]
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax and log-softmax
+# ----------------------------------------------------------------------------------------------
+def _check_axis(x: Any, axis: Any) -> int:
+    """``axis`` must be an int naming one of x's dimensions; returns it as a non-negative index."""
+    if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim}) for an input of shape {tuple(x.shape)}, got {axis}")
+    return int(axis) % x.ndim
+
+
+def _check_pair(dy: Any, y: Any) -> None:
+    """dy and y must be float arrays of one shape and one dtype."""
+    check_float(dy, "dy")
+    check_float(y, "y")
+    check_same_dtype(dy, y, "dy", "y")
+    if dy.shape != y.shape:
+        raise ValueError(f"dy and y must have the same shape, got {tuple(dy.shape)} and {tuple(y.shape)}")
+
+
+def _shifted(x: Any, axis: int) -> Any:
+    """x − max(x) along ``axis``: every entry ≤ 0, so exp of it is in (0, 1] and cannot overflow."""
+    return x - x.max(axis=axis, keepdims=True)
+
+
+def softmax_forward(x: Any, axis: int = -1) -> Any:
+    """y = exp(x) / Σ_axis exp(x). x: any shape; returns y: x's shape and dtype."""
+    check_float(x, "x")
+    axis = _check_axis(x, axis)
+    xp = backend.get_array_module(x)
+    e = xp.exp(_shifted(x, axis))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
+    """dx = y · (dy − Σ_axis dy·y), the softmax Jacobian (diag(y) − y·yᵀ) applied to dy.
+
+    dy, y: same shape (y the softmax output); returns dx: that shape.
+    """
+    _check_pair(dy, y)
+    axis = _check_axis(y, axis)
+    return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
+
+
+def log_softmax_forward(x: Any, axis: int = -1) -> Any:
+    """y = x − log Σ_axis exp(x), computed as s − log Σ exp(s) with s = x − max(x).
+
+    x: any shape; returns y: x's shape and dtype. Taking the log of the sum rather than of the
+    softmax keeps tiny probabilities accurate (log of an underflowed 0 would be −inf).
+    """
+    check_float(x, "x")
+    axis = _check_axis(x, axis)
+    xp = backend.get_array_module(x)
+    s = _shifted(x, axis)
+    return s - xp.log(xp.exp(s).sum(axis=axis, keepdims=True))
+
+
+def log_softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
+    """dx = dy − exp(y) · Σ_axis dy, with y the log-softmax output (exp(y) is the softmax).
+
+    dy, y: same shape; returns dx: that shape.
+    """
+    _check_pair(dy, y)
+    axis = _check_axis(y, axis)
+    xp = backend.get_array_module(dy, y)
+    return dy - xp.exp(y) * dy.sum(axis=axis, keepdims=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss arguments
+# ----------------------------------------------------------------------------------------------
+def _check_reduction(reduction: Any) -> None:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _check_scores(scores: Any, name: str) -> tuple[int, int]:
+    """``scores`` (logits or log-probabilities) must be a float (N, C) array with C ≥ 1; returns (N, C)."""
+    check_float(scores, name)
+    check_rank(scores, 2, name, "(N, C)")
+    if scores.shape[1] < 1:
+        raise ValueError(f"{name} must be (N, C) with at least one class, got shape {tuple(scores.shape)}")
+    return int(scores.shape[0]), int(scores.shape[1])
+
+
+def _check_target(target: Any, batch: int, num_classes: int, ignore_index: Any) -> Any:
+    """``target`` must be an integer (N,) array of indices in [0, C) or ``ignore_index``; returns it as int64.
+
+    Range checking needs the values: on a GPU it is one host synchronisation per call (PyTorch
+    uses a device-side assert instead), the price of a clear error rather than a silently wrong
+    gather.
+    """
+    if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
+    dtype = getattr(target, "dtype", None)
+    if dtype is None or dtype.kind not in "iu":
+        raise TypeError(f"target must be an integer array of class indices (N,), got "
+                        f"{dtype if dtype is not None else type(target).__name__}")
+    if target.shape != (batch,):
+        raise ValueError(f"target must have shape (N,) = ({batch},) to match the (N, C) scores, "
+                         f"got {tuple(target.shape)}")
+    # int64 so that comparing with a negative ignore_index is well defined for unsigned targets too.
+    xp = backend.get_array_module(target)
+    target = target.astype(xp.int64, copy=False)
+    out_of_range = (target != ignore_index) & ((target < 0) | (target >= num_classes))
+    if bool(out_of_range.any()):
+        first = int(target[out_of_range][0])
+        raise ValueError(f"target must hold class indices in [0, {num_classes}) or ignore_index={ignore_index}, "
+                         f"got {first}")
+    return target
+
+
+def _check_weight(weight: Any, num_classes: int, dtype: Any, dtype_name: str) -> None:
+    if weight is None:
+        return
+    check_float(weight, "weight")
+    if weight.shape != (num_classes,):
+        raise ValueError(f"weight must have shape (C,) = ({num_classes},), got {tuple(weight.shape)}")
+    if weight.dtype != dtype:
+        raise TypeError(f"weight and {dtype_name} must have the same dtype, got {weight.dtype} and {dtype}")
+
+
+def _check_label_smoothing(label_smoothing: Any) -> float:
+    if not isinstance(label_smoothing, numbers.Real) or isinstance(label_smoothing, bool):
+        raise TypeError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+    return float(label_smoothing)
+
+
+def _check_grad_loss(grad_loss: Any, batch: int, reduction: str) -> None:
+    """grad_loss must be a float array shaped like the loss: () for mean/sum, (N,) for none."""
+    check_float(grad_loss, "grad_loss")
+    expected = (batch,) if reduction == "none" else ()
+    if tuple(grad_loss.shape) != expected:
+        raise ValueError(f"grad_loss must have the loss's shape {expected} for reduction={reduction!r}, "
+                         f"got {tuple(grad_loss.shape)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared loss arithmetic
+# ----------------------------------------------------------------------------------------------
+def _row_weights(target: Any, weight: Any, ignore_index: int, dtype: Any) -> tuple[Any, Any, Any]:
+    """(kept, safe_target, row_weight), each (N,).
+
+    kept marks the rows not ignored; safe_target replaces ignored targets by class 0 so that
+    gathers stay in range; row_weight is w[t_i] (1 without weights) on kept rows and 0 on ignored
+    ones, so its sum is the mean's denominator.
+    """
+    xp = backend.get_array_module(target)
+    kept = target != ignore_index
+    safe_target = xp.where(kept, target, 0)
+    row_weight = xp.ones(target.shape, dtype=dtype) if weight is None else weight[safe_target]
+    return kept, safe_target, xp.where(kept, row_weight, xp.zeros((), dtype=dtype))
+
+
+def _divide_or_nan(numerator: Any, denominator: Any) -> Any:
+    """numerator / denominator, NaN where the denominator is 0 (PyTorch's mean over nothing) without a warning."""
+    xp = backend.get_array_module(numerator, denominator)
+    nonzero = denominator != 0
+    return xp.where(nonzero, numerator / xp.where(nonzero, denominator, 1), xp.nan)
+
+
+def _reduce(row_losses: Any, row_weight: Any, reduction: str) -> Any:
+    """(N,) row losses -> the loss: (N,) for none, a 0-d array for sum and mean."""
+    if reduction == "none":
+        return row_losses
+    xp = backend.get_array_module(row_losses)
+    total = row_losses.sum()
+    # NumPy's sum gives a scalar, CuPy's a 0-d array: asarray makes both a 0-d array of the same dtype.
+    loss = total if reduction == "sum" else _divide_or_nan(total, row_weight.sum())
+    return xp.asarray(loss, dtype=row_losses.dtype)
+
+
+def _row_scale(grad_loss: Any, kept: Any, row_weight: Any, reduction: str) -> Any:
+    """∂loss/∂(row loss i) times grad_loss, (N,): grad_loss[i], grad_loss or grad_loss / Σ row_weight.
+
+    Ignored rows get exactly 0, even when the mean's denominator is 0 (their gradient is 0 in
+    PyTorch too, while kept rows of a zero-weight batch get NaN).
+    """
+    xp = backend.get_array_module(grad_loss, kept)
+    scale = _divide_or_nan(grad_loss, row_weight.sum()) if reduction == "mean" else grad_loss
+    return xp.where(kept, scale, xp.zeros((), dtype=grad_loss.dtype))
+
+
+def _picked_cost(log_probs: Any, kept: Any, safe_target: Any) -> Any:
+    """−log_probs[i, t_i] on kept rows, 0 on ignored ones: (N,).
+
+    Masked before any product: an ignored row's placeholder log-probability may be −inf, and
+    0·(−inf) would be NaN (and a NumPy warning) where PyTorch gives 0.
+    """
+    xp = backend.get_array_module(log_probs)
+    picked = log_probs[xp.arange(log_probs.shape[0]), safe_target]
+    return xp.where(kept, -picked, xp.zeros((), dtype=log_probs.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Negative log-likelihood
+# ----------------------------------------------------------------------------------------------
+def nll_loss_forward(log_probs: Any, target: Any, weight: Any = None, ignore_index: int = -100,
+                     reduction: str = "mean") -> Any:
+    """loss_i = −w[t_i]·log_probs[i, t_i] (0 for ignored rows), reduced.
+
+    log_probs: (N, C); target: (N,) integer; weight: (C,) or None. Returns a 0-d array of
+    log_probs' dtype for "mean"/"sum", (N,) for "none".
+    """
+    batch, num_classes = _check_scores(log_probs, "log_probs")
+    _check_reduction(reduction)
+    backend.get_array_module(log_probs, target, weight)  # all on one device, or a clear ValueError
+    target = _check_target(target, batch, num_classes, ignore_index)
+    _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
+    kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)
+    return _reduce(row_weight * _picked_cost(log_probs, kept, safe_target), row_weight, reduction)
+
+
+def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weight: Any = None,
+                      ignore_index: int = -100, reduction: str = "mean") -> Any:
+    """∂loss/∂log_probs: −w[t_i]·scale_i at [i, t_i], 0 elsewhere.
+
+    grad_loss: the loss's shape (() for mean/sum, (N,) for none); target: (N,) integer;
+    num_classes_shape: log_probs' shape (N, C); weight: (C,) or None. Returns (N, C) of
+    grad_loss's dtype. scale_i is grad_loss[i], grad_loss, or grad_loss / Σ w[t_i] for the mean.
+    """
+    shape = tuple(num_classes_shape) if isinstance(num_classes_shape, (tuple, list)) else None
+    if (shape is None or len(shape) != 2
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in shape)
+            or shape[1] < 1):
+        raise ValueError(f"num_classes_shape must be log_probs' shape (N, C), two ints with C >= 1, "
+                         f"got {num_classes_shape!r}")
+    batch, num_classes = int(shape[0]), int(shape[1])
+    _check_reduction(reduction)
+    _check_grad_loss(grad_loss, batch, reduction)
+    xp = backend.get_array_module(grad_loss, target, weight)  # all on one device, or a clear ValueError
+    target = _check_target(target, batch, num_classes, ignore_index)
+    _check_weight(weight, num_classes, grad_loss.dtype, "grad_loss")
+    kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, grad_loss.dtype)
+    grad = xp.zeros((batch, num_classes), dtype=grad_loss.dtype)
+    # One write per row: ignored rows write 0 onto their placeholder class 0.
+    grad[xp.arange(batch), safe_target] = -row_weight * _row_scale(grad_loss, kept, row_weight, reduction)
+    return grad
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-entropy: log-softmax and NLL in one, with label smoothing
+# ----------------------------------------------------------------------------------------------
+def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_index: int = -100,
+                          label_smoothing: float = 0.0, reduction: str = "mean") -> tuple[Any, Any]:
+    """Cross-entropy of softmax(logits) against class indices, optionally label-smoothed.
+
+    logits: (N, C); target: (N,) integer; weight: (C,) or None. Returns (loss, log_probs): loss
+    is a 0-d array of logits' dtype for "mean"/"sum", (N,) for "none"; log_probs (N, C) is the
+    log-softmax of logits, kept for :func:`cross_entropy_backward`.
+    """
+    batch, num_classes = _check_scores(logits, "logits")
+    _check_reduction(reduction)
+    xp = backend.get_array_module(logits, target, weight)  # all on one device, or a clear ValueError
+    target = _check_target(target, batch, num_classes, ignore_index)
+    _check_weight(weight, num_classes, logits.dtype, "logits")
+    epsilon = _check_label_smoothing(label_smoothing)
+    log_probs = log_softmax_forward(logits, axis=1)
+    kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, logits.dtype)
+    row_losses = row_weight * _picked_cost(log_probs, kept, safe_target)
+    # Without smoothing the uniform term is skipped, not multiplied by 0, as PyTorch does:
+    # a log-probability of −inf would otherwise turn 0·(−inf) into NaN.
+    if epsilon > 0:
+        # An element-wise product and sum rather than log_probs @ weight, so a float32 GEMM on the
+        # GPU cannot fall to TF32 precision.
+        weighted = log_probs if weight is None else log_probs * weight
+        uniform = xp.where(kept, -weighted.sum(axis=1), xp.zeros((), dtype=logits.dtype))
+        row_losses = (1 - epsilon) * row_losses + (epsilon / num_classes) * uniform
+    return _reduce(row_losses, row_weight, reduction), log_probs
+
+
+def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: Any = None, ignore_index: int = -100,
+                           label_smoothing: float = 0.0, reduction: str = "mean") -> Any:
+    """∂loss/∂logits in one fused element-wise pass: scale_i · (softmax[i, c]·Q_i − q[i, c]).
+
+    q[i, c] = (1 − ε)·w[t_i]·[c = t_i] + (ε/C)·w[c] is the weighted, smoothed one-hot target
+    and Q_i = Σ_c q[i, c] its row sum (1 without weights, so the familiar softmax − one-hot);
+    scale_i is grad_loss[i], grad_loss, or grad_loss / Σ w[t_i] for the mean, and 0 on ignored
+    rows. Derivation: row loss −Σ_c q[i, c]·logp[i, c] and ∂logp[i, c]/∂z[i, j] = [c = j] − p[i, j].
+
+    grad_loss: the loss's shape; log_probs: (N, C) from :func:`cross_entropy_forward`;
+    target: (N,) integer; weight: (C,) or None. Returns grad_logits (N, C) of log_probs' dtype.
+    """
+    batch, num_classes = _check_scores(log_probs, "log_probs")
+    _check_reduction(reduction)
+    _check_grad_loss(grad_loss, batch, reduction)
+    check_same_dtype(grad_loss, log_probs, "grad_loss", "log_probs")
+    xp = backend.get_array_module(grad_loss, log_probs, target, weight)  # one device, or a clear ValueError
+    target = _check_target(target, batch, num_classes, ignore_index)
+    _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
+    epsilon = _check_label_smoothing(label_smoothing)
+    kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)
+    scale = _row_scale(grad_loss, kept, row_weight, reduction)[:, None]                  # N, 1
+    on_target = (1 - epsilon) * row_weight[:, None]                                        # N, 1
+    uniform = epsilon / num_classes if weight is None else (epsilon / num_classes) * weight  # C or scalar
+    row_total = on_target + (epsilon if weight is None else (epsilon / num_classes) * weight.sum())
+    is_target = safe_target[:, None] == xp.arange(num_classes)                             # N, C
+    smoothed_one_hot = xp.where(is_target, on_target, xp.zeros((), dtype=log_probs.dtype)) + uniform
+    return scale * (xp.exp(log_probs) * row_total - smoothed_one_hot)

@@ -1,0 +1,133 @@
+"""ReLU, sigmoid and tanh primitives against math-module references, finite differences and PyTorch."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from minidnn.primitives.activation import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
+                                           tanh_backward, tanh_forward)
+from tests.helpers import assert_close, numerical_gradient, to_numpy
+
+# Central differences with step 1e-6 carry a rounding error of about 1e-16·|f| / 1e-6 ≈ 1e-10·|f|, and the
+# summed losses reach |f| ~ 10: tolerances a real bug (errors of 1e-3 and more) cannot hide in.
+FD_TOLERANCE = dict(rtol=1e-6, atol=1e-7)
+
+SHAPES = [(1,), (7,), (1, 3, 5, 7), (2, 3, 5)]
+
+
+def elementwise(function, array: np.ndarray) -> np.ndarray:
+    """Apply a float -> float function to every element, in float64, with a plain loop."""
+    return np.array([function(float(v)) for v in array.ravel()], dtype=np.float64).reshape(array.shape)
+
+
+# Independent float64 references: the value and the derivative as functions of x (not of y).
+def _sigmoid(v: float) -> float:
+    return 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
+
+
+REFERENCES = {
+    "relu": (lambda v: v if v > 0 else 0.0, lambda v: 1.0 if v > 0 else 0.0),
+    "sigmoid": (_sigmoid, lambda v: math.exp(-abs(v)) / (1.0 + math.exp(-abs(v))) ** 2),
+    "tanh": (math.tanh, lambda v: 1.0 / math.cosh(v) ** 2),
+}
+PRIMITIVES = {
+    "relu": (relu_forward, relu_backward),
+    "sigmoid": (sigmoid_forward, sigmoid_backward),
+    "tanh": (tanh_forward, tanh_backward),
+}
+NAMES = list(PRIMITIVES)
+
+
+def draw_input(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Normal draws kept at least 0.05 away from 0, so ReLU's kink never lies within a finite-difference step."""
+    x = rng.standard_normal(shape) * 2
+    return np.where(np.abs(x) < 0.05, np.copysign(0.05, x) + x, x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_and_backward_match_reference_float64(xp, rng, name, shape):
+    forward, backward = PRIMITIVES[name]
+    value, derivative = REFERENCES[name]
+    x, dy = draw_input(rng, shape), rng.standard_normal(shape)
+    y = forward(xp.asarray(x))
+    assert y.dtype == xp.float64
+    assert_close(y, elementwise(value, x), rtol=1e-13, atol=1e-15, name=f"{name} forward")
+    dx = backward(xp.asarray(dy), y)
+    assert dx.dtype == xp.float64
+    assert_close(dx, dy * elementwise(derivative, x), rtol=1e-12, atol=1e-15, name=f"{name} backward")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(1, 3, 2), (2, 5)])
+def test_backward_matches_finite_differences(xp, rng, name, shape):
+    forward, backward = PRIMITIVES[name]
+    x, dy = draw_input(rng, shape), rng.standard_normal(shape)
+    expected = numerical_gradient(forward, [x], 0, dy)
+    dx = backward(xp.asarray(dy), forward(xp.asarray(x)))
+    assert_close(dx, expected, **FD_TOLERANCE, name=f"{name} finite differences")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_matches_float64_reference(xp, rng, name):
+    forward, backward = PRIMITIVES[name]
+    value, derivative = REFERENCES[name]
+    x = draw_input(rng, (3, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y = forward(xp.asarray(x))
+    dx = backward(xp.asarray(dy), y)
+    assert y.dtype == xp.float32 and dx.dtype == xp.float32
+    x64 = x.astype(np.float64)
+    assert_close(y, elementwise(value, x64), rtol=1e-6, atol=1e-7, name=f"{name} float32 forward")
+    assert_close(dx, dy.astype(np.float64) * elementwise(derivative, x64), rtol=1e-5, atol=1e-6,
+                 name=f"{name} float32 backward")
+
+
+def test_relu_gradient_at_zero_is_zero(xp):
+    x = xp.asarray(np.array([-1.0, 0.0, -0.0, 2.0]))
+    dx = relu_backward(xp.ones(4), relu_forward(x))
+    assert_close(dx, np.array([0.0, 0.0, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_and_tanh_saturate_without_overflow_warnings(xp, dtype):
+    x = xp.asarray(np.array([-1e4, -800.0, -50.0, 0.0, 50.0, 800.0, 1e4], dtype=dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow RuntimeWarning would fail the test
+        y = sigmoid_forward(x)
+        t = tanh_forward(x)
+    y, t = to_numpy(y), to_numpy(t)
+    assert y.dtype == dtype and np.all(np.isfinite(y)) and np.all(np.isfinite(t))
+    np.testing.assert_array_equal(y[[0, 1, 3, 5, 6]], np.array([0.0, 0.0, 0.5, 1.0, 1.0], dtype=dtype))
+    assert 0 < y[2] < 1e-20  # e^-50 ≈ 2e-22: small but not flushed to 0 in either dtype
+    np.testing.assert_array_equal(t[[0, 6]], np.array([-1.0, 1.0], dtype=dtype))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_errors_name_the_argument(xp, name):
+    forward, backward = PRIMITIVES[name]
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
+        forward(xp.arange(4))
+    with pytest.raises(ValueError, match=r"dy and y must have the same shape, got \(2, 3\) and \(3, 2\)"):
+        backward(xp.ones((2, 3)), xp.ones((3, 2)))
+    with pytest.raises(TypeError, match="dy and y must have the same dtype"):
+        backward(xp.ones(3, dtype=xp.float32), xp.ones(3))
+    with pytest.raises(TypeError, match="dy must be a float32 or float64 array"):
+        backward(xp.ones(3, dtype=xp.int32), xp.ones(3))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_torch(xp, rng, name):
+    torch = pytest.importorskip("torch")
+    forward, backward = PRIMITIVES[name]
+    x, dy = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    x[0, 0, 0, :2] = 0.0  # ReLU's gradient at exactly 0
+    tx = torch.tensor(x, requires_grad=True)
+    ty = {"relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[name](tx)
+    ty.backward(torch.tensor(dy))
+    y = forward(xp.asarray(x))
+    assert_close(y, ty.detach().numpy(), rtol=1e-12, atol=1e-15, name=f"{name} vs torch")
+    assert_close(backward(xp.asarray(dy), y), tx.grad.numpy(), rtol=1e-12, atol=1e-15, name=f"{name} grad vs torch")
