@@ -102,13 +102,14 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 class MaxPool2d(Function):
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode)
-        self.x_shape = x.shape
+        self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
         if indices_out is not None:  # return_indices: hand the argmax to the caller as well
             indices_out.append(self.indices)
         return y
 
     def backward(self, dy):
-        return P.max_pool2d_backward(dy, self.indices, self.x_shape)
+        # The window lets the GPU gather (each input pixel visits only the windows covering it).
+        return P.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window)
 
 
 def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,

@@ -254,8 +254,12 @@ def check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape)
     assert to_numpy(indices).dtype == np.int64
     np.testing.assert_array_equal(to_numpy(indices), indices_ref)
     dy = draw(rng, y_ref.shape)
+    dx_ref = ref_max_pool_backward(dy, indices_ref, shape)
     dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape)
-    assert_close(dx, ref_max_pool_backward(dy, indices_ref, shape), name="dx")
+    assert_close(dx, dx_ref, name="dx")
+    # Given the window parameters, the GPU gathers per input pixel instead (same result).
+    dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape, kernel, stride, padding, dilation, ceil_mode)
+    assert_close(dx, dx_ref, name="dx with window parameters")
 
 
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES)
@@ -281,9 +285,13 @@ def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mod
     assert_close(y, y_ref, **F32, name="y")
     np.testing.assert_array_equal(to_numpy(indices), indices_ref)
     dy = draw(rng, y_ref.shape).astype(np.float32)
+    dx_ref = ref_max_pool_backward(dy.astype(np.float64), indices_ref, shape)
     dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape)
     assert dx.dtype == np.float32
-    assert_close(dx, ref_max_pool_backward(dy.astype(np.float64), indices_ref, shape), **F32, name="dx")
+    assert_close(dx, dx_ref, **F32, name="dx")
+    dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape, kernel, stride, padding, dilation, ceil_mode)
+    assert dx.dtype == np.float32
+    assert_close(dx, dx_ref, **F32, name="dx with window parameters")
 
 
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", [
@@ -298,6 +306,8 @@ def test_max_pool2d_backward_finite_differences(xp, rng, kernel, stride, padding
     expected = numerical_gradient(
         lambda a: pooling.max_pool2d_forward(a, kernel, stride, padding, dilation, ceil_mode)[0], [x], 0, dy)
     assert_close(pooling.max_pool2d_backward(xp.asarray(dy), indices, shape), expected, rtol=1e-6, atol=1e-8)
+    assert_close(pooling.max_pool2d_backward(xp.asarray(dy), indices, shape, kernel, stride, padding, dilation,
+                                             ceil_mode), expected, rtol=1e-6, atol=1e-8)
 
 
 def test_max_pool2d_ties_choose_first_maximum(xp, rng):
@@ -486,6 +496,10 @@ def test_forward_errors(call, error, message):
      r"indices must lie in \[0, H\*W\)"),
     (lambda dy, i: pooling.max_pool2d_backward(dy, i - 20, (1, 2, 5, 4)), ValueError,
      r"indices must lie in \[0, H\*W\)"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 5, 4), 3), ValueError,
+     r"grad_output must have shape \(1, 2, 1, 1\)"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 5, 4), stride=2), ValueError,
+     "give kernel_size with the other window parameters"),
     (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 2, 7, 4), 2), ValueError,
      r"grad_output must have shape \(1, 2, 3, 2\)"),
     (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 3, 5, 4), 2), ValueError, "grad_output must have shape"),

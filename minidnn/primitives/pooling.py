@@ -21,7 +21,10 @@ Every parameter follows PyTorch (``torch.nn.functional.max_pool2d`` and friends)
 * Adaptive average pooling: output cell i of an axis of size L into n cells averages
   ``[floor(i·L/n), ceil((i+1)·L/n))``; windows may overlap and differ in size.
 
-All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64).
+All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64). On CuPy
+arrays they run the kernels of ``pooling.cu`` (one launch per call, see the ``_gpu`` functions at
+the end): the same results, with the same argument errors, but checks that would read device data
+(the range of ``indices`` in :func:`max_pool2d_backward`) are skipped there to avoid a host sync.
 """
 from __future__ import annotations
 
@@ -189,6 +192,8 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     P, Q = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
     first_h = _first_input_tap(H, kernel[0], stride[0], padding[0], dilation[0], P, "row")
     first_w = _first_input_tap(W, kernel[1], stride[1], padding[1], dilation[1], Q, "column")
+    if backend.is_cuda_array(x):
+        return _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, (P, Q))
     # Padding is −inf and only a strictly greater value replaces the running maximum, so padding
     # is never chosen and ties keep the first maximum. The loop runs over the R·S taps (a running
     # max, like Caffe's kernel), never over pixels, and needs no R·S-times copy of the input.
@@ -208,11 +213,17 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     return y, indices
 
 
-def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple) -> Any:
+def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
+                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
     """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
 
     dy: (N, C, P, Q); indices: integer (N, C, P, Q) from :func:`max_pool2d_forward`;
     x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+
+    The window parameters are optional (the NumPy code needs only ``indices``); given, they must
+    be the forward's, dy's shape is checked against them, and on the GPU each input pixel then
+    gathers from the few windows that cover it. Without them the GPU adds each (n, c) plane's
+    gradients in one thread (deterministic, but only N·C threads): pass them for speed.
     """
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
@@ -220,13 +231,23 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple) -> Any:
     if tuple(dy.shape[:2]) != (N, C):
         raise ValueError(f"grad_output must have x_shape's N and C {(N, C)} in its first two axes, "
                          f"got shape {tuple(dy.shape)}")
+    if kernel_size is None:
+        if (stride, padding, dilation, ceil_mode) != (None, 0, 1, False):
+            raise ValueError("max_pool2d_backward: give kernel_size with the other window parameters "
+                             "(stride, padding, dilation, ceil_mode), or none of them")
+        window = None
+    else:
+        window = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
+        _check_grad(dy, (N, C) + _output_hw((H, W), *window), "the pooling output for x_shape")
     dtype = getattr(indices, "dtype", None)
     if dtype is None or dtype.kind not in "iu":
         raise TypeError(f"indices must be an integer array (int64 from max_pool2d_forward), got "
                         f"{dtype if dtype is not None else type(indices).__name__}")
     if tuple(indices.shape) != tuple(dy.shape):
         raise ValueError(f"indices must have grad_output's shape {tuple(dy.shape)}, got {tuple(indices.shape)}")
-    xp = backend.get_array_module(dy, indices)
+    xp = backend.get_array_module(dy, indices)  # also refuses dy and indices on different devices
+    if backend.is_cuda_array(dy):
+        return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
         raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
                          f"got values in [{int(indices.min())}, {int(indices.max())}]")
@@ -287,6 +308,8 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     xp = backend.get_array_module(x)
     N, C, H, W = x.shape
     out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
+    if backend.is_cuda_array(x):
+        return _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pad, divisor_override)
     x_padded = _padded(x, padding, _padded_extent((H, W), kernel, stride, padding, dilation, out_hw), 0.0)
     total = xp.zeros((N, C) + out_hw, dtype=x.dtype)
     for r in range(kernel[0]):
@@ -308,6 +331,9 @@ def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any =
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
     _check_grad(dy, (N, C) + out_hw, "the pooling output for x_shape")
+    if backend.is_cuda_array(dy):
+        return _avg_pool2d_backward_gpu(dy, (N, C, H, W), kernel, stride, padding, count_include_pad,
+                                        divisor_override)
     xp = backend.get_array_module(dy)
     share = dy / _avg_divisor(xp, (H, W), kernel, stride, padding, out_hw, count_include_pad, divisor_override,
                               dy.dtype)
@@ -359,6 +385,8 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     xp = backend.get_array_module(x)
     H, W = x.shape[2:]
     P, Q = _adaptive_output_size(output_size, (H, W))
+    if backend.is_cuda_array(x):
+        return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_forward", x, tuple(x.shape[:2]) + (P, Q), x.shape, (P, Q))
     rows, cols = _averaging_matrix(xp, H, P, x.dtype), _averaging_matrix(xp, W, Q, x.dtype)
     # Columns first: one (N·C·H, W) × (W, Q) GEMM, then a batched (P, H) × (H, Q) per plane.
     return xp.matmul(rows, xp.matmul(x, cols.T))
@@ -375,7 +403,106 @@ def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
     if tuple(dy.shape[:2]) != (N, C) or min(dy.shape[2:]) < 1:
         raise ValueError(f"grad_output must have shape ({N}, {C}, P, Q) with P, Q >= 1 for x_shape "
                          f"{(N, C, H, W)}, got {tuple(dy.shape)}")
+    if backend.is_cuda_array(dy):
+        return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
     xp = backend.get_array_module(dy)
     P, Q = dy.shape[2:]
     rows, cols = _averaging_matrix(xp, H, P, dy.dtype), _averaging_matrix(xp, W, Q, dy.dtype)
     return xp.ascontiguousarray(xp.matmul(rows.T, xp.matmul(dy, cols)))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of pooling.cu, one launch per call (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+# The C struct PoolShape of pooling.cu: sixteen ints, in this order.
+_POOL_SHAPE = np.dtype([(name, np.int32) for name in (
+    "N", "C", "H", "W", "P", "Q", "kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w",
+    "dilation_h", "dilation_w", "count_include_pad", "divisor_override")])
+
+
+def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                count_include_pad=True, divisor_override=None) -> np.void:
+    """The PoolShape struct argument; divisor_override None travels as 0 (0 itself is refused)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    for a, axis in enumerate(("height", "width")):
+        # The kernels' int arithmetic stays below size + 2·padding + stride + span (pooling.cu).
+        span = dilation[a] * (kernel[a] - 1) + 1
+        if x_shape[2 + a] + 2 * padding[a] + stride[a] + span > _cuda.INT32_LIMIT:
+            raise ValueError(f"pooling window (kernel_size {kernel}, stride {stride}, padding {padding}, dilation "
+                             f"{dilation}) over an input {axis} of {x_shape[2 + a]} is too large for the GPU "
+                             "kernels' 32-bit indexing")
+    values = (*x_shape, *out_hw, *kernel, *stride, *padding, *dilation, int(count_include_pad),
+              0 if divisor_override is None else divisor_override)
+    return np.array([tuple(_cuda.i32(v) for v in values)], dtype=_POOL_SHAPE)[0]
+
+
+def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
+    """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride), compiled for arrays[0]'s dtype."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(*arrays)
+    _cuda.launch(_cuda.function("pooling.cu", name, arrays[0].dtype), count, (*arrays, shape))
+
+
+def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw) -> tuple[Any, Any]:
+    cupy = backend.cupy()
+    x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
+    out_shape = tuple(x.shape[:2]) + tuple(out_hw)
+    y = cupy.empty(out_shape, dtype=x.dtype)
+    indices = cupy.empty(out_shape, dtype=cupy.int64)
+    _launch("max_pool_forward", y.size, (x, y, indices),
+            _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
+    return y, indices
+
+
+def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
+    cupy = backend.cupy()
+    dy = cupy.ascontiguousarray(dy)
+    indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
+    out_hw = tuple(dy.shape[2:])
+    if window is None:
+        # One thread per plane adds into a zeroed dx (see max_pool_backward_serial).
+        dx = cupy.zeros(x_shape, dtype=dy.dtype)
+        _launch("max_pool_backward_serial", x_shape[0] * x_shape[1], (dy, indices, dx), _pool_shape(x_shape, out_hw))
+        return dx
+    kernel, stride, padding, dilation, _ = window
+    dx = cupy.empty(x_shape, dtype=dy.dtype)
+    _launch("max_pool_backward", dx.size, (dy, indices, dx),
+            _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
+    return dx
+
+
+def _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pad, divisor_override) -> Any:
+    cupy = backend.cupy()
+    x = cupy.ascontiguousarray(x)
+    y = cupy.empty(tuple(x.shape[:2]) + tuple(out_hw), dtype=x.dtype)
+    _launch("avg_pool_forward", y.size, (x, y),
+            _pool_shape(x.shape, out_hw, kernel, stride, padding, (1, 1), count_include_pad, divisor_override))
+    return y
+
+
+def _avg_pool2d_backward_gpu(dy, x_shape, kernel, stride, padding, count_include_pad, divisor_override) -> Any:
+    cupy = backend.cupy()
+    dy = cupy.ascontiguousarray(dy)
+    dx = cupy.empty(x_shape, dtype=dy.dtype)
+    _launch("avg_pool_backward", dx.size, (dy, dx),
+            _pool_shape(x_shape, dy.shape[2:], kernel, stride, padding, (1, 1), count_include_pad, divisor_override))
+    return dx
+
+
+def _adaptive_avg_pool2d_gpu(name: str, source: Any, target_shape: tuple, x_shape: tuple, out_hw: tuple) -> Any:
+    """Forward (source x, target y) or backward (source dy, target dx) of adaptive average pooling.
+
+    The kernels' window bounds multiply an axis size by its output size; the 32-bit build serves
+    whenever (size + 1)·(out + 1) fits in an int on both axes, else the slower 64-bit one.
+    """
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    source = cupy.ascontiguousarray(source)
+    target = cupy.empty(target_shape, dtype=source.dtype)
+    (H, W), (P, Q) = x_shape[2:], out_hw
+    narrow = max((H + 1) * (P + 1), (W + 1) * (Q + 1)) <= _cuda.INT32_LIMIT
+    _launch(name if narrow else name + "_wide", target.size, (source, target), _pool_shape(x_shape, out_hw))
+    return target

@@ -1,0 +1,299 @@
+// Max, average and adaptive average pooling over the H and W axes of NCHW (see pooling.py, whose
+// NumPy code is the reference twin of every kernel here; Caffe's pooling_layer.cu design).
+//
+// Layout: x and dx are (N, C, H, W), y and dy are (N, C, P, Q), indices (int64) are (N, C, P, Q),
+// all contiguous. Output p, q reads the window of input rows p·stride_h − pad_h + r·dilation_h,
+// r < kernel_h (columns alike); pixels outside [0, H) × [0, W) are padding or ceil-mode overhang.
+//
+// Thread mapping: forward kernels run one thread per output element, backward kernels one thread
+// per input element, with w (or q) fastest, so consecutive threads of a warp read and write
+// consecutive addresses. The backward passes are gathers: a thread finds the outputs whose windows
+// can cover its pixel and sums their gradients in a fixed order (p, then q), so no two threads
+// write one address (no atomics) and the result is deterministic.
+//
+// Index arithmetic stays in int: pooling.py refuses arrays of 2^31 elements or more and windows
+// with size + 2·pad + stride + span >= 2^31 on an axis, and every intermediate below is bounded by
+// an array size or by that sum (the adaptive kernels and the divisor say where they need more).
+
+#ifndef SCALAR
+#define SCALAR float
+#endif
+typedef SCALAR scalar_t;
+
+// Shapes and window parameters (the NumPy dtype _POOL_SHAPE in pooling.py: sixteen ints, in this
+// order). The adaptive kernels read only N, C, H, W, P, Q; the average-pool kernels ignore the
+// dilation (always 1); divisor_override is 0 when not given (0 itself is refused in Python).
+struct PoolShape {
+    int N, C, H, W, P, Q;
+    int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+    int count_include_pad, divisor_override;
+};
+
+// Taps [first, last) of a window starting at `start` whose coordinates start + t·dilation fall in
+// [0, size). Written without adding dilation to anything, so a huge dilation cannot overflow.
+// pooling.py guarantees start < size and first < last (a window without an input pixel is a
+// ValueError before the launch).
+__device__ __forceinline__ int first_tap(int start, int dilation) {
+    return start < 0 ? (-start - 1) / dilation + 1 : 0;  // ceil(−start / dilation)
+}
+__device__ __forceinline__ int last_tap(int start, int size, int kernel, int dilation) {
+    return min(kernel, (size - 1 - start) / dilation + 1);  // taps with start + t·dilation <= size − 1
+}
+
+// Outputs [begin, end) along one axis whose windows [o·stride − pad, o·stride − pad + span) can
+// cover input coordinate `i` (span = dilation·(kernel − 1) + 1). With dilation the windows have
+// holes, so this is a superset: callers test the taps exactly (max pool: by the argmax index).
+__device__ __forceinline__ int first_window(int i, int stride, int pad, int span) {
+    return i + pad < span ? 0 : (i + pad - span) / stride + 1;  // smallest o with o·stride > i + pad − span
+}
+__device__ __forceinline__ int last_window(int i, int stride, int pad, int out) {
+    return min((i + pad) / stride + 1, out);  // largest o with o·stride <= i + pad, plus one
+}
+
+// ------------------------------------------------------------------------------------------------
+// Max pooling
+// ------------------------------------------------------------------------------------------------
+
+// y = max over the window's input pixels, indices = its flat position h·W + w in the (n, c) plane.
+// Same rule as the NumPy twin: only a strictly greater value or a NaN replaces the running maximum,
+// so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
+// read, and a window of −inf pixels points at its first input pixel. Starting from that first
+// pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
+extern "C" __global__ void max_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                            long long* __restrict__ indices, const PoolShape s) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int q = i % s.Q;
+        const int p = (i / s.Q) % s.P;
+        const int plane = i / (s.Q * s.P);
+        const int hstart = p * s.stride_h - s.pad_h;
+        const int wstart = q * s.stride_w - s.pad_w;
+        const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
+        const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
+        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+        int best_index = (hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w);
+        scalar_t best = xs[best_index];
+        for (int r = r0; r < r1; ++r) {
+            const int row = (hstart + r * s.dilation_h) * s.W;
+            for (int c = c0; c < c1; ++c) {
+                const int index = row + wstart + c * s.dilation_w;
+                const scalar_t v = xs[index];
+                if (v > best || isnan(v)) {
+                    best = v;
+                    best_index = index;
+                }
+            }
+        }
+        y[i] = best;
+        indices[i] = best_index;
+    }
+}
+
+// dx[h, w] = Σ dy[p, q] over the outputs whose index is h·W + w. Only windows covering (h, w) can
+// have chosen it, so each thread scans the ⌈span/stride⌉² candidate outputs and compares indices.
+// An index that no candidate window holds (a corrupt or foreign indices array) is simply never
+// matched: the GPU skips the range check that would need a host sync.
+extern "C" __global__ void max_pool_backward(const scalar_t* __restrict__ dy, const long long* __restrict__ indices,
+                                             scalar_t* __restrict__ dx, const PoolShape s) {
+    const int total = s.N * s.C * s.H * s.W;
+    const int span_h = s.dilation_h * (s.kernel_h - 1) + 1;
+    const int span_w = s.dilation_w * (s.kernel_w - 1) + 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int w = i % s.W;
+        const int h = (i / s.W) % s.H;
+        const int plane = i / (s.W * s.H);
+        const int p0 = first_window(h, s.stride_h, s.pad_h, span_h), p1 = last_window(h, s.stride_h, s.pad_h, s.P);
+        const int q0 = first_window(w, s.stride_w, s.pad_w, span_w), q1 = last_window(w, s.stride_w, s.pad_w, s.Q);
+        const long long own = h * s.W + w;
+        const int offset = plane * s.P * s.Q;
+        scalar_t sum = 0;
+        for (int p = p0; p < p1; ++p) {
+            for (int q = q0; q < q1; ++q) {
+                const int o = offset + p * s.Q + q;
+                if (indices[o] == own) sum += dy[o];
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+// Fallback when max_pool2d_backward is not told the window parameters: without them no thread can
+// know which outputs may point at its pixel, so one thread owns a whole (n, c) plane of dx (zeroed
+// by the caller) and adds that plane's dy entries in output order: deterministic and atomic-free,
+// but only N·C threads. Pass the window parameters to get max_pool_backward instead.
+extern "C" __global__ void max_pool_backward_serial(const scalar_t* __restrict__ dy,
+                                                    const long long* __restrict__ indices,
+                                                    scalar_t* __restrict__ dx, const PoolShape s) {
+    const int planes = s.N * s.C;
+    const int outputs = s.P * s.Q;
+    const int pixels = s.H * s.W;
+    for (int plane = blockIdx.x * blockDim.x + threadIdx.x; plane < planes; plane += blockDim.x * gridDim.x) {
+        scalar_t* __restrict__ dxs = dx + plane * pixels;
+        const int offset = plane * outputs;
+        for (int o = 0; o < outputs; ++o) {
+            const long long index = indices[offset + o];
+            // Skip what would write outside the plane (the GPU has no range check).
+            if (index >= 0 && index < pixels) dxs[index] += dy[offset + o];
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Average pooling (dilation 1)
+// ------------------------------------------------------------------------------------------------
+
+// The divisor of the window starting at (hstart, wstart), as _avg_divisor in pooling.py: the
+// window's area inside the padded input (the ceil-mode overhang past it never counts), its number
+// of real input pixels without count_include_pad, or divisor_override. The padded area may pass
+// 2^31 (a huge padded kernel on a tiny input), hence 64 bits; converting that exact integer to
+// scalar_t rounds once, as NumPy's int64 → dtype conversion does.
+__device__ __forceinline__ scalar_t avg_divisor(const PoolShape& s, int hstart, int wstart) {
+    if (s.divisor_override != 0) return scalar_t(s.divisor_override);
+    const int hend = min(hstart + s.kernel_h, s.H + s.pad_h);
+    const int wend = min(wstart + s.kernel_w, s.W + s.pad_w);
+    long long area;
+    if (s.count_include_pad) {
+        area = static_cast<long long>(hend - hstart) * (wend - wstart);
+    } else {
+        area = static_cast<long long>(min(hend, s.H) - max(hstart, 0)) * (min(wend, s.W) - max(wstart, 0));
+    }
+    return scalar_t(area);
+}
+
+// y = (Σ of the window's input pixels, row by row) / divisor; padding adds nothing, so it is skipped.
+extern "C" __global__ void avg_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                            const PoolShape s) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int q = i % s.Q;
+        const int p = (i / s.Q) % s.P;
+        const int plane = i / (s.Q * s.P);
+        const int hstart = p * s.stride_h - s.pad_h;
+        const int wstart = q * s.stride_w - s.pad_w;
+        const int h0 = max(hstart, 0), h1 = min(hstart + s.kernel_h, s.H);
+        const int w0 = max(wstart, 0), w1 = min(wstart + s.kernel_w, s.W);
+        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+        scalar_t sum = 0;
+        for (int h = h0; h < h1; ++h) {
+            for (int w = w0; w < w1; ++w) sum += xs[h * s.W + w];
+        }
+        y[i] = sum / avg_divisor(s, hstart, wstart);
+    }
+}
+
+// dx[h, w] = Σ dy[p, q] / divisor(p, q) over the windows covering (h, w): without dilation every
+// candidate from first_window/last_window covers the pixel, and the pixel (inside the input) is
+// never in a window's uncounted overhang.
+extern "C" __global__ void avg_pool_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+                                             const PoolShape s) {
+    const int total = s.N * s.C * s.H * s.W;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int w = i % s.W;
+        const int h = (i / s.W) % s.H;
+        const int plane = i / (s.W * s.H);
+        const int p0 = first_window(h, s.stride_h, s.pad_h, s.kernel_h), p1 = last_window(h, s.stride_h, s.pad_h, s.P);
+        const int q0 = first_window(w, s.stride_w, s.pad_w, s.kernel_w), q1 = last_window(w, s.stride_w, s.pad_w, s.Q);
+        const scalar_t* __restrict__ dys = dy + plane * s.P * s.Q;
+        scalar_t sum = 0;
+        for (int p = p0; p < p1; ++p) {
+            const int hstart = p * s.stride_h - s.pad_h;
+            for (int q = q0; q < q1; ++q) {
+                // Divide each term as the NumPy twin does (dy / divisor, then sum).
+                sum += dys[p * s.Q + q] / avg_divisor(s, hstart, q * s.stride_w - s.pad_w);
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Adaptive average pooling
+// ------------------------------------------------------------------------------------------------
+// The window bounds need products such as o·size, which pass 2^31 when an axis and its output size
+// are both large although no array does. Each kernel comes in two builds: `wide_t` = int when
+// pooling.py has checked that (size + 1)·(out + 1) fits in 31 bits on both axes (every product
+// below is smaller), long long otherwise (64-bit division is several times slower).
+
+// Output cell o of an axis of `size` inputs split into `out` cells averages
+// [floor(o·size/out), ceil((o+1)·size/out)).
+template <typename wide_t>
+__device__ __forceinline__ int cell_start(int o, int size, int out) {
+    return static_cast<int>(static_cast<wide_t>(o) * size / out);
+}
+template <typename wide_t>
+__device__ __forceinline__ int cell_end(int o, int size, int out) {
+    return static_cast<int>((static_cast<wide_t>(o + 1) * size + out - 1) / out);
+}
+
+// Cells along one axis whose windows contain input coordinate i: start(o) <= i holds exactly for
+// o < ceil((i+1)·out/size) and end(o) > i exactly for o >= floor(i·out/size). Both bounds are
+// monotone in o, so the cells form one range even when windows overlap, or repeat (out > size).
+template <typename wide_t>
+__device__ __forceinline__ int first_cell(int i, int size, int out) {
+    return static_cast<int>(static_cast<wide_t>(i) * out / size);
+}
+template <typename wide_t>
+__device__ __forceinline__ int last_cell(int i, int size, int out) {
+    return min(static_cast<int>((static_cast<wide_t>(i + 1) * out + size - 1) / size), out);
+}
+
+// y[p, q] = (Σ of the cell's input pixels, row by row) / its area.
+template <typename wide_t>
+__device__ __forceinline__ void adaptive_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                 const PoolShape& s) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int q = i % s.Q;
+        const int p = (i / s.Q) % s.P;
+        const int plane = i / (s.Q * s.P);
+        const int h0 = cell_start<wide_t>(p, s.H, s.P), h1 = cell_end<wide_t>(p, s.H, s.P);
+        const int w0 = cell_start<wide_t>(q, s.W, s.Q), w1 = cell_end<wide_t>(q, s.W, s.Q);
+        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+        scalar_t sum = 0;
+        for (int h = h0; h < h1; ++h) {
+            for (int w = w0; w < w1; ++w) sum += xs[h * s.W + w];
+        }
+        y[i] = sum / scalar_t((h1 - h0) * (w1 - w0));  // the area is at most H·W: an int
+    }
+}
+
+// dx[h, w] = Σ dy[p, q] / area(p, q) over the cells whose windows contain (h, w).
+template <typename wide_t>
+__device__ __forceinline__ void adaptive_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+                                                  const PoolShape& s) {
+    const int total = s.N * s.C * s.H * s.W;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int w = i % s.W;
+        const int h = (i / s.W) % s.H;
+        const int plane = i / (s.W * s.H);
+        const int p0 = first_cell<wide_t>(h, s.H, s.P), p1 = last_cell<wide_t>(h, s.H, s.P);
+        const int q0 = first_cell<wide_t>(w, s.W, s.Q), q1 = last_cell<wide_t>(w, s.W, s.Q);
+        const scalar_t* __restrict__ dys = dy + plane * s.P * s.Q;
+        scalar_t sum = 0;
+        for (int p = p0; p < p1; ++p) {
+            const int rows = cell_end<wide_t>(p, s.H, s.P) - cell_start<wide_t>(p, s.H, s.P);
+            for (int q = q0; q < q1; ++q) {
+                const int area = rows * (cell_end<wide_t>(q, s.W, s.Q) - cell_start<wide_t>(q, s.W, s.Q));
+                sum += dys[p * s.Q + q] / scalar_t(area);
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+extern "C" __global__ void adaptive_avg_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                     const PoolShape s) {
+    adaptive_forward<int>(x, y, s);
+}
+extern "C" __global__ void adaptive_avg_pool_forward_wide(const scalar_t* __restrict__ x,
+                                                          scalar_t* __restrict__ y, const PoolShape s) {
+    adaptive_forward<long long>(x, y, s);
+}
+extern "C" __global__ void adaptive_avg_pool_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+                                                      const PoolShape s) {
+    adaptive_backward<int>(dy, dx, s);
+}
+extern "C" __global__ void adaptive_avg_pool_backward_wide(const scalar_t* __restrict__ dy,
+                                                           scalar_t* __restrict__ dx, const PoolShape s) {
+    adaptive_backward<long long>(dy, dx, s);
+}
