@@ -13,6 +13,7 @@ from . import backend, cuda, functional, nn, optim, primitives
 from .autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled, tensor
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from .engine import engine, get_engine, set_engine
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .ops import argmax, cat, flatten, stack, where
 from .random import get_rng_state, manual_seed, set_rng_state
@@ -27,5 +28,5 @@ __all__ = [
     "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "device", "Device",
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "cat", "stack", "where",
     "argmax", "flatten", "manual_seed", "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
-    "optim", "primitives", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+    "optim", "primitives", "engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

@@ -1,17 +1,19 @@
 """Neural-network operations with PyTorch's names, signatures and semantics (``torch.nn.functional``).
 
 Each operation is a graph node (:class:`~minidnn.autograd.Function`) whose forward and backward
-call :mod:`minidnn.primitives`; nothing here computes on arrays itself beyond glue (reshapes for
-the losses). Use as ``import minidnn.functional as F``.
+call :mod:`minidnn.primitives` (through ``P``, which the benchmark can point at the naive engine);
+nothing here computes on arrays itself beyond glue (reshapes for the losses). Use as
+``import minidnn.functional as F``.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from . import ops
-from . import primitives as P
 from . import random as _random
+from .engine import P  # the current engine's primitives (minidnn's own, or the naive baseline)
 from .autograd import Function, Tensor
+from .primitives import pair
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
@@ -58,7 +60,7 @@ def _conv_padding(padding: Any, weight: Tensor, stride: Any, dilation: Any) -> A
     if padding == "same":
         if stride not in (1, (1, 1)):
             raise ValueError("padding='same' is not supported for strided convolutions")
-        dh, dw = P.pair(dilation, "dilation", minimum=1)
+        dh, dw = pair(dilation, "dilation", minimum=1)
         spans = (dh * (weight.shape[2] - 1), dw * (weight.shape[3] - 1))
         if spans[0] % 2 or spans[1] % 2:
             raise ValueError("padding='same' needs an odd (dilated) kernel size here: pad explicitly instead")

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from .. import backend
 from ..autograd import no_grad
-from ..primitives import adam_update
+from ..engine import P
 from .optimizer import Optimizer
 
 
@@ -37,7 +37,7 @@ class Adam(Optimizer):
                         if group["amsgrad"]:
                             state["max_exp_avg_sq"] = xp.zeros_like(p.data)
                     state["step"] += 1
-                    adam_update(p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
+                    P.adam_update(p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
                                 lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                                 weight_decay=group["weight_decay"],
                                 decoupled_weight_decay=self.decoupled_weight_decay, amsgrad=group["amsgrad"],

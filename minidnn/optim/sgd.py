@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from .. import backend
 from ..autograd import no_grad
-from ..primitives import sgd_update
+from ..engine import P
 from .optimizer import Optimizer
 
 
@@ -37,7 +37,7 @@ class SGD(Optimizer):
                     first_step = "momentum_buffer" not in state
                     if group["momentum"] and first_step:
                         state["momentum_buffer"] = backend.get_array_module(p.data).zeros_like(p.data)
-                    sgd_update(p.data, p.grad.data, state.get("momentum_buffer"), lr=group["lr"],
+                    P.sgd_update(p.data, p.grad.data, state.get("momentum_buffer"), lr=group["lr"],
                                momentum=group["momentum"], dampening=group["dampening"],
                                weight_decay=group["weight_decay"], nesterov=group["nesterov"],
                                maximize=group["maximize"], first_step=first_step)

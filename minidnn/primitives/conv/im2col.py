@@ -26,30 +26,42 @@ def column_bytes(problem: ConvProblem) -> int:
     return C * R * S * N * P * Q * problem.itemsize
 
 
-def im2col(x: Any, problem: ConvProblem) -> Any:
-    """x: (N, C, H, W) -> columns (C, R, S, N, P, Q), contiguous, zeros where the window hits padding."""
+def im2col(x: Any, problem: ConvProblem, out: Any = None) -> Any:
+    """x: (N, C, H, W) -> columns (C, R, S, N, P, Q), contiguous, zeros where the window hits padding.
+
+    ``out``: a contiguous buffer of that shape and x's dtype to fill (a layer's own column buffer).
+    """
     xp = backend.get_array_module(x)
+    columns = xp.empty(column_shape(problem), dtype=x.dtype) if out is None else out
     if xp is not np:
-        columns = xp.empty(column_shape(problem), dtype=x.dtype)
         _launch("im2col", xp.ascontiguousarray(x), columns, problem, columns.size)
-        return columns
-    return xp.ascontiguousarray(windows(padded(x, problem), problem).transpose(1, 4, 5, 0, 2, 3))
+    else:
+        columns.reshape(column_shape(problem))[...] = windows(padded(x, problem), problem).transpose(1, 4, 5, 0, 2, 3)
+    return columns
 
 
-def col2im(columns: Any, problem: ConvProblem) -> Any:
-    """columns: (C, R, S, N, P, Q) -> dx: (N, C, H, W), summing the entries of overlapping windows."""
+def col2im(columns: Any, problem: ConvProblem, out: Any = None) -> Any:
+    """columns: (C, R, S, N, P, Q) -> dx: (N, C, H, W), summing the entries of overlapping windows.
+
+    ``out``: a contiguous (N, C, H, W) array to write dx into.
+    """
     xp = backend.get_array_module(columns)
     if xp is not np:
-        dx = xp.empty(problem.x_shape, dtype=columns.dtype)
+        dx = xp.empty(problem.x_shape, dtype=columns.dtype) if out is None else out
         _launch("col2im", xp.ascontiguousarray(columns), dx, problem, dx.size)
         return dx
+    columns = columns.reshape(column_shape(problem))
     (ph, pw) = problem.padding
     dx = xp.zeros((problem.N, problem.C, problem.H + 2 * ph, problem.W + 2 * pw), dtype=columns.dtype)
     for r in range(problem.R):
         for s in range(problem.S):
             rows, cols = tap_slices(problem, r, s)
             dx[:, :, rows, cols] += columns[:, r, s].transpose(1, 0, 2, 3)
-    return dx[:, :, ph:ph + problem.H, pw:pw + problem.W]
+    dx = dx[:, :, ph:ph + problem.H, pw:pw + problem.W]
+    if out is None:
+        return dx
+    out[...] = dx
+    return out
 
 
 def _launch(name: str, source: Any, target: Any, problem: ConvProblem, count: int) -> None:
