@@ -260,6 +260,65 @@ def test_float32_against_float64_reference(xp, rng, shape):
 
 
 # ----------------------------------------------------------------------------------------------
+# GPU: split reductions and grid-stride loops against the NumPy twin
+# ----------------------------------------------------------------------------------------------
+# Large enough that the GPU kernels split each channel over several blocks, give every thread many
+# values (chunks of four and a tail), step across planes with S > 256, S = 1 and S < 256, and loop
+# more than once in the grid-stride element-wise kernels (4·3·300·400 > 132·32·256 threads).
+GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400)]
+
+
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_large_shapes_match_numpy_twin(xp, rng, shape, dtype):
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape, dtype=dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    # The twin runs in float64 on the very same values: the GPU accumulates in float64 for float32
+    # too, so float32 results differ from it by their final rounding only.
+    x64, w64, b64, rm64, rv64, dy64 = (a.astype(np.float64) for a in (x, weight, bias, running_mean, running_var, dy))
+    tol = dict(rtol=1e-9, atol=1e-10) if dtype == "float64" else dict(rtol=1e-5, atol=1e-6)
+
+    rm, rv = on(xp, running_mean, running_var)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), rm, rv, momentum=0.3)
+    rm_twin, rv_twin = rm64.copy(), rv64.copy()
+    expected = batch_norm_forward_training(x64, w64, b64, rm_twin, rv_twin, momentum=0.3)
+    for name, actual, wanted in zip(("y", "mean", "invstd"), (y, mean, invstd), expected):
+        assert to_numpy(actual).dtype == dtype, name
+        assert_close(actual, wanted, **tol, name=name)
+    assert_close(rm, rm_twin, **tol, name="running_mean")
+    assert_close(rv, rv_twin, **tol, name="running_var")
+
+    # The backward from the GPU's own (rounded) mean and invstd, so that only its arithmetic is compared.
+    grads = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd)
+    mean64, invstd64 = to_numpy(mean).astype(np.float64), to_numpy(invstd).astype(np.float64)
+    expected = batch_norm_backward_training(dy64, x64, w64, mean64, invstd64)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert to_numpy(actual).dtype == dtype, name
+        assert_close(actual, wanted, **tol, name=name)
+
+    y = batch_norm_forward_inference(*on(xp, x, weight, bias, running_mean, running_var))
+    assert_close(y, batch_norm_forward_inference(x64, w64, b64, rm64, rv64), **tol, name="y inference")
+    grads = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var))
+    expected = batch_norm_backward_inference(dy64, x64, w64, rm64, rv64)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert_close(actual, wanted, **tol, name=name + " inference")
+
+
+def test_gpu_strided_running_statistics_are_updated_in_place(xp, rng):
+    """Running statistics that are strided views (columns of one buffer) are updated where they live."""
+    x = rng.standard_normal((6, 4, 5, 5))
+    buffer = np.stack([rng.standard_normal(4), rng.uniform(0.5, 2.0, 4)], axis=1)  # (4, 2)
+    expected_mean, expected_var = buffer[:, 0].copy(), buffer[:, 1].copy()
+    batch_norm_forward_training(x, None, None, expected_mean, expected_var)
+    device_buffer = xp.array(buffer, copy=True)
+    batch_norm_forward_training(xp.asarray(x), None, None, device_buffer[:, 0], device_buffer[:, 1])
+    assert_close(device_buffer[:, 0], expected_mean, name="running_mean")
+    assert_close(device_buffer[:, 1], expected_var, name="running_var")
+
+
+# ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(1, 3), (1, 3, 1, 1), (1, 2, 1)])

@@ -224,6 +224,32 @@ def test_p_zero_and_one(xp, rng, dtype):
         np.testing.assert_array_equal(to_numpy(dropout_backward(x, xp.ones(x.shape, dtype=bool), 0.0)), to_numpy(x))
 
 
+def test_gpu_large_draw_matches_numpy_twin(xp, rng):
+    """More elements than one pass of the GPU grid (132·32·256 threads): the grid-stride loop keeps
+    the C-order counters, so the kernels reproduce the NumPy twin bit for bit."""
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    n, p = 1_100_003, 0.3
+    seed, offset = random_seed(rng), int(rng.integers(0, 2**62))
+    x, dy = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    y, mask = dropout_forward(xp.asarray(x), p, seed, offset)
+    y_twin, mask_twin = dropout_forward(x, p, seed, offset)
+    np.testing.assert_array_equal(to_numpy(mask), mask_twin)
+    np.testing.assert_array_equal(to_numpy(y), y_twin)
+    np.testing.assert_array_equal(to_numpy(dropout_backward(xp.asarray(dy), mask, p)),
+                                  dropout_backward(dy, mask_twin, p))
+    np.testing.assert_array_equal(to_numpy(uniform(n, seed, offset, xp)), uniform(n, seed, offset, np))
+    np.testing.assert_array_equal(to_numpy(_random_bits(n, seed, offset, xp)), _random_bits(n, seed, offset, np))
+
+
+def test_strided_input_uses_c_order_counters(xp, rng):
+    x = rng.standard_normal((4, 6, 5)).transpose(2, 0, 1)  # (5, 4, 6), not contiguous
+    y, mask = dropout_forward(xp.asarray(x), 0.4, 3, 9)
+    y_ref, mask_ref = reference_dropout(x, 0.4, 3, 9)
+    np.testing.assert_array_equal(to_numpy(mask), mask_ref)
+    assert_close(y, y_ref, name="y")
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------

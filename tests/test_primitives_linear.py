@@ -158,6 +158,26 @@ def test_bias_float32_against_float64_reference(xp, rng):
     assert_close(dbias, reference_bias_backward(dy.astype(np.float64), 1), rtol=1e-6, atol=1e-6, name="dbias")
 
 
+# Large enough that the GPU's bias_backward splits its reductions over several blocks (both the
+# column kernel, inner = 1, with C not a multiple of 32, and the plane kernel), and that bias_add's
+# grid-stride loop runs more than once (more than 132·32·256 elements).
+@pytest.mark.parametrize("shape, axis", [((64, 3, 33, 35), 1), ((20000, 2), -1), ((5000, 100), 1),
+                                         ((3000, 401), -1), ((4, 3, 300, 400), 1), ((1, 2, 70000), 1)])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_bias_large_shapes_match_numpy_twin(xp, rng, shape, axis, dtype):
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    y, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    bias = rng.standard_normal(shape[axis]).astype(dtype)
+    out = bias_add(xp.asarray(y), xp.asarray(bias), axis=axis)
+    np.testing.assert_array_equal(to_numpy(out), bias_add(y, bias, axis=axis))  # one rounding, both devices
+    # Both sum in float64 (in different orders) and round once.
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == "float64" else dict(rtol=1e-6, atol=1e-6)
+    dbias = bias_backward(xp.asarray(dy), axis=axis)
+    assert to_numpy(dbias).dtype == dtype
+    assert_close(dbias, bias_backward(dy.astype(np.float64), axis=axis), **tol, name="dbias")
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import backend
 from ..primitives import pair
-from ..primitives.dropout import _keep_mask as keep_mask  # TODO rename
+from ..primitives.dropout import keep_mask
 from ..primitives.pooling import pool_output_size
 
 

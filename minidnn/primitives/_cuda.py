@@ -88,6 +88,21 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
 
 
+# Per-channel reductions split each channel's values over several blocks so that even a layer with
+# few channels fills the GPU: about TARGET_BLOCKS blocks in all, none with fewer than a minimum.
+TARGET_BLOCKS = 132 * 8
+MIN_VALUES_PER_BLOCK = 4096
+
+
+def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BLOCK) -> tuple[int, int]:
+    """(splits, per): each channel's ``values`` in ``splits`` ranges of ``per`` values (the last may be
+    shorter, none is empty; one split even for no values)."""
+    wanted = -(-TARGET_BLOCKS // max(channels, 1))
+    splits = max(1, min(wanted, values // minimum))
+    per = max(1, -(-values // splits))
+    return max(1, -(-values // per)), per
+
+
 def cuda_sources() -> list[str]:
     """Every ``.cu`` file of the package, relative to ``minidnn/primitives`` (for the nvcc test)."""
     found = []

@@ -16,8 +16,9 @@ Statistics are two-pass (mean first, then the mean of the squared deviations), n
 E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std. The sums run along
 the contiguous spatial axis first (NumPy's pairwise summation) and then over the batch in
 float64, so they are sound for float32 without a float64 copy of x; every result keeps x's dtype.
-This module is the NumPy twin of the GPU implementation, a one-pass Welford kernel per channel:
-both give the same statistics up to rounding.
+This module is the NumPy twin of the GPU implementation (batchnorm.cu, selected by the array type):
+one-pass Welford statistics per channel accumulated in float64, then fused element-wise kernels.
+Both give the same results up to rounding.
 """
 from __future__ import annotations
 
@@ -154,6 +155,8 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     if count <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got x of shape {tuple(x.shape)} "
                          f"({count} value(s) per channel)")
+    if backend.is_cuda_array(x):
+        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps)
 
     xv = _channel_view(x)
     mean = _channel_sum(xv) / count  # float64
@@ -186,6 +189,8 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
+    if backend.is_cuda_array(x):
+        return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps)
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
     return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd)
 
@@ -216,6 +221,8 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     count = _values_per_channel(x)
     if count == 0:
         raise ValueError(f"batch_norm: x of shape {tuple(x.shape)} has no values per channel")
+    if backend.is_cuda_array(x):
+        return _backward_training_gpu(dy, x, weight, mean, invstd)
 
     xv, dyv = _channel_view(x), _channel_view(dy)
     invstd64 = invstd.astype(xp.float64)
@@ -247,6 +254,8 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
+    if backend.is_cuda_array(x):
+        return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps)
 
     xv, dyv = _channel_view(x), _channel_view(dy)
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
@@ -256,3 +265,124 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     dweight = _channel_sum(dyv * centered) * invstd
     dbias = _channel_sum(dyv)
     return dx, dweight.astype(x.dtype), dbias.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of batchnorm.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+_SOURCE = "batchnorm.cu"
+# Per-channel reductions run on a (C, splits) grid sized by _cuda.reduction_split: about as many
+# 256-thread blocks as the H200 holds at once, so a small C (64 channels) leaves no SM idle.
+
+
+def _contiguous(xp: Any, a: Any) -> Any:
+    """``a`` itself when C-contiguous (or None), else a contiguous copy: a RawKernel sees only the base pointer."""
+    return a if a is None or a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def _layout(x: Any) -> tuple[int, int, int]:
+    """(N, C, S) of the kernels' (N, C, S) view of x."""
+    return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
+
+
+def _kernel(name: str, dtype: Any) -> Any:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    return _cuda.function(_SOURCE, name, dtype)
+
+
+def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
+                          eps: float) -> tuple[Any, Any, Any]:
+    """Three launches: per-(channel, split) Welford statistics, a per-channel finalize (mean, invstd,
+    running statistics in place), the fused normalisation."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(x)
+    x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
+    # The running statistics are updated in place: a strided view gets a contiguous working copy,
+    # written back below (a parameter buffer's own views are contiguous: no copy).
+    rm, rv = _contiguous(xp, running_mean), _contiguous(xp, running_var)
+    _cuda.check_int32(x)
+    N, C, S = _layout(x)
+    splits, per = _cuda.reduction_split(C, N * S)
+    partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
+    coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
+    mean, invstd = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    y = xp.empty(x.shape, dtype=x.dtype)
+    i32 = _cuda.i32
+    _cuda.launch_blocks(_kernel("bn_statistics", x.dtype), (C, splits), _cuda.THREADS,
+                        (x, partial, i32(N), i32(C), i32(S), i32(per)))
+    _cuda.launch(_kernel("bn_statistics_finalize", x.dtype), C * 32,  # one warp per channel
+                 (partial, i32(C), i32(splits), weight, rm, rv, mean, invstd, coef, _cuda.f64(eps),
+                  _cuda.f64(momentum)))
+    _cuda.launch(_kernel("bn_apply", x.dtype), x.size, (x, y, coef, bias, i32(C), i32(S), i32(x.size)))
+    if rm is not running_mean:
+        running_mean[...] = rm
+    if rv is not running_var:
+        running_var[...] = rv
+    return y, mean, invstd
+
+
+def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float) -> Any:
+    """One element-wise launch."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(x)
+    x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
+    running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
+    _cuda.check_int32(x)
+    _, C, S = _layout(x)
+    y = xp.empty(x.shape, dtype=x.dtype)
+    i32 = _cuda.i32
+    _cuda.launch(_kernel("bn_inference", x.dtype), x.size,
+                 (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(C), i32(S), i32(x.size)))
+    return y
+
+
+def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any) -> tuple[Any, Any, Any]:
+    """Three launches: per-(channel, split) Σdy and Σdy·(x − mean), a per-channel finalize (dweight,
+    dbias, the dx coefficients), the element-wise dx."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(x)
+    dy, x, weight = _contiguous(xp, dy), _contiguous(xp, x), _contiguous(xp, weight)
+    mean, invstd = _contiguous(xp, mean), _contiguous(xp, invstd)
+    _cuda.check_int32(x)
+    N, C, S = _layout(x)
+    splits, per = _cuda.reduction_split(C, N * S)
+    partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
+    coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
+    dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    dx = xp.empty(x.shape, dtype=x.dtype)
+    i32, f64 = _cuda.i32, _cuda.f64
+    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
+                        (dy, x, mean, partial, None, None, None, f64(0.0), i32(N), i32(C), i32(S), i32(per)))
+    _cuda.launch(_kernel("bn_backward_finalize", x.dtype), C * 32,  # one warp per channel
+                 (partial, i32(C), i32(splits), i32(N * S), invstd, None, f64(0.0), weight, dweight, dbias, coef))
+    _cuda.launch(_kernel("bn_backward_dx", x.dtype), x.size, (dy, x, mean, coef, dx, i32(C), i32(S), i32(x.size)))
+    return dx, dweight, dbias
+
+
+def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any,
+                            eps: float) -> tuple[Any, Any, Any]:
+    """Two launches: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass,
+    and the per-channel finalize (dweight, dbias)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(x)
+    dy, x, weight = _contiguous(xp, dy), _contiguous(xp, x), _contiguous(xp, weight)
+    running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
+    _cuda.check_int32(x)
+    N, C, S = _layout(x)
+    splits, per = _cuda.reduction_split(C, N * S)
+    partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
+    dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    dx = xp.empty(x.shape, dtype=x.dtype)
+    i32, f64 = _cuda.i32, _cuda.f64
+    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
+                        (dy, x, running_mean, partial, dx, running_var, weight, f64(eps), i32(N), i32(C), i32(S),
+                         i32(per)))
+    _cuda.launch(_kernel("bn_backward_finalize", x.dtype), C * 32,
+                 (partial, i32(C), i32(splits), i32(N * S), None, running_var, f64(eps), weight, dweight, dbias,
+                  None))
+    return dx, dweight, dbias

@@ -26,6 +26,10 @@ first because SplitMix64 has a single cycle: with key = seed, seeds a multiple o
 replay each other's streams at modest offsets; mixed keys land at unrelated points of the cycle.
 The keep test compares integers so that it does not depend on the precision of a float compare
 (a float32 p would round 0.1 to 0.10000000149...).
+
+On the GPU (CuPy arrays, or ``xp`` = CuPy for :func:`uniform`) the kernels of dropout.cu compute the
+same hash per element, bit for bit: the mask and y come out of one kernel, and no generator state
+lives in memory (which is what lets dropout run inside a captured CUDA graph).
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ import math
 import numbers
 from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 from .. import backend
 from ._checks import check_float
@@ -94,6 +100,16 @@ def _mix64_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _stream_start(seed: int, offset: int) -> int:
+    """key + (offset + 1)·GAMMA mod 2^64: the hash input of element 0, so bits(i) = mix64(start + i·GAMMA)."""
+    return (_mix64_int(seed) + (offset + 1) * GOLDEN_GAMMA) & _MASK64
+
+
+def _keep_threshold(p: float) -> int:
+    """ceil(p·2^24): keep(i) = top-24-bits(i) >= threshold (p·2^24 is exact in float64)."""
+    return math.ceil(p * (1 << UNIFORM_BITS))
+
+
 def _random_bits(size: int, seed: int, offset: int, xp: ModuleType) -> Any:
     """The 64-bit hashes bits(i) for i = 0 .. size − 1 (the module docstring's formula), uint64 (size,).
 
@@ -102,8 +118,12 @@ def _random_bits(size: int, seed: int, offset: int, xp: ModuleType) -> Any:
     overflow only for scalar operations, never for arrays). Updates are in place to keep the
     temporaries to two uint64 arrays.
     """
+    start = _stream_start(seed, offset)
+    if xp is not np:
+        bits = xp.empty(size, dtype=xp.uint64)
+        _launch("dropout_bits", np.float32, size, (bits, np.uint64(start)))
+        return bits
     u64 = xp.uint64
-    start = (_mix64_int(seed) + (offset + 1) * GOLDEN_GAMMA) & _MASK64
     z = xp.arange(size, dtype=u64)
     z *= u64(GOLDEN_GAMMA)
     z += u64(start)
@@ -129,13 +149,22 @@ def uniform(shape: Any, seed: int, offset: int, xp: ModuleType) -> Any:
     shape = _check_shape(shape)
     seed = _check_integer(seed, "seed", upper=1 << 64)
     offset = _check_integer(offset, "offset")
+    if xp is not np:
+        u = xp.empty(shape, dtype=xp.float32)
+        _launch("dropout_uniform", np.float32, u.size, (u, np.uint64(_stream_start(seed, offset))))
+        return u
     k = _top_bits(math.prod(shape), seed, offset, xp)
     return (k.astype(xp.float32) * xp.float32(2.0 ** -UNIFORM_BITS)).reshape(shape)
 
 
-def _keep_mask(shape: tuple[int, ...], p: float, seed: int, offset: int, xp: ModuleType) -> Any:
+def keep_mask(shape: tuple[int, ...], p: float, seed: int, offset: int, xp: ModuleType) -> Any:
     """keep = uniform >= p, decided on the 24-bit integers (exact: k·2^-24 >= p ⟺ k >= ceil(p·2^24))."""
-    threshold = math.ceil(p * (1 << UNIFORM_BITS))  # p·2^24 is exact in float64
+    threshold = _keep_threshold(p)
+    if xp is not np:
+        mask = xp.empty(shape, dtype=bool)
+        _launch("dropout_mask", np.float32, mask.size,
+                (mask, np.uint64(_stream_start(seed, offset)), np.uint32(threshold)))
+        return mask
     return (_top_bits(math.prod(shape), seed, offset, xp) >= xp.uint32(threshold)).reshape(shape)
 
 
@@ -164,12 +193,14 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     p = _check_probability(p)
     seed = _check_integer(seed, "seed", upper=1 << 64)
     offset = _check_integer(offset, "offset")
+    if backend.is_cuda_array(x):
+        return _dropout_forward_gpu(x, p, seed, offset)
     shape = tuple(x.shape)
     if p == 0.0:
         return x.copy(), xp.ones(shape, dtype=bool)
     if p == 1.0:
         return x * x.dtype.type(0), xp.zeros(shape, dtype=bool)
-    mask = _keep_mask(shape, p, seed, offset, xp)
+    mask = keep_mask(shape, p, seed, offset, xp)
     # Multiply rather than select, so the semantics are exactly x·mask/(1 − p) (as PyTorch's).
     return x * (mask * _keep_scale(p, x.dtype)), mask
 
@@ -187,4 +218,47 @@ def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
         raise TypeError(f"dropout: mask must be a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
     if tuple(mask.shape) != tuple(dy.shape):
         raise ValueError(f"dropout: mask must have dy's shape {tuple(dy.shape)}, got {tuple(mask.shape)}")
+    if backend.is_cuda_array(dy):
+        return _dropout_backward_gpu(dy, mask, p)
     return dy * (mask * _keep_scale(p, dy.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of dropout.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+
+
+def _launch(name: str, dtype: Any, count: int, args: tuple) -> None:
+    """Run kernel ``name`` of dropout.cu, compiled for ``dtype``, on ``count`` elements (grid-stride);
+    every kernel takes the element count as its last argument."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(count)
+    _cuda.launch(_cuda.function("dropout.cu", name, dtype), count, (*args, _cuda.i32(count)))
+
+
+def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: int) -> tuple[Any, Any]:
+    """mask and y in one launch. p = 0 and p = 1 need no special case: threshold 0 keeps every element
+    (y = x·1), threshold 2^24 none (y = x·0, as the NumPy twin's x·0)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(x)
+    x = x if x.flags.c_contiguous else xp.ascontiguousarray(x)  # the hash follows the C-order index
+    y = xp.empty(x.shape, dtype=x.dtype)
+    mask = xp.empty(x.shape, dtype=bool)
+    scale = _keep_scale(p, np.dtype(np.float64))  # rounded to x's dtype in the kernel, as _keep_scale would
+    _launch("dropout_forward", x.dtype, x.size,
+            (x, y, mask, np.uint64(_stream_start(seed, offset)), np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
+    return y, mask
+
+
+def _dropout_backward_gpu(dy: Any, mask: Any, p: float) -> Any:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(dy)
+    dy = dy if dy.flags.c_contiguous else xp.ascontiguousarray(dy)
+    mask = mask if mask.flags.c_contiguous else xp.ascontiguousarray(mask)
+    dx = xp.empty(dy.shape, dtype=dy.dtype)
+    _launch("dropout_backward", dy.dtype, dy.size,
+            (dy, mask, dx, _cuda.f64(_keep_scale(p, np.dtype(np.float64)))))
+    return dx

@@ -10,6 +10,10 @@ batched matmul over the leading dimensions:
     forward          Y (M × out) = X (M × in) · Wᵀ
     backward-data    dX (M × in) = dY (M × out) · W
     backward-weight  dW (out × in) = dYᵀ (out × M) · X
+
+On the GPU the GEMMs are cuBLAS (``cupy.matmul``) and the bias kernels are our own (linear.cu):
+bias_add is one element-wise kernel (in place after the forward GEMM), bias_backward a
+deterministic per-channel reduction accumulated in float64.
 """
 from __future__ import annotations
 
@@ -81,6 +85,11 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
                          f"expects in_features={in_features} (shape {tuple(weight.shape)})")
     if bias is not None:
         _check_bias(bias, x, out_features)
+    if backend.is_cuda_array(x):
+        y = _as_rows(x) @ weight.T  # cuBLAS
+        if bias is not None:
+            y = _bias_add_gpu(y, bias, 1, in_place=True)
+        return y.reshape(*x.shape[:-1], out_features)
     y = _as_rows(x) @ weight.T
     if bias is not None:
         y += bias
@@ -140,6 +149,8 @@ def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
         raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
                          f"{tuple(y.shape)}), got {tuple(bias.shape)}")
     check_same_dtype(y, bias, "y", "bias")
+    if backend.is_cuda_array(y):
+        return _bias_add_gpu(y, bias, axis)
     broadcast = [1] * y.ndim
     broadcast[axis] = -1
     return y + bias.reshape(broadcast)
@@ -157,5 +168,69 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     if dy.ndim < 1:
         raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
     axis = _normalise_axis(axis, dy.ndim, "dy")
+    if backend.is_cuda_array(dy):
+        return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)
     return xp.sum(dy, axis=others, dtype=xp.float64).astype(dy.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the bias kernels of linear.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+_SOURCE = "linear.cu"
+# Per-channel sums run on (channel blocks, splits) grids: aim at about as many 256-thread blocks as
+# the H200 holds at once (132 SMs × 8), with enough work per block that its fixed cost (the tree
+# sum, the partial write) stays small: 4096 values per (channel, split) block, 64 rows per
+# (32-column, split) block.
+_MIN_ROWS_PER_BLOCK = 64
+
+
+def _outer_channel_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """The (outer, C, inner) view of a contiguous array around its bias axis."""
+    return math.prod(shape[:axis]), int(shape[axis]), math.prod(shape[axis + 1:])
+
+
+def _bias_add_gpu(y: Any, bias: Any, axis: int, in_place: bool = False) -> Any:
+    """One element-wise launch; ``in_place`` adds into y itself when y is contiguous (a fresh GEMM output)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(y)
+    y = y if y.flags.c_contiguous else xp.ascontiguousarray(y)  # a RawKernel sees only the base pointer
+    bias = bias if bias.flags.c_contiguous else xp.ascontiguousarray(bias)
+    _cuda.check_int32(y)
+    out = y if in_place else xp.empty(y.shape, dtype=y.dtype)
+    _, channels, inner = _outer_channel_inner(tuple(y.shape), axis)
+    _cuda.launch(_cuda.function(_SOURCE, "bias_add", y.dtype), y.size,
+                 (y, bias, out, _cuda.i32(channels), _cuda.i32(inner), _cuda.i32(y.size)))
+    return out
+
+
+def _bias_backward_gpu(dy: Any, axis: int) -> Any:
+    """Two launches: per-(channels, split) float64 partial sums, then one warp per channel adds a
+    channel's splits in a fixed order and rounds once to dy's dtype."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(dy)
+    dy = dy if dy.flags.c_contiguous else xp.ascontiguousarray(dy)
+    _cuda.check_int32(dy)
+    outer, channels, inner = _outer_channel_inner(tuple(dy.shape), axis)
+    dbias = xp.empty(channels, dtype=dy.dtype)
+    if channels == 0:
+        return dbias
+    i32 = _cuda.i32
+    if inner == 1:
+        # dy is (rows, C): a warp reads 32 consecutive channels of a row (coalesced).
+        column_blocks = -(-channels // 32)
+        splits, per = _cuda.reduction_split(column_blocks, outer, _MIN_ROWS_PER_BLOCK)
+        partial = xp.empty((splits, channels), dtype=xp.float64)
+        _cuda.launch_blocks(_cuda.function(_SOURCE, "bias_grad_columns", dy.dtype), (column_blocks, splits),
+                            _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(per)))
+    else:
+        # Planes of `inner` contiguous values: a block per (channel, split).
+        splits, per = _cuda.reduction_split(channels, outer * inner)
+        partial = xp.empty((splits, channels), dtype=xp.float64)
+        _cuda.launch_blocks(_cuda.function(_SOURCE, "bias_grad_planes", dy.dtype), (channels, splits),
+                            _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(inner), i32(per)))
+    _cuda.launch(_cuda.function(_SOURCE, "bias_grad_finalize", dy.dtype), channels * 32,  # a warp per channel
+                 (partial, dbias, i32(channels), i32(splits)))
+    return dbias

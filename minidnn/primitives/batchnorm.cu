@@ -1,0 +1,427 @@
+// Batch normalisation on the GPU (batchnorm.py states the maths; its NumPy code is the reference twin).
+//
+// Layout. x, y, dy and dx are contiguous (N, C, S) arrays, S = prod(spatial). Channel c holds
+// M = N·S values: value j (0 <= j < M) is x[(n·C + c)·S + s] with n = j / S, s = j % S, so a channel
+// is N planes of S contiguous values, C·S apart. Per-channel vectors (C,) are contiguous, of x's dtype.
+//
+// Reductions (the statistics, the backward sums) run on a (C, splits) grid of blocks: block (c, k)
+// owns the values j in [k·per, min((k + 1)·per, M)) of channel c, so that a small C (64 channels on
+// 132 SMs) still fills the GPU; batchnorm.py picks splits from C and M. Thread t of a block visits
+// j = begin + t, begin + t + B, ... (B = blockDim.x): the 32 threads of a warp read 32 consecutive j,
+// which are consecutive addresses inside a plane (for S = 1, (N, C) inputs, they are C apart: correct
+// but not coalesced; a channels-last kernel would serve that case better). A Cursor steps from one j to
+// the next without a division per value, and each thread reads four values per iteration (four loads
+// in flight). The statistics are one pass: each thread keeps a Welford state (count, mean, M2) and
+// merges each group of four values into it with the parallel-combination formula. Accumulators are
+// double for float inputs too: they live in registers, so this costs no memory traffic. A block merges its threads' results with a fixed tree (warp shuffles, then shared memory)
+// and thread 0 writes the block's partial result to a (fields, splits, C) double workspace.
+//
+// A finalize kernel, one warp per channel, merges a channel's splits in a fixed order (lane l takes
+// splits l, l + 32, ... in turn, then the warp's shuffle tree). The finalize step has to run anyway
+// (mean, invstd, the running statistics, the backward coefficients), so merging the partial results
+// there costs no extra launch, unlike a separate merge kernel. No atomics anywhere, and the launch
+// shape depends only on the problem's shape: the results are the same bits on every run.
+//
+// Element-wise kernels: one thread per element (grid-stride loop of stride G); a ChannelStep tracks the
+// channel c = (i / S) % C of the thread's element with two divisions per thread, not per element. The
+// per-channel coefficients they read (a few doubles per channel) stay in the caches.
+
+#ifndef SCALAR
+#define SCALAR float
+#endif
+typedef SCALAR scalar_t;
+typedef double acc_t;  // accumulators and per-channel coefficients, for float and double inputs alike
+
+#define FULL_MASK 0xffffffffu
+#define MAX_WARPS 32  // blockDim.x <= 1024
+
+// ----------------------------------------------------------------------------------------------
+// Walking one channel's values
+// ----------------------------------------------------------------------------------------------
+
+// The offsets (from x + c·S) of the values j0, j0 + B, j0 + 2B, ... of one channel. B = q·S + r is
+// split once, so a step adds q planes and r values and carries one plane when s passes S. take()
+// advances only while the thread has values left, so offsets stay below N·C·S (no int overflow).
+struct Cursor {
+    int s, offset;                         // the current value: n·C·S + s
+    int S, step_s, step_offset, carry;
+
+    __device__ Cursor(const int j0, const int B, const int C, const int S_) : S(S_) {
+        const int n = j0 / S;
+        s = j0 - n * S;
+        offset = n * (C * S) + s;
+        step_s = B % S;
+        // Unsigned: the product can exceed int only when the thread has a single value, which
+        // never steps (its values are j0 < M <= N·S, so a step is taken only when B < M, i.e. B / S < N).
+        step_offset = (int)((unsigned)(B / S) * (unsigned)(C * S) + (unsigned)step_s);
+        carry = C * S - S;
+    }
+
+    __device__ __forceinline__ void advance() {
+        s += step_s;
+        offset += step_offset;
+        if (s >= S) {
+            s -= S;
+            offset += carry;
+        }
+    }
+
+    // The offset of the next value; `left` counts the thread's values not yet taken.
+    __device__ __forceinline__ int take(int& left) {
+        const int o = offset;
+        if (--left > 0) advance();
+        return o;
+    }
+
+    // Four offsets at once (left >= 4): the first three always have a successor.
+    __device__ __forceinline__ void take4(int o[4], int& left) {
+        o[0] = offset; advance();
+        o[1] = offset; advance();
+        o[2] = offset; advance();
+        o[3] = offset;
+        left -= 4;
+        if (left > 0) advance();
+    }
+};
+
+// The channel c = (i / S) % C of the elements i, i + G, i + 2G, ... of an (N, C, S) array, G the grid's
+// thread count: G = q·S + r is split once (q taken mod C), each step adds r to s and q to c and carries
+// (s + r < 2S and c + q + 1 < 2C, so one subtraction each). Used by the grid-stride element-wise kernels,
+// where an integer division per element would cost more issue slots than the memory traffic leaves.
+struct ChannelStep {
+    int s, c;
+    int S, C, step_s, step_c;
+
+    __device__ ChannelStep(const int i, const int G, const int C_, const int S_) : S(S_), C(C_) {
+        const int plane = i / S;
+        s = i - plane * S;
+        c = plane % C;
+        step_s = G % S;
+        step_c = (G / S) % C;
+    }
+
+    __device__ __forceinline__ void advance() {
+        s += step_s;
+        c += step_c;
+        if (s >= S) {
+            s -= S;
+            ++c;
+        }
+        if (c >= C) c -= C;
+    }
+};
+
+// How many values of a `len`-value range thread t visits with stride B.
+__device__ __forceinline__ int values_of_thread(const int len, const int t, const int B) {
+    return t < len ? (len - 1 - t) / B + 1 : 0;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Welford states and fixed-order merges
+// ----------------------------------------------------------------------------------------------
+
+// (n, mean, m2) absorbs (nb, meanb, m2b): Chan et al.'s parallel combination. n = 0 takes the other
+// state exactly (mean + (meanb − 0)·1), nb = 0 changes nothing (and avoids 0/0).
+__device__ __forceinline__ void welford_merge(acc_t& n, acc_t& mean, acc_t& m2,
+                                              const acc_t nb, const acc_t meanb, const acc_t m2b) {
+    if (nb == 0) return;
+    const acc_t total = n + nb;
+    const acc_t delta = meanb - mean;
+    const acc_t fb = nb / total;
+    mean += delta * fb;
+    m2 += m2b + delta * delta * n * fb;
+    n = total;
+}
+
+// Lane 0 ends with the merge of the warp's 32 states (lane l absorbs lane l + offset, offsets 16..1).
+// Lanes whose partner is past lane 31 absorb themselves: garbage that lane 0 never reads.
+__device__ __forceinline__ void warp_welford(acc_t& n, acc_t& mean, acc_t& m2) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const acc_t nb = __shfl_down_sync(FULL_MASK, n, offset);
+        const acc_t meanb = __shfl_down_sync(FULL_MASK, mean, offset);
+        const acc_t m2b = __shfl_down_sync(FULL_MASK, m2, offset);
+        welford_merge(n, mean, m2, nb, meanb, m2b);
+    }
+}
+
+// Thread 0 ends with the block's state: each warp merges its lanes, warp 0 merges the warps.
+__device__ void block_welford(acc_t& n, acc_t& mean, acc_t& m2) {
+    __shared__ acc_t shared_n[MAX_WARPS], shared_mean[MAX_WARPS], shared_m2[MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    warp_welford(n, mean, m2);
+    if (lane == 0) {
+        shared_n[warp] = n;
+        shared_mean[warp] = mean;
+        shared_m2[warp] = m2;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const bool real = lane < (int)(blockDim.x >> 5);
+        n = real ? shared_n[lane] : 0;
+        mean = real ? shared_mean[lane] : 0;
+        m2 = real ? shared_m2[lane] : 0;
+        warp_welford(n, mean, m2);
+    }
+}
+
+// Lane 0 ends with the warp's sums of a and b (same fixed tree as warp_welford).
+__device__ __forceinline__ void warp_sum2(acc_t& a, acc_t& b) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        a += __shfl_down_sync(FULL_MASK, a, offset);
+        b += __shfl_down_sync(FULL_MASK, b, offset);
+    }
+}
+
+// Thread 0 ends with the block's sums of a and b.
+__device__ void block_sum2(acc_t& a, acc_t& b) {
+    __shared__ acc_t shared_a[MAX_WARPS], shared_b[MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    warp_sum2(a, b);
+    if (lane == 0) {
+        shared_a[warp] = a;
+        shared_b[warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const bool real = lane < (int)(blockDim.x >> 5);
+        a = real ? shared_a[lane] : 0;
+        b = real ? shared_b[lane] : 0;
+        warp_sum2(a, b);
+    }
+}
+
+// invstd of the inference path (running variance), shared by its forward and backward kernels so
+// that both use the very same value. The training path computes 1/sqrt once per channel instead,
+// as the NumPy twin does.
+__device__ __forceinline__ acc_t inference_invstd(const scalar_t running_var, const acc_t eps) {
+    return rsqrt((acc_t)running_var + eps);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Training forward: statistics, finalize, normalise
+// ----------------------------------------------------------------------------------------------
+
+// Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (3, splits, C) doubles, fields
+// count, mean, M2 (sum of squared deviations) of the block's values.
+extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* __restrict__ partial,
+                                         const int N, const int C, const int S, const int per) {
+    const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
+    const int t = threadIdx.x, B = blockDim.x;
+    const int M = N * S;
+    const int begin = k * per;
+    int left = values_of_thread(min(per, M - begin), t, B);
+    acc_t n = 0, mean = 0, m2 = 0;
+    if (left > 0) {
+        const scalar_t* __restrict__ xc = x + c * S;
+        Cursor cursor(begin + t, B, C, S);
+        while (left >= 4) {
+            // Four values per step: exact two-pass statistics of the four, then one Welford merge,
+            // so the division of the merge is paid once per four values.
+            int o[4];
+            cursor.take4(o, left);
+            const acc_t v0 = xc[o[0]], v1 = xc[o[1]], v2 = xc[o[2]], v3 = xc[o[3]];
+            const acc_t chunk_mean = (v0 + v1 + v2 + v3) * 0.25;
+            const acc_t d0 = v0 - chunk_mean, d1 = v1 - chunk_mean, d2 = v2 - chunk_mean, d3 = v3 - chunk_mean;
+            welford_merge(n, mean, m2, 4.0, chunk_mean, d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3);
+        }
+        while (left > 0) {
+            const acc_t v = xc[cursor.take(left)];
+            welford_merge(n, mean, m2, 1.0, v, 0.0);
+        }
+    }
+    block_welford(n, mean, m2);
+    if (t == 0) {
+        partial[k * C + c] = n;
+        partial[(splits + k) * C + c] = mean;
+        partial[(2 * splits + k) * C + c] = m2;
+    }
+}
+
+// One warp per channel. Merges the channel's splits, then: mean_out, invstd_out (x's dtype, returned
+// to the caller); coef (2, C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean
+// is not null, the in-place running-statistics update with the unbiased variance M2/(M − 1).
+// weight may be null (weight 1).
+extern "C" __global__ void bn_statistics_finalize(const acc_t* __restrict__ partial, const int C, const int splits,
+                                                  const scalar_t* __restrict__ weight,
+                                                  scalar_t* __restrict__ running_mean,
+                                                  scalar_t* __restrict__ running_var,
+                                                  scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,
+                                                  acc_t* __restrict__ coef, const double eps_arg,
+                                                  const double momentum_arg) {
+    const acc_t eps = eps_arg, momentum = momentum_arg;
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
+        acc_t n = 0, mean = 0, m2 = 0;
+        for (int k = lane; k < splits; k += 32) {
+            welford_merge(n, mean, m2, partial[k * C + c], partial[(splits + k) * C + c],
+                          partial[(2 * splits + k) * C + c]);
+        }
+        warp_welford(n, mean, m2);
+        if (lane == 0) {
+            const acc_t var = m2 / n;  // biased: the normalisation uses it
+            const acc_t invstd = 1.0 / sqrt(var + eps);
+            mean_out[c] = (scalar_t)mean;
+            invstd_out[c] = (scalar_t)invstd;
+            coef[c] = mean;
+            coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
+            if (running_mean) {
+                running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
+                const acc_t unbiased = var * (n / (n - 1.0));
+                running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
+            }
+        }
+    }
+}
+
+// y = (x − mean)·(invstd·weight) + bias, element-wise, with coef (2, C) from bn_statistics_finalize.
+// The mean is subtracted before scaling, in double, so |mean| ≫ std does not cancel. bias may be null.
+extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                    const acc_t* __restrict__ coef, const scalar_t* __restrict__ bias,
+                                    const int C, const int S, const int total) {
+    const int G = blockDim.x * gridDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+        const int c = channel.c;
+        acc_t v = ((acc_t)x[i] - coef[c]) * coef[C + c];
+        if (bias) v += (acc_t)bias[c];
+        y[i] = (scalar_t)v;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Inference forward: one element-wise kernel
+// ----------------------------------------------------------------------------------------------
+
+// y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias; weight and bias may be null.
+// The per-channel invstd is recomputed per element (a double rsqrt) rather than in a second launch:
+// the kernel stays memory-bound and inference stays a single launch.
+extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                        const scalar_t* __restrict__ running_mean,
+                                        const scalar_t* __restrict__ running_var,
+                                        const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
+                                        const double eps_arg, const int C, const int S, const int total) {
+    const acc_t eps = eps_arg;
+    const int G = blockDim.x * gridDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+        const int c = channel.c;
+        acc_t scale = inference_invstd(running_var[c], eps);
+        if (weight) scale *= (acc_t)weight[c];
+        acc_t v = ((acc_t)x[i] - (acc_t)running_mean[c]) * scale;
+        if (bias) v += (acc_t)bias[c];
+        y[i] = (scalar_t)v;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Backward: one reduction (plus, for inference, dx), finalize, and the training dx
+// ----------------------------------------------------------------------------------------------
+
+// Grid (C, splits). partial: (2, splits, C) doubles, fields Σdy and Σdy·(x − center) over the block's
+// values, center = the saved batch mean (training) or running_mean (inference).
+// Inference passes dx (not null), running_var and weight (may be null): dx = dy·weight·invstd is then
+// written in the same pass, as its scale is a per-channel constant. Training passes dx = null.
+extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                              const scalar_t* __restrict__ center, acc_t* __restrict__ partial,
+                                              scalar_t* __restrict__ dx, const scalar_t* __restrict__ running_var,
+                                              const scalar_t* __restrict__ weight, const double eps_arg,
+                                              const int N, const int C, const int S, const int per) {
+    const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
+    const int t = threadIdx.x, B = blockDim.x;
+    const int M = N * S;
+    const int begin = k * per;
+    int left = values_of_thread(min(per, M - begin), t, B);
+    acc_t sum_dy = 0, sum_dy_xc = 0;
+    if (left > 0) {
+        const int base = c * S;
+        const scalar_t* __restrict__ dyc = dy + base;
+        const scalar_t* __restrict__ xc = x + base;
+        const acc_t mu = (acc_t)center[c];
+        acc_t scale = 0;
+        if (dx) {
+            scale = inference_invstd(running_var[c], (acc_t)eps_arg);
+            if (weight) scale *= (acc_t)weight[c];
+        }
+        Cursor cursor(begin + t, B, C, S);
+        while (left >= 4) {
+            int o[4];
+            cursor.take4(o, left);
+            acc_t g[4], v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                g[u] = dyc[o[u]];
+                v[u] = xc[o[u]];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                sum_dy += g[u];
+                sum_dy_xc += g[u] * (v[u] - mu);
+                if (dx) dx[base + o[u]] = (scalar_t)(g[u] * scale);
+            }
+        }
+        while (left > 0) {
+            const int o = cursor.take(left);
+            const acc_t g = dyc[o];
+            sum_dy += g;
+            sum_dy_xc += g * ((acc_t)xc[o] - mu);
+            if (dx) dx[base + o] = (scalar_t)(g * scale);
+        }
+    }
+    block_sum2(sum_dy, sum_dy_xc);
+    if (t == 0) {
+        partial[k * C + c] = sum_dy;
+        partial[(splits + k) * C + c] = sum_dy_xc;
+    }
+}
+
+// One warp per channel. dbias = Σdy, dweight = Σdy·(x − center)·invstd, with invstd the saved one
+// (training: invstd not null) or from running_var (inference: invstd null). Training also passes coef
+// (3, C) doubles for bn_backward_dx: Σdy/M, scale = invstd·weight, scale·invstd·dweight/M.
+extern "C" __global__ void bn_backward_finalize(const acc_t* __restrict__ partial, const int C, const int splits,
+                                                const int M, const scalar_t* __restrict__ invstd,
+                                                const scalar_t* __restrict__ running_var, const double eps_arg,
+                                                const scalar_t* __restrict__ weight,
+                                                scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
+                                                acc_t* __restrict__ coef) {
+    const acc_t eps = eps_arg;
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
+        acc_t sum_dy = 0, sum_dy_xc = 0;
+        for (int k = lane; k < splits; k += 32) {
+            sum_dy += partial[k * C + c];
+            sum_dy_xc += partial[(splits + k) * C + c];
+        }
+        warp_sum2(sum_dy, sum_dy_xc);
+        if (lane == 0) {
+            const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
+            const acc_t dw = sum_dy_xc * is;
+            dbias[c] = (scalar_t)sum_dy;
+            dweight[c] = (scalar_t)dw;
+            if (coef) {
+                const acc_t scale = weight ? is * (acc_t)weight[c] : is;
+                coef[c] = sum_dy / M;
+                coef[C + c] = scale;
+                coef[2 * C + c] = scale * is * dw / M;
+            }
+        }
+    }
+}
+
+// Training dx = (dy − Σdy/M)·scale − (x − mean)·scale·invstd·dweight/M, the NumPy twin's formula,
+// element-wise with coef (3, C) from bn_backward_finalize and the saved mean.
+extern "C" __global__ void bn_backward_dx(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                          const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef,
+                                          scalar_t* __restrict__ dx, const int C, const int S, const int total) {
+    const int G = blockDim.x * gridDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+        const int c = channel.c;
+        const acc_t v = ((acc_t)dy[i] - coef[c]) * coef[C + c] - ((acc_t)x[i] - (acc_t)mean[c]) * coef[2 * C + c];
+        dx[i] = (scalar_t)v;
+    }
+}

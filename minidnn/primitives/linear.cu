@@ -1,0 +1,176 @@
+// Bias kernels (linear.py; its NumPy code is the reference twin). The GEMMs of linear layers run on
+// cuBLAS through cupy.matmul; only the bias is here.
+//
+// Layout. The bias axis splits a contiguous array into (outer, C, inner): element i belongs to
+// channel c = (i / inner) % C. axis = 1 of NCHW gives (N, C, H·W); axis = -1 gives (rows, C, 1).
+//
+// bias_add: one thread per element, grid-stride; a ChannelStep tracks c without a division per element.
+//
+// bias_backward sums every value of a channel, in double, in a fixed order, and finishes with
+// bias_grad_finalize (one warp per channel: lane l takes splits l, l + 32, ... then a shuffle tree),
+// which merges per-split partial sums from a (splits, C) double workspace. Two mappings:
+//   * bias_grad_columns, inner = 1 (linear layers, dy (rows, C)): the 32 lanes of a warp own 32
+//     consecutive channels and the warps of a block take rows round-robin, so every load of a warp is
+//     one contiguous row segment. Grid (ceil(C / 32), splits), split k owns rows [k·per, (k+1)·per).
+//   * bias_grad_planes, inner > 1 (convolutions): as the batch-norm statistics (batchnorm.cu), a block
+//     per (channel, split) walks its channel's planes of `inner` contiguous values with a Cursor.
+// No atomics; the launch shape depends only on the shape of dy, so the sums are deterministic.
+
+#ifndef SCALAR
+#define SCALAR float
+#endif
+typedef SCALAR scalar_t;
+typedef double acc_t;  // float64 accumulation for float32 too, as the NumPy twin
+
+#define FULL_MASK 0xffffffffu
+#define MAX_WARPS 32  // blockDim.x <= 1024
+
+// The channel c = (i / inner) % C of the elements i, i + G, i + 2G, ... (G the grid's thread count): see
+// batchnorm.cu. G = q·inner + r is split once (q taken mod C); each step adds r and q and carries.
+struct ChannelStep {
+    int s, c;
+    int S, C, step_s, step_c;
+
+    __device__ ChannelStep(const int i, const int G, const int C_, const int S_) : S(S_), C(C_) {
+        const int plane = i / S;
+        s = i - plane * S;
+        c = plane % C;
+        step_s = G % S;
+        step_c = (G / S) % C;
+    }
+
+    __device__ __forceinline__ void advance() {
+        s += step_s;
+        c += step_c;
+        if (s >= S) {
+            s -= S;
+            ++c;
+        }
+        if (c >= C) c -= C;
+    }
+};
+
+// out = y + bias broadcast along the bias axis. out may be y itself (in place after a GEMM), hence
+// no __restrict__ on y and out.
+extern "C" __global__ void bias_add(const scalar_t* y, const scalar_t* __restrict__ bias, scalar_t* out,
+                                    const int C, const int inner, const int total) {
+    const int G = blockDim.x * gridDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    for (ChannelStep channel(i, G, C, inner); i < total; i += G, channel.advance()) {
+        out[i] = y[i] + bias[channel.c];
+    }
+}
+
+// Grid (ceil(C / 32), splits), blockDim.x a multiple of 32 (treated as warps × 32 lanes). partial:
+// (splits, C) doubles, the sum of dy[r, c] over the split's rows.
+extern "C" __global__ void bias_grad_columns(const scalar_t* __restrict__ dy, acc_t* __restrict__ partial,
+                                             const int rows, const int C, const int per) {
+    __shared__ acc_t tile[MAX_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int c = blockIdx.x * 32 + lane;
+    const int k = blockIdx.y;
+    const int begin = k * per;
+    const int len = min(per, rows - begin);
+    acc_t sum = 0;
+    if (c < C) {
+        // Counted loop: r never steps past the last row, so r·C stays within the array.
+        const int count = warp < len ? (len - 1 - warp) / warps + 1 : 0;
+#pragma unroll 4
+        for (int q = 0; q < count; ++q) sum += (acc_t)dy[(begin + warp + q * warps) * C + c];
+    }
+    tile[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && c < C) {
+        acc_t total = 0;
+        for (int w = 0; w < warps; ++w) total += tile[w][lane];  // fixed order
+        partial[k * C + c] = total;
+    }
+}
+
+// The offsets (from dy + c·inner) of the values j0, j0 + B, ... of one channel of dy (outer, C, inner):
+// value j is at n·C·inner + s with n = j / inner, s = j % inner. See batchnorm.cu's Cursor: B = q·inner + r
+// is split once, take() advances only while values are left, so offsets stay below the array's size.
+struct Cursor {
+    int s, offset;
+    int S, step_s, step_offset, carry;
+
+    __device__ Cursor(const int j0, const int B, const int C, const int S_) : S(S_) {
+        const int n = j0 / S;
+        s = j0 - n * S;
+        offset = n * (C * S) + s;
+        step_s = B % S;
+        step_offset = (int)((unsigned)(B / S) * (unsigned)(C * S) + (unsigned)step_s);  // see batchnorm.cu
+        carry = C * S - S;
+    }
+
+    __device__ __forceinline__ void advance() {
+        s += step_s;
+        offset += step_offset;
+        if (s >= S) {
+            s -= S;
+            offset += carry;
+        }
+    }
+
+    __device__ __forceinline__ int take(int& left) {
+        const int o = offset;
+        if (--left > 0) advance();
+        return o;
+    }
+};
+
+// Lane 0 ends with the warp's sum (lane l adds lane l + offset, offsets 16..1).
+__device__ __forceinline__ acc_t warp_sum(acc_t a) {
+    for (int offset = 16; offset > 0; offset >>= 1) a += __shfl_down_sync(FULL_MASK, a, offset);
+    return a;
+}
+
+// Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (splits, C) doubles, the sum of the
+// channel's values [k·per, min((k + 1)·per, outer·inner)).
+extern "C" __global__ void bias_grad_planes(const scalar_t* __restrict__ dy, acc_t* __restrict__ partial,
+                                            const int outer, const int C, const int inner, const int per) {
+    __shared__ acc_t warp_sums[MAX_WARPS];
+    const int c = blockIdx.x, k = blockIdx.y;
+    const int t = threadIdx.x, B = blockDim.x;
+    const int M = outer * inner;
+    const int begin = k * per;
+    const int len = min(per, M - begin);
+    int left = t < len ? (len - 1 - t) / B + 1 : 0;
+    acc_t sum = 0;
+    if (left > 0) {
+        const scalar_t* __restrict__ dyc = dy + c * inner;
+        Cursor cursor(begin + t, B, C, inner);
+        while (left >= 4) {  // four loads in flight, summed in order
+            const int o0 = cursor.take(left), o1 = cursor.take(left), o2 = cursor.take(left), o3 = cursor.take(left);
+            const acc_t v0 = dyc[o0], v1 = dyc[o1], v2 = dyc[o2], v3 = dyc[o3];
+            sum += v0;
+            sum += v1;
+            sum += v2;
+            sum += v3;
+        }
+        while (left > 0) sum += (acc_t)dyc[cursor.take(left)];
+    }
+    sum = warp_sum(sum);
+    const int lane = t & 31, warp = t >> 5;
+    if (lane == 0) warp_sums[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+        sum = lane < (B >> 5) ? warp_sums[lane] : 0;
+        sum = warp_sum(sum);
+        if (lane == 0) partial[k * C + c] = sum;
+    }
+}
+
+// One warp per channel: dbias[c] = Σ_k partial[k, c] rounded once to the output dtype.
+extern "C" __global__ void bias_grad_finalize(const acc_t* __restrict__ partial, scalar_t* __restrict__ dbias,
+                                              const int C, const int splits) {
+    const int lane = threadIdx.x & 31;
+    const int warps = (gridDim.x * blockDim.x) >> 5;
+    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
+        acc_t sum = 0;
+        for (int k = lane; k < splits; k += 32) sum += partial[k * C + c];
+        sum = warp_sum(sum);
+        if (lane == 0) dbias[c] = (scalar_t)sum;
+    }
+}
