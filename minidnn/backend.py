@@ -170,12 +170,7 @@ def on_device(target: "str | Device") -> Iterator[None]:
 
 def add_at(target: Any, index: Any, values: Any) -> None:
     """``target[index] += values`` with repeated indices adding up (NumPy's ``np.add.at``)."""
-    if is_cuda_array(target):
-        import cupyx  # noqa: PLC0415 - GPU only
-
-        cupyx.scatter_add(target, index, values)
-    else:
-        np.add.at(target, index, values)
+    get_array_module(target).add.at(target, index, values)
 
 
 def synchronize(target: "str | Device | None" = None) -> None:

@@ -42,9 +42,9 @@ def _columns(problem: ConvProblem, xp: Any) -> Any:
 def gemm(a: Any, b: Any, out: Any, beta: float = 0.0, transpose_a: bool = False, transpose_b: bool = False) -> None:
     """out = op(a) · op(b) + beta · out, in place: cuBLAS's GEMM (Caffe's ``caffe_gpu_gemm``) or BLAS."""
     if backend.is_cuda_array(out):
-        import cupy  # noqa: PLC0415 - GPU only
+        from cupy import cublas  # noqa: PLC0415 - GPU only
 
-        cupy.cublas.gemm("T" if transpose_a else "N", "T" if transpose_b else "N", a, b, out=out, alpha=1.0, beta=beta)
+        cublas.gemm("T" if transpose_a else "N", "T" if transpose_b else "N", a, b, out=out, alpha=1.0, beta=beta)
         return
     product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
     if beta:
