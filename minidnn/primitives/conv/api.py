@@ -23,18 +23,27 @@ call_observer: Callable[[str, ConvProblem, registry.ConvAlgorithm, int, int], No
 
 
 def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None):
-    """Choose the algorithm and the micro-batch size for one call."""
+    """Choose the algorithm and the micro-batch size for one call (cached: a training step asks the
+    same questions every time, and answering them costs more host time than a small kernel)."""
     limit = registry.workspace_limit() if workspace_limit is None else registry._check_limit(workspace_limit)
-    algorithm = registry.choose(problem, direction, registry.default_algorithm() if algo is None else algo, limit)
+    key = (problem, direction, registry.default_algorithm() if algo is None else algo, limit)
+    plan = registry.plans.get(key)
+    if plan is None:
+        plan = registry.plans[key] = _make_plan(*key)
+    if call_observer is not None:
+        call_observer(direction, problem, *plan)
+    return plan[0], plan[1]
+
+
+def _make_plan(problem: ConvProblem, direction: str, algo: str, limit: int):
+    """(algorithm, micro-batch size, workspace bytes per micro-batch)."""
+    algorithm = registry.choose(problem, direction, algo, limit)
     per_image = algorithm.workspace_bytes(problem.with_batch(1), direction)
     batch = problem.N if per_image == 0 else max(1, min(problem.N, limit // per_image))
     # Workspace need not be linear in the batch: step down until the micro-batch really fits.
     while batch > 1 and algorithm.workspace_bytes(problem.with_batch(batch), direction) > limit:
         batch -= 1
-    if call_observer is not None:
-        call_observer(direction, problem, algorithm, batch,
-                      algorithm.workspace_bytes(problem.with_batch(batch), direction))
-    return algorithm, batch
+    return algorithm, batch, algorithm.workspace_bytes(problem.with_batch(batch), direction)
 
 
 def _device(*arrays: Any) -> str:

@@ -8,6 +8,7 @@ backward-filter (x, dy → dw).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,28 @@ class ConvProblem:
 
 def make_problem(x_shape: tuple, w_shape: tuple, stride: Any, padding: Any, dilation: Any, groups: Any,
                  dtype: np.dtype, device: str) -> ConvProblem:
-    """Validate shapes and parameters; every error names the argument at fault."""
+    """Validate shapes and parameters; every error names the argument at fault.
+
+    Layers ask for the same problems every step, so answers are cached (errors are not).
+    """
+    # The key holds the arguments' types too: 1.0 == 1 and True == 1, but only ints are valid.
+    types = tuple(tuple(map(type, v)) if isinstance(v, tuple) else type(v) for v in (stride, padding, dilation, groups))
+    try:
+        return _cached_problem(tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, np.dtype(dtype),
+                               device, types)
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _validated_problem(x_shape, w_shape, stride, padding, dilation, groups, dtype, device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_problem(*args: Any) -> ConvProblem:
+    return _validated_problem(*args[:-1])
+
+
+def _validated_problem(x_shape: tuple, w_shape: tuple, stride: Any, padding: Any, dilation: Any, groups: Any,
+                       dtype: np.dtype, device: str) -> ConvProblem:
     if len(x_shape) != 4:
         raise ValueError(f"conv2d: input must be 4-D (N, C, H, W), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:

@@ -56,6 +56,9 @@ class ConvAlgorithm:
 
 
 _algorithms: dict[str, ConvAlgorithm] = {}
+# Plans already made: (problem, direction, algo, limit) -> (algorithm, micro-batch, workspace bytes).
+# Registering an algorithm can change the answers, so it empties this cache.
+plans: dict[tuple, tuple] = {}
 
 
 def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
@@ -66,6 +69,7 @@ def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
     ordered = sorted(_algorithms.values(), key=lambda a: a.priority)
     _algorithms.clear()
     _algorithms.update((a.name, a) for a in ordered)
+    plans.clear()
     return algorithm
 
 
