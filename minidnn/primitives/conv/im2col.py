@@ -7,6 +7,7 @@ col2im is the adjoint: it sums each column entry back onto the input pixel it wa
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -69,9 +70,14 @@ def _launch(name: str, source: Any, target: Any, problem: ConvProblem, count: in
     from .. import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(source, target)
-    shape = np.array([(problem.N, problem.C, problem.H, problem.W, problem.R, problem.S, problem.P, problem.Q,
-                       *problem.stride, *problem.padding, *problem.dilation)], dtype=_CONV_SHAPE)[0]
-    _cuda.launch(_cuda.function("conv/im2col.cu", name, source.dtype), count, (source, target, shape))
+    _cuda.launch(_cuda.function("conv/im2col.cu", name, source.dtype), count, (source, target, _shape_struct(problem)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_struct(problem: ConvProblem) -> np.void:
+    """The problem as the C struct ConvShape (built once per problem: it is passed on every launch)."""
+    return np.array([(problem.N, problem.C, problem.H, problem.W, problem.R, problem.S, problem.P, problem.Q,
+                      *problem.stride, *problem.padding, *problem.dilation)], dtype=_CONV_SHAPE)[0]
 
 
 # The C struct ConvShape of im2col.cu: fourteen ints, in this order.
