@@ -126,6 +126,25 @@ def test_lrn_defaults_and_zero_input(xp, rng):
     np.testing.assert_array_equal(to_numpy(y), 0.0)
 
 
+@pytest.mark.parametrize("shape, size", [((128, 8, 100, 100), 5), ((8, 96, 27, 27), 5), ((3, 40, 7), 64)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_lrn_large_shapes_match_numpy_twin(xp, rng, shape, size, dtype):
+    """More pixels than one pass of the GPU grid (132·32·256 threads); AlexNet's LRN; a window wider than C."""
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    x, dy = (rng.standard_normal(shape) * 2).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    params = dict(alpha=1e-2, beta=0.75, k=2.0)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    y, scale = lrn_forward(xp.asarray(x), size, **params)
+    y_twin, scale_twin = lrn_forward(x, size, **params)
+    assert_close(scale, scale_twin, **tol, name="scale")
+    assert_close(y, y_twin, **tol, name="y")
+    dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **params)
+    # dx subtracts two terms of similar size: float32's pow rounding (CUDA's powf is within 4 ulp) shows more.
+    dx_tol = tol if dtype == np.float64 else dict(rtol=1e-4, atol=1e-5)
+    assert_close(dx, lrn_backward(dy, x, to_numpy(y), to_numpy(scale), size, **params), **dx_tol, name="dx")
+
+
 def test_lrn_errors_name_the_argument(xp):
     x = xp.ones((2, 3, 4, 4))
     with pytest.raises(ValueError, match="size must be >= 1, got 0"):

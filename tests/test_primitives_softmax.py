@@ -17,6 +17,15 @@ from tests.helpers import assert_close, numerical_gradient, to_numpy
 # summed losses reach |f| ~ 10: tolerances a real bug (errors of 1e-3 and more) cannot hide in.
 FD_TOLERANCE = dict(rtol=1e-6, atol=1e-7)
 
+
+def float32_tolerance(xp, rtol: float, atol: float) -> dict:
+    """A float32 comparison's tolerances, widened on the GPU to at least rtol 1e-5, atol 1e-6: CUDA's
+    float exp, log and tanh are accurate to 1-2 ulp where NumPy's are nearly correctly rounded, and
+    the kernels sum in another order."""
+    if xp is np:
+        return dict(rtol=rtol, atol=atol)
+    return dict(rtol=max(rtol, 1e-5), atol=max(atol, 1e-6))
+
 # ----------------------------------------------------------------------------------------------
 # Independent float64 references: plain loops with the math module
 # ----------------------------------------------------------------------------------------------
@@ -190,7 +199,7 @@ def test_softmax_float32_matches_float64_reference(xp, rng, name):
     y = forward(xp.asarray(x), axis=1)
     dx = backward(xp.asarray(dy), y, axis=1)
     assert y.dtype == xp.float32 and dx.dtype == xp.float32
-    assert_close(y, reference(x, 1), rtol=2e-6, atol=1e-6, name=f"{name} float32 forward")
+    assert_close(y, reference(x, 1), **float32_tolerance(xp, rtol=2e-6, atol=1e-6), name=f"{name} float32 forward")
     assert_close(dx, reference_backward(dy.astype(np.float64), x, 1), rtol=1e-5, atol=1e-5,
                  name=f"{name} float32 backward")
 
@@ -208,6 +217,37 @@ def test_softmax_of_huge_logits_stays_finite(xp, dtype):
     e = math.e
     np.testing.assert_allclose(y[2], [1 / (2 + e), e / (2 + e), 1 / (2 + e)], rtol=1e-6)
     np.testing.assert_allclose(log_y[0], [0.0, -1e4, -2e4])  # exact logs, where log(softmax) would give −inf
+
+
+# One warp per row: rows beyond one pass of the grid (8 rows per block, 132·32 blocks), C of one
+# lane step, many steps and a partial one; one thread per (outer, inner): more positions than one pass.
+GPU_SOFTMAX_CASES = [((40000, 10), -1), ((128, 3000), -1), ((300, 33), 1), ((64, 1000, 7), 1),
+                     ((2, 3, 1000, 700), 1), ((50, 2, 11), 0)]
+
+
+@pytest.mark.parametrize("name", list(SOFTMAXES))
+@pytest.mark.parametrize("shape, axis", GPU_SOFTMAX_CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_softmax_large_shapes_match_numpy_twin(xp, rng, name, shape, axis, dtype):
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    forward, backward = SOFTMAXES[name][:2]
+    x, dy = (rng.standard_normal(shape) * 4).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    if name == "log_softmax" and dtype == np.float32:
+        # log_softmax = x − max − log Σ e^(x − max): each side rounds the log-sum (up to ~15 here) to
+        # float32, an absolute error of a few 1e-6 that is large relative to entries near 0.
+        tol = dict(rtol=1e-5, atol=1e-5)
+    y = forward(xp.asarray(x), axis=axis)
+    assert_close(y, forward(x, axis=axis), **tol, name=f"{name} forward")
+    y = to_numpy(y)
+    if dtype == np.float32:
+        # dx = dy − e^y·Σdy (or y·(dy − Σdy·y)) cancels: each side's float32 rounding of the row sum
+        # (the twin sums in float32, the GPU in float64) shows at about 1e-7·|Σ|.
+        row_sum = dy.astype(np.float64) * (1 if name == "log_softmax" else y.astype(np.float64))
+        tol = dict(rtol=1e-5, atol=1e-6 * (1 + np.abs(row_sum.sum(axis=axis)).max()))
+    assert_close(backward(xp.asarray(dy), xp.asarray(y), axis=axis), backward(dy, y, axis=axis), **tol,
+                 name=f"{name} backward")
 
 
 def test_softmax_errors_name_the_argument(xp):
@@ -308,13 +348,15 @@ def test_cross_entropy_float32_matches_float64_reference(xp, rng, reduction, lab
     for array in (loss, log_probs, grad, nll, nll_grad):
         assert array.dtype == xp.float32
     as64 = [a.astype(np.float64) for a in (logits32, weight32, grad32)]
-    assert_close(loss, reference_cross_entropy(as64[0], target, as64[1], **options), rtol=2e-6, atol=1e-6)
+    assert_close(loss, reference_cross_entropy(as64[0], target, as64[1], **options),
+                 **float32_tolerance(xp, rtol=2e-6, atol=1e-6))
     assert_close(grad, reference_cross_entropy_backward(as64[2], as64[0], target, as64[1], **options), rtol=1e-5,
                  atol=2e-6)
     reference_log_probs = reference_log_softmax(as64[0], 1)
-    assert_close(nll, reference_nll(reference_log_probs, target, as64[1], reduction=reduction), rtol=2e-6, atol=1e-6)
+    assert_close(nll, reference_nll(reference_log_probs, target, as64[1], reduction=reduction),
+                 **float32_tolerance(xp, rtol=2e-6, atol=1e-6))
     assert_close(nll_grad, reference_nll_backward(as64[2], target, log_probs.shape, as64[1], reduction=reduction),
-                 rtol=1e-6, atol=1e-7)
+                 **float32_tolerance(xp, rtol=1e-6, atol=1e-7))
 
 
 def test_cross_entropy_with_huge_logits_is_finite(xp):
@@ -371,12 +413,6 @@ def test_loss_errors_name_the_argument(xp):
         cross_entropy_forward(logits, target, reduction="avg")
     with pytest.raises(ValueError, match="reduction must be"):
         nll_loss_backward(xp.ones(()), target, (3, 4), reduction=None)
-    with pytest.raises(ValueError, match=r"target must hold class indices in \[0, 4\) or ignore_index=-100, got 4"):
-        cross_entropy_forward(logits, xp.asarray(np.array([0, 4, 1])))
-    with pytest.raises(ValueError, match="target must hold class indices .* got -1"):
-        nll_loss_forward(logits, xp.asarray(np.array([0, -1, 1])))
-    with pytest.raises(ValueError, match="target must hold class indices"):
-        cross_entropy_backward(xp.ones(()), logits, xp.asarray(np.array([0, 1, 9])))
     with pytest.raises(TypeError, match="target must be an integer array of class indices"):
         cross_entropy_forward(logits, xp.asarray(np.array([0.0, 1.0, 3.0])))
     with pytest.raises(TypeError, match="target must be an integer array"):
@@ -407,6 +443,75 @@ def test_loss_errors_name_the_argument(xp):
         nll_loss_backward(xp.ones(()), target, 4)
     with pytest.raises(ValueError, match="target must have shape"):
         nll_loss_backward(xp.ones(()), target, (5, 4))
+
+
+@pytest.mark.parametrize("shape", [(40000, 10), (256, 5000)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_losses_large_shapes_match_numpy_twin(xp, rng, shape, reduction, dtype):
+    """Rows beyond one pass of the grid, C of many lane steps, reductions over many rows per thread."""
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    n_rows, n_classes = shape
+    logits, target, weight, grad_loss = draw_loss_problem(rng, n_rows, n_classes, True, False, reduction)
+    target[rng.choice(n_rows, size=n_rows // 10, replace=False)] = -100
+    logits, weight, grad_loss = (a.astype(dtype) for a in (logits, weight, grad_loss))
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    options = dict(weight=weight, label_smoothing=0.1, reduction=reduction)
+    xp_options = {**options, "weight": xp.asarray(weight)}
+    loss, log_probs = cross_entropy_forward(xp.asarray(logits), xp.asarray(target), **xp_options)
+    loss_twin, log_probs_twin = cross_entropy_forward(logits, target, **options)
+    assert_close(loss, loss_twin, **tol, name="loss")
+    assert_close(log_probs, log_probs_twin, **tol, name="log_probs")
+    grad = cross_entropy_backward(xp.asarray(grad_loss), log_probs, xp.asarray(target), **xp_options)
+    assert_close(grad, cross_entropy_backward(grad_loss, log_probs_twin, target, **options), **tol, name="grad")
+    nll_options = dict(weight=weight, reduction=reduction)
+    xp_nll_options = {**nll_options, "weight": xp.asarray(weight)}
+    assert_close(nll_loss_forward(log_probs, xp.asarray(target), **xp_nll_options),
+                 nll_loss_forward(log_probs_twin, target, **nll_options), **tol, name="nll")
+    assert_close(nll_loss_backward(xp.asarray(grad_loss), xp.asarray(target), shape, **xp_nll_options),
+                 nll_loss_backward(grad_loss, target, shape, **nll_options), **tol, name="nll grad")
+
+
+def test_out_of_range_target_raises_on_numpy_and_gives_nan_on_gpu(xp, rng):
+    """NumPy checks the targets' range. The GPU skips that check (it would be a host synchronisation
+    per call) and never reads out of bounds: the row comes out NaN, loss and gradient, and with the
+    mean the NaN reaches the loss and, through the denominator, every row's gradient."""
+    logits = xp.asarray(rng.standard_normal((3, 4)))
+    if xp is np:
+        with pytest.raises(ValueError, match=r"target must hold class indices in \[0, 4\) or ignore_index=-100, got 4"):
+            cross_entropy_forward(logits, np.array([0, 4, 1]))
+        with pytest.raises(ValueError, match="target must hold class indices .* got -1"):
+            nll_loss_forward(logits, np.array([0, -1, 1]))
+        with pytest.raises(ValueError, match="target must hold class indices"):
+            cross_entropy_backward(np.ones(()), logits, np.array([0, 1, 9]))
+        with pytest.raises(ValueError, match="target must hold class indices"):
+            nll_loss_backward(np.ones(()), np.array([0, 1, 9]), (3, 4))
+        return
+    good = np.array([0, 2])  # rows 0 and 2 are valid, row 1 is not
+    for bad_target, weight, label_smoothing in [(4, None, 0.0), (-1, np.array([0.5, 1.0, 2.0, 1.5]), 0.1)]:
+        target = xp.asarray(np.array([0, bad_target, 1]))
+        options = dict(weight=on(xp, weight), label_smoothing=label_smoothing)
+        loss, log_probs = cross_entropy_forward(logits, target, reduction="none", **options)
+        loss = to_numpy(loss)
+        assert np.isnan(loss[1])
+        assert_close(loss[good], reference_cross_entropy(to_numpy(logits)[good], np.array([0, 1]), weight=weight,
+                                                         label_smoothing=label_smoothing, reduction="none"),
+                     rtol=1e-12, atol=1e-14, name="valid rows")
+        assert_close(log_probs, reference_log_softmax(to_numpy(logits), 1), rtol=1e-12, atol=1e-14)
+        for reduction in ("mean", "sum"):
+            assert np.isnan(to_numpy(cross_entropy_forward(logits, target, reduction=reduction, **options)[0]))
+            assert np.isnan(to_numpy(nll_loss_forward(log_probs, target, weight=options["weight"],
+                                                      reduction=reduction)))
+        grad = to_numpy(cross_entropy_backward(xp.ones(3), log_probs, target, reduction="none", **options))
+        assert np.all(np.isnan(grad[1])) and np.all(np.isfinite(grad[good]))
+        grad = to_numpy(cross_entropy_backward(xp.ones(()), log_probs, target, reduction="sum", **options))
+        assert np.all(np.isnan(grad[1])) and np.all(np.isfinite(grad[good]))
+        assert np.all(np.isnan(to_numpy(cross_entropy_backward(xp.ones(()), log_probs, target, **options))))
+        nll = to_numpy(nll_loss_forward(log_probs, target, weight=options["weight"], reduction="none"))
+        assert np.isnan(nll[1]) and np.all(np.isfinite(nll[good]))
+        nll_grad = to_numpy(nll_loss_backward(xp.ones(3), target, (3, 4), weight=options["weight"], reduction="none"))
+        assert np.all(np.isnan(nll_grad[1])) and np.all(np.isfinite(nll_grad[good]))
 
 
 @pytest.mark.parametrize("use_weight, ignore_some, label_smoothing, reduction", LOSS_CASES, ids=LOSS_IDS)

@@ -4,6 +4,9 @@ Every function works on arrays of any shape and keeps the input dtype (float32 o
 The backward functions take the forward *output* y rather than the input x, as cuDNN's
 activation backward does: all three derivatives are cheap functions of y, so the caller keeps
 one array per layer instead of two.
+
+On CuPy arrays each function is one launch of a kernel of ``activation.cu`` (one thread per
+element); the results are those of the NumPy code below, up to the rounding of exp and tanh.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ def _check_backward_args(dy: Any, y: Any) -> None:
 def relu_forward(x: Any) -> Any:
     """y = max(x, 0). x: any shape; returns y: x's shape and dtype."""
     check_float(x, "x")
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("relu_forward", x)
     xp = backend.get_array_module(x)
     return xp.maximum(x, xp.zeros((), dtype=x.dtype))
 
@@ -39,6 +44,8 @@ def relu_backward(dy: Any, y: Any) -> Any:
     """
     _check_backward_args(dy, y)
     xp = backend.get_array_module(dy, y)
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("relu_backward", dy, y)
     return xp.where(y > 0, dy, xp.zeros((), dtype=dy.dtype))
 
 
@@ -49,6 +56,8 @@ def sigmoid_forward(x: Any) -> Any:
     x < 0 the equal form e^x / (1 + e^x). Large |x| then saturates to exactly 0 or 1 silently.
     """
     check_float(x, "x")
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("sigmoid_forward", x)
     xp = backend.get_array_module(x)
     decay = xp.exp(-xp.abs(x))
     return xp.where(x >= 0, 1 / (1 + decay), decay / (1 + decay))
@@ -57,16 +66,41 @@ def sigmoid_forward(x: Any) -> Any:
 def sigmoid_backward(dy: Any, y: Any) -> Any:
     """dx = dy · y · (1 − y). dy, y: same shape; returns dx: that shape."""
     _check_backward_args(dy, y)
+    backend.get_array_module(dy, y)  # one device, or a clear ValueError
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("sigmoid_backward", dy, y)
     return dy * y * (1 - y)
 
 
 def tanh_forward(x: Any) -> Any:
     """y = tanh(x). x: any shape; returns y: x's shape and dtype."""
     check_float(x, "x")
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("tanh_forward", x)
     return backend.get_array_module(x).tanh(x)
 
 
 def tanh_backward(dy: Any, y: Any) -> Any:
     """dx = dy · (1 − y²). dy, y: same shape; returns dx: that shape."""
     _check_backward_args(dy, y)
+    backend.get_array_module(dy, y)  # one device, or a clear ValueError
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("tanh_backward", dy, y)
     return dy * (1 - y * y)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of activation.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+def _elementwise_gpu(name: str, *arrays: Any) -> Any:
+    """Run kernel ``name`` of activation.cu on ``arrays`` (x, or dy and y) and return its output, a new array."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    # A RawKernel sees only the base pointer. (Not ascontiguousarray on every input: it would turn a
+    # 0-d array into a 1-d one.)
+    inputs = tuple(a if a.flags.c_contiguous else cupy.ascontiguousarray(a) for a in arrays)
+    out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
+    _cuda.check_int32(out)
+    _cuda.launch(_cuda.function("activation.cu", name, out.dtype), out.size, (*inputs, out, _cuda.i32(out.size)))
+    return out

@@ -12,9 +12,15 @@ O(C) whatever ``size`` is. The running totals are accumulated in float64 (see
 scan (as on a GPU) rounds differently per prefix, so the difference of two of them may come out
 slightly negative over a window of zeros; the forward window sum is clamped at 0 so that scale
 never drops below k.
+
+On CuPy arrays each function is one launch of a kernel of ``lrn.cu``: one thread per pixel
+(n, spatial position) slides the window along the channels with a running sum (add the entering
+channel, subtract the leaving one; a float64 sum for float32 inputs too), writing y and scale in
+the forward pass and dx in the backward pass: the same O(C) cost, without the temporaries.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -76,6 +82,8 @@ def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: f
     """
     _check_input(x, "x")
     alpha, beta, k = _check_parameters(size, alpha, beta, k)
+    if backend.is_cuda_array(x):
+        return _lrn_forward_gpu(x, size, alpha, beta, k)
     xp = backend.get_array_module(x)
     squares = _channel_window_sum(x * x, size // 2, (size - 1) // 2)
     # A sum of squares is never negative; the clamp undoes the prefix sums' rounding (module docstring).
@@ -101,7 +109,52 @@ def lrn_backward(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float = 
         if array.shape != x.shape:
             raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(array.shape)}")
     xp = backend.get_array_module(dy, x, y, scale)
+    if backend.is_cuda_array(x):
+        return _lrn_backward_gpu(dy, x, y, scale, size, alpha, beta)
     # Mirrored window: forward sums c − size//2 … c + (size−1)//2, so channel c is reached from
     # c' = c − (size−1)//2 … c + size//2.
     reached_from = _channel_window_sum(dy * y / scale, (size - 1) // 2, size // 2)
     return dy * xp.power(scale, -beta) - (2 * alpha * beta / size) * x * reached_from
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of lrn.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+def _geometry(x: Any) -> tuple[int, int, int]:
+    """x seen as (N, C, S): S is the product of the spatial sizes."""
+    return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
+
+
+def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float) -> tuple[Any, Any]:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
+    y = cupy.empty(x.shape, dtype=x.dtype)
+    scale = cupy.empty(x.shape, dtype=x.dtype)
+    _cuda.check_int32(x)
+    N, C, S = _geometry(x)
+    if x.size:
+        # Window reaches clipped to C: beyond it every channel is a zero, and the kernel's indices stay small.
+        before, after = min(size // 2, C), min((size - 1) // 2, C)
+        _cuda.launch(_cuda.function("lrn.cu", "lrn_forward", x.dtype), N * S,
+                     (x, y, scale, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), _cuda.i32(before), _cuda.i32(after),
+                      _cuda.f64(alpha / size), _cuda.f64(beta), _cuda.f64(k)))
+    return y, scale
+
+
+def _lrn_backward_gpu(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float, beta: float) -> Any:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    dy, x, y, scale = (cupy.ascontiguousarray(a) for a in (dy, x, y, scale))
+    dx = cupy.empty(x.shape, dtype=x.dtype)
+    _cuda.check_int32(x)
+    N, C, S = _geometry(x)
+    if x.size:
+        # The mirrored window: channel c is reached from c − (size − 1)//2 … c + size//2.
+        before, after = min((size - 1) // 2, C), min(size // 2, C)
+        _cuda.launch(_cuda.function("lrn.cu", "lrn_backward", x.dtype), N * S,
+                     (dy, x, y, scale, dx, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), _cuda.i32(before),
+                      _cuda.i32(after), _cuda.f64(beta), _cuda.f64(2 * alpha * beta / size)))
+    return dx

@@ -13,11 +13,24 @@ divides both terms by the same Σ w[t_i].
 
 Reductions stay on the device: "mean" and "sum" return a 0-d array of the input dtype, never a
 Python float, so a training step on the GPU queues the loss without waiting for it.
+
+On CuPy arrays every function runs the kernels of ``softmax.cu`` (see the ``_gpu`` functions at
+the end): softmax and log-softmax in one launch, cross-entropy forward (log-softmax, the row
+losses) in one launch plus a tiny reduction for "mean"/"sum", its backward in one element-wise
+launch (after a tiny denominators pass for "mean" or weighted smoothing). Same results and same
+argument errors, with one exception: checking that the targets lie in [0, C) would read device
+memory (a host synchronisation on every call), so the GPU skips it. There a target outside
+[0, C) that is not ``ignore_index`` never indexes memory: it acts as a class of weight NaN and
+log-probability NaN, so its row's loss and gradient are NaN, and with reduction "mean" the NaN
+reaches the loss and, through the denominator Σ w[t_i], the gradient of every row.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
+
+import numpy as np
 
 from .. import backend
 from ._checks import check_float, check_rank, check_same_dtype
@@ -60,6 +73,8 @@ def softmax_forward(x: Any, axis: int = -1) -> Any:
     """y = exp(x) / Σ_axis exp(x). x: any shape; returns y: x's shape and dtype."""
     check_float(x, "x")
     axis = _check_axis(x, axis)
+    if backend.is_cuda_array(x):
+        return _softmax_forward_gpu(x, axis, log=False)
     xp = backend.get_array_module(x)
     e = xp.exp(_shifted(x, axis))
     return e / e.sum(axis=axis, keepdims=True)
@@ -72,6 +87,9 @@ def softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
     """
     _check_pair(dy, y)
     axis = _check_axis(y, axis)
+    backend.get_array_module(dy, y)  # one device, or a clear ValueError
+    if backend.is_cuda_array(dy):
+        return _softmax_backward_gpu(dy, y, axis, log=False)
     return y * (dy - (dy * y).sum(axis=axis, keepdims=True))
 
 
@@ -83,6 +101,8 @@ def log_softmax_forward(x: Any, axis: int = -1) -> Any:
     """
     check_float(x, "x")
     axis = _check_axis(x, axis)
+    if backend.is_cuda_array(x):
+        return _softmax_forward_gpu(x, axis, log=True)
     xp = backend.get_array_module(x)
     s = _shifted(x, axis)
     return s - xp.log(xp.exp(s).sum(axis=axis, keepdims=True))
@@ -96,6 +116,8 @@ def log_softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
     _check_pair(dy, y)
     axis = _check_axis(y, axis)
     xp = backend.get_array_module(dy, y)
+    if backend.is_cuda_array(dy):
+        return _softmax_backward_gpu(dy, y, axis, log=True)
     return dy - xp.exp(y) * dy.sum(axis=axis, keepdims=True)
 
 
@@ -119,9 +141,10 @@ def _check_scores(scores: Any, name: str) -> tuple[int, int]:
 def _check_target(target: Any, batch: int, num_classes: int, ignore_index: Any) -> Any:
     """``target`` must be an integer (N,) array of indices in [0, C) or ``ignore_index``; returns it as int64.
 
-    Range checking needs the values: on a GPU it is one host synchronisation per call (PyTorch
-    uses a device-side assert instead), the price of a clear error rather than a silently wrong
-    gather.
+    Range checking needs the values: on NumPy it is done here, the price of a clear error rather
+    than a silently wrong gather. On a GPU it would be one host synchronisation per call (PyTorch
+    uses a device-side assert instead), so it is skipped there and the kernels turn an
+    out-of-range target into NaN (module docstring).
     """
     if not isinstance(ignore_index, numbers.Integral) or isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
@@ -135,6 +158,8 @@ def _check_target(target: Any, batch: int, num_classes: int, ignore_index: Any) 
     # int64 so that comparing with a negative ignore_index is well defined for unsigned targets too.
     xp = backend.get_array_module(target)
     target = target.astype(xp.int64, copy=False)
+    if backend.is_cuda_array(target):
+        return target
     out_of_range = (target != ignore_index) & ((target < 0) | (target >= num_classes))
     if bool(out_of_range.any()):
         first = int(target[out_of_range][0])
@@ -235,13 +260,16 @@ def nll_loss_forward(log_probs: Any, target: Any, weight: Any = None, ignore_ind
     """loss_i = −w[t_i]·log_probs[i, t_i] (0 for ignored rows), reduced.
 
     log_probs: (N, C); target: (N,) integer; weight: (C,) or None. Returns a 0-d array of
-    log_probs' dtype for "mean"/"sum", (N,) for "none".
+    log_probs' dtype for "mean"/"sum", (N,) for "none". A target outside [0, C) other than
+    ignore_index is a ValueError on NumPy and gives NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(log_probs, "log_probs")
     _check_reduction(reduction)
     backend.get_array_module(log_probs, target, weight)  # all on one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
+    if backend.is_cuda_array(log_probs):
+        return _nll_loss_forward_gpu(log_probs, target, weight, ignore_index, reduction)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)
     return _reduce(row_weight * _picked_cost(log_probs, kept, safe_target), row_weight, reduction)
 
@@ -253,6 +281,7 @@ def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weigh
     grad_loss: the loss's shape (() for mean/sum, (N,) for none); target: (N,) integer;
     num_classes_shape: log_probs' shape (N, C); weight: (C,) or None. Returns (N, C) of
     grad_loss's dtype. scale_i is grad_loss[i], grad_loss, or grad_loss / Σ w[t_i] for the mean.
+    An out-of-range target: a ValueError on NumPy, NaN on the GPU (module docstring).
     """
     shape = tuple(num_classes_shape) if isinstance(num_classes_shape, (tuple, list)) else None
     if (shape is None or len(shape) != 2
@@ -266,6 +295,8 @@ def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weigh
     xp = backend.get_array_module(grad_loss, target, weight)  # all on one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, grad_loss.dtype, "grad_loss")
+    if backend.is_cuda_array(grad_loss):
+        return _nll_loss_backward_gpu(grad_loss, target, weight, (batch, num_classes), ignore_index, reduction)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, grad_loss.dtype)
     grad = xp.zeros((batch, num_classes), dtype=grad_loss.dtype)
     # One write per row: ignored rows write 0 onto their placeholder class 0.
@@ -282,7 +313,8 @@ def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_i
 
     logits: (N, C); target: (N,) integer; weight: (C,) or None. Returns (loss, log_probs): loss
     is a 0-d array of logits' dtype for "mean"/"sum", (N,) for "none"; log_probs (N, C) is the
-    log-softmax of logits, kept for :func:`cross_entropy_backward`.
+    log-softmax of logits, kept for :func:`cross_entropy_backward`. A target outside [0, C)
+    other than ignore_index is a ValueError on NumPy and gives NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(logits, "logits")
     _check_reduction(reduction)
@@ -290,6 +322,8 @@ def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_i
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, logits.dtype, "logits")
     epsilon = _check_label_smoothing(label_smoothing)
+    if backend.is_cuda_array(logits):
+        return _cross_entropy_forward_gpu(logits, target, weight, ignore_index, epsilon, reduction)
     log_probs = log_softmax_forward(logits, axis=1)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, logits.dtype)
     row_losses = row_weight * _picked_cost(log_probs, kept, safe_target)
@@ -315,6 +349,7 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
 
     grad_loss: the loss's shape; log_probs: (N, C) from :func:`cross_entropy_forward`;
     target: (N,) integer; weight: (C,) or None. Returns grad_logits (N, C) of log_probs' dtype.
+    An out-of-range target: a ValueError on NumPy, NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(log_probs, "log_probs")
     _check_reduction(reduction)
@@ -324,6 +359,8 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
     epsilon = _check_label_smoothing(label_smoothing)
+    if backend.is_cuda_array(log_probs):
+        return _cross_entropy_backward_gpu(grad_loss, log_probs, target, weight, ignore_index, epsilon, reduction)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)
     scale = _row_scale(grad_loss, kept, row_weight, reduction)[:, None]                  # N, 1
     on_target = (1 - epsilon) * row_weight[:, None]                                        # N, 1
@@ -332,3 +369,174 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
     is_target = safe_target[:, None] == xp.arange(num_classes)                             # N, C
     smoothed_one_hot = xp.where(is_target, on_target, xp.zeros((), dtype=log_probs.dtype)) + uniform
     return scale * (xp.exp(log_probs) * row_total - smoothed_one_hot)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the kernels of softmax.cu (CuPy arrays only; arguments already checked)
+# ----------------------------------------------------------------------------------------------
+_ROW_THREADS = 256     # 8 warps per block, one row per warp
+_REDUCE_THREADS = 1024  # the one block of loss_reduce and loss_denominators
+_REDUCTION_CODES = {"none": 0, "sum": 1, "mean": 2}  # REDUCTION_* in softmax.cu
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+
+
+def _kernel(name: str, dtype: Any) -> Any:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    return _cuda.function("softmax.cu", name, dtype)
+
+
+def _launch_rows(name: str, dtype: Any, rows: int, args: tuple) -> None:
+    """Run a one-warp-per-row kernel on ``rows`` rows (grid-stride over rows past the grid cap)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    warps = _ROW_THREADS // 32
+    blocks = min((rows + warps - 1) // warps, _cuda.MAX_BLOCKS)
+    _cuda.launch_blocks(_kernel(name, dtype), blocks, _ROW_THREADS, args)
+
+
+def _contiguous(a: Any) -> Any:
+    """``a`` itself when C-contiguous (or None), else a contiguous copy: a RawKernel sees only the base pointer."""
+    return a if a is None or a.flags.c_contiguous else backend.cupy().ascontiguousarray(a)
+
+
+def _ignore_index_arg(ignore_index: int) -> np.int64:
+    """ignore_index as the kernels' int64 argument.
+
+    The targets are int64, so an ignore_index outside that range matches none of them; clipped to
+    the range it still matches none, except a target equal to the bound, which lies outside [0, C)
+    anyway (it then counts as ignored instead of giving NaN).
+    """
+    return np.int64(min(max(int(ignore_index), _INT64_MIN), _INT64_MAX))
+
+
+def _softmax_forward_gpu(x: Any, axis: int, log: bool) -> Any:
+    """x viewed as (outer, C, inner) around ``axis``: one warp per row when axis is the last one, else one
+    thread per (outer, inner) position."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    shape = tuple(x.shape)
+    if shape[axis] == 0:  # NumPy's max over an empty axis (the twin's first step) raises this
+        raise ValueError("zero-size array to reduction operation maximum which has no identity")
+    x = _contiguous(x)
+    y = backend.cupy().empty(shape, dtype=x.dtype)
+    _cuda.check_int32(x)
+    outer, channels, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    flag = _cuda.i32(int(log))
+    if inner == 1:
+        _launch_rows("softmax_forward_rows", x.dtype, outer, (x, y, _cuda.i32(outer), _cuda.i32(channels), flag))
+    else:
+        _cuda.launch(_kernel("softmax_forward_strided", x.dtype), outer * inner,
+                     (x, y, _cuda.i32(outer), _cuda.i32(channels), _cuda.i32(inner), flag))
+    return y
+
+
+def _softmax_backward_gpu(dy: Any, y: Any, axis: int, log: bool) -> Any:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    shape = tuple(dy.shape)
+    dy, y = _contiguous(dy), _contiguous(y)
+    dx = backend.cupy().empty(shape, dtype=dy.dtype)
+    _cuda.check_int32(dx)
+    if dx.size == 0:
+        return dx
+    outer, channels, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    flag = _cuda.i32(int(log))
+    if inner == 1:
+        _launch_rows("softmax_backward_rows", dy.dtype, outer,
+                     (dy, y, dx, _cuda.i32(outer), _cuda.i32(channels), flag))
+    else:
+        _cuda.launch(_kernel("softmax_backward_strided", dy.dtype), outer * inner,
+                     (dy, y, dx, _cuda.i32(outer), _cuda.i32(channels), _cuda.i32(inner), flag))
+    return dx
+
+
+def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
+    """(N,) row losses -> the loss: themselves for "none", else a 0-d array from loss_reduce (one block)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    if reduction == "none":
+        return row_loss
+    loss = backend.cupy().empty((), dtype=row_loss.dtype)
+    _cuda.launch_blocks(_kernel("loss_reduce", row_loss.dtype), 1, _REDUCE_THREADS,
+                        (row_loss, row_weight, loss, _cuda.i32(row_loss.size), _cuda.i32(_REDUCTION_CODES[reduction])))
+    return loss
+
+
+def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_index: int, epsilon: float,
+                               reduction: str) -> tuple[Any, Any]:
+    """log_probs, row losses and row weights in one launch (one warp per row), then the reduction."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    logits, target, weight = _contiguous(logits), _contiguous(target), _contiguous(weight)
+    rows, classes = logits.shape
+    _cuda.check_int32(logits)
+    log_probs = cupy.empty(logits.shape, dtype=logits.dtype)
+    row_loss = cupy.empty(rows, dtype=logits.dtype)
+    row_weight = cupy.empty(rows, dtype=logits.dtype)
+    _launch_rows("cross_entropy_forward_rows", logits.dtype, rows,
+                 (logits, target, weight, log_probs, row_loss, row_weight, _cuda.i32(rows), _cuda.i32(classes),
+                  _ignore_index_arg(ignore_index), _cuda.f64(epsilon)))
+    return _reduce_gpu(row_loss, row_weight, reduction), log_probs
+
+
+def _nll_loss_forward_gpu(log_probs: Any, target: Any, weight: Any, ignore_index: int, reduction: str) -> Any:
+    """Row losses and weights (one thread per row), then the reduction."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    cupy = backend.cupy()
+    log_probs, target, weight = _contiguous(log_probs), _contiguous(target), _contiguous(weight)
+    rows, classes = log_probs.shape
+    _cuda.check_int32(log_probs)
+    row_loss = cupy.empty(rows, dtype=log_probs.dtype)
+    row_weight = cupy.empty(rows, dtype=log_probs.dtype)
+    _cuda.launch(_kernel("nll_loss_forward_rows", log_probs.dtype), rows,
+                 (log_probs, target, weight, row_loss, row_weight, _cuda.i32(rows), _cuda.i32(classes),
+                  _ignore_index_arg(ignore_index)))
+    return _reduce_gpu(row_loss, row_weight, reduction)
+
+
+def _denominators_gpu(target: Any, weight: Any, classes: int, ignore_index: int, dtype: Any) -> Any:
+    """(2,) device array: Σ_i w[t_i] and Σ_c w[c] (loss_denominators, one block)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    sums = backend.cupy().empty(2, dtype=dtype)
+    _cuda.launch_blocks(_kernel("loss_denominators", dtype), 1, _REDUCE_THREADS,
+                        (target, weight, sums, _cuda.i32(target.size), _cuda.i32(classes),
+                         _ignore_index_arg(ignore_index)))
+    return sums
+
+
+def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, weight: Any, ignore_index: int,
+                                epsilon: float, reduction: str) -> Any:
+    """One element-wise launch; before it, the denominators pass when the mean or weighted smoothing needs it."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    grad_loss, log_probs = _contiguous(grad_loss), _contiguous(log_probs)
+    target, weight = _contiguous(target), _contiguous(weight)
+    rows, classes = log_probs.shape
+    grad = backend.cupy().empty(log_probs.shape, dtype=log_probs.dtype)
+    _cuda.check_int32(grad)
+    needs_sums = reduction == "mean" or (weight is not None and epsilon > 0)
+    sums = _denominators_gpu(target, weight, classes, ignore_index, log_probs.dtype) if needs_sums else None
+    _cuda.launch(_kernel("cross_entropy_backward", log_probs.dtype), grad.size,
+                 (grad_loss, log_probs, target, weight, sums, grad, _cuda.i32(rows), _cuda.i32(classes),
+                  _ignore_index_arg(ignore_index), _cuda.f64(epsilon), _cuda.i32(_REDUCTION_CODES[reduction])))
+    return grad
+
+
+def _nll_loss_backward_gpu(grad_loss: Any, target: Any, weight: Any, shape: tuple[int, int], ignore_index: int,
+                           reduction: str) -> Any:
+    """One element-wise launch (every element written, zeros included); the denominators pass first for the mean."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    grad_loss, target, weight = _contiguous(grad_loss), _contiguous(target), _contiguous(weight)
+    rows, classes = shape
+    grad = backend.cupy().empty(shape, dtype=grad_loss.dtype)
+    _cuda.check_int32(grad)
+    sums = _denominators_gpu(target, weight, classes, ignore_index, grad_loss.dtype) if reduction == "mean" else None
+    _cuda.launch(_kernel("nll_loss_backward", grad_loss.dtype), grad.size,
+                 (grad_loss, target, weight, sums, grad, _cuda.i32(rows), _cuda.i32(classes),
+                  _ignore_index_arg(ignore_index), _cuda.i32(_REDUCTION_CODES[reduction])))
+    return grad
