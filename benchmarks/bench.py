@@ -479,6 +479,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU smoke run)")
     parser.add_argument("--out", default="benchmarks/results", help="directory for bench.json, bench.md, bench.png")
     parser.add_argument("--name", default="bench", help="file name stem of the outputs")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSON files into one "
+                        "report (no measuring)")
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(args.engines) - {"minidnn", "naive", "torch"}
@@ -492,8 +494,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def write_report(report: dict[str, Any], out: str, name: str) -> str:
+    """bench.json, bench.md and bench.png (each written to a temporary file, then renamed)."""
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, name)
+    text = markdown(report)
+    for suffix, content in ((".json", json.dumps(report, indent=1)), (".md", text)):
+        with open(stem + suffix + ".tmp", "w") as file:
+            file.write(content)
+        os.replace(stem + suffix + ".tmp", stem + suffix)
+    chart(report, stem + ".png")
+    return text
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.merge:
+        parts = []
+        for path in args.merge:
+            with open(path) as file:
+                parts.append(json.load(file))
+        report = {"machine": parts[0]["machine"], "settings": [p["settings"] for p in parts],
+                  "results": [record for part in parts for record in part["results"]]}
+        print(write_report(report, args.out, args.name))
+        return report
     if args.device.startswith("cuda") and not minidnn.cuda.is_available():
         raise SystemExit("bench.py: error: --device cuda but CUDA is not available (use --device cpu --quick)")
     clock = Clock(args.device)
@@ -506,17 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["results"].append(record)
             summary = ", ".join(f"{label} {v['step_ms']:.2f} ms" for label, v in record["engines"].items())
             print(f"  {summary}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name)
-    with open(stem + ".json.tmp", "w") as file:
-        json.dump(report, file, indent=1)
-    os.replace(stem + ".json.tmp", stem + ".json")
-    text = markdown(report)
-    with open(stem + ".md.tmp", "w") as file:
-        file.write(text)
-    os.replace(stem + ".md.tmp", stem + ".md")
-    chart(report, stem + ".png")
-    print(text)
+    print(write_report(report, args.out, args.name))
     return report
 
 

@@ -31,7 +31,7 @@ class SmallCNN(nn.Module):
 
 
 def shapes_cnn(num_classes: int = 10) -> SmallCNN:
-    return SmallCNN(num_classes, 3, (32, 64, 128))
+    return SmallCNN(num_classes, 3, (16, 32, 64))
 
 
 def tiny_cnn(num_classes: int = 10) -> SmallCNN:
