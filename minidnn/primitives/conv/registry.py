@@ -16,7 +16,9 @@ from typing import Any, Iterator
 from .problem import DIRECTIONS, ConvProblem
 
 MiB = 1 << 20
-DEFAULT_WORKSPACE_LIMIT = 256 * MiB
+# μ-cuDNN's default. Measured on the H200 (docs/benchmarks.md): 256 MiB made no training step
+# measurably faster, and its larger column buffers raised the peak memory above the naive engine's.
+DEFAULT_WORKSPACE_LIMIT = 64 * MiB
 
 
 class ConvAlgorithm:
@@ -102,7 +104,7 @@ _defaults = {"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": 
 
 
 def workspace_limit() -> int:
-    """The current default workspace limit in bytes (``MINIDNN_WORKSPACE_MB`` or 256 MiB)."""
+    """The current default workspace limit in bytes (``MINIDNN_WORKSPACE_MB`` or 64 MiB)."""
     limit = _defaults["workspace_limit"]
     return _limit_from_environment() if limit is None else limit
 
