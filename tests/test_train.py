@@ -83,3 +83,23 @@ def test_help_reads_well(capsys):
     text = capsys.readouterr().out
     for option in ("--model", "--data", "--resume", "--eval-only", "--device", "--warmup", "--schedule"):
         assert option in text
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_cleanly(tmp_path):
+    import os
+    import signal
+    import threading
+
+    options = TINY + ["--epochs", "3", "--out", str(tmp_path)]
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        result = train.main(options)
+    finally:
+        timer.cancel()
+    assert result["stopped"] and 0 < result["step"] < 30
+    checkpoint = minidnn.read_checkpoint(tmp_path / "last.npz")
+    assert checkpoint.step == result["step"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finished = train.main(options + ["--resume", str(tmp_path / "last.npz")])
+    assert finished["step"] == 30
