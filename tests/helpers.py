@@ -8,6 +8,20 @@ import numpy as np
 from minidnn import backend
 
 
+# Central differences with step 1e-6 carry a rounding error of about 1e-16·|f| / 1e-6 ≈ 1e-10·|f|, and the
+# summed losses reach |f| ~ 10: tolerances a real bug (errors of 1e-3 and more) cannot hide in.
+FD_TOLERANCE = dict(rtol=1e-6, atol=1e-7)
+
+
+def float32_tolerance(xp, rtol: float, atol: float) -> dict:
+    """A float32 comparison's tolerances, widened on the GPU to at least rtol 1e-5, atol 1e-6: CUDA's
+    float exp, log and tanh are accurate to 1-2 ulp where NumPy's are nearly correctly rounded, and
+    the kernels sum in another order."""
+    if xp is np:
+        return dict(rtol=rtol, atol=atol)
+    return dict(rtol=max(rtol, 1e-5), atol=max(atol, 1e-6))
+
+
 def to_numpy(array: Any) -> np.ndarray:
     """A NumPy copy of a NumPy or CuPy array."""
     return backend.to_device(array, "cpu")

@@ -5,11 +5,8 @@ import numpy as np
 import pytest
 
 from minidnn.primitives.lrn import lrn_backward, lrn_forward
-from tests.helpers import assert_close, numerical_gradient, to_numpy
+from tests.helpers import FD_TOLERANCE, assert_close, numerical_gradient, to_numpy
 
-# Central differences with step 1e-6 carry a rounding error of about 1e-16·|f| / 1e-6 ≈ 1e-10·|f|, and the
-# summed losses reach |f| ~ 10: tolerances a real bug (errors of 1e-3 and more) cannot hide in.
-FD_TOLERANCE = dict(rtol=1e-6, atol=1e-7)
 
 # Non-default hyper-parameters, so a mix-up of alpha, beta and k shows; alpha large enough that
 # the window sums matter next to k.

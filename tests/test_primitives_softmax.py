@@ -11,20 +11,8 @@ import pytest
 from minidnn.primitives.softmax import (cross_entropy_backward, cross_entropy_forward, log_softmax_backward,
                                         log_softmax_forward, nll_loss_backward, nll_loss_forward, softmax_backward,
                                         softmax_forward)
-from tests.helpers import assert_close, numerical_gradient, to_numpy
+from tests.helpers import FD_TOLERANCE, float32_tolerance, assert_close, numerical_gradient, to_numpy
 
-# Central differences with step 1e-6 carry a rounding error of about 1e-16·|f| / 1e-6 ≈ 1e-10·|f|, and the
-# summed losses reach |f| ~ 10: tolerances a real bug (errors of 1e-3 and more) cannot hide in.
-FD_TOLERANCE = dict(rtol=1e-6, atol=1e-7)
-
-
-def float32_tolerance(xp, rtol: float, atol: float) -> dict:
-    """A float32 comparison's tolerances, widened on the GPU to at least rtol 1e-5, atol 1e-6: CUDA's
-    float exp, log and tanh are accurate to 1-2 ulp where NumPy's are nearly correctly rounded, and
-    the kernels sum in another order."""
-    if xp is np:
-        return dict(rtol=rtol, atol=atol)
-    return dict(rtol=max(rtol, 1e-5), atol=max(atol, 1e-6))
 
 # ----------------------------------------------------------------------------------------------
 # Independent float64 references: plain loops with the math module

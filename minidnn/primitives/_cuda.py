@@ -10,6 +10,8 @@ and with ``nvcc`` in the CPU test suite:
   rather than let an index wrap; hyper-parameters (learning rates, epsilons) are ``double`` and
   converted once at the top of the kernel.
 * element-wise kernels use grid-stride loops, so :func:`launch` may cap the grid.
+* shared device code lives in ``.cuh`` headers beside the sources (``#include "channels.cuh"``),
+  inlined by :func:`read_source` before compiling.
 
 Python scalars must be wrapped before a launch (CuPy would pass an ``int`` as a 64-bit integer):
 use :func:`i32` and :func:`f64`.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,12 +39,27 @@ def source_path(relative: str) -> str:
     return os.path.join(HERE, relative)
 
 
+def read_source(relative: str) -> str:
+    """The ``.cu`` file with its local ``#include "x.cuh"`` lines replaced by the headers' text.
+
+    NVRTC compiles a string and knows no directory; inlining the headers also makes their text
+    part of CuPy's kernel-cache key, so editing a header recompiles the kernels that use it.
+    """
+    path = source_path(relative)
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        match = re.match(r'\s*#include\s+"([^"]+)"', line)
+        if match:
+            header = os.path.join(os.path.dirname(path), match.group(1))
+            with open(header, encoding="utf-8") as file:
+                lines[index] = file.read() + "\n"
+    return "".join(lines)
+
+
 @functools.lru_cache(maxsize=None)
 def _module(relative: str, scalar: str) -> Any:
-    cupy = backend.cupy()
-    with open(source_path(relative), encoding="utf-8") as file:
-        code = file.read()
-    return cupy.RawModule(code=code, options=("--std=c++17", f"-DSCALAR={scalar}"))
+    return backend.cupy().RawModule(code=read_source(relative), options=("--std=c++17", f"-DSCALAR={scalar}"))
 
 
 def function(relative: str, name: str, dtype: Any) -> Any:

@@ -22,33 +22,8 @@
 typedef SCALAR scalar_t;
 typedef double acc_t;  // float64 accumulation for float32 too, as the NumPy twin
 
-#define FULL_MASK 0xffffffffu
-#define MAX_WARPS 32  // blockDim.x <= 1024
+#include "channels.cuh"
 
-// The channel c = (i / inner) % C of the elements i, i + G, i + 2G, ... (G the grid's thread count): see
-// batchnorm.cu. G = q·inner + r is split once (q taken mod C); each step adds r and q and carries.
-struct ChannelStep {
-    int s, c;
-    int S, C, step_s, step_c;
-
-    __device__ ChannelStep(const int i, const int G, const int C_, const int S_) : S(S_), C(C_) {
-        const int plane = i / S;
-        s = i - plane * S;
-        c = plane % C;
-        step_s = G % S;
-        step_c = (G / S) % C;
-    }
-
-    __device__ __forceinline__ void advance() {
-        s += step_s;
-        c += step_c;
-        if (s >= S) {
-            s -= S;
-            ++c;
-        }
-        if (c >= C) c -= C;
-    }
-};
 
 // out = y + bias broadcast along the bias axis. out may be y itself (in place after a GEMM), hence
 // no __restrict__ on y and out.
@@ -88,37 +63,6 @@ extern "C" __global__ void bias_grad_columns(const scalar_t* __restrict__ dy, ac
     }
 }
 
-// The offsets (from dy + c·inner) of the values j0, j0 + B, ... of one channel of dy (outer, C, inner):
-// value j is at n·C·inner + s with n = j / inner, s = j % inner. See batchnorm.cu's Cursor: B = q·inner + r
-// is split once, take() advances only while values are left, so offsets stay below the array's size.
-struct Cursor {
-    int s, offset;
-    int S, step_s, step_offset, carry;
-
-    __device__ Cursor(const int j0, const int B, const int C, const int S_) : S(S_) {
-        const int n = j0 / S;
-        s = j0 - n * S;
-        offset = n * (C * S) + s;
-        step_s = B % S;
-        step_offset = (int)((unsigned)(B / S) * (unsigned)(C * S) + (unsigned)step_s);  // see batchnorm.cu
-        carry = C * S - S;
-    }
-
-    __device__ __forceinline__ void advance() {
-        s += step_s;
-        offset += step_offset;
-        if (s >= S) {
-            s -= S;
-            offset += carry;
-        }
-    }
-
-    __device__ __forceinline__ int take(int& left) {
-        const int o = offset;
-        if (--left > 0) advance();
-        return o;
-    }
-};
 
 // Lane 0 ends with the warp's sum (lane l adds lane l + offset, offsets 16..1).
 __device__ __forceinline__ acc_t warp_sum(acc_t a) {
