@@ -293,8 +293,9 @@ class Sum(Function):
 class Mean(Function):
     def forward(self, a, axes=None, keepdim=False):
         self.shape, self.axes, self.keepdim = a.shape, axes, keepdim
-        self.count = a.size // builtins.max(a.mean(axis=axes, keepdims=keepdim).size, 1) if a.size else 1
-        return a.mean(axis=axes, keepdims=keepdim)
+        out = a.mean(axis=axes, keepdims=keepdim)
+        self.count = a.size // builtins.max(out.size, 1) if a.size else 1  # elements averaged per output
+        return out
 
     def backward(self, grad):
         xp = _xp(grad)
