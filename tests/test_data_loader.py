@@ -57,7 +57,7 @@ class SlowDataset(Dataset):
         return 6
 
     def __getitem__(self, index):
-        time.sleep(0.05)
+        time.sleep(0.1)
         return np.zeros(2, np.float32), index
 
 
@@ -65,9 +65,9 @@ def test_prefetch_overlaps_decoding_with_compute():
     loader = DataLoader(SlowDataset(), batch_size=1, prefetch=2)
     start = time.perf_counter()
     for _ in loader:
-        time.sleep(0.05)  # "compute"
+        time.sleep(0.1)  # "compute"
     elapsed = time.perf_counter() - start
-    assert elapsed < 0.5  # serial would take 0.6 s
+    assert elapsed < 1.0  # serial: 6 × (0.1 s decoding + 0.1 s compute) = 1.2 s; overlapped about 0.7 s
 
 
 class BrokenDataset(Dataset):

@@ -85,21 +85,25 @@ def test_help_reads_well(capsys):
         assert option in text
 
 
-def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_cleanly(tmp_path):
+def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_cleanly(tmp_path, monkeypatch):
     import os
     import signal
-    import threading
 
     options = TINY + ["--epochs", "3", "--out", str(tmp_path)]
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        result = train.main(options)
-    finally:
-        timer.cancel()
-    assert result["stopped"] and 0 < result["step"] < 30
-    checkpoint = minidnn.read_checkpoint(tmp_path / "last.npz")
-    assert checkpoint.step == result["step"]
+    calls = []
+    real_loss = train.F.cross_entropy
+
+    def loss_then_ctrl_c(*args, **kwargs):  # Ctrl-C arrives in the middle of step 5
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train.F, "cross_entropy", loss_then_ctrl_c)
+    result = train.main(options)
+    monkeypatch.undo()
+    assert result == {"step": 5, "stopped": True}  # the step in flight finished, then the run stopped
+    assert minidnn.read_checkpoint(tmp_path / "last.npz").step == 5
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
     finished = train.main(options + ["--resume", str(tmp_path / "last.npz")])
     assert finished["step"] == 30
