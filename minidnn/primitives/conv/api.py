@@ -60,14 +60,7 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     """
     problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
     algorithm, batch = _plan(problem, "forward", algo, workspace_limit)
-    if batch == problem.N:
-        return algorithm.forward(x, w, problem)
-    xp = backend.get_array_module(x)
-    y = xp.empty(problem.y_shape, dtype=problem.dtype)
-    for start in range(0, problem.N, batch):
-        stop = min(start + batch, problem.N)
-        y[start:stop] = algorithm.forward(x[start:stop], w, problem.with_batch(stop - start))
-    return y
+    return _by_micro_batches(algorithm.forward, x, w, problem, batch, problem.y_shape)
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -80,14 +73,20 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
                            _device(dy, w))
     check_output_grad(dy, problem)
     algorithm, batch = _plan(problem, "backward_data", algo, workspace_limit)
+    return _by_micro_batches(algorithm.backward_data, dy, w, problem, batch, problem.x_shape)
+
+
+def _by_micro_batches(compute: Callable, batched: Any, w: Any, problem: ConvProblem, batch: int,
+                      out_shape: tuple) -> Any:
+    """``compute(batched, w, problem)``, run on slices of ``batch`` images written into one output
+    (forward and backward-data: each image's result depends on that image alone)."""
     if batch == problem.N:
-        return algorithm.backward_data(dy, w, problem)
-    xp = backend.get_array_module(dy)
-    dx = xp.empty(problem.x_shape, dtype=problem.dtype)
+        return compute(batched, w, problem)
+    out = backend.get_array_module(batched).empty(out_shape, dtype=problem.dtype)
     for start in range(0, problem.N, batch):
         stop = min(start + batch, problem.N)
-        dx[start:stop] = algorithm.backward_data(dy[start:stop], w, problem.with_batch(stop - start))
-    return dx
+        out[start:stop] = compute(batched[start:stop], w, problem.with_batch(stop - start))
+    return out
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
