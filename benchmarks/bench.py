@@ -88,8 +88,42 @@ class Clock:
 # ----------------------------------------------------------------------------------------------
 # Engines: a training step and a forward pass each
 # ----------------------------------------------------------------------------------------------
-class MinidnnEngine:
+class Engine:
+    """A model, a batch and an SGD optimizer on one library; subclasses supply the library's pieces:
+    ``cross_entropy``, ``no_grad``, ``gradients()``, ``use(tf32)``, ``reset_peak()`` and ``peak()``."""
+
+    name = "engine"
+    uses_torch_events = False
+
+    def step(self) -> Any:
+        loss = self.cross_entropy(self.model(self.x), self.y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def forward(self) -> Any:
+        self.model.eval()
+        with self.no_grad():
+            out = self.model(self.x)
+        self.model.train()
+        return out
+
+    def loss_and_gradients(self) -> tuple[float, dict[str, np.ndarray]]:
+        self.model.zero_grad()
+        loss = self.cross_entropy(self.model(self.x), self.y)
+        loss.backward()
+        return loss.item(), self.gradients()
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+class MinidnnEngine(Engine):
     """minidnn's model on the primitives library (``engine="minidnn"``) or on the naive engine."""
+
+    cross_entropy, no_grad = staticmethod(F.cross_entropy), staticmethod(minidnn.no_grad)
 
     def __init__(self, name: str, model: Any, x: Any, y: Any, device: str) -> None:
         self.name, self.model, self.x, self.y, self.device = name, model, x, y, device
@@ -99,37 +133,18 @@ class MinidnnEngine:
         minidnn.set_engine(self.name)
         backend.set_allow_tf32(tf32)
 
-    def step(self) -> Any:
-        loss = F.cross_entropy(self.model(self.x), self.y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def forward(self) -> Any:
-        self.model.eval()
-        with minidnn.no_grad():
-            out = self.model(self.x)
-        self.model.train()
-        return out
-
-    def loss_and_gradients(self) -> tuple[float, dict[str, np.ndarray]]:
-        self.model.zero_grad()
-        loss = F.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
-        return loss.item(), {k: p.grad.numpy() for k, p in self.model.named_parameters()}
+    def gradients(self) -> dict[str, np.ndarray]:
+        return {k: p.grad.numpy() for k, p in self.model.named_parameters()}
 
     def reset_peak(self) -> None:
-        if self.device.startswith("cuda"):
+        if self.on_gpu:
             backend.reset_peak_memory_stats()
 
     def peak(self) -> int | None:
-        return backend.max_memory_allocated() if self.device.startswith("cuda") else None
-
-    uses_torch_events = False
+        return backend.max_memory_allocated() if self.on_gpu else None
 
 
-class TorchEngine:
+class TorchEngine(Engine):
     """The same model in PyTorch (cuDNN with ``cudnn.benchmark`` on), the reference."""
 
     name = "torch"
@@ -141,6 +156,7 @@ class TorchEngine:
         from benchmarks.torch_twins import torch_twin  # noqa: PLC0415
 
         self.torch, self.device = torch, device
+        self.cross_entropy, self.no_grad = torch.nn.functional.cross_entropy, torch.no_grad
         torch.backends.cudnn.benchmark = True
         self.model = torch_twin(model_name, model).to(device)
         self.x = torch.from_numpy(x.numpy()).to(device)
@@ -151,32 +167,15 @@ class TorchEngine:
         self.torch.backends.cuda.matmul.allow_tf32 = tf32
         self.torch.backends.cudnn.allow_tf32 = tf32
 
-    def step(self) -> Any:
-        loss = self.torch.nn.functional.cross_entropy(self.model(self.x), self.y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def forward(self) -> Any:
-        self.model.eval()
-        with self.torch.no_grad():
-            out = self.model(self.x)
-        self.model.train()
-        return out
-
-    def loss_and_gradients(self) -> tuple[float, dict[str, np.ndarray]]:
-        self.model.zero_grad()
-        loss = self.torch.nn.functional.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
-        return loss.item(), {k: p.grad.detach().cpu().numpy() for k, p in self.model.named_parameters()}
+    def gradients(self) -> dict[str, np.ndarray]:
+        return {k: p.grad.detach().cpu().numpy() for k, p in self.model.named_parameters()}
 
     def reset_peak(self) -> None:
-        if self.device.startswith("cuda"):
+        if self.on_gpu:
             self.torch.cuda.reset_peak_memory_stats()
 
     def peak(self) -> int | None:
-        return self.torch.cuda.max_memory_allocated() if self.device.startswith("cuda") else None
+        return self.torch.cuda.max_memory_allocated() if self.on_gpu else None
 
 
 def torch_available(device: str) -> bool:

@@ -85,14 +85,12 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
                          f"expects in_features={in_features} (shape {tuple(weight.shape)})")
     if bias is not None:
         _check_bias(bias, x, out_features)
-    if backend.is_cuda_array(x):
-        y = _as_rows(x) @ weight.T  # cuBLAS
-        if bias is not None:
-            y = _bias_add_gpu(y, bias, 1, in_place=True)
-        return y.reshape(*x.shape[:-1], out_features)
-    y = _as_rows(x) @ weight.T
+    y = _as_rows(x) @ weight.T  # BLAS, or cuBLAS on the GPU
     if bias is not None:
-        y += bias
+        if backend.is_cuda_array(y):
+            y = _bias_add_gpu(y, bias, 1, in_place=True)
+        else:
+            y += bias
     return y.reshape(*x.shape[:-1], out_features)
 
 
