@@ -320,8 +320,9 @@ def layer_table(model: Any, x: Any, engines: list[Any], args: argparse.Namespace
         args_ = (layer.stride, layer.padding, layer.dilation, layer.groups)
         row = {"layers": [name], "shape": problem.describe(), "gflop_per_direction": problem.flops() / 1e9}
         chosen = {}
-        api.call_observer = lambda direction, p, algorithm, micro, workspace: chosen.setdefault(
-            direction, {"algorithm": algorithm.name, "micro_batch": micro, "workspace_bytes": workspace})
+        api.call_observer = lambda direction, p, plan: chosen.setdefault(
+            direction, {"algorithm": "+".join(sorted(set(plan.algorithms))), "micro_batch": plan.segments[0][0],
+                        "workspace_bytes": plan.workspace_bytes})
         for engine_name in [e for e in args.engines if e != "torch"]:
             minidnn.set_engine(engine_name)
             P = current_engine()

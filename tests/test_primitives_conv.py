@@ -1,13 +1,23 @@
-"""Convolution primitives: every registered algorithm, three directions, against a loop reference.
+"""Convolution primitives: every registered algorithm, three directions, against independent references.
 
-The reference here is written independently of minidnn: explicit loops over output pixels and
-groups, each window cut out by slicing, in float64.
+Small odd problems are checked against a loop reference written independently of minidnn
+(explicit loops over output pixels and groups, each window cut out by slicing, float64). Every
+convolution shape of CaffeNet, ResNet-18 and ResNet-50 is checked in float32 against the float64
+``reference`` algorithm (itself held to the loop reference on the small problems).
 """
+import dataclasses
+import functools
+import json
+import warnings
+
 import numpy as np
 import pytest
 
+import minidnn
+import models
 from minidnn.primitives import conv
-from minidnn.primitives.conv import api, registry
+from minidnn.primitives._checks import pair
+from minidnn.primitives.conv import api, registry, selection
 from tests.helpers import assert_close, to_numpy
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd, non-square, strided, dilated, grouped
@@ -19,7 +29,13 @@ CASES = [
     (1, 2, 6, 6, 3, 3, 3, 2, 0, 2, 1),         # dilation 2, no padding
     (2, 8, 5, 6, 4, 1, 1, 1, 0, 1, 2),         # 1x1 grouped
     (1, 3, 4, 4, 2, 4, 4, 1, 0, 1, 1),         # kernel as large as the input
+    (3, 5, 13, 11, 7, 3, 3, 1, 1, 1, 1),       # 3x3 stride 1, odd sizes (Winograd's tiles overhang)
+    (2, 6, 12, 9, 4, 3, 3, 1, (0, 2), 1, 2),   # 3x3 stride 1, grouped, uneven padding
+    (2, 3, 17, 14, 5, 5, 5, 1, 2, 1, 1),       # 5x5 stride 1 (FFT's home)
+    (3, 7, 6, 5, 9, 1, 1, 1, 0, 1, 1),         # 1x1, odd channel counts
+    (2, 4, 9, 9, 6, 7, 7, 1, 3, 2, 2),         # large dilated grouped filter
 ]
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 
 def loop_reference(x, w, stride, padding, dilation, groups):
@@ -73,67 +89,169 @@ def loop_reference(x, w, stride, padding, dilation, groups):
 ALGORITHMS = list(registry.algorithms())
 
 
+def problem_of(case, dtype=np.float64, device="cpu"):
+    N, C, H, W, K, R, S, stride, padding, dilation, groups = case
+    return conv.ConvProblem(N, C, H, W, K, R, S, pair(stride, "stride"), pair(padding, "padding"),
+                            pair(dilation, "dilation"), groups, np.dtype(dtype), device)
+
+
+def call(direction, first, second, shape, args, **kwargs):
+    if direction == "forward":
+        return conv.conv2d_forward(first, second, *args, **kwargs)
+    if direction == "backward_data":
+        return conv.conv2d_backward_data(first, second, shape, *args, **kwargs)
+    return conv.conv2d_backward_filter(first, second, shape, *args, **kwargs)
+
+
+def device_of(xp):
+    return "cpu" if xp is np else "cuda"
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS)
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_all_directions_match_loop_reference_float64(xp, rng, algo, case):
     N, C, H, W, K, R, S, stride, padding, dilation, groups = case
+    problem = problem_of(case, device=device_of(xp))
+    algorithm = registry.get(algo)
     x = rng.standard_normal((N, C, H, W))
     w = rng.standard_normal((K, C // groups, R, S))
     y_ref, backward_data, backward_filter = loop_reference(x, w, stride, padding, dilation, groups)
     dy = rng.standard_normal(y_ref.shape)
     args = (stride, padding, dilation, groups)
-    y = conv.conv2d_forward(xp.asarray(x), xp.asarray(w), *args, algo=algo)
-    assert_close(y, y_ref, name="forward")
-    dx = conv.conv2d_backward_data(xp.asarray(dy), xp.asarray(w), x.shape, *args, algo=algo)
-    assert_close(dx, backward_data(dy), name="backward_data")
-    dw = conv.conv2d_backward_filter(xp.asarray(x), xp.asarray(dy), w.shape, *args, algo=algo)
-    assert_close(dw, backward_filter(dy), name="backward_filter")
+    expected = {"forward": (x, w, None, y_ref), "backward_data": (dy, w, x.shape, backward_data(dy)),
+                "backward_filter": (x, dy, w.shape, backward_filter(dy))}
+    ran = 0
+    for direction in DIRECTIONS:
+        if not algorithm.supports(problem, direction):
+            continue
+        first, second, shape, want = expected[direction]
+        got = call(direction, xp.asarray(first), xp.asarray(second), shape, args, algo=algo, workspace_limit=1 << 40)
+        assert_close(got, want, rtol=1e-9, atol=1e-9, name=f"{algo} {direction}")
+        ran += 1
+    if not ran:
+        pytest.skip(f"{algo} supports no direction of this problem")
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
-def test_float32_within_float32_tolerance(xp, rng, algo):
-    N, C, H, W, K, R, S, stride, padding, dilation, groups = CASES[3]
-    x = rng.standard_normal((N, C, H, W))
-    w = rng.standard_normal((K, C // groups, R, S))
-    y_ref, backward_data, backward_filter = loop_reference(x, w, stride, padding, dilation, groups)
-    dy = rng.standard_normal(y_ref.shape)
-    f32 = lambda a: xp.asarray(a.astype(np.float32))  # noqa: E731
-    args = (stride, padding, dilation, groups)
-    y = conv.conv2d_forward(f32(x), f32(w), *args, algo=algo)
-    assert y.dtype == np.float32
-    assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
-    assert_close(conv.conv2d_backward_data(f32(dy), f32(w), x.shape, *args, algo=algo), backward_data(dy),
-                 rtol=1e-4, atol=1e-4)
-    assert_close(conv.conv2d_backward_filter(f32(x), f32(dy), w.shape, *args, algo=algo), backward_filter(dy),
-                 rtol=1e-4, atol=1e-4)
+def test_forcing_an_unsupported_problem_is_a_clear_error(algo):
+    algorithm = registry.get(algo)
+    for case in CASES:
+        problem = problem_of(case)
+        for direction in DIRECTIONS:
+            if algorithm.supports(problem, direction):
+                continue
+            N, C, H, W, K, R, S, *args = case
+            x, w = np.zeros((N, C, H, W)), np.zeros((K, C // args[-1], R, S))
+            y_shape = problem.y_shape
+            first = {"forward": x, "backward_data": np.zeros(y_shape), "backward_filter": x}[direction]
+            second = {"forward": w, "backward_data": w, "backward_filter": np.zeros(y_shape)}[direction]
+            shape = {"forward": None, "backward_data": x.shape, "backward_filter": w.shape}[direction]
+            with pytest.raises(ValueError, match=f"algo '{algo}' does not support {direction}"):
+                call(direction, first, second, shape, tuple(args), algo=algo)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every convolution shape of the benchmark models, float32 against float64
+# ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def model_problems(name: str, image: int, batch: int, device: str) -> tuple:
+    """The distinct convolution problems of one forward pass (recorded through the call observer)."""
+    seen = {}
+    model = models.create(name, num_classes=10)
+    api.call_observer = lambda direction, problem, plan: seen.setdefault(problem, None)
+    try:
+        with minidnn.no_grad(), conv.settings(algo="gemm", workspace_limit=1 << 40):
+            model(minidnn.zeros(1, 3, image, image))
+    finally:
+        api.call_observer = None
+    return tuple(dataclasses.replace(p, N=batch, device=device) for p in seen)
+
+
+MODEL_SHAPES = [("alexnet_caffe", 227), ("resnet18", 224), ("resnet50", 224)]
+# float32 products of up to ~5000 terms: |error| ≲ 1e-5 · sqrt(terms) relative to the summed magnitudes.
+FLOAT32 = dict(rtol=2e-4, atol=2e-4)
+
+
+def relative_error(got, want):
+    got, want = to_numpy(got).astype(np.float64), to_numpy(want).astype(np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+@pytest.mark.parametrize("model, image", MODEL_SHAPES, ids=[m for m, _ in MODEL_SHAPES])
+def test_every_model_shape_every_algorithm_float32(xp, rng, model, image):
+    device = device_of(xp)
+    problems = model_problems(model, image, 1 if device == "cpu" else 2, device)
+    failures = []
+    for problem in problems:
+        x = rng.standard_normal(problem.x_shape).astype(np.float32)
+        w = (rng.standard_normal(problem.w_shape) / np.sqrt(problem.C // problem.groups * problem.R * problem.S)
+             ).astype(np.float32)
+        dy = rng.standard_normal(problem.y_shape).astype(np.float32)
+        args = (problem.stride, problem.padding, problem.dilation, problem.groups)
+        inputs = {"forward": (x, w, None), "backward_data": (dy, w, problem.x_shape),
+                  "backward_filter": (x, dy, problem.w_shape)}
+        for direction in DIRECTIONS:
+            first, second, shape = inputs[direction]
+            want = call(direction, first.astype(np.float64), second.astype(np.float64), shape, args, algo="reference")
+            for name, algorithm in registry.algorithms().items():
+                if name == "reference" or not algorithm.supports(problem, direction):
+                    continue
+                got = call(direction, xp.asarray(first), xp.asarray(second), shape, args, algo=name,
+                           workspace_limit=1 << 40)
+                assert got.dtype == np.float32
+                error = relative_error(got, want)
+                if not error < 1e-5 * (10 if name.startswith(("winograd", "fft")) else 1) * 30:
+                    failures.append(f"{name} {direction} {problem.describe()}: relative error {error:.2e}")
+    assert not failures, "\n".join(failures)
+
+
+# ----------------------------------------------------------------------------------------------
+# Micro-batches: any split, any algorithms per split, the same result
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_plan_of_mixed_micro_batches_equals_the_whole_batch(xp, rng, direction):
+    case = (7, 4, 9, 8, 6, 3, 3, 1, 1, 1, 2)
+    problem = problem_of(case, device=device_of(xp))
+    names = [n for n, a in registry.algorithms().items() if a.supports(problem.with_batch(1), direction)]
+    sizes = [3, 1, 2, 1]
+    segments = tuple((n, registry.get(names[i % len(names)])) for i, n in enumerate(sizes))
+    plan = api.Plan(segments, max(a.workspace_bytes(problem.with_batch(n), direction) for n, a in segments))
+    x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
+    dy = rng.standard_normal(problem.y_shape)
+    first, second, shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
+                            "backward_filter": (x, dy, problem.w_shape)}[direction]
+    out = xp.full(shape, 5.0)
+    api._run(plan, direction, xp.asarray(first), xp.asarray(second), problem, out)
+    whole = call(direction, first, second, None if direction == "forward" else shape, (1, 1, 1, 2), algo="reference")
+    assert_close(out, whole)
+    if direction == "backward_filter":  # accumulate: the first segment adds too
+        api._run(plan, direction, xp.asarray(first), xp.asarray(second), problem, out, accumulate=True)
+        assert_close(out, 2 * whole)
 
 
 @pytest.mark.parametrize("algo", [name for name in ALGORITHMS if name != "reference"])
-def test_chunking_under_a_workspace_limit_gives_the_same_result(xp, rng, algo):
-    x = rng.standard_normal((7, 4, 9, 8))
-    w = rng.standard_normal((6, 2, 3, 3))
-    dy = rng.standard_normal((7, 6, 9, 8))
-    args = (1, 1, 1, 2)
-    problem = conv.ConvProblem(7, 4, 9, 8, 6, 3, 3, (1, 1), (1, 1), (1, 1), 2, np.dtype(np.float64), "cpu")
-    per_image = registry.get(algo).workspace_bytes(problem.with_batch(1), "forward")
-    limit = int(2.5 * per_image)  # micro-batches of 2, 2, 2, 1
-    seen = []
-    api.call_observer = lambda direction, problem, algorithm, batch, workspace: seen.append((batch, workspace))
-    try:
-        chunked = (conv.conv2d_forward(xp.asarray(x), xp.asarray(w), *args, algo=algo, workspace_limit=limit),
-                   conv.conv2d_backward_data(xp.asarray(dy), xp.asarray(w), x.shape, *args, algo=algo,
-                                             workspace_limit=limit),
-                   conv.conv2d_backward_filter(xp.asarray(x), xp.asarray(dy), w.shape, *args, algo=algo,
-                                               workspace_limit=limit))
-    finally:
-        api.call_observer = None
-    assert [batch for batch, _ in seen] == [2, 2, 2]
-    assert all(workspace <= limit for _, workspace in seen)
-    whole = (conv.conv2d_forward(x, w, *args, algo="reference"),
-             conv.conv2d_backward_data(dy, w, x.shape, *args, algo="reference"),
-             conv.conv2d_backward_filter(x, dy, w.shape, *args, algo="reference"))
-    for got, expected in zip(chunked, whole):
-        assert_close(got, expected)
+def test_a_forced_algorithm_splits_the_batch_to_fit_the_limit(xp, rng, algo):
+    problem = problem_of((7, 4, 9, 8, 6, 3, 3, 1, 1, 1, 2), device=device_of(xp))
+    algorithm = registry.get(algo)
+    for direction in DIRECTIONS:
+        per_image = algorithm.workspace_bytes(problem.with_batch(1), direction)
+        if not algorithm.supports(problem, direction) or per_image == 0:
+            continue
+        limit = algorithm.workspace_bytes(problem.with_batch(2), direction)
+        seen = []
+        api.call_observer = lambda d, p, plan: seen.append(plan)
+        try:
+            x, w = xp.asarray(rng.standard_normal(problem.x_shape)), xp.asarray(rng.standard_normal(problem.w_shape))
+            dy = xp.asarray(rng.standard_normal(problem.y_shape))
+            first, second, shape = {"forward": (x, w, None), "backward_data": (dy, w, problem.x_shape),
+                                    "backward_filter": (x, dy, problem.w_shape)}[direction]
+            got = call(direction, first, second, shape, (1, 1, 1, 2), algo=algo, workspace_limit=limit)
+        finally:
+            api.call_observer = None
+        assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
+        assert seen[0].workspace_bytes <= limit
+        want = call(direction, to_numpy(first), to_numpy(second), shape, (1, 1, 1, 2), algo="reference")
+        assert_close(got, want)
 
 
 def test_backward_filter_writes_or_accumulates_into_out(xp, rng):
@@ -153,25 +271,116 @@ def test_backward_filter_writes_or_accumulates_into_out(xp, rng):
     assert_close(out, expected)
 
 
-def test_auto_prefers_gemm_and_falls_back_to_reference_when_nothing_fits():
-    problem = conv.ConvProblem(2, 3, 8, 8, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, np.dtype(np.float32), "cpu")
-    assert registry.choose(problem, "forward", "auto", 1 << 30).name == "gemm"
-    assert registry.choose(problem, "forward", "auto", 0).name == "reference"
+# ----------------------------------------------------------------------------------------------
+# Selection: get, find, and the find cache
+# ----------------------------------------------------------------------------------------------
+def test_get_follows_the_shape_rules_and_the_limit():
+    three = problem_of((2, 8, 20, 20, 8, 3, 3, 1, 1, 1, 1), np.float32)
+    one = problem_of((2, 8, 20, 20, 8, 1, 1, 1, 0, 1, 1), np.float32)
+    strided = problem_of((2, 8, 20, 20, 8, 3, 3, 2, 1, 1, 1), np.float32)
+    available = registry.algorithms()
+    assert selection.get(one, "forward", 1 << 30).name == "gemm_1x1"
+    expected = next(n for n in ("winograd_4x4", "winograd_2x2", "gemm") if n in available)
+    assert selection.get(three, "forward", 1 << 30).name == expected
+    assert selection.get(strided, "forward", 1 << 30).name == "gemm"
+    zero = selection.get(strided, "forward", 0)  # nothing with workspace fits
+    assert zero.workspace_bytes(strided, "forward") == 0
+    assert zero.name == ("implicit_gemm" if "implicit_gemm" in available else "reference")
+
+
+@pytest.fixture
+def find_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIDNN_CACHE_DIR", str(tmp_path))
+    selection.clear_cache()
+    yield tmp_path
+    selection.clear_cache()
+
+
+def test_find_times_every_algorithm_that_fits_and_sorts_them(find_cache):
+    problem = problem_of((2, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1), np.float32)
+    results = conv.find(problem, "forward", 1 << 30)
+    names = [r.algorithm for r in results]
+    supported = [n for n, a in registry.algorithms().items() if a.supports(problem, "forward")]
+    assert sorted(names) == sorted(supported)
+    assert [r.time_ms for r in results] == sorted(r.time_ms for r in results)
+    assert all(r.time_ms > 0 for r in results)
+    assert {r.algorithm: r.workspace_bytes for r in results} == {
+        n: registry.get(n).workspace_bytes(problem, "forward") for n in names}
+    tight = conv.find(problem, "forward", 0)  # only the zero-workspace algorithms
+    assert tight and all(r.workspace_bytes == 0 for r in tight)
+
+
+def test_find_cache_survives_a_restart_and_shrugs_off_a_corrupt_file(find_cache, monkeypatch):
+    problem = problem_of((1, 3, 6, 6, 2, 3, 3, 1, 1, 1, 1), np.float32)
+    first = conv.find(problem, "backward_data", 1 << 30)
+    (path,) = find_cache.glob("conv_find_cpu.json")
+    assert not list(find_cache.glob("*.tmp"))
+    selection.clear_cache()  # a new process: the disk answers, nothing is timed
+    monkeypatch.setattr(selection, "_measure", lambda *a, **k: pytest.fail("find measured again"))
+    assert conv.find(problem, "backward_data", 1 << 30) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("MINIDNN_CACHE_DIR", str(find_cache))
+    for damage in ("{not json", json.dumps({"format": 1, "minidnn": "0.0.0-other", "device": "x", "entries": {}})):
+        path.write_text(damage)
+        selection.clear_cache()
+        with pytest.warns(RuntimeWarning, match="ignoring the convolution find cache"):
+            again = conv.find(problem, "backward_data", 1 << 30)
+        assert sorted(r.algorithm for r in again) == sorted(r.algorithm for r in first)
+        assert json.loads(path.read_text())["minidnn"] == minidnn.__version__  # rewritten, whole
+
+
+def test_auto_uses_find_when_benchmarking_and_never_picks_what_cannot_run(find_cache, rng):
+    problem = problem_of((2, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1), np.float32)
+    x = rng.standard_normal(problem.x_shape).astype(np.float32)
+    w = rng.standard_normal(problem.w_shape).astype(np.float32)
+    want = conv.conv2d_forward(x.astype(np.float64), w.astype(np.float64), 1, 1, algo="reference")
+    plans = []
+    api.call_observer = lambda d, p, plan: plans.append(plan)
+    try:
+        for limit in (0, 1 << 30):
+            with conv.settings(benchmark=True, workspace_limit=limit):
+                assert_close(conv.conv2d_forward(x, w, 1, 1), want, rtol=1e-4, atol=1e-4)
+    finally:
+        api.call_observer = None
+    assert plans[0].workspace_bytes == 0
+    assert plans[1].algorithms == [conv.find(problem, "forward", 1 << 30)[0].algorithm]
+
+
+def test_a_workspace_the_device_cannot_hold_falls_back_to_a_zero_workspace_algorithm(monkeypatch, rng):
+    x, w = rng.standard_normal((2, 3, 8, 8)), rng.standard_normal((4, 3, 3, 3))
+    real_empty = np.empty
+
+    def empty(shape, dtype=float, **kwargs):
+        if np.dtype(dtype) == np.uint8:
+            raise MemoryError("out of memory (simulated)")
+        return real_empty(shape, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(np, "empty", empty)
+    api._warned_out_of_memory.clear()
+    with pytest.warns(RuntimeWarning, match="no memory for a"):
+        y = conv.conv2d_forward(x, w, 1, 1, algo="gemm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # only once per problem
+        conv.conv2d_forward(x, w, 1, 1, algo="gemm")
+    monkeypatch.undo()
+    assert_close(y, conv.conv2d_forward(x, w, 1, 1, algo="reference"))
 
 
 def test_settings_force_an_algorithm_and_a_limit(rng):
     x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
     seen = []
-    api.call_observer = lambda direction, problem, algorithm, batch, workspace: seen.append((algorithm.name, batch))
+    api.call_observer = lambda direction, problem, plan: seen.append(
+        (plan.algorithms[0], [n for n, _ in plan.segments]))
     try:
         with conv.settings(algo="reference"):
             conv.conv2d_forward(x, w)
         with conv.settings(algo="gemm", workspace_limit=3 * 3 * 3 * 4 * 4 * 8):  # one image's columns
             conv.conv2d_forward(x, w)
-        conv.conv2d_forward(x, w)
+        with conv.settings(algo="gemm"):
+            conv.conv2d_forward(x, w)
     finally:
         api.call_observer = None
-    assert seen == [("reference", 2), ("gemm", 1), ("gemm", 2)]
+    assert seen == [("reference", [2]), ("gemm", [1, 1]), ("gemm", [2])]
 
 
 def test_set_workspace_limit_and_environment(monkeypatch):
@@ -184,6 +393,18 @@ def test_set_workspace_limit_and_environment(monkeypatch):
         conv.set_workspace_limit(1.5)
     with pytest.raises(ValueError, match="workspace_limit"):
         conv.set_workspace_limit(-1)
+
+
+@pytest.mark.parametrize("text, expected", [("8MiB", 8 << 20), ("512KiB", 512 << 10), ("1GiB", 1 << 30),
+                                            ("4096", 4096), ("0", 0)])
+def test_parse_size(text, expected):
+    assert conv.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8 MB", "-1", "8MB", "1.5MiB", "", "MiB"])
+def test_parse_size_refuses_malformed_sizes(text):
+    with pytest.raises(ValueError, match="workspace size must be"):
+        conv.parse_size(text)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, kwargs, error, match", [
@@ -200,6 +421,7 @@ def test_set_workspace_limit_and_environment(monkeypatch):
     ((2, 3, 8, 8), (4, 3, 3, 3), {"groups": 1.0}, TypeError, "groups must be an int"),
     ((2, 3, 8, 8), (4, 3, 3, 3), {"algo": "winograd9"}, ValueError, "algo must be 'auto' or one of"),
     ((2, 3, 8, 8), (4, 3, 3, 3), {"algo": "gemm", "workspace_limit": 10}, ValueError, "over the limit"),
+    ((2, 3, 8, 8), (4, 3, 3, 3), {"out": np.zeros((2, 4, 6, 5))}, ValueError, "out must be a C-contiguous"),
 ])
 def test_bad_arguments_name_the_problem(x_shape, w_shape, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -216,3 +438,5 @@ def test_dtype_errors():
     with pytest.raises(ValueError, match="out must be"):
         conv.conv2d_backward_filter(np.zeros((1, 1, 3, 3)), np.zeros((1, 1, 3, 3)), (1, 1, 1, 1),
                                     out=np.zeros((2, 1, 1, 1)))
+    with pytest.raises(ValueError, match="accumulate=True needs an out"):
+        conv.conv2d_backward_filter(np.zeros((1, 1, 3, 3)), np.zeros((1, 1, 3, 3)), (1, 1, 1, 1), accumulate=True)

@@ -1,15 +1,18 @@
-"""Convolution primitives: three directions, an algorithm registry, a workspace limit.
+"""Convolution primitives: three directions, an algorithm registry, a workspace limit, get and find.
 
-Algorithms register on import; ``algo="auto"`` tries them by their ``priority`` (fastest first,
-the zero-workspace ``reference`` last, as cuDNN falls back to its zero-workspace implicit GEMM).
+Algorithms register on import, one file each (docs/convolution.md describes them). ``algo="auto"``
+asks :mod:`.selection` for the best one under the workspace limit: measured (``find``) on the GPU,
+guessed by shape (``get``) on the CPU, unless :func:`set_benchmark` says otherwise.
 """
-from . import gemm, reference  # noqa: F401 - importing registers the algorithms
-from .api import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from . import gemm, gemm_1x1, reference  # noqa: F401 - importing registers the algorithms
+from .api import Plan, conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .problem import ConvProblem
-from .registry import (ConvAlgorithm, algorithms, default_algorithm, register, set_workspace_limit, settings,
-                       workspace_limit)
+from .registry import (ConvAlgorithm, algorithms, default_algorithm, parse_size, register, set_benchmark,
+                       set_microbatch, set_workspace_limit, settings, workspace_limit)
+from .selection import AlgoPerf, find, get
 
 __all__ = [
-    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "ConvProblem", "ConvAlgorithm",
-    "algorithms", "register", "settings", "set_workspace_limit", "workspace_limit", "default_algorithm",
+    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "ConvProblem", "ConvAlgorithm", "Plan",
+    "AlgoPerf", "algorithms", "register", "settings", "set_workspace_limit", "workspace_limit", "default_algorithm",
+    "set_benchmark", "set_microbatch", "parse_size", "find", "get",
 ]

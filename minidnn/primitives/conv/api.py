@@ -1,49 +1,138 @@
 """The three convolution entry points: forward, backward-data and backward-filter.
 
-Each validates its arguments into a :class:`ConvProblem`, chooses an algorithm (``algo="auto"``
-or a name) under the workspace limit, and runs it, splitting the batch into micro-batches when
-the whole batch's workspace would not fit. Forward and backward-data write disjoint slices of
-their output; backward-filter adds the micro-batches' weight gradients into one array (the first
-writes, the rest accumulate), so no micro-batch needs a temporary or a host synchronisation.
+Each validates its arguments into a :class:`ConvProblem` once, gets a :class:`Plan` for it (made
+on the first call of each shape, then reused every step) and runs the plan. A plan is a list of
+segments, (images, algorithm), that together cover the batch: one segment when the whole batch
+runs in one call, several for micro-batches. Segments run in order on views of the batch,
+writing disjoint slices of the output (forward, backward-data) or adding into one weight
+gradient (backward-filter: the first segment writes, or adds when the caller asks to accumulate,
+the rest add), with one workspace shared by all of them and no host synchronisation in between.
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
 from ... import backend
 from .._checks import check_float, check_rank
-from . import registry
+from . import registry, selection
 from .problem import ConvProblem, check_output_grad, forward_problem, make_problem
 
-# A hook the profiler and the benchmark set to see every call: (direction, problem, algorithm,
-# micro-batch size, workspace bytes per micro-batch). None costs one test per call.
-call_observer: Callable[[str, ConvProblem, registry.ConvAlgorithm, int, int], None] | None = None
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one convolution call runs: ``segments`` of (images, algorithm) covering the batch in
+    order, the workspace they share (the largest any of them needs), and, when a whole-network
+    plan gave it one, a preallocated ``arena`` buffer to use as that workspace."""
+
+    segments: tuple[tuple[int, registry.ConvAlgorithm], ...]
+    workspace_bytes: int
+    arena: Any = None
+
+    @property
+    def algorithms(self) -> list[str]:
+        return [algorithm.name for _, algorithm in self.segments]
+
+    def describe(self) -> str:
+        parts = [f"{images}x{algorithm.name}" for images, algorithm in self.segments]
+        return f"{' + '.join(parts)} ({self.workspace_bytes / 2**20:.1f} MiB workspace)"
 
 
-def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None):
-    """Choose the algorithm and the micro-batch size for one call (cached: a training step asks the
-    same questions every time, and answering them costs more host time than a small kernel)."""
-    limit = registry.workspace_limit() if workspace_limit is None else registry._check_limit(workspace_limit)
-    key = (problem, direction, registry.default_algorithm() if algo is None else algo, limit)
-    plan = registry.plans.get(key)
-    if plan is None:
-        plan = registry.plans[key] = _make_plan(*key)
-    if call_observer is not None:
-        call_observer(direction, problem, *plan)
-    return plan[0], plan[1]
+# A hook the profiler and the benchmark set to see every call: (direction, problem, plan).
+call_observer: Callable[[str, ConvProblem, Plan], None] | None = None
+# Plans already made: (problem, direction, algo, limit, settings...) -> Plan.
+_plans: dict[tuple, Plan] = {}
+registry.cache_clearers.append(_plans.clear)
+_warned_out_of_memory: set = set()
 
 
-def _make_plan(problem: ConvProblem, direction: str, algo: str, limit: int):
-    """(algorithm, micro-batch size, workspace bytes per micro-batch)."""
-    algorithm = registry.choose(problem, direction, algo, limit)
-    per_image = algorithm.workspace_bytes(problem.with_batch(1), direction)
-    batch = problem.N if per_image == 0 else max(1, min(problem.N, limit // per_image))
-    # Workspace need not be linear in the batch: step down until the micro-batch really fits.
+def single(algorithm: registry.ConvAlgorithm, problem: ConvProblem, direction: str) -> Plan:
+    """The plan that runs the whole batch in one call of ``algorithm``."""
+    return Plan(((problem.N, algorithm),), algorithm.workspace_bytes(problem, direction))
+
+
+def even_split(algorithm: registry.ConvAlgorithm, problem: ConvProblem, direction: str, limit: int) -> Plan:
+    """The whole batch in as few equal micro-batches of ``algorithm`` as fit ``limit`` (the last may be smaller)."""
+    if algorithm.workspace_bytes(problem.with_batch(1), direction) > limit:
+        raise ValueError(f"algo {algorithm.name!r} needs {algorithm.workspace_bytes(problem.with_batch(1), direction)} "
+                         f"workspace bytes per image for {direction}, over the limit of {limit} bytes")
+    batch = problem.N
     while batch > 1 and algorithm.workspace_bytes(problem.with_batch(batch), direction) > limit:
-        batch -= 1
-    return algorithm, batch, algorithm.workspace_bytes(problem.with_batch(batch), direction)
+        batch = min(batch - 1, max(1, batch * limit // max(algorithm.workspace_bytes(problem.with_batch(batch),
+                                                                                         direction), 1)))
+    sizes = [batch] * (problem.N // batch) + ([problem.N % batch] if problem.N % batch else [])
+    return Plan(tuple((n, algorithm) for n in sizes), max(algorithm.workspace_bytes(problem.with_batch(n), direction)
+                                                          for n in set(sizes)))
+
+
+def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
+    """The plan for one call, from the settings (see :mod:`.registry`)."""
+    if algo != "auto":
+        algorithm = registry.get(algo)
+        if not algorithm.supports(problem, direction):
+            raise ValueError(f"algo {algo!r} does not support {direction} of {problem.describe()} on {problem.device}")
+        return even_split(algorithm, problem, direction, limit)
+    mode = registry.microbatch_mode()
+    if mode != "off":
+        from . import planner  # noqa: PLC0415 - only micro-batching needs it
+
+        return planner.plan(problem, direction, limit, mode, registry.batch_policy())
+    if registry.benchmark(problem.device):
+        fastest = selection.find(problem, direction, limit)[0]
+        return single(registry.get(fastest.algorithm), problem, direction)
+    return single(selection.get(problem, direction, limit), problem, direction)
+
+
+def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None) -> Plan:
+    limit = registry.workspace_limit() if workspace_limit is None else registry.check_limit(workspace_limit)
+    algo = registry.default_algorithm() if algo is None else algo
+    key = (problem, direction, algo, limit, registry.microbatch_mode(), registry.batch_policy(),
+           registry.benchmark(problem.device), selection.math_mode(problem))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = make_plan(problem, direction, algo, limit)
+    if call_observer is not None:
+        call_observer(direction, problem, plan)
+    return plan
+
+
+def _workspace(plan: Plan, problem: ConvProblem, direction: str, xp: Any) -> tuple[Plan, Any]:
+    """The plan's workspace buffer; if the device has no memory left for it, the zero-workspace plan."""
+    if plan.workspace_bytes == 0:
+        return plan, None
+    if plan.arena is not None:
+        return plan, plan.arena
+    try:
+        return plan, xp.empty(plan.workspace_bytes, dtype=np.uint8)
+    except MemoryError:
+        fallback = selection.get(problem, direction, 0)
+        if (problem, direction) not in _warned_out_of_memory:
+            _warned_out_of_memory.add((problem, direction))
+            warnings.warn(f"conv2d {direction}: no memory for a {plan.workspace_bytes}-byte workspace on "
+                          f"{problem.describe()}; running {fallback.name}, which needs none", RuntimeWarning,
+                          stacklevel=4)
+        return single(fallback, problem, direction), None
+
+
+def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+         accumulate: bool = False) -> Any:
+    """Run the plan's segments on consecutive slices of the batch (see the module docstring)."""
+    xp = backend.get_array_module(first)
+    plan, workspace = _workspace(plan, problem, direction, xp)
+    start = 0
+    for images, algorithm in plan.segments:
+        part = problem if images == problem.N else problem.with_batch(images)
+        stop = start + images
+        if direction == "backward_filter":
+            algorithm.backward_filter(first[start:stop], second[start:stop], part, out, accumulate or start > 0,
+                                      workspace)
+        else:
+            algorithm.run(direction, first[start:stop], second, part, out[start:stop], False, workspace)
+        start = stop
+    return out
 
 
 def _device(*arrays: Any) -> str:
@@ -51,42 +140,45 @@ def _device(*arrays: Any) -> str:
     return "cpu" if backend.get_array_module(*arrays) is np else "cuda"
 
 
+def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any) -> Any:
+    if out is None:
+        return xp.empty(shape, dtype=problem.dtype)
+    if tuple(out.shape) != shape or out.dtype != problem.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {problem.dtype} array of shape {shape}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
 def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
-                   algo: str | None = None, workspace_limit: int | None = None) -> Any:
+                   algo: str | None = None, workspace_limit: int | None = None, out: Any = None) -> Any:
     """y = x ⋆ w (cross-correlation, as every DL framework calls convolution).
 
-    x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) of x's dtype.
-    ``algo`` is ``"auto"``, an algorithm name, or None for the current default.
+    x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) of x's dtype (written into
+    ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default.
     """
     problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
-    algorithm, batch = _plan(problem, "forward", algo, workspace_limit)
-    return _by_micro_batches(algorithm.forward, x, w, problem, batch, problem.y_shape)
+    xp = backend.get_array_module(x)
+    y = _output(out, problem.y_shape, problem, xp)
+    plan = _plan(problem, "forward", algo, workspace_limit)
+    return _run(plan, "forward", xp.ascontiguousarray(x), xp.ascontiguousarray(w), problem, y)
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                         groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None) -> Any:
+                         groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
+                         out: Any = None) -> Any:
     """dx = ∂L/∂x from dy = ∂L/∂y.
 
     dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape.
     """
+    check_float(w, "weight")
+    check_rank(w, 4, "weight", "(K, C/groups, R, S)")
     problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
                            _device(dy, w))
     check_output_grad(dy, problem)
-    algorithm, batch = _plan(problem, "backward_data", algo, workspace_limit)
-    return _by_micro_batches(algorithm.backward_data, dy, w, problem, batch, problem.x_shape)
-
-
-def _by_micro_batches(compute: Callable, batched: Any, w: Any, problem: ConvProblem, batch: int,
-                      out_shape: tuple) -> Any:
-    """``compute(batched, w, problem)``, run on slices of ``batch`` images written into one output
-    (forward and backward-data: each image's result depends on that image alone)."""
-    if batch == problem.N:
-        return compute(batched, w, problem)
-    out = backend.get_array_module(batched).empty(out_shape, dtype=problem.dtype)
-    for start in range(0, problem.N, batch):
-        stop = min(start + batch, problem.N)
-        out[start:stop] = compute(batched[start:stop], w, problem.with_batch(stop - start))
-    return out
+    xp = backend.get_array_module(dy)
+    dx = _output(out, problem.x_shape, problem, xp)
+    plan = _plan(problem, "backward_data", algo, workspace_limit)
+    return _run(plan, "backward_data", xp.ascontiguousarray(dy), xp.ascontiguousarray(w), problem, dx)
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -102,13 +194,11 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     check_rank(x, 4, "input", "(N, C, H, W)")
     problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
     check_output_grad(dy, problem)
-    if out is not None and (tuple(out.shape) != problem.w_shape or out.dtype != problem.dtype):
-        raise ValueError(f"out must be a {problem.dtype} array of shape {problem.w_shape}, "
-                         f"got {out.dtype} {tuple(out.shape)}")
-    algorithm, batch = _plan(problem, "backward_filter", algo, workspace_limit)
-    for start in range(0, problem.N, batch):
-        stop = min(start + batch, problem.N)
-        out = algorithm.backward_filter(x[start:stop], dy[start:stop], problem.with_batch(stop - start),
-                                        out, accumulate or start > 0)
-    return out
-
+    if not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate must be a bool, got {accumulate!r}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs an out array to add into")
+    xp = backend.get_array_module(x)
+    dw = _output(out, problem.w_shape, problem, xp)
+    plan = _plan(problem, "backward_filter", algo, workspace_limit)
+    return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)

@@ -46,7 +46,6 @@ def _grouped(array: Any, groups: int) -> Any:
 
 class Reference(ConvAlgorithm):
     name = "reference"
-    priority = 1000  # exact but slow: only when nothing else fits
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True
@@ -54,15 +53,15 @@ class Reference(ConvAlgorithm):
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         return 0
 
-    def forward(self, x: Any, w: Any, problem: ConvProblem) -> Any:
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         xp = backend.get_array_module(x)
         G = problem.groups
         view = _grouped(windows(padded(x, problem, xp.float64), problem), G)     # N G Cg P Q R S
         w_grouped = w.astype(xp.float64).reshape(G, problem.K // G, *w.shape[1:])  # G Kg Cg R S
         y = xp.einsum("ngcpqrs,gkcrs->ngkpq", view, w_grouped, optimize=True)
-        return y.reshape(problem.y_shape).astype(problem.dtype)
+        out[...] = y.reshape(problem.y_shape)
 
-    def backward_data(self, dy: Any, w: Any, problem: ConvProblem) -> Any:
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         xp = backend.get_array_module(dy)
         G, (ph, pw) = problem.groups, problem.padding
         dy_grouped = _grouped(dy.astype(xp.float64), G)                            # N G Kg P Q
@@ -72,16 +71,16 @@ class Reference(ConvAlgorithm):
             for s in range(problem.S):
                 rows, cols = tap_slices(problem, r, s)
                 dx[..., rows, cols] += xp.einsum("ngkpq,gkc->ngcpq", dy_grouped, w_grouped[..., r, s])
-        dx = dx[..., ph:ph + problem.H, pw:pw + problem.W]
-        return dx.reshape(problem.x_shape).astype(problem.dtype)
+        out[...] = dx[..., ph:ph + problem.H, pw:pw + problem.W].reshape(problem.x_shape)
 
-    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool) -> Any:
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
         xp = backend.get_array_module(x)
         G = problem.groups
         view = _grouped(windows(padded(x, problem, xp.float64), problem), G)  # N G Cg P Q R S
         dy_grouped = _grouped(dy.astype(xp.float64), G)                       # N G Kg P Q
         dw = xp.einsum("ngkpq,ngcpqrs->gkcrs", dy_grouped, view, optimize=True)
-        return store_filter_gradient(dw.reshape(problem.w_shape).astype(problem.dtype), out, accumulate)
+        store_filter_gradient(dw.reshape(problem.w_shape), out, accumulate)
 
 
 register(Reference())

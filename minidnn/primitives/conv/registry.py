@@ -1,11 +1,19 @@
-"""The convolution algorithm registry, the workspace limit and algorithm selection (cuDNN's shape).
+"""The convolution algorithm registry and the settings every convolution call reads.
 
 An algorithm is an object with a ``name`` that, for each direction, says whether it supports a
-problem and how many workspace bytes it needs, and runs it. Each lives in its own file in this
-package and registers itself on import. Selection mirrors cuDNN's ``cudnnGet*Algorithm``: walk
-the algorithms in order of preference and take the first that supports the problem and fits the
-workspace limit (``priority`` orders them). Any algorithm can run a problem as micro-batches (slices of the batch), so an
-algorithm fits when one image fits; :mod:`.api` splits the batch to the limit.
+problem and how many workspace bytes it needs, and runs it into an output array the caller
+provides. Each lives in its own file in this package and registers itself on import.
+:mod:`.selection` chooses among them (cuDNN's ``Get`` and ``Find``), :mod:`.api` runs the choice.
+
+Settings (process-wide defaults, overridable per call or per ``with settings(...)`` block):
+
+* ``algo``: ``"auto"`` or an algorithm's name (``MINIDNN_ALGO``);
+* ``workspace_limit``: bytes of workspace one call may use (``MINIDNN_WORKSPACE_MB``, 64 MiB);
+* ``benchmark``: time the algorithms (``find``) rather than guess (``get``); ``None`` means
+  "on the GPU, yes; on the CPU, no" (``MINIDNN_CONV_FIND=1`` or ``0`` forces it);
+* ``microbatch``: ``"off"`` (undivided: the whole batch in one call, as cuDNN), ``"wr"`` or ``"wd"``
+  (μ-cuDNN's per-layer and whole-network plans, :mod:`.planner`), with ``batch_policy`` giving the
+  micro-batch sizes a plan may use.
 """
 from __future__ import annotations
 
@@ -16,92 +24,160 @@ from typing import Any, Iterator
 from .problem import DIRECTIONS, ConvProblem
 
 MiB = 1 << 20
-# μ-cuDNN's default. A trade-off measured on the H200 (docs/benchmarks.md): 256 MiB runs ResNet-18
-# (224², batch 64) 28 % faster, in fewer micro-batches, but raises its peak memory above the naive
-# Caffe-style engine's; 64 MiB keeps every benchmarked model's peak below it.
+# μ-cuDNN's default limit per convolution call.
 DEFAULT_WORKSPACE_LIMIT = 64 * MiB
+MICROBATCH_MODES = ("off", "wr", "wd")
+BATCH_POLICIES = ("undivided", "powers_of_two", "all")
 
 
 class ConvAlgorithm:
     """Base class: one convolution algorithm, all three directions.
 
-    Subclasses set ``name`` (and ``deterministic``), and implement ``supports``,
-    ``workspace_bytes`` and the three compute methods on arrays of one (micro-)batch:
+    Subclasses set ``name`` (and ``deterministic``: False when results may change from run to
+    run, e.g. with atomic additions), and implement ``supports``, ``workspace_bytes`` and the
+    directions they support, on arrays of one (micro-)batch:
 
-    * ``forward(x, w, problem) -> y``
-    * ``backward_data(dy, w, problem) -> dx``
-    * ``backward_filter(x, dy, problem, out, accumulate) -> dw``: writes into ``out`` when given,
-      adding to it when ``accumulate`` (cuDNN's beta = 1), so micro-batches sum without a temporary.
+    * ``forward(x, w, problem, out, workspace)``: y into ``out`` (N, K, P, Q);
+    * ``backward_data(dy, w, problem, out, workspace)``: dx into ``out`` (N, C, H, W);
+    * ``backward_filter(x, dy, problem, out, accumulate, workspace)``: dw into ``out``
+      (K, C/groups, R, S), added to it when ``accumulate`` (cuDNN's beta = 1), so micro-batches
+      sum without a temporary.
+
+    ``out`` is a C-contiguous array of the problem's dtype on the inputs' device. ``workspace``
+    is a 1-D uint8 array of at least ``workspace_bytes(problem, direction)`` bytes on that
+    device (carve typed arrays from it with :func:`workspace_array`), or None when the algorithm
+    needs none. Inputs are C-contiguous.
     """
 
     name = "abstract"
     deterministic = True
-    priority = 50  # order of preference for "auto": lower first
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        """Workspace needed to run ``problem`` (its whole batch) in one call."""
+        """Workspace needed to run ``problem`` (its whole batch of ``problem.N`` images) in one call."""
         raise NotImplementedError
 
-    def forward(self, x: Any, w: Any, problem: ConvProblem) -> Any:
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         raise NotImplementedError
 
-    def backward_data(self, dy: Any, w: Any, problem: ConvProblem) -> Any:
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         raise NotImplementedError
 
-    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool) -> Any:
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
         raise NotImplementedError
+
+    def run(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any, accumulate: bool,
+            workspace: Any) -> None:
+        """Run one direction by name (the dispatcher and ``find`` call this)."""
+        if direction == "forward":
+            self.forward(first, second, problem, out, workspace)
+        elif direction == "backward_data":
+            self.backward_data(first, second, problem, out, workspace)
+        else:
+            self.backward_filter(first, second, problem, out, accumulate, workspace)
 
     def __repr__(self) -> str:
         return f"<conv algorithm {self.name!r}>"
 
 
+def workspace_array(workspace: Any, shape: tuple[int, ...], dtype: Any, offset: int = 0) -> Any:
+    """A C-contiguous array of ``shape`` and ``dtype`` laid over ``workspace`` from byte ``offset``."""
+    import numpy as np  # noqa: PLC0415
+
+    dtype = np.dtype(dtype)
+    count = 1
+    for n in shape:
+        count *= n
+    end = offset + count * dtype.itemsize
+    if workspace is None or workspace.size < end:
+        raise ValueError(f"workspace of {0 if workspace is None else workspace.size} bytes is too small for "
+                         f"{count} {dtype} values at byte {offset}")
+    return workspace[offset:end].view(dtype).reshape(shape)
+
+
 _algorithms: dict[str, ConvAlgorithm] = {}
-# Plans already made: (problem, direction, algo, limit) -> (algorithm, micro-batch, workspace bytes).
-# Registering an algorithm can change the answers, so it empties this cache.
-plans: dict[tuple, tuple] = {}
+# Caches that depend on the registered algorithms (plans, find results in memory): emptied when
+# an algorithm registers. Modules that keep such caches add their clear() here.
+cache_clearers: list = []
 
 
 def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
-    """Add an algorithm; ``"auto"`` tries algorithms in order of their ``priority`` (lower first)."""
+    """Add an algorithm (its name must be new)."""
     if algorithm.name in _algorithms:
         raise ValueError(f"a convolution algorithm named {algorithm.name!r} is already registered")
     _algorithms[algorithm.name] = algorithm
-    ordered = sorted(_algorithms.values(), key=lambda a: a.priority)
-    _algorithms.clear()
-    _algorithms.update((a.name, a) for a in ordered)
-    plans.clear()
+    for clear in cache_clearers:
+        clear()
     return algorithm
 
 
 def algorithms() -> dict[str, ConvAlgorithm]:
-    """All registered algorithms by name, in order of preference."""
+    """All registered algorithms by name."""
     return dict(_algorithms)
 
 
 def get(name: str) -> ConvAlgorithm:
+    """The algorithm called ``name``, or a ``ValueError`` listing the names there are."""
     try:
         return _algorithms[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ValueError(f"algo must be 'auto' or one of {sorted(_algorithms)}, got {name!r}") from None
 
 
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    return direction
+
+
 # ----------------------------------------------------------------------------------------------
-# Defaults: workspace limit and forced algorithm, per process, overridable per call or per block
+# Settings: per process, overridable per call or per block
 # ----------------------------------------------------------------------------------------------
+def parse_size(text: str) -> int:
+    """``"64MiB"``, ``"512KiB"``, ``"1GiB"`` or ``"1048576"`` (bytes) -> bytes.
+
+    Only the binary suffixes KiB, MiB, GiB (and a plain integer, bytes) are accepted, so
+    ``"8 MB"`` or ``"-1"`` are errors rather than a guess.
+    """
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
+    value = str(text).strip()
+    for suffix, scale in units.items():
+        if value.endswith(suffix) and value[:-len(suffix)].isdigit():
+            return int(value[:-len(suffix)]) * scale
+    if value.isdigit():
+        return int(value)
+    raise ValueError(f"a workspace size must be a whole number of bytes or of KiB, MiB or GiB with no space "
+                     f"(e.g. 8MiB, 512MiB, 1GiB), got {text!r}")
+
+
+def _from_environment() -> dict[str, Any]:
+    settings: dict[str, Any] = {"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None,
+                                "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None}
+    find = os.environ.get("MINIDNN_CONV_FIND")
+    if find is not None:
+        if find not in ("0", "1"):
+            raise ValueError(f"MINIDNN_CONV_FIND must be 0 or 1, got {find!r}")
+        settings["benchmark"] = find == "1"
+    return settings
+
+
+_defaults = _from_environment()
+
+
 def _limit_from_environment() -> int:
     value = os.environ.get("MINIDNN_WORKSPACE_MB")
     if value is None:
         return DEFAULT_WORKSPACE_LIMIT
     try:
-        return int(float(value) * MiB)
+        megabytes = float(value)
     except ValueError:
-        raise ValueError(f"MINIDNN_WORKSPACE_MB must be a number of MiB, got {value!r}") from None
-
-
-_defaults = {"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None}
+        megabytes = -1.0
+    if not megabytes >= 0:
+        raise ValueError(f"MINIDNN_WORKSPACE_MB must be a number of MiB >= 0, got {value!r}")
+    return int(megabytes * MiB)
 
 
 def workspace_limit() -> int:
@@ -114,7 +190,21 @@ def default_algorithm() -> str:
     return _defaults["algo"]
 
 
-def _check_limit(limit: Any) -> int:
+def microbatch_mode() -> str:
+    return _defaults["microbatch"]
+
+
+def batch_policy() -> str:
+    return _defaults["batch_policy"]
+
+
+def benchmark(device: str) -> bool:
+    """Whether ``algo="auto"`` times the algorithms (``find``) on ``device`` rather than guessing."""
+    forced = _defaults["benchmark"]
+    return device == "cuda" if forced is None else forced
+
+
+def check_limit(limit: Any) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool):
         raise TypeError(f"workspace_limit must be an int number of bytes, got {limit!r}")
     if limit < 0:
@@ -122,64 +212,70 @@ def _check_limit(limit: Any) -> int:
     return limit
 
 
+def _check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def set_workspace_limit(limit: int) -> None:
     """Set the default workspace limit in bytes for every convolution that does not pass its own."""
-    _defaults["workspace_limit"] = _check_limit(limit)
+    _defaults["workspace_limit"] = check_limit(limit)
+
+
+def set_benchmark(enabled: bool | None) -> None:
+    """``True``: ``algo="auto"`` times every algorithm once per shape (``find``), as
+    ``torch.backends.cudnn.benchmark``; ``False``: it uses the shape heuristic (``get``);
+    ``None``: time on the GPU, guess on the CPU (the default)."""
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_benchmark takes True, False or None, got {enabled!r}")
+    _defaults["benchmark"] = enabled
+
+
+def set_microbatch(mode: str, batch_policy: str | None = None) -> None:
+    """Micro-batching of ``algo="auto"`` convolutions: ``"off"``, ``"wr"`` or ``"wd"`` (see :mod:`.planner`)."""
+    _defaults["microbatch"] = _check_choice(mode, "microbatch", MICROBATCH_MODES)
+    if batch_policy is not None:
+        _defaults["batch_policy"] = _check_choice(batch_policy, "batch_policy", BATCH_POLICIES)
 
 
 @contextlib.contextmanager
-def settings(algo: str | None = None, workspace_limit: int | None = None) -> Iterator[None]:
-    """Force an algorithm and/or a workspace limit for convolutions run inside the block.
+def settings(algo: str | None = None, workspace_limit: int | None = None, benchmark: bool | None = None,
+             microbatch: str | None = None, batch_policy: str | None = None) -> Iterator[None]:
+    """Override settings for convolutions run inside the block (``None`` leaves one unchanged).
 
     ``with conv.settings(algo="reference"): loss.backward()`` runs every direction of every
     convolution in the block with the reference algorithm (tests use this to compare paths).
     """
     before = dict(_defaults)
-    if algo is not None:
-        if algo != "auto":
-            get(algo)
-        _defaults["algo"] = algo
-    if workspace_limit is not None:
-        _defaults["workspace_limit"] = _check_limit(workspace_limit)
     try:
+        if algo is not None:
+            if algo != "auto":
+                get(algo)
+            _defaults["algo"] = algo
+        if workspace_limit is not None:
+            _defaults["workspace_limit"] = check_limit(workspace_limit)
+        if benchmark is not None:
+            set_benchmark(benchmark)
+        if microbatch is not None:
+            _defaults["microbatch"] = _check_choice(microbatch, "microbatch", MICROBATCH_MODES)
+        if batch_policy is not None:
+            _defaults["batch_policy"] = _check_choice(batch_policy, "batch_policy", BATCH_POLICIES)
         yield
     finally:
+        _defaults.clear()
         _defaults.update(before)
 
 
-# ----------------------------------------------------------------------------------------------
-# Selection
-# ----------------------------------------------------------------------------------------------
 def fits(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str, limit: int) -> bool:
-    """Whether the algorithm can run the problem within ``limit``, one image at a time if need be."""
-    return algorithm.workspace_bytes(problem.with_batch(1), direction) <= limit
+    """Whether the algorithm supports ``problem`` and can run its whole batch within ``limit``."""
+    return algorithm.supports(problem, direction) and algorithm.workspace_bytes(problem, direction) <= limit
 
 
-def choose(problem: ConvProblem, direction: str, algo: str, limit: int) -> ConvAlgorithm:
-    """The algorithm to run: the named one (checked), or for ``"auto"`` the first that fits."""
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if algo != "auto":
-        algorithm = get(algo)
-        if not algorithm.supports(problem, direction):
-            raise ValueError(f"algo {algo!r} does not support {direction} of {problem.describe()} on {problem.device}")
-        if not fits(algorithm, problem, direction, limit):
-            raise ValueError(f"algo {algo!r} needs {algorithm.workspace_bytes(problem.with_batch(1), direction)} "
-                             f"workspace bytes per image for {direction}, over the limit of {limit} bytes")
-        return algorithm
-    for algorithm in _algorithms.values():
-        if algorithm.supports(problem, direction) and fits(algorithm, problem, direction, limit):
-            return algorithm
-    raise ValueError(f"no convolution algorithm supports {direction} of {problem.describe()} "
-                     f"within a workspace limit of {limit} bytes")
-
-
-def store_filter_gradient(dw: Any, out: Any, accumulate: bool) -> Any:
-    """Return ``dw`` as the result, or write it into ``out`` (adding when ``accumulate``)."""
-    if out is None:
-        return dw
+def store_filter_gradient(dw: Any, out: Any, accumulate: bool) -> None:
+    """Write ``dw`` into ``out``, or add it there when ``accumulate`` (for algorithms whose arithmetic
+    produces the weight gradient as a new array)."""
     if accumulate:
         out += dw
     else:
         out[...] = dw
-    return out

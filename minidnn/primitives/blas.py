@@ -1,0 +1,233 @@
+"""Matrix products for every primitive: one place that calls BLAS (NumPy) or cuBLAS (GPU).
+
+    gemm(a, b, out)          out = alpha · op(a) · op(b) + beta · out          2-D
+    gemm_batched(a, b, out)  the same for each of G matrices                   (G, M, K) · (G, K, N)
+
+Arrays are row-major (C order) matrices or plain transposes of them (``w.T``): a transposed view
+is passed to BLAS as the original storage with the "transpose" flag, so no copy is made. float32,
+float64, complex64 and complex128 are accepted; ``beta = 1`` accumulates into ``out`` (the
+micro-batched weight gradient uses it).
+
+Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUDA-graph stream
+capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
+through ``ctypes`` on the very library and handle CuPy loaded (a second copy of libcublas would
+crash on CuPy's handle), with the TF32 choice made per call by ``cublasGemmEx``'s compute type:
+``CUBLAS_COMPUTE_32F_FAST_TF32`` when :func:`minidnn.backend.allow_tf32` is on. Those calls
+capture into a graph like our own kernels (see :func:`prepare_capture`).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+
+__all__ = ["gemm", "gemm_batched", "prepare_capture"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Operand layout: a row-major matrix (lead = row stride) or the transpose of one
+# ----------------------------------------------------------------------------------------------
+def _matrix(a: Any, name: str) -> tuple[bool, int]:
+    """(transposed, leading dimension in elements) of a 2-D operand, or a clear error.
+
+    ``transposed`` means ``a`` is the transpose of a row-major matrix stored at ``a``'s pointer.
+    """
+    if a.ndim != 2:
+        raise ValueError(f"gemm: {name} must be 2-D, got shape {tuple(a.shape)}")
+    item = a.itemsize
+    row, col = a.strides
+    rows, cols = a.shape
+    if (col == item or cols == 1) and row >= max(cols, 1) * item and row % item == 0:
+        return False, max(row // item, cols, 1)
+    if (row == item or rows == 1) and col >= max(rows, 1) * item and col % item == 0:
+        return True, max(col // item, rows, 1)
+    raise ValueError(f"gemm: {name} must be a row-major matrix or the transpose of one, got strides {a.strides} "
+                     f"for shape {tuple(a.shape)} (make it contiguous first)")
+
+
+def _check(a: Any, b: Any, out: Any, batched: bool) -> tuple[int, int, int]:
+    rank = 3 if batched else 2
+    for name, array in (("a", a), ("b", b), ("out", out)):
+        if array.ndim != rank:
+            raise ValueError(f"{'gemm_batched' if batched else 'gemm'}: {name} must be {rank}-D, "
+                             f"got shape {tuple(array.shape)}")
+    if not (a.dtype == b.dtype == out.dtype) or a.dtype not in _DATA_TYPES:
+        raise TypeError(f"gemm: a, b and out must share one dtype of float32, float64, complex64 or complex128, "
+                        f"got {a.dtype}, {b.dtype}, {out.dtype}")
+    M, K = a.shape[-2:]
+    K2, N = b.shape[-2:]
+    if K != K2 or out.shape[-2:] != (M, N) or (batched and not a.shape[0] == b.shape[0] == out.shape[0]):
+        raise ValueError(f"gemm: shapes {tuple(a.shape)} · {tuple(b.shape)} -> {tuple(out.shape)} do not match")
+    return M, N, K
+
+
+def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0) -> Any:
+    """out = alpha · a · b + beta · out for 2-D a (M × K), b (K × N), out (M × N); returns out.
+
+    ``a`` and ``b`` may be transposed views (``w.T``); ``out`` must be a row-major matrix (a
+    contiguous array, or rows of one). Without ``out`` a new array is made (``beta`` must be 0).
+    """
+    xp = backend.get_array_module(a, b, out)
+    if out is None:
+        if beta != 0:
+            raise ValueError("gemm: beta != 0 needs an out array to accumulate into")
+        out = xp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    M, N, K = _check(a, b, out, batched=False)
+    if xp is np or 0 in (M, N, K):
+        _numpy_gemm(a, b, out, alpha, beta)
+        return out
+    out_transposed, ldc = _matrix(out, "out")
+    if out_transposed:
+        raise ValueError("gemm: out must be a row-major matrix, not a transposed view")
+    a_t, lda = _matrix(a, "a")
+    b_t, ldb = _matrix(b, "b")
+    # cuBLAS is column-major: the row-major C = A·B is the column-major Cᵀ = Bᵀ·Aᵀ, so the
+    # operands swap places, and a row-major operand is already the transpose cuBLAS wants.
+    _cublas().gemm(b_t, a_t, N, M, K, alpha, b, ldb, 0, a, lda, 0, beta, out, ldc, 0, 1)
+    return out
+
+
+def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0) -> Any:
+    """out[g] = alpha · a[g] · b[g] + beta · out[g] for g < G: a (G, M, K), b (G, K, N), out (G, M, N).
+
+    Each operand's matrices must lie at a fixed stride from one another (a stride of 0 repeats
+    one matrix for every g); each matrix may be transposed as in :func:`gemm`.
+    """
+    xp = backend.get_array_module(a, b, out)
+    if out is None:
+        if beta != 0:
+            raise ValueError("gemm_batched: beta != 0 needs an out array to accumulate into")
+        out = xp.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype)
+    M, N, K = _check(a, b, out, batched=True)
+    if xp is np or 0 in (M, N, K):
+        _numpy_gemm(a, b, out, alpha, beta)
+        return out
+    if out.shape[0] == 0:
+        return out
+    a_t, lda = _matrix(a[0], "a")
+    b_t, ldb = _matrix(b[0], "b")
+    out_transposed, ldc = _matrix(out[0], "out")
+    if out_transposed:
+        raise ValueError("gemm_batched: out must hold row-major matrices, not transposed views")
+    strides = [array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b, out)]
+    _cublas().gemm(b_t, a_t, N, M, K, alpha, b, ldb, strides[1], a, lda, strides[0], beta, out, ldc, strides[2],
+                   out.shape[0])
+    return out
+
+
+def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
+    """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products)."""
+    xp = backend.get_array_module(out)
+    if beta == 0:
+        xp.matmul(a, b, out=out)
+        if alpha != 1:
+            out *= alpha
+        return
+    product = a @ b
+    if alpha != 1:
+        product *= alpha
+    if beta != 1:
+        out *= beta
+    out += product
+
+
+# ----------------------------------------------------------------------------------------------
+# cuBLAS through ctypes, on CuPy's own library and handle
+# ----------------------------------------------------------------------------------------------
+# cudaDataType_t and cublasComputeType_t values (cuda's library_types.h, cublas_api.h).
+_DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.complex64): 4,
+               np.dtype(np.complex128): 5}
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
+_GEMM_DEFAULT = -1
+_OP_N, _OP_T = 0, 1
+# The cuBLAS workspace set before graph capture: cuBLAS would otherwise allocate its own per graph.
+CAPTURE_WORKSPACE_BYTES = 32 << 20
+
+
+class _Cublas:
+    """The handful of cuBLAS entry points minidnn needs, bound with exact C signatures."""
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+        self.handle = cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas first
+        self.library = ctypes.CDLL(_loaded_library("libcublas.so"))
+        int_, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
+        self._set_stream = self._bind("cublasSetStream_v2", [ptr, ptr])
+        self._set_workspace = self._bind("cublasSetWorkspace_v2", [ptr, ptr, ctypes.c_size_t])
+        self._gemm = self._bind("cublasGemmEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, ptr, int_,
+                                                 int_, ptr, ptr, int_, int_, int_, int_])
+        self._gemm_batched = self._bind("cublasGemmStridedBatchedEx",
+                                        [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, i64, ptr, int_, int_,
+                                         i64, ptr, ptr, int_, int_, i64, int_, int_, int_])
+        self.workspace = None
+
+    def _bind(self, name: str, argtypes: list) -> Any:
+        function = getattr(self.library, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+        return function
+
+    def call(self, function: Any, *args: Any) -> None:
+        status = self._set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
+        if status == 0:
+            status = function(*args)
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {function.__name__} failed with status {status}")
+
+    def gemm(self, a_t: bool, b_t: bool, m: int, n: int, k: int, alpha: float, a: Any, lda: int, stride_a: int,
+             b: Any, ldb: int, stride_b: int, beta: float, c: Any, ldc: int, stride_c: int, batch: int) -> None:
+        """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1)."""
+        dtype = np.dtype(c.dtype)
+        data_type = _DATA_TYPES[dtype]
+        if dtype in (np.float64, np.complex128):
+            compute = _COMPUTE_64F
+        else:
+            compute = _COMPUTE_32F_FAST_TF32 if backend.allow_tf32() else _COMPUTE_32F
+        # alpha and beta in the compute type's scalar type, read from host memory during the call.
+        scalars = np.array([alpha, beta], dtype=np.complex64 if dtype == np.complex64 else dtype)
+        alpha_p = scalars[:1].ctypes.data_as(ctypes.c_void_p)
+        beta_p = scalars[1:].ctypes.data_as(ctypes.c_void_p)
+        op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
+        if batch == 1:
+            self.call(self._gemm, self.handle, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+                      b.data.ptr, data_type, ldb, beta_p, c.data.ptr, data_type, ldc, compute, _GEMM_DEFAULT)
+        else:
+            self.call(self._gemm_batched, self.handle, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+                      stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, data_type, ldc, stride_c,
+                      batch, compute, _GEMM_DEFAULT)
+
+    def prepare_capture(self) -> None:
+        """Give the handle a workspace that outlives every graph (PyTorch does the same)."""
+        if self.workspace is None:
+            self.workspace = self.cupy.empty(CAPTURE_WORKSPACE_BYTES, dtype=self.cupy.uint8)
+            status = self._set_workspace(self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
+            if status != 0:
+                raise RuntimeError(f"cuBLAS cublasSetWorkspace_v2 failed with status {status}")
+
+
+def _loaded_library(stem: str) -> str:
+    """The path of the already-loaded shared library whose file name starts with ``stem``."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(maxsplit=5)[-1] if len(line.split()) >= 6 else ""
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(stem):
+                return path
+    raise RuntimeError(f"{stem} is not loaded in this process: cannot call cuBLAS without CuPy's copy")
+
+
+@functools.lru_cache(maxsize=None)
+def _cublas_for_device(device_id: int) -> _Cublas:
+    return _Cublas(backend.cupy())
+
+
+def _cublas() -> _Cublas:
+    return _cublas_for_device(backend.cupy().cuda.Device().id)
+
+
+def prepare_capture() -> None:
+    """Call before capturing a CUDA graph that contains GEMMs on the current device."""
+    _cublas().prepare_capture()

@@ -1,0 +1,64 @@
+"""The ``gemm_1x1`` algorithm: a 1x1, stride-1, unpadded convolution is a matrix product as the input lies.
+
+Image n's input x[n] is already a (C × H·W) matrix and its output y[n] a (K × H·W) one, so
+y[n] = W (K × C) · x[n] with no im2col: one strided-batched GEMM per group covers the batch
+(Caffe's ``is_1x1_`` shortcut in base_conv_layer.cpp, done batch-wide). Backward-data is
+dx[n] = Wᵀ · dy[n], the same shape of call. Backward-filter reduces over the images: a batched
+GEMM writes each image's dW_n = dy[n] · x[n]ᵀ into the workspace (N·K·C/G values), and one more
+GEMM sums them (a row of ones times the N partial products), adding into dW when accumulating.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import blas
+from .gemm import per_image, repeated, weight_matrix
+from .problem import ConvProblem
+from .registry import ConvAlgorithm, register, workspace_array
+
+
+class Gemm1x1(ConvAlgorithm):
+    name = "gemm_1x1"
+
+    def supports(self, problem: ConvProblem, direction: str) -> bool:
+        return problem.is_1x1  # a 1x1 filter's dilation changes nothing
+
+    def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        if direction != "backward_filter" or problem.N == 1:
+            return 0
+        partials = problem.N * problem.K * (problem.C // problem.groups)
+        return (partials + problem.N) * problem.itemsize  # the partial products and a row of N ones
+
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+        for g in range(problem.groups):
+            blas.gemm_batched(repeated(weight_matrix(w, problem, g), problem.N), per_image(x, problem, Cg, g),
+                              per_image(out, problem, Kg, g))
+
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+        for g in range(problem.groups):
+            blas.gemm_batched(repeated(weight_matrix(w, problem, g).T, problem.N), per_image(dy, problem, Kg, g),
+                              per_image(out, problem, Cg, g))
+
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
+        N, Cg, Kg = problem.N, problem.C // problem.groups, problem.K // problem.groups
+        beta = 1.0 if accumulate else 0.0
+        dw = out.reshape(problem.K, Cg)
+        if N == 1:
+            for g in range(problem.groups):
+                blas.gemm(dy.reshape(problem.K, -1)[g * Kg:(g + 1) * Kg], x.reshape(problem.C, -1)[g * Cg:(g + 1) * Cg].T,
+                          dw[g * Kg:(g + 1) * Kg], beta=beta)
+            return
+        partials = workspace_array(workspace, (N, Kg, Cg), problem.dtype)
+        ones = workspace_array(workspace, (1, N), problem.dtype, offset=partials.nbytes)
+        ones.fill(1)
+        for g in range(problem.groups):
+            images_x = per_image(x, problem, Cg, g)
+            blas.gemm_batched(per_image(dy, problem, Kg, g), images_x.transpose(0, 2, 1), partials)
+            total = dw[g * Kg:(g + 1) * Kg].reshape(1, Kg * Cg)  # a row-major view: dW_g rows are contiguous
+            blas.gemm(ones, partials.reshape(N, Kg * Cg), total, beta=beta)
+
+
+register(Gemm1x1())

@@ -1,0 +1,257 @@
+"""Choosing a convolution algorithm, as cuDNN does: ``get`` guesses by shape, ``find`` measures.
+
+* :func:`get` (cuDNN's ``cudnnGetConvolution*Algorithm``): a rule of thumb by problem shape, no
+  timing; the first algorithm of its preference list that supports the problem and fits the
+  workspace limit.
+* :func:`find` (``cudnnFindConvolution*Algorithm``): runs every supported algorithm whose workspace
+  fits the limit on random data of the problem's shape, and returns them sorted by time, each
+  with its time and workspace bytes.
+
+``find`` results are cached per (direction, problem, math mode) in memory, and on disk in one
+JSON file per user (``$MINIDNN_CACHE_DIR/conv_find.json``, default ``~/.cache/minidnn``) whose
+header names the GPU and the minidnn version: a file made on another GPU or by another version,
+or one that does not parse, is ignored with a warning, and the file is always replaced atomically.
+Set ``MINIDNN_CACHE_DIR=""`` to keep results in memory only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from . import registry
+from .problem import ConvProblem
+
+CACHE_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoPerf:
+    """One algorithm's result for one problem and direction (cuDNN's ``cudnnConvolution*AlgoPerf_t``)."""
+
+    algorithm: str
+    time_ms: float
+    workspace_bytes: int
+    deterministic: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# get: a rule of thumb
+# ----------------------------------------------------------------------------------------------
+def preference(problem: ConvProblem, direction: str) -> list[str]:
+    """Algorithm names in the order ``get`` tries them for this problem.
+
+    The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM;
+    Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)); FFT's cost
+    does not grow with the filter, so it pays for 5x5 and larger filters on larger images;
+    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU, where
+    one large NumPy matmul beats a loop of small ones. The float64 reference comes last.
+    """
+    names = []
+    stride_1 = problem.stride == (1, 1) and problem.dilation == (1, 1)
+    if problem.is_1x1:
+        names.append("gemm_1x1")
+    if stride_1 and (problem.R, problem.S) == (3, 3):
+        names += ["winograd_4x4", "winograd_2x2"] if min(problem.H, problem.W) >= 16 else ["winograd_2x2"]
+    if stride_1 and min(problem.R, problem.S) >= 5 and min(problem.H, problem.W) >= 16:
+        names.append("fft")
+    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" else ["gemm", "implicit_gemm"]
+    return names + ["reference"]
+
+
+def get(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.ConvAlgorithm:
+    """The heuristic's choice for the whole batch within ``workspace_limit`` bytes."""
+    registry.check_direction(direction)
+    available = registry.algorithms()
+    for name in preference(problem, direction):
+        algorithm = available.get(name)
+        if algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit):
+            return algorithm
+    for algorithm in available.values():  # an algorithm the rules do not know yet
+        if registry.fits(algorithm, problem, direction, workspace_limit):
+            return algorithm
+    raise ValueError(f"no convolution algorithm supports {direction} of {problem.describe()} "
+                     f"within a workspace limit of {workspace_limit} bytes")
+
+
+# ----------------------------------------------------------------------------------------------
+# find: measure
+# ----------------------------------------------------------------------------------------------
+# (direction, problem, tf32) -> {algorithm name: AlgoPerf}: what has been measured so far.
+_measured: dict[tuple, dict[str, AlgoPerf]] = {}
+registry.cache_clearers.append(_measured.clear)
+
+
+def math_mode(problem: ConvProblem) -> str:
+    """``"tf32"`` when float32 products may use TF32 tensor cores, else ``"ieee"``."""
+    return "tf32" if problem.dtype == np.float32 and problem.device == "cuda" and backend.allow_tf32() else "ieee"
+
+
+def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: int = 3) -> list[AlgoPerf]:
+    """Every supported algorithm within ``workspace_limit``, fastest first (measured once, then cached)."""
+    registry.check_direction(direction)
+    key = (direction, problem, math_mode(problem))
+    measured = _measured.get(key)
+    if measured is None:
+        measured = _measured[key] = _disk_cache(problem.device).lookup(key)
+    candidates = [a for a in registry.algorithms().values() if registry.fits(a, problem, direction, workspace_limit)]
+    missing = [a for a in candidates if a.name not in measured]
+    if missing:
+        measured.update(_measure(missing, problem, direction, repeats))
+        _disk_cache(problem.device).store(key, measured)
+    results = [measured[a.name] for a in candidates if a.name in measured]
+    return sorted(results, key=lambda perf: (perf.time_ms, perf.workspace_bytes))
+
+
+def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, direction: str,
+             repeats: int) -> dict[str, AlgoPerf]:
+    """Time each algorithm on random data of the problem's shape (one warm-up call, then the median)."""
+    xp = np if problem.device == "cpu" else backend.cupy()
+    rng = np.random.default_rng(0)
+
+    def random(shape: tuple) -> Any:
+        return xp.asarray(rng.standard_normal(shape).astype(problem.dtype))
+
+    first, second, out_shape = {
+        "forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+        "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+        "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape),
+    }[direction]
+    first, second, out = random(first), random(second), xp.empty(out_shape, dtype=problem.dtype)
+    results = {}
+    for algorithm in algorithms:
+        size = algorithm.workspace_bytes(problem, direction)
+        try:
+            workspace = xp.empty(size, dtype=np.uint8) if size else None
+        except MemoryError:  # cupy's OutOfMemoryError is a MemoryError: this one cannot run now
+            warnings.warn(f"find: no memory for {algorithm.name}'s {size}-byte workspace on {problem.describe()}; "
+                          "skipped", RuntimeWarning, stacklevel=3)
+            continue
+
+        def call() -> None:
+            algorithm.run(direction, first, second, problem, out, False, workspace)
+
+        times = _time(call, xp, repeats)
+        results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size, algorithm.deterministic)
+        del workspace
+    return results
+
+
+def _time(call: Any, xp: Any, repeats: int) -> list[float]:
+    """Milliseconds of ``repeats`` calls after one warm-up: CUDA events on the GPU, a host clock on the CPU."""
+    call()
+    times = []
+    for _ in range(repeats):
+        if xp is np:
+            start = time.perf_counter()
+            call()
+            times.append(1000 * (time.perf_counter() - start))
+        else:
+            begin, end = xp.cuda.Event(), xp.cuda.Event()
+            begin.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(xp.cuda.get_elapsed_time(begin, end))
+    return times
+
+
+def clear_cache() -> None:
+    """Forget every measurement held in memory (the disk cache stays)."""
+    _measured.clear()
+    _caches.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# The on-disk cache
+# ----------------------------------------------------------------------------------------------
+def _key_text(key: tuple) -> str:
+    direction, p, mode = key
+    return (f"{direction}|{p.N},{p.C},{p.H},{p.W}|{p.K},{p.R},{p.S}|stride {p.stride[0]},{p.stride[1]}"
+            f"|pad {p.padding[0]},{p.padding[1]}|dilation {p.dilation[0]},{p.dilation[1]}|groups {p.groups}"
+            f"|{p.dtype.name}|{mode}")
+
+
+class _DiskCache:
+    """find results of one device kind, persisted as JSON (see the module docstring)."""
+
+    def __init__(self, device: str) -> None:
+        from ... import __version__  # noqa: PLC0415 - the package imports this module
+
+        directory = os.environ.get("MINIDNN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "minidnn"))
+        self.path = os.path.join(directory, f"conv_find_{device}.json") if directory else None
+        self.header = {"format": CACHE_FORMAT, "minidnn": __version__, "device": _device_name(device)}
+        self.entries: dict[str, dict[str, list]] = {}
+        if self.path and os.path.exists(self.path):
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                content = json.load(file)
+            header = {k: content.get(k) for k in self.header}
+            entries = content["entries"]
+            if not isinstance(entries, dict):
+                raise ValueError("entries is not an object")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            warnings.warn(f"ignoring the convolution find cache {self.path}: it does not parse ({error})",
+                          RuntimeWarning, stacklevel=4)
+            return
+        if header != self.header:
+            warnings.warn(f"ignoring the convolution find cache {self.path}: it was made for {header}, "
+                          f"this is {self.header}", RuntimeWarning, stacklevel=4)
+            return
+        self.entries = entries
+
+    def lookup(self, key: tuple) -> dict[str, AlgoPerf]:
+        found = {}
+        for name, values in self.entries.get(_key_text(key), {}).items():
+            try:
+                time_ms, workspace, deterministic = float(values[0]), int(values[1]), bool(values[2])
+            except (TypeError, ValueError, IndexError):
+                continue  # a damaged entry: measure again
+            if name in registry.algorithms():
+                found[name] = AlgoPerf(name, time_ms, workspace, deterministic)
+        return found
+
+    def store(self, key: tuple, measured: dict[str, AlgoPerf]) -> None:
+        self.entries[_key_text(key)] = {name: [p.time_ms, p.workspace_bytes, p.deterministic]
+                                        for name, p in measured.items()}
+        if not self.path:
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            handle, temporary = tempfile.mkstemp(prefix=".conv_find.", suffix=".tmp", dir=os.path.dirname(self.path))
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                json.dump({**self.header, "entries": self.entries}, file, indent=0, sort_keys=True)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            warnings.warn(f"could not write the convolution find cache {self.path}: {error}", RuntimeWarning,
+                          stacklevel=4)
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        import platform  # noqa: PLC0415
+
+        return f"cpu {platform.machine()} {platform.processor() or ''}".strip()
+    cupy = backend.cupy()
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+
+
+_caches: dict[str, _DiskCache] = {}
+
+
+def _disk_cache(device: str) -> _DiskCache:
+    cache = _caches.get(device)
+    if cache is None:
+        cache = _caches[device] = _DiskCache(device)
+    return cache
