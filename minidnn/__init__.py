@@ -10,12 +10,12 @@ Layers: :mod:`minidnn.primitives` (functions on NumPy/CuPy arrays) <- :mod:`mini
 import numpy as _np
 
 from . import backend, cuda, functional, nn, optim, primitives
-from .autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled, tensor
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .engine import engine, get_engine, set_engine
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .ops import argmax, cat, flatten, stack, where
+from .tensor import Tensor, argmax, cat, flatten, stack, tensor, where
 from .random import get_rng_state, manual_seed, set_rng_state
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import backend
 from . import random as _random
-from .autograd import Tensor
+from .tensor import Tensor
 
 FORMAT = "minidnn-checkpoint"
 VERSION = 1

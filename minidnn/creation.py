@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .autograd import Tensor, _as_dtype
+from .tensor import Tensor, as_dtype
 from .random import default_generator
 
 
@@ -19,7 +19,7 @@ def _shape(size: tuple[Any, ...]) -> tuple[int, ...]:
 
 
 def _make(array: np.ndarray, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
-    array = array.astype(np.float32 if dtype is None else _as_dtype(dtype), copy=False)
+    array = array.astype(np.float32 if dtype is None else as_dtype(dtype), copy=False)
     if device is not None:
         array = backend.to_device(array, device)
     return Tensor(array, requires_grad=requires_grad)

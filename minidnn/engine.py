@@ -1,21 +1,80 @@
-"""Which library computes the operations: minidnn's primitives (the default) or the naive engine.
+"""Which library the operations run on: minidnn's primitives (the default) or the naive engine.
 
-:mod:`minidnn.functional` and :mod:`minidnn.optim` call ``P.<function>``, where ``P`` forwards to
-the current engine, so the same model code runs on either; the benchmark switches engines to
-compare them in one process.
+An :class:`Engine` is a library that implements every function named in :data:`CONTRACT`, with
+the signatures and results of :mod:`minidnn.primitives`: ``minidnn`` (the primitives) and
+``naive`` (:mod:`minidnn.naive`, the Caffe-style baseline the benchmark compares against).
+:mod:`minidnn.functional` and :mod:`minidnn.optim` reach the operations only through ``P``, which
+looks the function up on the current engine *when it is called*: nothing binds to an engine at
+import time, so ``set_engine`` changes every later operation, and nothing else does.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-ENGINES = {"minidnn": "minidnn.primitives", "naive": "minidnn.naive"}
-_current = "minidnn"
+# Every operation functional and optim call. An engine must implement all of them.
+CONTRACT = (
+    "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_add", "bias_backward",
+    "linear_forward", "linear_backward_data", "linear_backward_weight",
+    "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
+    "adaptive_avg_pool2d_forward", "adaptive_avg_pool2d_backward",
+    "relu_forward", "relu_backward", "sigmoid_forward", "sigmoid_backward", "tanh_forward", "tanh_backward",
+    "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+    "cross_entropy_forward", "cross_entropy_backward", "nll_loss_forward", "nll_loss_backward",
+    "dropout_forward", "dropout_backward",
+    "batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward_training",
+    "batch_norm_backward_inference", "lrn_forward", "lrn_backward",
+    "sgd_update", "adam_update",
+)
+
+
+class Engine:
+    """A named library of operations: ``engine.relu_forward(x)`` is that library's ``relu_forward``.
+
+    The module is imported on first use and checked against :data:`CONTRACT`, so an engine that
+    lacks an operation fails when it is chosen, with the missing names, not halfway through a step.
+    """
+
+    def __init__(self, name: str, module: str) -> None:
+        self.name, self.module_name = name, module
+        self._functions: dict[str, Callable[..., Any]] | None = None
+
+    @property
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """Contract name -> the engine's function."""
+        if self._functions is None:
+            module: ModuleType = importlib.import_module(self.module_name)
+            missing = [name for name in CONTRACT if not callable(getattr(module, name, None))]
+            if missing:
+                raise TypeError(f"engine {self.name!r} ({self.module_name}) lacks {', '.join(missing)}")
+            self._functions = {name: getattr(module, name) for name in CONTRACT}
+        return self._functions
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self.functions[name]
+        except KeyError:
+            raise AttributeError(f"{name!r} is not an operation of the engine contract") from None
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name!r} ({self.module_name})>"
+
+
+ENGINES = {"minidnn": Engine("minidnn", "minidnn.primitives"), "naive": Engine("naive", "minidnn.naive")}
+_current = ENGINES["minidnn"]
 
 
 def get_engine() -> str:
+    """The current engine's name."""
+    return _current.name
+
+
+def current() -> Engine:
+    """The current engine."""
     return _current
 
 
@@ -24,13 +83,14 @@ def set_engine(name: str) -> None:
     global _current
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {name!r}")
-    _current = name
+    ENGINES[name].functions  # noqa: B018 - import and check the contract now, not mid-step
+    _current = ENGINES[name]
 
 
 @contextlib.contextmanager
 def engine(name: str) -> Iterator[None]:
     """``with minidnn.engine("naive"): ...`` runs the block on that engine."""
-    before = _current
+    before = _current.name
     set_engine(name)
     try:
         yield
@@ -38,15 +98,11 @@ def engine(name: str) -> Iterator[None]:
         set_engine(before)
 
 
-def current() -> ModuleType:
-    return importlib.import_module(ENGINES[_current])
-
-
 class _CurrentEngine:
-    """``P.conv2d_forward`` is the current engine's ``conv2d_forward``."""
+    """``P.conv2d_forward`` is the current engine's ``conv2d_forward``, looked up at each call."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(current(), name)
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return getattr(_current, name)
 
 
 P = _CurrentEngine()

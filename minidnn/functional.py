@@ -1,19 +1,21 @@
 """Neural-network operations with PyTorch's names, signatures and semantics (``torch.nn.functional``).
 
-Each operation is a graph node (:class:`~minidnn.autograd.Function`) whose forward and backward
-call :mod:`minidnn.primitives` (through ``P``, which the benchmark can point at the naive engine);
-nothing here computes on arrays itself beyond glue (reshapes for the losses). Use as
-``import minidnn.functional as F``.
+Each operation is a graph node (a :class:`~minidnn.autograd.Function` named ``...Function``) whose
+forward and backward call the current engine's primitives through ``P`` (:mod:`minidnn.engine`:
+minidnn's own, or the naive baseline), looked up at each call; nothing here computes on arrays
+itself beyond glue (reshapes for the losses). Argument checking belongs to the primitives, which
+check once and name the argument; this module only translates PyTorch's options (string paddings,
+``dim``, ``inplace``). Use as ``import minidnn.functional as F``.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from . import ops
 from . import random as _random
+from .autograd import Function
 from .engine import P  # the current engine's primitives (minidnn's own, or the naive baseline)
-from .autograd import Function, Tensor
 from .primitives import pair
+from .tensor import Tensor
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
@@ -35,7 +37,9 @@ def _data(value: Tensor | None) -> Any:
 # ----------------------------------------------------------------------------------------------
 # Convolution and linear layers
 # ----------------------------------------------------------------------------------------------
-class Conv2d(Function):
+class Conv2dFunction(Function):
+    fresh_output = True
+
     def forward(self, x, w, b, stride, padding, dilation, groups):
         self.args = (stride, padding, dilation, groups)
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
@@ -76,10 +80,12 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
     padding = _conv_padding(padding, weight, stride, dilation)
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-    return Conv2d.apply(input, weight, bias, stride, padding, dilation, groups)
+    return Conv2dFunction.apply(input, weight, bias, stride, padding, dilation, groups)
 
 
-class Linear(Function):
+class LinearFunction(Function):
+    fresh_output = True
+
     def forward(self, x, w, b):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         return P.linear_forward(x, w, b)
@@ -95,13 +101,15 @@ class Linear(Function):
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = input @ weight.T + bias. input (..., in_features), weight (out_features, in_features)."""
     _require_tensor(input, "input")
-    return Linear.apply(input, weight, bias)
+    return LinearFunction.apply(input, weight, bias)
 
 
 # ----------------------------------------------------------------------------------------------
 # Pooling
 # ----------------------------------------------------------------------------------------------
-class MaxPool2d(Function):
+class MaxPool2dFunction(Function):
+    fresh_output = True
+
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode)
         self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
@@ -119,11 +127,13 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     """Max pooling over (H, W). With ``return_indices`` also the flat h·W + w index of each maximum."""
     _require_tensor(input, "input")
     indices: list = []
-    y = MaxPool2d.apply(input, kernel_size, stride, padding, dilation, ceil_mode, indices if return_indices else None)
+    y = MaxPool2dFunction.apply(input, kernel_size, stride, padding, dilation, ceil_mode, indices if return_indices else None)
     return (y, Tensor(indices[0])) if return_indices else y
 
 
-class AvgPool2d(Function):
+class AvgPool2dFunction(Function):
+    fresh_output = True
+
     def forward(self, x, *args):
         self.x_shape, self.args = x.shape, args
         return P.avg_pool2d_forward(x, *args)
@@ -135,10 +145,12 @@ class AvgPool2d(Function):
 def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     _require_tensor(input, "input")
-    return AvgPool2d.apply(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return AvgPool2dFunction.apply(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
-class AdaptiveAvgPool2d(Function):
+class AdaptiveAvgPool2dFunction(Function):
+    fresh_output = True
+
     def forward(self, x, output_size):
         self.x_shape = x.shape
         return P.adaptive_avg_pool2d_forward(x, output_size)
@@ -149,87 +161,33 @@ class AdaptiveAvgPool2d(Function):
 
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
     _require_tensor(input, "input")
-    return AdaptiveAvgPool2d.apply(input, output_size)
+    return AdaptiveAvgPool2dFunction.apply(input, output_size)
 
 
 # ----------------------------------------------------------------------------------------------
 # Activations and softmax
 # ----------------------------------------------------------------------------------------------
-class _Activation(Function):
-    """y = f(x); the backward needs only y (ReLU, sigmoid and tanh all can), so x is not kept."""
-
-    primitive_forward = primitive_backward = None
-
-    def forward(self, x):
-        y = type(self).primitive_forward(x)
-        self.save_for_backward(y)
-        return y
-
-    def backward(self, dy):
-        return type(self).primitive_backward(dy, self.saved[0])
-
-
-class ReLU(_Activation):
-    primitive_forward, primitive_backward = staticmethod(P.relu_forward), staticmethod(P.relu_backward)
-
-
-class Sigmoid(_Activation):
-    primitive_forward, primitive_backward = staticmethod(P.sigmoid_forward), staticmethod(P.sigmoid_backward)
-
-
-class Tanh(_Activation):
-    primitive_forward, primitive_backward = staticmethod(P.tanh_forward), staticmethod(P.tanh_backward)
-
-
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
-    """max(input, 0). ``inplace`` is accepted for PyTorch compatibility; a new tensor is returned."""
-    return ReLU.apply(_require_tensor(input, "input"))
+    """max(input, 0). With ``inplace`` the result is written over ``input`` and ``input`` is returned,
+    as in PyTorch, where autograd allows it (see ``Tensor.relu_``); otherwise a new tensor."""
+    _require_tensor(input, "input")
+    return input.relu_() if inplace else input.relu()
 
 
 def sigmoid(input: Tensor) -> Tensor:
-    return Sigmoid.apply(_require_tensor(input, "input"))
+    return _require_tensor(input, "input").sigmoid()
 
 
 def tanh(input: Tensor) -> Tensor:
-    return Tanh.apply(_require_tensor(input, "input"))
-
-
-class Softmax(Function):
-    def forward(self, x, axis):
-        self.axis = axis
-        y = P.softmax_forward(x, axis)
-        self.save_for_backward(y)
-        return y
-
-    def backward(self, dy):
-        return P.softmax_backward(dy, self.saved[0], self.axis)
-
-
-class LogSoftmax(Function):
-    def forward(self, x, axis):
-        self.axis = axis
-        y = P.log_softmax_forward(x, axis)
-        self.save_for_backward(y)
-        return y
-
-    def backward(self, dy):
-        return P.log_softmax_backward(dy, self.saved[0], self.axis)
-
-
-def _dim(dim: Any, ndim: int) -> int:
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(f"dim must be an int, got {dim!r}")
-    if not -ndim <= dim < max(ndim, 1):
-        raise IndexError(f"dim {dim} is out of range for a tensor of {ndim} dimensions")
-    return dim % max(ndim, 1)
+    return _require_tensor(input, "input").tanh()
 
 
 def softmax(input: Tensor, dim: int) -> Tensor:
-    return Softmax.apply(_require_tensor(input, "input"), _dim(dim, input.ndim))
+    return _require_tensor(input, "input").softmax(dim)
 
 
 def log_softmax(input: Tensor, dim: int) -> Tensor:
-    return LogSoftmax.apply(_require_tensor(input, "input"), _dim(dim, input.ndim))
+    return _require_tensor(input, "input").log_softmax(dim)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,7 +206,7 @@ def _rows(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
                          f"(expected {(input.shape[0],) + input.shape[2:]})")
     if input.ndim == 2:
         return input, target
-    rows = ops.permute(input, 0, *range(2, input.ndim), 1).reshape(-1, input.shape[1])
+    rows = input.permute(0, *range(2, input.ndim), 1).reshape(-1, input.shape[1])
     return rows, target.reshape(-1)
 
 
@@ -256,7 +214,9 @@ def _unrows(loss: Tensor, input: Tensor, reduction: str) -> Tensor:
     return loss.reshape((input.shape[0],) + input.shape[2:]) if reduction == "none" and input.ndim > 2 else loss
 
 
-class CrossEntropy(Function):
+class CrossEntropyFunction(Function):
+    fresh_output = True
+
     def forward(self, logits, target, weight, ignore_index, label_smoothing, reduction):
         self.args = (weight, ignore_index, label_smoothing, reduction)
         loss, log_probs = P.cross_entropy_forward(logits, target, *self.args)
@@ -272,11 +232,13 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, i
                   reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """Softmax cross-entropy over class indices, fused (one primitive forward, one backward)."""
     rows, targets = _rows(input, target, "cross_entropy")
-    loss = CrossEntropy.apply(rows, targets.data, _data(weight), ignore_index, float(label_smoothing), reduction)
+    loss = CrossEntropyFunction.apply(rows, targets.data, _data(weight), ignore_index, float(label_smoothing), reduction)
     return _unrows(loss, input, reduction)
 
 
-class NLLLoss(Function):
+class NLLLossFunction(Function):
+    fresh_output = True
+
     def forward(self, log_probs, target, weight, ignore_index, reduction):
         self.args = (weight, ignore_index, reduction)
         self.shape = log_probs.shape
@@ -291,7 +253,7 @@ class NLLLoss(Function):
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
              reduction: str = "mean") -> Tensor:
     rows, targets = _rows(input, target, "nll_loss")
-    loss = NLLLoss.apply(rows, targets.data, _data(weight), ignore_index, reduction)
+    loss = NLLLossFunction.apply(rows, targets.data, _data(weight), ignore_index, reduction)
     return _unrows(loss, input, reduction)
 
 
@@ -312,7 +274,9 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 # ----------------------------------------------------------------------------------------------
 # Regularisation and normalisation
 # ----------------------------------------------------------------------------------------------
-class Dropout(Function):
+class DropoutFunction(Function):
+    fresh_output = True
+
     def forward(self, x, p, seed, offset):
         y, mask = P.dropout_forward(x, p, seed, offset)
         self.p = p
@@ -334,10 +298,12 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     if not training or p == 0.0:
         return input
     generator = _random.default_generator
-    return Dropout.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
+    return DropoutFunction.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
 
 
-class BatchNormTraining(Function):
+class BatchNormTrainingFunction(Function):
+    fresh_output = True
+
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps):
         y, mean, invstd = P.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps)
         self.save_for_backward(x, weight, mean, invstd)
@@ -349,7 +315,9 @@ class BatchNormTraining(Function):
         return dx, dweight, dbias
 
 
-class BatchNormInference(Function):
+class BatchNormInferenceFunction(Function):
+    fresh_output = True
+
     def forward(self, x, weight, bias, running_mean, running_var, eps):
         self.save_for_backward(x, weight, running_mean.copy(), running_var.copy())
         self.eps = eps
@@ -373,13 +341,13 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             raise ValueError(f"batch_norm: {name} must have shape ({channels},) for an input with {channels} "
                              f"channels, got {tuple(value.shape)}")
     if training:
-        return BatchNormTraining.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum, eps)
+        return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum, eps)
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when training=False")
-    return BatchNormInference.apply(input, weight, bias, running_mean.data, running_var.data, eps)
+    return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps)
 
 
-class LocalResponseNorm(Function):
+class LocalResponseNormFunction(Function):
     def forward(self, x, size, alpha, beta, k):
         self.args = (size, alpha, beta, k)
         y, scale = P.lrn_forward(x, size, alpha, beta, k)
@@ -394,16 +362,8 @@ class LocalResponseNorm(Function):
 def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:
     """Cross-channel LRN as in PyTorch and Caffe: x / (k + alpha/size · Σ_window x²)^beta."""
     _require_tensor(input, "input")
-    return LocalResponseNorm.apply(input, size, alpha, beta, k)
+    return LocalResponseNormFunction.apply(input, size, alpha, beta, k)
 
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    return ops.flatten(_require_tensor(input, "input"), start_dim, end_dim)
-
-
-# Tensor methods that are neural-network operations.
-Tensor.relu = relu
-Tensor.sigmoid = sigmoid
-Tensor.tanh = tanh
-Tensor.softmax = softmax
-Tensor.log_softmax = log_softmax
+    return _require_tensor(input, "input").flatten(start_dim, end_dim)

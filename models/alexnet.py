@@ -51,7 +51,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import minidnn.nn as nn
-from minidnn.autograd import Tensor
+from minidnn.tensor import Tensor
 
 
 class AlexNet(nn.Module):

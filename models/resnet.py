@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import minidnn
 import minidnn.nn as nn
-from minidnn.autograd import Tensor
+from minidnn.tensor import Tensor
 
 
 def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:

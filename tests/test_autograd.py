@@ -242,3 +242,66 @@ def test_moving_between_devices_and_mixing_is_an_error():
     np.testing.assert_allclose(x.grad.numpy(), [3.0, 3.0])
     with pytest.raises(ValueError, match="same device"):
         x + y
+
+
+# --- in-place ReLU: written over its input where the graph allows, out of place otherwise -----------
+def test_relu_in_place_on_a_fresh_output_writes_over_it(rng):
+    x = minidnn.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    h = x @ minidnn.tensor(rng.standard_normal((4, 5)))
+    before = h.data
+    out = h.relu_()
+    assert out is h and out.data is before  # the product's array now holds the ReLU
+    assert np.all(out.numpy() >= 0)
+    assert type(out._node).__name__ == "ReLUFunction"
+
+
+def test_relu_in_place_matches_out_of_place_gradients(rng):
+    data_x, data_w = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    weights = rng.standard_normal((3, 5))
+    grads = []
+    for inplace in (True, False):
+        x, w = minidnn.tensor(data_x, requires_grad=True), minidnn.tensor(data_w, requires_grad=True)
+        y = minidnn.functional.relu(x @ w, inplace=inplace)
+        (y * minidnn.tensor(weights)).sum().backward()
+        grads.append((x.grad.numpy(), w.grad.numpy(), y.numpy()))
+    for got, want in zip(grads[0], grads[1]):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("producer", ["used_elsewhere", "view", "saves_output"])
+def test_relu_in_place_falls_back_when_an_old_value_may_be_needed(rng, producer):
+    data = rng.standard_normal((3, 4))
+    x = minidnn.tensor(data, requires_grad=True)
+    if producer == "used_elsewhere":  # h is also an input of the product: its old values are saved
+        h = x * 1.0
+        other = h * h
+    elif producer == "view":  # a reshape's output shares x's array
+        h = (x * 1.0).reshape(4, 3)
+        other = None
+    else:  # exp's backward reads its own output
+        h = x.exp()
+        other = None
+    before = h.numpy().copy()
+    out = h.relu_()
+    np.testing.assert_array_equal(h.numpy(), before)  # untouched
+    assert out is not h
+    loss = out.sum() + (other.sum() if other is not None else 0)
+    loss.backward()
+    reference = minidnn.tensor(data, requires_grad=True)
+    if producer == "used_elsewhere":
+        r = reference * 1.0
+        ((r.relu()).sum() + (r * r).sum()).backward()
+    elif producer == "view":
+        (reference * 1.0).reshape(4, 3).relu().sum().backward()
+    else:
+        reference.exp().relu().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), reference.grad.numpy(), rtol=1e-12)
+
+
+def test_relu_in_place_on_a_leaf(rng):
+    leaf = minidnn.tensor(rng.standard_normal(5), requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        leaf.relu_()
+    plain = minidnn.tensor(rng.standard_normal(5))
+    array = plain.data
+    assert plain.relu_() is plain and plain.data is array and np.all(array >= 0)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..autograd import Tensor
+from ..tensor import Tensor
 from .dataset import Dataset
 
 

@@ -32,8 +32,8 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
 
 
 # --- activations ------------------------------------------------------------------------------
-def relu_forward(x: Any) -> Any:
-    return _xp(x).maximum(x, 0)
+def relu_forward(x: Any, out: Any = None) -> Any:
+    return _xp(x).maximum(x, 0, out=out)
 
 
 def relu_backward(dy: Any, y: Any) -> Any:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .. import backend
-from ..autograd import Tensor
+from ..tensor import Tensor
 from ..random import default_generator
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..autograd import Tensor
+from ..tensor import Tensor
 from ..primitives import pair
 from . import init
 from .module import Module, Parameter
@@ -156,7 +156,7 @@ class ReLU(Module):
         self.inplace = inplace
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.relu(x)
+        return F.relu(x, self.inplace)
 
 
 class Sigmoid(Module):

@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from .. import backend
-from ..autograd import Tensor, no_grad
+from ..autograd import no_grad
+from ..tensor import Tensor
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 

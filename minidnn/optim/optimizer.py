@@ -6,7 +6,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import backend
-from ..autograd import Tensor
+from ..tensor import Tensor
 
 
 class Optimizer:

@@ -27,13 +27,16 @@ def _check_backward_args(dy: Any, y: Any) -> None:
         raise ValueError(f"dy and y must have the same shape, got {tuple(dy.shape)} and {tuple(y.shape)}")
 
 
-def relu_forward(x: Any) -> Any:
-    """y = max(x, 0). x: any shape; returns y: x's shape and dtype."""
+def relu_forward(x: Any, out: Any = None) -> Any:
+    """y = max(x, 0). x: any shape; returns y: x's shape and dtype, written into ``out`` when given
+    (``out`` may be x itself: ReLU in place)."""
     check_float(x, "x")
+    if out is not None:
+        _check_out(out, x)
     if backend.is_cuda_array(x):
-        return _elementwise_gpu("relu_forward", x)
+        return _elementwise_gpu("relu_forward", x, out=out)
     xp = backend.get_array_module(x)
-    return xp.maximum(x, xp.zeros((), dtype=x.dtype))
+    return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
 
 def relu_backward(dy: Any, y: Any) -> Any:
@@ -92,15 +95,23 @@ def tanh_backward(dy: Any, y: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 # GPU: the kernels of activation.cu (CuPy arrays only; arguments already checked)
 # ----------------------------------------------------------------------------------------------
-def _elementwise_gpu(name: str, *arrays: Any) -> Any:
-    """Run kernel ``name`` of activation.cu on ``arrays`` (x, or dy and y) and return its output, a new array."""
+def _check_out(out: Any, like: Any) -> None:
+    """``out`` must be a C-contiguous array of ``like``'s shape and dtype."""
+    if getattr(out, "shape", None) != like.shape or out.dtype != like.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {like.dtype} array of shape {tuple(like.shape)}, "
+                         f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+
+
+def _elementwise_gpu(name: str, *arrays: Any, out: Any = None) -> Any:
+    """Run kernel ``name`` of activation.cu on ``arrays`` (x, or dy and y) and return its output
+    (a new array, or ``out``)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     cupy = backend.cupy()
     # A RawKernel sees only the base pointer. (Not ascontiguousarray on every input: it would turn a
     # 0-d array into a 1-d one.)
     inputs = tuple(a if a.flags.c_contiguous else cupy.ascontiguousarray(a) for a in arrays)
-    out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
+    out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype) if out is None else out
     _cuda.check_int32(out)
     _cuda.launch(_cuda.function("activation.cu", name, out.dtype), out.size, (*inputs, out, _cuda.i32(out.size)))
     return out

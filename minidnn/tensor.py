@@ -1,0 +1,477 @@
+"""The Tensor: an n-dimensional array on a device, with an optional gradient, and all its methods.
+
+Every method is defined here, in the class body: arithmetic and comparisons, reductions, shape
+changes, indexing, conversions, in-place updates, and the activations tensors have as methods.
+Each differentiable one applies a graph node of :mod:`minidnn.ops`; the graph itself (grad mode,
+``backward``) is :mod:`minidnn.autograd`, which :class:`Tensor` builds on through
+:class:`~minidnn.autograd.Value`. Module-level functions with PyTorch's names (``minidnn.tensor``,
+``cat``, ``stack``, ``where``, ``argmax``, ``flatten``) live here too.
+"""
+from __future__ import annotations
+
+import builtins
+from collections import namedtuple
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import backend, ops
+from .autograd import Value, is_grad_enabled
+
+__all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "flatten", "MaxMin"]
+
+MaxMin = namedtuple("MaxMin", ["values", "indices"])
+
+_ALLOWED_DTYPES = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                                         np.uint8, np.bool_)}
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """A supported dtype from a NumPy dtype or its name, or a clear ``TypeError``."""
+    try:
+        result = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a NumPy dtype or name such as 'float32', got {dtype!r}") from None
+    if result not in _ALLOWED_DTYPES:
+        raise TypeError(f"dtype {result} is not supported; use float16/32/64, int8/16/32/64, uint8 or bool")
+    return result
+
+
+def _axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    """``dim`` (an int or a sequence of ints, negative counting from the end) as non-negative axes."""
+    if dim is None:
+        return None
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise TypeError(f"dim must be an int or a tuple of ints, got {dim!r}")
+        if not -ndim <= d < builtins.max(ndim, 1):
+            raise IndexError(f"dim {d} is out of range for a tensor of {ndim} dimensions")
+    return tuple(int(d) % builtins.max(ndim, 1) for d in dims)
+
+
+def _dim(dim: Any, ndim: int) -> int:
+    """One axis: an int, negative counting from the end."""
+    if dim is None or isinstance(dim, (tuple, list)):
+        raise TypeError(f"dim must be an int, got {dim!r}")
+    return _axes(dim, ndim)[0]
+
+
+def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    if not all(isinstance(n, (int, np.integer)) for n in shape):
+        raise TypeError(f"shape must be ints, got {shape!r}")
+    return tuple(int(n) for n in shape)
+
+
+def _reshapable(source: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    size = int(np.prod(source))
+    known = int(np.prod([n for n in target if n != -1])) if target else 1
+    unknown = builtins.sum(1 for n in target if n == -1)
+    if unknown > 1:
+        return False
+    return (known == size) if unknown == 0 else (known != 0 and size % known == 0)
+
+
+class Tensor(Value):
+    """An n-dimensional array on a device, with an optional gradient.
+
+    Create one with :func:`minidnn.tensor` (or ``zeros``, ``randn``...). ``.data`` is the
+    underlying NumPy/CuPy array; ``.grad`` is a Tensor after ``backward()`` when ``requires_grad``.
+    """
+
+    __array_priority__ = 1000  # make `ndarray + Tensor` call Tensor.__radd__
+    __slots__ = ()
+
+    @classmethod
+    def _wrap(cls, data: Any, requires_grad: bool) -> "Tensor":
+        # Results are plain tensors, also when an input is a Parameter.
+        out = Tensor.__new__(Tensor)
+        out.data, out.requires_grad, out.grad, out._node, out._uses = data, requires_grad, None, None, 0
+        return out
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def device(self) -> backend.Device:
+        return backend.device_of(self.data)
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def is_cuda(self) -> bool:
+        return backend.is_cuda_array(self.data)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(*reversed(range(self.ndim)))
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return int(self.data.size)
+
+    def dim(self) -> int:
+        return self.data.ndim
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        extra = f", device='{self.device}'" if self.is_cuda else ""
+        extra += ", requires_grad=True" if self.requires_grad and self.is_leaf else ""
+        extra += f", grad_fn=<{type(self._node).__name__}>" if self._node is not None else ""
+        body = np.array2string(backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(")
+        return f"tensor({body}, dtype={self.dtype}{extra})"
+
+    def detach(self) -> "Tensor":
+        """The same data, cut from the graph."""
+        return Tensor._wrap(self.data, False)
+
+    # --- conversion ---------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """The data as a NumPy array (shared on the CPU, a host copy from a GPU)."""
+        return backend.to_device(self.data, "cpu")
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def item(self) -> Any:
+        if self.numel() != 1:
+            raise ValueError(f"only one-element tensors can be converted to Python scalars, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer tensors can be used as an index")
+        return int(self.item())
+
+    def to(self, target: Any = None, dtype: Any = None) -> "Tensor":
+        """``to("cuda")``, ``to("cpu")``, ``to(float64)`` or ``to("cuda", dtype=float32)``; differentiable."""
+        if target is not None and not isinstance(target, (str, backend.Device)):
+            target, dtype = None, target
+        result = self
+        if dtype is not None and as_dtype(dtype) != self.dtype:
+            result = ops.CastFunction.apply(result, dtype=as_dtype(dtype))
+        if target is not None and backend.device(target) != self.device:
+            result = ops.ToDeviceFunction.apply(result, target=backend.device(target))
+        return result
+
+    def cpu(self) -> "Tensor":
+        return self.to("cpu")
+
+    def cuda(self, index: int = 0) -> "Tensor":
+        return self.to(f"cuda:{index}")
+
+    def float(self) -> "Tensor":
+        return self.to(np.float32)
+
+    def double(self) -> "Tensor":
+        return self.to(np.float64)
+
+    def long(self) -> "Tensor":
+        return self.to(np.int64)
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        return self.to(other.dtype)
+
+    def astype(self, dtype: Any) -> "Tensor":
+        return self.to(as_dtype(dtype))
+
+    def contiguous(self) -> "Tensor":
+        return self
+
+    # --- in-place updates (outside the graph) -------------------------------------------------
+    def _check_inplace(self) -> None:
+        if self.requires_grad and self.is_leaf and is_grad_enabled():
+            raise RuntimeError("a leaf tensor that requires grad is used in an in-place operation; "
+                               "wrap it in `with minidnn.no_grad():`")
+
+    def zero_(self) -> "Tensor":
+        self._check_inplace()
+        self.data[...] = 0
+        return self
+
+    def fill_(self, value: float) -> "Tensor":
+        self._check_inplace()
+        self.data[...] = value
+        return self
+
+    def copy_(self, source: "Tensor | Any") -> "Tensor":
+        self._check_inplace()
+        source = source.data if isinstance(source, Tensor) else source
+        self.data[...] = backend.to_device(source, self.device)
+        return self
+
+    def add_(self, other: "Tensor | float", alpha: float = 1.0) -> "Tensor":
+        self._check_inplace()
+        self.data += alpha * (other.data if isinstance(other, Tensor) else other)
+        return self
+
+    def mul_(self, other: "Tensor | float") -> "Tensor":
+        self._check_inplace()
+        self.data *= other.data if isinstance(other, Tensor) else other
+        return self
+
+    def relu_(self) -> "Tensor":
+        """max(self, 0) written over this tensor's array where the graph allows it (see
+        :meth:`~minidnn.autograd.Function.apply_in_place`), else a new tensor."""
+        return ops.ReLUFunction.apply_in_place(self)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._check_inplace()
+        if self._node is not None and is_grad_enabled():
+            raise RuntimeError("in-place assignment into a tensor that is part of a graph is not supported")
+        index = index.data if isinstance(index, Tensor) else index
+        self.data[index] = backend.to_device(value.data, self.device) if isinstance(value, Tensor) else value
+
+    # --- arithmetic and comparisons -----------------------------------------------------------
+    def _operand(self, value: Any) -> Any:
+        """A non-tensor operand as an array on this tensor's device (Python scalars stay scalars)."""
+        if isinstance(value, (Tensor, bool, int, float)):
+            return value
+        return backend.to_device(value if backend.is_cuda_array(value) else np.asarray(value), self.device)
+
+    def _binary(self, node: type, other: Any, reflected: bool = False) -> "Tensor":
+        other = self._operand(other)
+        return node.apply(other, self) if reflected else node.apply(self, other)
+
+    def __add__(self, other): return self._binary(ops.AddFunction, other)  # noqa: E704
+    def __radd__(self, other): return self._binary(ops.AddFunction, other, reflected=True)  # noqa: E704
+    def __sub__(self, other): return self._binary(ops.SubFunction, other)  # noqa: E704
+    def __rsub__(self, other): return self._binary(ops.SubFunction, other, reflected=True)  # noqa: E704
+    def __mul__(self, other): return self._binary(ops.MulFunction, other)  # noqa: E704
+    def __rmul__(self, other): return self._binary(ops.MulFunction, other, reflected=True)  # noqa: E704
+    def __truediv__(self, other): return self._binary(ops.DivFunction, other)  # noqa: E704
+    def __rtruediv__(self, other): return self._binary(ops.DivFunction, other, reflected=True)  # noqa: E704
+    def __pow__(self, exponent): return self._binary(ops.PowFunction, exponent)  # noqa: E704
+    def __rpow__(self, base): return self._binary(ops.PowFunction, base, reflected=True)  # noqa: E704
+    def __matmul__(self, other): return self._binary(ops.MatMulFunction, other)  # noqa: E704
+    def __rmatmul__(self, other): return self._binary(ops.MatMulFunction, other, reflected=True)  # noqa: E704
+    def __neg__(self): return ops.NegFunction.apply(self)  # noqa: E704
+    def __pos__(self): return self  # noqa: E704
+    def __abs__(self): return ops.AbsFunction.apply(self)  # noqa: E704
+    def matmul(self, other): return self @ other  # noqa: E704
+
+    def _compare(self, other: Any, name: str) -> "Tensor":
+        """Element-wise comparison: a bool tensor, outside the graph."""
+        other = other.data if isinstance(other, Tensor) else self._operand(other)
+        return Tensor(getattr(backend.get_array_module(self.data, other), name)(self.data, other))
+
+    def __eq__(self, other): return self._compare(other, "equal")  # noqa: E704
+    def __ne__(self, other): return self._compare(other, "not_equal")  # noqa: E704
+    def __lt__(self, other): return self._compare(other, "less")  # noqa: E704
+    def __le__(self, other): return self._compare(other, "less_equal")  # noqa: E704
+    def __gt__(self, other): return self._compare(other, "greater")  # noqa: E704
+    def __ge__(self, other): return self._compare(other, "greater_equal")  # noqa: E704
+    __hash__ = object.__hash__
+
+    # --- element-wise functions ---------------------------------------------------------------
+    def exp(self) -> "Tensor":
+        return ops.ExpFunction.apply(self)
+
+    def log(self) -> "Tensor":
+        return ops.LogFunction.apply(self)
+
+    def sqrt(self) -> "Tensor":
+        return ops.SqrtFunction.apply(self)
+
+    def abs(self) -> "Tensor":
+        return ops.AbsFunction.apply(self)
+
+    def clamp(self, min: float | None = None, max: float | None = None) -> "Tensor":  # noqa: A002 - PyTorch names
+        return ops.ClampFunction.apply(self, low=min, high=max)
+
+    def relu(self) -> "Tensor":
+        return ops.ReLUFunction.apply(self)
+
+    def sigmoid(self) -> "Tensor":
+        return ops.SigmoidFunction.apply(self)
+
+    def tanh(self) -> "Tensor":
+        return ops.TanhFunction.apply(self)
+
+    def softmax(self, dim: int) -> "Tensor":
+        return ops.SoftmaxFunction.apply(self, _dim(dim, self.ndim))
+
+    def log_softmax(self, dim: int) -> "Tensor":
+        return ops.LogSoftmaxFunction.apply(self, _dim(dim, self.ndim))
+
+    # --- reductions ---------------------------------------------------------------------------
+    def sum(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        return ops.SumFunction.apply(self, axes=_axes(dim, self.ndim), keepdim=keepdim)
+
+    def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        if self.dtype.kind != "f":
+            raise TypeError(f"mean() needs a floating-point tensor, got {self.dtype}")
+        return ops.MeanFunction.apply(self, axes=_axes(dim, self.ndim), keepdim=keepdim)
+
+    def _extreme(self, dim: int | None, keepdim: bool, use_min: bool) -> Any:
+        if dim is None:
+            return ops.MaxReduceFunction.apply(self, use_min=use_min)
+        axis = _axes(dim, self.ndim)[0]
+        values = ops.MaxReduceFunction.apply(self, axis=axis, keepdim=keepdim, use_min=use_min)
+        xp = backend.get_array_module(self.data)
+        indices = (xp.argmin if use_min else xp.argmax)(self.data, axis=axis)
+        return MaxMin(values, Tensor(xp.expand_dims(indices, axis) if keepdim else indices))
+
+    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        """The largest element, or with ``dim`` the pair ``(values, indices)`` along it, as PyTorch."""
+        return self._extreme(dim, keepdim, use_min=False)
+
+    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return self._extreme(dim, keepdim, use_min=True)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        xp = backend.get_array_module(self.data)
+        if dim is None:
+            return Tensor(xp.asarray(xp.argmax(self.data)))
+        axis = _axes(dim, self.ndim)[0]
+        result = xp.argmax(self.data, axis=axis)
+        return Tensor(xp.expand_dims(result, axis) if keepdim else result)
+
+    # --- shapes -------------------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> "Tensor":
+        shape = _shape_arg(shape)
+        if not _reshapable(self.shape, shape):
+            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({self.numel()} elements) into {shape}")
+        return ops.ReshapeFunction.apply(self, shape=shape)
+
+    view = reshape
+
+    def permute(self, *dims: Any) -> "Tensor":
+        dims = _shape_arg(dims)
+        if sorted(d % builtins.max(self.ndim, 1) for d in dims) != list(range(self.ndim)):
+            raise ValueError(f"dims {dims} is not a permutation of the {self.ndim} dimensions")
+        return ops.PermuteFunction.apply(self, dims=tuple(d % self.ndim for d in dims))
+
+    def transpose(self, dim0: int, dim1: int) -> "Tensor":
+        dims = list(range(self.ndim))
+        dim0, dim1 = _axes((dim0, dim1), self.ndim)
+        dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+        return ops.PermuteFunction.apply(self, dims=tuple(dims))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        start, end = _axes((start_dim, end_dim), self.ndim)
+        shape = self.shape[:start] + (int(np.prod(self.shape[start:end + 1])),) + self.shape[end + 1:]
+        return ops.ReshapeFunction.apply(self, shape=shape)
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        dim = _axes(dim, self.ndim + 1)[0]
+        return ops.ReshapeFunction.apply(self, shape=self.shape[:dim] + (1,) + self.shape[dim:])
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            return ops.ReshapeFunction.apply(self, shape=tuple(n for n in self.shape if n != 1))
+        dim = _axes(dim, self.ndim)[0]
+        if self.shape[dim] != 1:
+            return self
+        return ops.ReshapeFunction.apply(self, shape=self.shape[:dim] + self.shape[dim + 1:])
+
+    def expand(self, *shape: Any) -> "Tensor":
+        shape = _shape_arg(shape)
+        full = tuple(self.shape[i - (len(shape) - self.ndim)] if n == -1 else n for i, n in enumerate(shape))
+        return ops.ExpandFunction.apply(self, shape=full)
+
+    # --- indexing -----------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> "Tensor":
+        def unwrap(i: Any) -> Any:
+            return i.data if isinstance(i, Tensor) else i
+
+        index = tuple(unwrap(i) for i in index) if isinstance(index, tuple) else unwrap(index)
+        return ops.GetItemFunction.apply(self, index=index)
+
+
+# ----------------------------------------------------------------------------------------------
+# Functions with PyTorch's names
+# ----------------------------------------------------------------------------------------------
+def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data`` (a nested list, a scalar, a NumPy/CuPy array or a Tensor).
+
+    As in PyTorch, ``dtype=None`` keeps an array's dtype (float64 and int64 included) and turns
+    Python floats into float32 and Python ints into int64. ``device=None`` keeps a CuPy array on
+    its GPU and puts everything else on the CPU.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    if backend.is_cuda_array(data) or isinstance(data, np.ndarray):
+        array = data.copy()
+    else:
+        array = np.array(data)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)  # Python floats: the default dtype is float32
+        elif array.dtype.kind == "U" or array.dtype == object:
+            raise TypeError(f"data must be numbers or arrays of numbers, got {type(data).__name__}")
+    if dtype is not None:
+        array = array.astype(as_dtype(dtype), copy=False)
+    else:
+        as_dtype(array.dtype)
+    if device is not None:
+        array = backend.to_device(array, device)
+    return Tensor(array, requires_grad=requires_grad)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("cat() expects a non-empty sequence of tensors")
+    axis = _axes(dim, tensors[0].ndim)[0]
+    for t in tensors[1:]:
+        if t.ndim != tensors[0].ndim or any(n != m for i, (n, m) in enumerate(zip(t.shape, tensors[0].shape))
+                                            if i != axis):
+            raise ValueError(f"cat(): shapes {tensors[0].shape} and {t.shape} differ outside dim {dim}")
+    return ops.ConcatenateFunction.apply(*tensors, axis=axis)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("stack() expects a non-empty sequence of tensors")
+    if any(t.shape != tensors[0].shape for t in tensors):
+        raise ValueError(f"stack(): all tensors must have the same shape, got {[t.shape for t in tensors]}")
+    dim = _axes(dim, tensors[0].ndim + 1)[0]
+    return cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """a where condition holds, else b; differentiable in a and b."""
+    like = next((v for v in (a, b, condition) if isinstance(v, Tensor)), None)
+    if like is None:
+        raise TypeError("where() needs at least one tensor among condition, a and b")
+    mask = condition.data if isinstance(condition, Tensor) else like._operand(condition)
+    a, b = like._operand(a), like._operand(b)
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return Tensor(backend.get_array_module(mask).where(mask, a, b))
+    return ops.WhereFunction.apply(mask, a, b)
+
+
+def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return input.argmax(dim, keepdim)
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return input.flatten(start_dim, end_dim)
