@@ -15,6 +15,7 @@ from . import random as _random
 from .autograd import Function
 from .engine import P  # the current engine's primitives (minidnn's own, or the naive baseline)
 from .primitives import pair
+from .primitives.dropout import check_probability
 from .tensor import Tensor
 
 __all__ = [
@@ -78,8 +79,6 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
     _require_tensor(input, "input")
     _require_tensor(weight, "weight")
     padding = _conv_padding(padding, weight, stride, dilation)
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
     return Conv2dFunction.apply(input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -197,8 +196,6 @@ def _rows(input: Tensor, target: Tensor, name: str) -> tuple[Tensor, Tensor]:
     """(N, C) or (N, C, d1, ...) scores with (N,) or (N, d1, ...) targets -> (M, C) rows and (M,) targets."""
     _require_tensor(input, "input")
     _require_tensor(target, "target")
-    if target.dtype.kind not in "iu":
-        raise TypeError(f"{name}: target must be an integer tensor of class indices, got {target.dtype}")
     if input.ndim < 2:
         raise ValueError(f"{name}: input must be (N, C) or (N, C, d1, ...), got shape {input.shape}")
     if target.shape != (input.shape[0],) + input.shape[2:]:
@@ -293,8 +290,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     The mask comes from the global generator's counter stream (see :mod:`minidnn.random`).
     """
     _require_tensor(input, "input")
-    if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
+    p = check_probability(p)  # here too: in evaluation the primitive is not called
     if not training or p == 0.0:
         return input
     generator = _random.default_generator
@@ -333,13 +329,6 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     """Batch normalisation over every axis but 1. In training, normalises with the batch statistics
     and updates the running ones in place; otherwise uses the running statistics."""
     _require_tensor(input, "input")
-    if input.ndim < 2:
-        raise ValueError(f"batch_norm: input must be (N, C, ...), got shape {input.shape}")
-    channels = input.shape[1]
-    for name, value in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
-        if value is not None and tuple(value.shape) != (channels,):
-            raise ValueError(f"batch_norm: {name} must have shape ({channels},) for an input with {channels} "
-                             f"channels, got {tuple(value.shape)}")
     if training:
         return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum, eps)
     if running_mean is None or running_var is None:

@@ -264,11 +264,11 @@ def test_argument_errors(xp):
         dropout_forward(xp.ones(3, dtype=xp.int64), 0.5, 0)
     with pytest.raises(TypeError, match="seed must be an int, got float 1.0"):
         dropout_forward(x, 0.5, 1.0)
-    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64\), got -1"):
+    with pytest.raises(ValueError, match=r"seed must be >= 0, got -1"):
         dropout_forward(x, 0.5, -1)
-    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64\)"):
+    with pytest.raises(ValueError, match=r"seed must be <= 18446744073709551615"):
         uniform(3, 2**64, 0, xp)
-    with pytest.raises(ValueError, match="offset must be an int >= 0, got -2"):
+    with pytest.raises(ValueError, match="offset must be >= 0, got -2"):
         dropout_forward(x, 0.5, 0, -2)
     with pytest.raises(TypeError, match="offset must be an int, got bool"):
         uniform(3, 0, True, xp)

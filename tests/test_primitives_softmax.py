@@ -240,7 +240,7 @@ def test_gpu_softmax_large_shapes_match_numpy_twin(xp, rng, name, shape, axis, d
 
 def test_softmax_errors_name_the_argument(xp):
     x = xp.ones((2, 3))
-    with pytest.raises(ValueError, match=r"axis must be in \[-2, 2\) for an input of shape \(2, 3\), got 2"):
+    with pytest.raises(ValueError, match=r"axis 2 is out of range for x with 2 dimension\(s\)"):
         softmax_forward(x, axis=2)
     with pytest.raises(TypeError, match="axis must be an int"):
         log_softmax_forward(x, axis=1.0)
@@ -250,7 +250,7 @@ def test_softmax_errors_name_the_argument(xp):
         softmax_backward(xp.ones((2, 3)), xp.ones((3, 2)))
     with pytest.raises(TypeError, match="dy and y must have the same dtype"):
         log_softmax_backward(xp.ones((2, 3), dtype=xp.float32), x)
-    with pytest.raises(ValueError, match="axis must be in"):
+    with pytest.raises(ValueError, match="is out of range for"):
         log_softmax_backward(x, x, axis=-3)
 
 

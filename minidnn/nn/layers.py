@@ -14,6 +14,8 @@ from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from ..primitives import pair
+from ..primitives.dropout import check_probability
+from ..primitives.softmax import check_label_smoothing, check_reduction
 from . import init
 from .module import Module, Parameter
 
@@ -99,8 +101,6 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1:] != (self.in_features,):
-            raise ValueError(f"Linear expects input (..., {self.in_features}), got shape {x.shape}")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -202,9 +202,7 @@ class LocalResponseNorm(Module):
 class Dropout(Module):
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
-        if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
-        self.p, self.inplace = float(p), inplace
+        self.p, self.inplace = check_probability(p), inplace
 
     def forward(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.p, self.training)
@@ -283,10 +281,8 @@ class CrossEntropyLoss(Module):
     def __init__(self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
         super().__init__()
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+        check_reduction(reduction)
+        check_label_smoothing(label_smoothing)
         self.register_buffer("weight", weight)
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
 

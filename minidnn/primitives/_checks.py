@@ -36,3 +36,56 @@ def check_rank(array: Any, rank: int, name: str, layout: str) -> None:
 def check_same_dtype(a: Any, b: Any, name_a: str, name_b: str) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{name_a} and {name_b} must have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A Python or NumPy integer (not a bool) in [minimum, maximum]; returns it as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+    return int(value)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def check_real(value: Any, name: str, minimum: float | None = None, maximum: float | None = None,
+               finite: bool = True) -> float:
+    """A real number (not a bool), finite unless ``finite=False``, in [minimum, maximum]; returns a
+    Python float (a NumPy float64 scalar would promote float32 results to float64)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if value != value or (finite and value in (float("inf"), float("-inf"))):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "-inf" if minimum is None else minimum
+        high = "inf" if maximum is None else maximum
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+    return value
+
+
+def normalise_axis(axis: Any, ndim: int, name: str) -> int:
+    """``axis`` as a non-negative index of one of the ``ndim`` dimensions of ``name`` (negative counts
+    from the end)."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension(s) "
+                         f"(expected -{ndim} <= axis < {ndim})")
+    return int(axis) % ndim
+
+
+def check_like(a: Any, b: Any, name_a: str, name_b: str) -> None:
+    """``a`` and ``b`` must be float arrays of one shape and one dtype (a gradient and its tensor)."""
+    check_float(a, name_a)
+    check_float(b, name_b)
+    check_same_dtype(a, b, name_a, name_b)
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")

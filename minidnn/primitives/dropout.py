@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_float
+from ._checks import check_float, check_int
 
 _MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -55,18 +55,8 @@ UNIFORM_BITS = 24  # float32 has a 24-bit significand: k · 2^-24 is exact for e
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_integer(value: Any, name: str, upper: int | None = None) -> int:
-    """A Python int (or NumPy integer; not a bool) in [0, upper)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"dropout: {name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < 0 or (upper is not None and value >= upper):
-        expected = "an int >= 0" if upper is None else "an int in [0, 2**64)"
-        raise ValueError(f"dropout: {name} must be {expected}, got {value}")
-    return value
-
-
-def _check_probability(p: Any) -> float:
+def check_probability(p: Any) -> float:
+    """The drop probability: a real number in [0, 1] (F.dropout and nn.Dropout check with this too)."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(f"dropout: p must be a real number in [0, 1], got {p!r}")
     p = float(p)
@@ -147,8 +137,8 @@ def uniform(shape: Any, seed: int, offset: int, xp: ModuleType) -> Any:
     ``uniform(shape, seed, offset + k, xp)`` is the tail of a longer draw starting at ``offset``.
     """
     shape = _check_shape(shape)
-    seed = _check_integer(seed, "seed", upper=1 << 64)
-    offset = _check_integer(offset, "offset")
+    seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
+    offset = check_int(offset, "dropout: offset", 0)
     if xp is not np:
         u = xp.empty(shape, dtype=xp.float32)
         _launch("dropout_uniform", np.float32, u.size, (u, np.uint64(_stream_start(seed, offset))))
@@ -190,9 +180,9 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     """
     xp = backend.get_array_module(x)
     check_float(x, "x")
-    p = _check_probability(p)
-    seed = _check_integer(seed, "seed", upper=1 << 64)
-    offset = _check_integer(offset, "offset")
+    p = check_probability(p)
+    seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
+    offset = check_int(offset, "dropout: offset", 0)
     if backend.is_cuda_array(x):
         return _dropout_forward_gpu(x, p, seed, offset)
     shape = tuple(x.shape)
@@ -213,7 +203,7 @@ def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
     """
     backend.get_array_module(dy, mask)  # one device for both
     check_float(dy, "dy")
-    p = _check_probability(p)
+    p = check_probability(p)
     if getattr(mask, "dtype", None) != bool:
         raise TypeError(f"dropout: mask must be a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
     if tuple(mask.shape) != tuple(dy.shape):

@@ -18,11 +18,10 @@ deterministic per-channel reduction accumulated in float64.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 from .. import backend
-from ._checks import check_float, check_same_dtype
+from ._checks import check_float, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
@@ -48,15 +47,6 @@ def _check_bias(bias: Any, x: Any, out_features: int) -> None:
     if tuple(bias.shape) != (out_features,):
         raise ValueError(f"linear: bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")
     check_same_dtype(x, bias, "x", "bias")
-
-
-def _normalise_axis(axis: Any, ndim: int, name: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension(s) "
-                         f"(expected -{ndim} <= axis < {ndim})")
-    return int(axis) % ndim
 
 
 def _as_rows(a: Any) -> Any:
@@ -141,7 +131,7 @@ def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
     check_float(y, "y")
     if y.ndim < 1:
         raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
-    axis = _normalise_axis(axis, y.ndim, "y")
+    axis = normalise_axis(axis, y.ndim, "y")
     check_float(bias, "bias")
     if tuple(bias.shape) != (y.shape[axis],):
         raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
@@ -165,7 +155,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     check_float(dy, "dy")
     if dy.ndim < 1:
         raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
-    axis = _normalise_axis(axis, dy.ndim, "dy")
+    axis = normalise_axis(axis, dy.ndim, "dy")
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)

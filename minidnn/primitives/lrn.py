@@ -21,11 +21,10 @@ the forward pass and dx in the backward pass: the same O(C) cost, without the te
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 from .. import backend
-from ._checks import check_float, check_same_dtype
+from ._checks import check_float, check_int, check_real, check_same_dtype
 
 __all__ = ["lrn_forward", "lrn_backward"]
 
@@ -35,14 +34,8 @@ def _check_parameters(size: Any, alpha: Any, beta: Any, k: Any) -> tuple[float, 
 
     Python floats, because a NumPy float64 scalar would promote a float32 result to float64.
     """
-    if not isinstance(size, numbers.Integral) or isinstance(size, bool):
-        raise TypeError(f"size must be an int (the number of channels in the window), got {size!r}")
-    if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
-    for name, value in (("alpha", alpha), ("beta", beta), ("k", k)):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise TypeError(f"{name} must be a real number, got {value!r}")
-    return float(alpha), float(beta), float(k)
+    check_int(size, "size", minimum=1)  # the number of channels in the window
+    return check_real(alpha, "alpha"), check_real(beta, "beta"), check_real(k, "k")
 
 
 def _check_input(x: Any, name: str) -> None:

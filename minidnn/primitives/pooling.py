@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_float, check_rank, pair
+from ._checks import check_bool, check_float, check_int, check_rank, pair
 
 __all__ = [
     "pool_output_size", "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
@@ -45,31 +45,17 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 # Geometry and argument checks
 # ----------------------------------------------------------------------------------------------
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
 def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
     """Number of pooling windows along one axis of ``size`` input pixels (PyTorch's formula).
 
     The result may be < 1 when the kernel does not fit; the pooling functions reject that.
     """
-    size = _check_int(size, "size", 0)
-    kernel = _check_int(kernel, "kernel", 1)
-    stride = _check_int(stride, "stride", 1)
-    padding = _check_int(padding, "padding", 0)
-    dilation = _check_int(dilation, "dilation", 1)
-    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    size = check_int(size, "size", 0)
+    kernel = check_int(kernel, "kernel", 1)
+    stride = check_int(stride, "stride", 1)
+    padding = check_int(padding, "padding", 0)
+    dilation = check_int(dilation, "dilation", 1)
+    ceil_mode = check_bool(ceil_mode, "ceil_mode")
     span = dilation * (kernel - 1) + 1
     # Python's // floors negative numerators too, as PyTorch's div_rtn does.
     out = (size + 2 * padding - span + (stride - 1 if ceil_mode else 0)) // stride + 1
@@ -111,7 +97,7 @@ def _window_params(kernel_size: Any, stride: Any, padding: Any, dilation: Any, c
     stride = kernel if stride is None else pair(stride, "stride", minimum=1)
     padding = pair(padding, "padding", minimum=0)
     dilation = pair(dilation, "dilation", minimum=1)
-    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    ceil_mode = check_bool(ceil_mode, "ceil_mode")
     # PyTorch's rule (half of the undilated kernel): it keeps a real pixel in every window of an
     # average pool, so no divisor is zero.
     if padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2:
@@ -292,7 +278,7 @@ def _avg_divisor(xp, hw, kernel, stride, padding, out_hw, count_include_pad, div
 
 def _avg_params(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, 1, ceil_mode)
-    count_include_pad = _check_bool(count_include_pad, "count_include_pad")
+    count_include_pad = check_bool(count_include_pad, "count_include_pad")
     return kernel, stride, padding, dilation, ceil_mode, count_include_pad, _check_divisor(divisor_override)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_float, check_rank, check_same_dtype
+from ._checks import check_float, check_like, check_rank, check_same_dtype, normalise_axis
 
 __all__ = [
     "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
@@ -46,24 +46,6 @@ REDUCTIONS = ("mean", "sum", "none")
 # ----------------------------------------------------------------------------------------------
 # Softmax and log-softmax
 # ----------------------------------------------------------------------------------------------
-def _check_axis(x: Any, axis: Any) -> int:
-    """``axis`` must be an int naming one of x's dimensions; returns it as a non-negative index."""
-    if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
-        raise TypeError(f"axis must be an int, got {axis!r}")
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim}) for an input of shape {tuple(x.shape)}, got {axis}")
-    return int(axis) % x.ndim
-
-
-def _check_pair(dy: Any, y: Any) -> None:
-    """dy and y must be float arrays of one shape and one dtype."""
-    check_float(dy, "dy")
-    check_float(y, "y")
-    check_same_dtype(dy, y, "dy", "y")
-    if dy.shape != y.shape:
-        raise ValueError(f"dy and y must have the same shape, got {tuple(dy.shape)} and {tuple(y.shape)}")
-
-
 def _shifted(x: Any, axis: int) -> Any:
     """x − max(x) along ``axis``: every entry ≤ 0, so exp of it is in (0, 1] and cannot overflow."""
     return x - x.max(axis=axis, keepdims=True)
@@ -72,7 +54,7 @@ def _shifted(x: Any, axis: int) -> Any:
 def softmax_forward(x: Any, axis: int = -1) -> Any:
     """y = exp(x) / Σ_axis exp(x). x: any shape; returns y: x's shape and dtype."""
     check_float(x, "x")
-    axis = _check_axis(x, axis)
+    axis = normalise_axis(axis, x.ndim, "x")
     if backend.is_cuda_array(x):
         return _softmax_forward_gpu(x, axis, log=False)
     xp = backend.get_array_module(x)
@@ -85,8 +67,8 @@ def softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
 
     dy, y: same shape (y the softmax output); returns dx: that shape.
     """
-    _check_pair(dy, y)
-    axis = _check_axis(y, axis)
+    check_like(dy, y, "dy", "y")
+    axis = normalise_axis(axis, y.ndim, "y")
     backend.get_array_module(dy, y)  # one device, or a clear ValueError
     if backend.is_cuda_array(dy):
         return _softmax_backward_gpu(dy, y, axis, log=False)
@@ -100,7 +82,7 @@ def log_softmax_forward(x: Any, axis: int = -1) -> Any:
     softmax keeps tiny probabilities accurate (log of an underflowed 0 would be −inf).
     """
     check_float(x, "x")
-    axis = _check_axis(x, axis)
+    axis = normalise_axis(axis, x.ndim, "x")
     if backend.is_cuda_array(x):
         return _softmax_forward_gpu(x, axis, log=True)
     xp = backend.get_array_module(x)
@@ -113,8 +95,8 @@ def log_softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
 
     dy, y: same shape; returns dx: that shape.
     """
-    _check_pair(dy, y)
-    axis = _check_axis(y, axis)
+    check_like(dy, y, "dy", "y")
+    axis = normalise_axis(axis, y.ndim, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
         return _softmax_backward_gpu(dy, y, axis, log=True)
@@ -124,7 +106,8 @@ def log_softmax_backward(dy: Any, y: Any, axis: int = -1) -> Any:
 # ----------------------------------------------------------------------------------------------
 # Loss arguments
 # ----------------------------------------------------------------------------------------------
-def _check_reduction(reduction: Any) -> None:
+def check_reduction(reduction: Any) -> None:
+    """``reduction``: "mean", "sum" or "none" (nn.CrossEntropyLoss checks with this too)."""
     if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
@@ -178,7 +161,7 @@ def _check_weight(weight: Any, num_classes: int, dtype: Any, dtype_name: str) ->
         raise TypeError(f"weight and {dtype_name} must have the same dtype, got {weight.dtype} and {dtype}")
 
 
-def _check_label_smoothing(label_smoothing: Any) -> float:
+def check_label_smoothing(label_smoothing: Any) -> float:
     if not isinstance(label_smoothing, numbers.Real) or isinstance(label_smoothing, bool):
         raise TypeError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -264,7 +247,7 @@ def nll_loss_forward(log_probs: Any, target: Any, weight: Any = None, ignore_ind
     ignore_index is a ValueError on NumPy and gives NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(log_probs, "log_probs")
-    _check_reduction(reduction)
+    check_reduction(reduction)
     backend.get_array_module(log_probs, target, weight)  # all on one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
@@ -290,7 +273,7 @@ def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weigh
         raise ValueError(f"num_classes_shape must be log_probs' shape (N, C), two ints with C >= 1, "
                          f"got {num_classes_shape!r}")
     batch, num_classes = int(shape[0]), int(shape[1])
-    _check_reduction(reduction)
+    check_reduction(reduction)
     _check_grad_loss(grad_loss, batch, reduction)
     xp = backend.get_array_module(grad_loss, target, weight)  # all on one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
@@ -317,11 +300,11 @@ def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_i
     other than ignore_index is a ValueError on NumPy and gives NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(logits, "logits")
-    _check_reduction(reduction)
+    check_reduction(reduction)
     xp = backend.get_array_module(logits, target, weight)  # all on one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, logits.dtype, "logits")
-    epsilon = _check_label_smoothing(label_smoothing)
+    epsilon = check_label_smoothing(label_smoothing)
     if backend.is_cuda_array(logits):
         return _cross_entropy_forward_gpu(logits, target, weight, ignore_index, epsilon, reduction)
     log_probs = log_softmax_forward(logits, axis=1)
@@ -352,13 +335,13 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
     An out-of-range target: a ValueError on NumPy, NaN on the GPU (module docstring).
     """
     batch, num_classes = _check_scores(log_probs, "log_probs")
-    _check_reduction(reduction)
+    check_reduction(reduction)
     _check_grad_loss(grad_loss, batch, reduction)
     check_same_dtype(grad_loss, log_probs, "grad_loss", "log_probs")
     xp = backend.get_array_module(grad_loss, log_probs, target, weight)  # one device, or a clear ValueError
     target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
-    epsilon = _check_label_smoothing(label_smoothing)
+    epsilon = check_label_smoothing(label_smoothing)
     if backend.is_cuda_array(log_probs):
         return _cross_entropy_backward_gpu(grad_loss, log_probs, target, weight, ignore_index, epsilon, reduction)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)

@@ -136,12 +136,11 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
                           "skipped", RuntimeWarning, stacklevel=3)
             continue
 
-        def call() -> None:
+        def call(algorithm: registry.ConvAlgorithm = algorithm, workspace: Any = workspace) -> None:
             algorithm.run(direction, first, second, problem, out, False, workspace)
 
         times = _time(call, xp, repeats)
         results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size, algorithm.deterministic)
-        del workspace
     return results
 
 
@@ -230,9 +229,13 @@ class _DiskCache:
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             handle, temporary = tempfile.mkstemp(prefix=".conv_find.", suffix=".tmp", dir=os.path.dirname(self.path))
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                json.dump({**self.header, "entries": self.entries}, file, indent=0, sort_keys=True)
-            os.replace(temporary, self.path)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as file:
+                    json.dump({**self.header, "entries": self.entries}, file, indent=0, sort_keys=True)
+                os.replace(temporary, self.path)
+            finally:
+                if os.path.exists(temporary):
+                    os.remove(temporary)
         except OSError as error:
             warnings.warn(f"could not write the convolution find cache {self.path}: {error}", RuntimeWarning,
                           stacklevel=4)
