@@ -46,7 +46,7 @@ class Conv2dFunction(Function):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         self.x_shape, self.w_shape = x.shape, w.shape
         y = P.conv2d_forward(x, w, *self.args)
-        return y if b is None else P.bias_add(y, b, axis=1)
+        return y if b is None else P.bias_add(y, b, axis=1, out=y)  # in place: no copy of the output
 
     def backward(self, dy):
         x, w = self.saved

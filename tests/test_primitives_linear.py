@@ -237,3 +237,17 @@ def test_matches_torch(xp, rng):
     assert_close(linear_backward_data(xp.asarray(dy), xp.asarray(weight)), tx.grad.numpy(), name="dx")
     assert_close(linear_backward_weight(xp.asarray(x), xp.asarray(dy)), tw.grad.numpy(), name="dweight")
     assert_close(bias_backward(xp.asarray(dy), axis=-1), tb.grad.numpy(), name="dbias")
+
+
+def test_bias_add_writes_into_out_and_in_place(xp, rng):
+    y = xp.asarray(rng.standard_normal((2, 3, 4, 5)))
+    bias = xp.asarray(rng.standard_normal(3))
+    expected = to_numpy(y) + to_numpy(bias).reshape(1, 3, 1, 1)
+    out = xp.empty_like(y)
+    assert bias_add(y, bias, 1, out=out) is out
+    assert_close(out, expected)
+    same = bias_add(y, bias, 1, out=y)  # in place: the convolution's output gets its bias, no copy
+    assert same is y
+    assert_close(y, expected)
+    with pytest.raises(ValueError, match="out must be a C-contiguous"):
+        bias_add(y, bias, 1, out=xp.empty((2, 3, 4, 4)))

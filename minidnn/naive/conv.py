@@ -110,11 +110,14 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     return dw
 
 
-def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
+def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     """y + bias along ``axis``: per image a GEMM with a ones vector for convolutions (axis 1 of NCHW),
     one GEMM with a ones column for a fully connected layer (the last axis), as Caffe did."""
     xp = backend.get_array_module(y, bias)
-    out = xp.array(y, copy=True)
+    if out is None:
+        out = xp.array(y, copy=True)
+    elif out is not y:
+        out[...] = y
     if axis == 1 and y.ndim == 4:
         ones = xp.ones((1, y.shape[2] * y.shape[3]), dtype=y.dtype)
         for n in range(y.shape[0]):

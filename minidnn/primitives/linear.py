@@ -11,7 +11,8 @@ batched matmul over the leading dimensions:
     backward-data    dX (M × in) = dY (M × out) · W
     backward-weight  dW (out × in) = dYᵀ (out × M) · X
 
-On the GPU the GEMMs are cuBLAS (``cupy.matmul``) and the bias kernels are our own (linear.cu):
+The GEMMs go through :mod:`.blas` (BLAS on the CPU, cuBLAS on the GPU, capturable in a CUDA graph)
+and the bias kernels are our own (linear.cu):
 bias_add is one element-wise kernel (in place after the forward GEMM), bias_backward a
 deterministic per-channel reduction accumulated in float64.
 """
@@ -21,6 +22,7 @@ import math
 from typing import Any
 
 from .. import backend
+from . import blas
 from ._checks import check_float, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
@@ -75,10 +77,10 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
                          f"expects in_features={in_features} (shape {tuple(weight.shape)})")
     if bias is not None:
         _check_bias(bias, x, out_features)
-    y = _as_rows(x) @ weight.T  # BLAS, or cuBLAS on the GPU
+    y = blas.gemm(_as_rows(backend.get_array_module(x).ascontiguousarray(x)), weight.T)
     if bias is not None:
         if backend.is_cuda_array(y):
-            y = _bias_add_gpu(y, bias, 1, in_place=True)
+            y = _bias_add_gpu(y, bias, 1, out=y)
         else:
             y += bias
     return y.reshape(*x.shape[:-1], out_features)
@@ -97,7 +99,8 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
     if dy.shape[-1] != out_features:
         raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
                          f"has out_features={out_features} (shape {tuple(weight.shape)})")
-    return (_as_rows(dy) @ weight).reshape(*dy.shape[:-1], in_features)
+    xp = backend.get_array_module(dy, weight)
+    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], in_features)
 
 
 def linear_backward_weight(x: Any, dy: Any) -> Any:
@@ -113,7 +116,8 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
         raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
                          f"dimensions (..., in_features) and (..., out_features)")
-    return _as_rows(dy).T @ _as_rows(x)
+    xp = backend.get_array_module(x, dy)
+    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)).T, _as_rows(xp.ascontiguousarray(x)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,8 +125,9 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
-    """y + bias, with bias broadcast along ``axis`` of y (a new array; y is unchanged).
+def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
+    """y + bias, with bias broadcast along ``axis`` of y: a new array, or written into ``out``
+    (``out`` may be y itself: the bias added in place, with no copy of the output).
 
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
     -1 for (..., out_features).
@@ -137,11 +142,15 @@ def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
         raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
                          f"{tuple(y.shape)}), got {tuple(bias.shape)}")
     check_same_dtype(y, bias, "y", "bias")
+    if out is not None and (out.shape != y.shape or out.dtype != y.dtype or not out.flags.c_contiguous
+                            or not y.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous {y.dtype} array of y's shape {tuple(y.shape)} "
+                         f"(and y C-contiguous), got {out.dtype} {tuple(out.shape)}")
     if backend.is_cuda_array(y):
-        return _bias_add_gpu(y, bias, axis)
+        return _bias_add_gpu(y, bias, axis, out)
     broadcast = [1] * y.ndim
     broadcast[axis] = -1
-    return y + bias.reshape(broadcast)
+    return backend.get_array_module(y).add(y, bias.reshape(broadcast), out=out)
 
 
 def bias_backward(dy: Any, axis: int = 1) -> Any:
@@ -178,15 +187,15 @@ def _outer_channel_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, i
     return math.prod(shape[:axis]), int(shape[axis]), math.prod(shape[axis + 1:])
 
 
-def _bias_add_gpu(y: Any, bias: Any, axis: int, in_place: bool = False) -> Any:
-    """One element-wise launch; ``in_place`` adds into y itself when y is contiguous (a fresh GEMM output)."""
+def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
+    """One element-wise launch into ``out`` (a new array when None; y itself for an in-place add)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(y)
     y = y if y.flags.c_contiguous else xp.ascontiguousarray(y)  # a RawKernel sees only the base pointer
     bias = bias if bias.flags.c_contiguous else xp.ascontiguousarray(bias)
     _cuda.check_int32(y)
-    out = y if in_place else xp.empty(y.shape, dtype=y.dtype)
+    out = xp.empty(y.shape, dtype=y.dtype) if out is None else out
     _, channels, inner = _outer_channel_inner(tuple(y.shape), axis)
     _cuda.launch(_cuda.function(_SOURCE, "bias_add", y.dtype), y.size,
                  (y, bias, out, _cuda.i32(channels), _cuda.i32(inner), _cuda.i32(y.size)))
