@@ -11,15 +11,20 @@ dictionaries (checkpoints store them without pickling).
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import numpy as np
+
+from .primitives.dropout import DeviceOffset
 
 DEFAULT_SEED = 0
 
 
 class Generator:
     def __init__(self, seed: int = DEFAULT_SEED) -> None:
+        self._device_start: Any = None  # set while a CUDA graph is captured
+        self._device_base = 0
         self.manual_seed(seed)
 
     def manual_seed(self, seed: int) -> "Generator":
@@ -30,11 +35,25 @@ class Generator:
         self.numpy = np.random.Generator(np.random.PCG64(self.seed))
         return self
 
-    def next_offset(self, count: int) -> int:
-        """Reserve ``count`` numbers of the counter stream; returns the first offset."""
+    def next_offset(self, count: int) -> "int | DeviceOffset":
+        """Reserve ``count`` numbers of the counter stream; returns the first offset (while a CUDA
+        graph is captured, as a :class:`DeviceOffset` relative to the offset the graph's replays
+        will write to the device before each replay)."""
         offset = self.offset
         self.offset += int(count)
+        if self._device_start is not None:
+            return DeviceOffset(self._device_start, offset - self._device_base)
         return offset
+
+    @contextlib.contextmanager
+    def offsets_on_device(self, start: Any) -> Iterator[None]:
+        """Inside the block, draws read their start from ``start[0]`` on the device (see
+        :mod:`minidnn.cuda.graphs`); offsets count from the generator's offset at entry."""
+        self._device_start, self._device_base = start, self.offset
+        try:
+            yield
+        finally:
+            self._device_start = None
 
     def get_state(self) -> dict[str, Any]:
         return {"seed": self.seed, "offset": self.offset, "numpy": self.numpy.bit_generator.state}

@@ -7,8 +7,8 @@
 // the same (seed, offset) gives the same bits on the CPU and the GPU. unsigned long long arithmetic
 // wraps modulo 2^64, exactly as the docstring's formula. Since nothing is read from or written to a
 // generator state, these kernels can be captured in a CUDA graph (cuRAND-based dropout cannot, through
-// CuPy): a graph replays them with a new (seed, offset) only if start is passed through device memory,
-// a later change. One thread per element, grid-stride loops; the mask is bool (one byte), so a warp
+// CuPy): a graph replays them with a new (seed, offset) when start is passed through device memory
+// (dropout_forward_from_device). One thread per element, grid-stride loops; the mask is bool (one byte), so a warp
 // writes 32 consecutive bytes.
 
 #ifndef SCALAR
@@ -59,15 +59,30 @@ extern "C" __global__ void dropout_mask(bool* __restrict__ mask, const u64 start
 // mask and y = x·(mask·scale) in one pass; scale = 1/(1 − p) (0 for p = 1), rounded once to the
 // array's dtype as the NumPy twin does. A multiply, not a select, so that x·0 keeps NaN and turns
 // inf into NaN, as in PyTorch. p = 0 (threshold 0) keeps everything, p = 1 (threshold 2^24) nothing.
-extern "C" __global__ void dropout_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
-                                           bool* __restrict__ mask, const u64 start, const unsigned threshold,
-                                           const double scale_arg, const int n) {
+__device__ __forceinline__ void dropout_body(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                             bool* __restrict__ mask, const u64 start, const unsigned threshold,
+                                             const double scale_arg, const int n) {
     const scalar_t scale = (scalar_t)scale_arg;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
         const bool keep = top_bits(start, i) >= threshold;
         mask[i] = keep;
         y[i] = x[i] * (keep ? scale : scalar_t(0));
     }
+}
+
+extern "C" __global__ void dropout_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                           bool* __restrict__ mask, const u64 start, const unsigned threshold,
+                                           const double scale_arg, const int n) {
+    dropout_body(x, y, mask, start, threshold, scale_arg, n);
+}
+
+// The same, with the start read from device memory plus delta·GAMMA (mod 2^64): a CUDA graph records
+// kernel arguments by value, so this is how a replay draws a new mask (dropout.DeviceOffset).
+extern "C" __global__ void dropout_forward_from_device(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                       bool* __restrict__ mask, const u64* __restrict__ start_base,
+                                                       const u64 delta_gamma, const unsigned threshold,
+                                                       const double scale_arg, const int n) {
+    dropout_body(x, y, mask, start_base[0] + delta_gamma, threshold, scale_arg, n);
 }
 
 // dx = dy·(mask·scale).

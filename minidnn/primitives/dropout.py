@@ -33,6 +33,7 @@ lives in memory (which is what lets dropout run inside a captured CUDA graph).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from types import ModuleType
@@ -90,7 +91,20 @@ def _mix64_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _stream_start(seed: int, offset: int) -> int:
+@dataclasses.dataclass(frozen=True)
+class DeviceOffset:
+    """A counter offset read from the device, so a captured CUDA graph draws new masks at each replay.
+
+    The draw starts ``delta`` counters after an offset whose start value, ``stream_start(seed,
+    offset)``, the caller keeps in ``start[0]`` (a uint64 (1,) array on the GPU) and refreshes
+    before every replay; the kernel adds delta·GAMMA to it. See :mod:`minidnn.cuda.graphs`.
+    """
+
+    start: Any
+    delta: int
+
+
+def stream_start(seed: int, offset: int) -> int:
     """key + (offset + 1)·GAMMA mod 2^64: the hash input of element 0, so bits(i) = mix64(start + i·GAMMA)."""
     return (_mix64_int(seed) + (offset + 1) * GOLDEN_GAMMA) & _MASK64
 
@@ -108,7 +122,7 @@ def _random_bits(size: int, seed: int, offset: int, xp: ModuleType) -> Any:
     overflow only for scalar operations, never for arrays). Updates are in place to keep the
     temporaries to two uint64 arrays.
     """
-    start = _stream_start(seed, offset)
+    start = stream_start(seed, offset)
     if xp is not np:
         bits = xp.empty(size, dtype=xp.uint64)
         _launch("dropout_bits", np.float32, size, (bits, np.uint64(start)))
@@ -141,7 +155,7 @@ def uniform(shape: Any, seed: int, offset: int, xp: ModuleType) -> Any:
     offset = check_int(offset, "dropout: offset", 0)
     if xp is not np:
         u = xp.empty(shape, dtype=xp.float32)
-        _launch("dropout_uniform", np.float32, u.size, (u, np.uint64(_stream_start(seed, offset))))
+        _launch("dropout_uniform", np.float32, u.size, (u, np.uint64(stream_start(seed, offset))))
         return u
     k = _top_bits(math.prod(shape), seed, offset, xp)
     return (k.astype(xp.float32) * xp.float32(2.0 ** -UNIFORM_BITS)).reshape(shape)
@@ -153,7 +167,7 @@ def keep_mask(shape: tuple[int, ...], p: float, seed: int, offset: int, xp: Modu
     if xp is not np:
         mask = xp.empty(shape, dtype=bool)
         _launch("dropout_mask", np.float32, mask.size,
-                (mask, np.uint64(_stream_start(seed, offset)), np.uint32(threshold)))
+                (mask, np.uint64(stream_start(seed, offset)), np.uint32(threshold)))
         return mask
     return (_top_bits(math.prod(shape), seed, offset, xp) >= xp.uint32(threshold)).reshape(shape)
 
@@ -182,6 +196,10 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     check_float(x, "x")
     p = check_probability(p)
     seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
+    if isinstance(offset, DeviceOffset):
+        if not backend.is_cuda_array(x):
+            raise TypeError("dropout: a DeviceOffset (CUDA-graph capture) needs x on the GPU")
+        return _dropout_forward_gpu(x, p, seed, offset)
     offset = check_int(offset, "dropout: offset", 0)
     if backend.is_cuda_array(x):
         return _dropout_forward_gpu(x, p, seed, offset)
@@ -227,9 +245,10 @@ def _launch(name: str, dtype: Any, count: int, args: tuple) -> None:
     _cuda.launch(_cuda.function("dropout.cu", name, dtype), count, (*args, _cuda.i32(count)))
 
 
-def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: int) -> tuple[Any, Any]:
+def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: "int | DeviceOffset") -> tuple[Any, Any]:
     """mask and y in one launch. p = 0 and p = 1 need no special case: threshold 0 keeps every element
-    (y = x·1), threshold 2^24 none (y = x·0, as the NumPy twin's x·0)."""
+    (y = x·1), threshold 2^24 none (y = x·0, as the NumPy twin's x·0). A :class:`DeviceOffset` reads
+    the start from device memory (the kernel variant a CUDA graph replays with new masks)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(x)
@@ -237,8 +256,13 @@ def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: int) -> tuple[Any,
     y = xp.empty(x.shape, dtype=x.dtype)
     mask = xp.empty(x.shape, dtype=bool)
     scale = _keep_scale(p, np.dtype(np.float64))  # rounded to x's dtype in the kernel, as _keep_scale would
-    _launch("dropout_forward", x.dtype, x.size,
-            (x, y, mask, np.uint64(_stream_start(seed, offset)), np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
+    if isinstance(offset, DeviceOffset):
+        delta_gamma = np.uint64((offset.delta * GOLDEN_GAMMA) & _MASK64)
+        _launch("dropout_forward_from_device", x.dtype, x.size,
+                (x, y, mask, offset.start, delta_gamma, np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
+    else:
+        _launch("dropout_forward", x.dtype, x.size,
+                (x, y, mask, np.uint64(stream_start(seed, offset)), np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
     return y, mask
 
 
