@@ -110,7 +110,9 @@ class MaxPool2dFunction(Function):
     fresh_output = True
 
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
-        y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode)
+        # Without return_indices the engine keeps its own compact record of the maxima for backward.
+        y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
+                                               return_indices=indices_out is not None)
         self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
         if indices_out is not None:  # return_indices: hand the argmax to the caller as well
             indices_out.append(self.indices)

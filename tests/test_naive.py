@@ -64,7 +64,7 @@ def test_average_pooling_rules(xp, rng, case):
 
 def test_max_pooling_indices_and_gradient(xp, rng):
     x = xp.asarray(rng.standard_normal((2, 3, 11, 9)))
-    y, indices = P.max_pool2d_forward(x, 3, 2, 1, 2, True)
+    y, indices = P.max_pool2d_forward(x, 3, 2, 1, 2, True, return_indices=True)
     naive_y, naive_indices = naive.max_pool2d_forward(x, 3, 2, 1, 2, True)
     assert_close(naive_y, y)
     assert_close(naive_indices, indices)

@@ -246,9 +246,24 @@ def test_pool_output_size_matches_window_count():
 # ----------------------------------------------------------------------------------------------
 # Max pooling
 # ----------------------------------------------------------------------------------------------
+def taps_to_positions(taps, kernel, stride, padding, dilation, shape):
+    """The compact uint8 record r·kernel_w + c as flat positions h·W + w (written here, for the test)."""
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    sh, sw = (kh, kw) if stride is None else ((stride, stride) if isinstance(stride, int) else stride)
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    positions = np.empty(taps.shape, dtype=np.int64)
+    for p in range(taps.shape[2]):
+        for q in range(taps.shape[3]):
+            r, c = np.divmod(taps[:, :, p, q].astype(np.int64), kw)
+            positions[:, :, p, q] = (p * sh - ph + r * dh) * shape[3] + (q * sw - pw + c * dw)
+    return positions
+
+
 def check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
     x = draw(rng, shape)
-    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode,
+                                            return_indices=True)
     y_ref, indices_ref = ref_max_pool(x, kernel, stride, padding, dilation, ceil_mode)
     assert_close(y, y_ref, name="y")
     assert to_numpy(indices).dtype == np.int64
@@ -260,6 +275,14 @@ def check_max_pool(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape)
     # Given the window parameters, the GPU gathers per input pixel instead (same result).
     dx = pooling.max_pool2d_backward(xp.asarray(dy), indices, shape, kernel, stride, padding, dilation, ceil_mode)
     assert_close(dx, dx_ref, name="dx with window parameters")
+    # Without return_indices: the compact record of winning taps, the same maxima, the same gradient.
+    y_compact, taps = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    assert_close(y_compact, y_ref, name="y (compact record)")
+    assert to_numpy(taps).dtype == np.uint8
+    np.testing.assert_array_equal(taps_to_positions(to_numpy(taps), kernel, stride, padding, dilation, shape),
+                                  indices_ref)
+    dx = pooling.max_pool2d_backward(xp.asarray(dy), taps, shape, kernel, stride, padding, dilation, ceil_mode)
+    assert_close(dx, dx_ref, name="dx from taps")
 
 
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES)
@@ -279,7 +302,8 @@ def test_max_pool2d_random_cases_match_reference(xp, rng):
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES[3::2])
 def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
     x = draw(rng, shape).astype(np.float32)
-    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode,
+                                            return_indices=True)
     y_ref, indices_ref = ref_max_pool(x.astype(np.float64), kernel, stride, padding, dilation, ceil_mode)
     assert y.dtype == np.float32
     assert_close(y, y_ref, **F32, name="y")
@@ -301,7 +325,8 @@ def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mod
 ])
 def test_max_pool2d_backward_finite_differences(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
     x = draw(rng, shape)  # random floats: no ties, so the max is differentiable
-    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), kernel, stride, padding, dilation, ceil_mode,
+                                            return_indices=True)
     dy = draw(rng, y.shape)
     expected = numerical_gradient(
         lambda a: pooling.max_pool2d_forward(a, kernel, stride, padding, dilation, ceil_mode)[0], [x], 0, dy)
@@ -313,7 +338,7 @@ def test_max_pool2d_backward_finite_differences(xp, rng, kernel, stride, padding
 def test_max_pool2d_ties_choose_first_maximum(xp, rng):
     x = rng.integers(0, 3, (2, 3, 7, 6)).astype(np.float64)  # many ties
     for args in [(3, 1, 1, 1, False), ((2, 3), (1, 2), (1, 1), (2, 1), True)]:
-        y, indices = pooling.max_pool2d_forward(xp.asarray(x), *args)
+        y, indices = pooling.max_pool2d_forward(xp.asarray(x), *args, return_indices=True)
         y_ref, indices_ref = ref_max_pool(x, *args)
         assert_close(y, y_ref)
         np.testing.assert_array_equal(to_numpy(indices), indices_ref)
@@ -321,19 +346,19 @@ def test_max_pool2d_ties_choose_first_maximum(xp, rng):
 
 def test_max_pool2d_padding_is_never_chosen(xp, rng):
     x = -1e30 - draw(rng, (1, 2, 5, 4)) ** 2  # all far below the zero a zero padding would give
-    y, indices = pooling.max_pool2d_forward(xp.asarray(x), 3, 2, 1, 1, True)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), 3, 2, 1, 1, True, return_indices=True)
     y_ref, indices_ref = ref_max_pool(x, 3, 2, 1, 1, True)
     assert_close(y, y_ref)
     np.testing.assert_array_equal(to_numpy(indices), indices_ref)
     # Windows of only −inf pixels point at their first input pixel (PyTorch's kernels do so).
-    y, indices = pooling.max_pool2d_forward(xp.asarray(np.full((1, 1, 3, 3), -np.inf)), 2, 1, 1)
+    y, indices = pooling.max_pool2d_forward(xp.asarray(np.full((1, 1, 3, 3), -np.inf)), 2, 1, 1, return_indices=True)
     assert np.all(to_numpy(y) == -np.inf)
     np.testing.assert_array_equal(to_numpy(indices)[0, 0], [[0, 0, 1, 2], [0, 0, 1, 2], [3, 3, 4, 5], [6, 6, 7, 8]])
 
 
 def test_max_pool2d_nan_propagates(xp):
     x = np.array([[[[1.0, np.nan, np.nan, 2.0], [0.0, 1.0, 2.0, 3.0]]]])
-    y, indices = pooling.max_pool2d_forward(xp.asarray(x), (1, 4))
+    y, indices = pooling.max_pool2d_forward(xp.asarray(x), (1, 4), return_indices=True)
     assert np.isnan(to_numpy(y)[0, 0, 0, 0]) and to_numpy(y)[0, 0, 1, 0] == 3.0
     np.testing.assert_array_equal(to_numpy(indices)[0, 0, :, 0], [2, 7])  # the last NaN, as PyTorch
 
@@ -500,6 +525,10 @@ def test_forward_errors(call, error, message):
      r"grad_output must have shape \(1, 2, 1, 1\)"),
     (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 5, 4), stride=2), ValueError,
      "give kernel_size with the other window parameters"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i.astype(np.uint8), (1, 2, 5, 4)), ValueError,
+     "uint8 taps need the window parameters"),
+    (lambda dy, i: pooling.max_pool2d_backward(dy, i.astype(np.uint8) + 9, (1, 2, 5, 4), 2), ValueError,
+     r"indices must lie in \[0, H\*W\)"),
     (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 2, 7, 4), 2), ValueError,
      r"grad_output must have shape \(1, 2, 3, 2\)"),
     (lambda dy, i: pooling.avg_pool2d_backward(dy, (1, 3, 5, 4), 2), ValueError, "grad_output must have shape"),
@@ -513,7 +542,7 @@ def test_forward_errors(call, error, message):
 ])
 def test_backward_errors(call, error, message):
     x = np.zeros((1, 2, 5, 4))
-    y, indices = pooling.max_pool2d_forward(x, 2)
+    y, indices = pooling.max_pool2d_forward(x, 2, return_indices=True)
     with pytest.raises(error, match=message):
         call(np.ones_like(y), indices)
 

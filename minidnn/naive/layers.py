@@ -169,7 +169,7 @@ def _padded(x: Any, padding, kernel, stride, dilation, out, value: float) -> Any
 
 
 def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                       ceil_mode: bool = False) -> tuple[Any, Any]:
+                       ceil_mode: bool = False, return_indices: bool = False) -> tuple[Any, Any]:
     xp = _xp(x)
     kernel, stride, padding, dilation, out = _geometry(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
     padded = _padded(x, padding, kernel, stride, dilation, out, -math.inf)

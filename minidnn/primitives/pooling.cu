@@ -1,7 +1,7 @@
 // Max, average and adaptive average pooling over the H and W axes of NCHW (see pooling.py, whose
 // NumPy code is the reference twin of every kernel here; Caffe's pooling_layer.cu design).
 //
-// Layout: x and dx are (N, C, H, W), y and dy are (N, C, P, Q), indices (int64) are (N, C, P, Q),
+// Layout: x and dx are (N, C, H, W), y and dy are (N, C, P, Q), indices (int64) or taps (uint8) are (N, C, P, Q),
 // all contiguous. Output p, q reads the window of input rows p·stride_h − pad_h + r·dilation_h,
 // r < kernel_h (columns alike); pixels outside [0, H) × [0, W) are padding or ceil-mode overhang.
 //
@@ -59,33 +59,55 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
+// The maximum of output i's window and where it is: (row, column) of the winning tap.
+__device__ __forceinline__ scalar_t window_max(const scalar_t* __restrict__ x, const PoolShape& s, const int i,
+                                              int& best_r, int& best_c) {
+    const int q = i % s.Q;
+    const int p = (i / s.Q) % s.P;
+    const int plane = i / (s.Q * s.P);
+    const int hstart = p * s.stride_h - s.pad_h;
+    const int wstart = q * s.stride_w - s.pad_w;
+    const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
+    const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
+    const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+    best_r = r0;
+    best_c = c0;
+    scalar_t best = xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)];
+    for (int r = r0; r < r1; ++r) {
+        const int row = (hstart + r * s.dilation_h) * s.W;
+        for (int c = c0; c < c1; ++c) {
+            const scalar_t v = xs[row + wstart + c * s.dilation_w];
+            if (v > best || isnan(v)) {
+                best = v;
+                best_r = r;
+                best_c = c;
+            }
+        }
+    }
+    return best;
+}
+
+// y and PyTorch's indices: the flat position h·W + w of each maximum in its plane (return_indices).
 extern "C" __global__ void max_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                             long long* __restrict__ indices, const PoolShape s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int q = i % s.Q;
-        const int p = (i / s.Q) % s.P;
-        const int plane = i / (s.Q * s.P);
-        const int hstart = p * s.stride_h - s.pad_h;
-        const int wstart = q * s.stride_w - s.pad_w;
-        const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
-        const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
-        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
-        int best_index = (hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w);
-        scalar_t best = xs[best_index];
-        for (int r = r0; r < r1; ++r) {
-            const int row = (hstart + r * s.dilation_h) * s.W;
-            for (int c = c0; c < c1; ++c) {
-                const int index = row + wstart + c * s.dilation_w;
-                const scalar_t v = xs[index];
-                if (v > best || isnan(v)) {
-                    best = v;
-                    best_index = index;
-                }
-            }
-        }
-        y[i] = best;
-        indices[i] = best_index;
+        int r, c;
+        y[i] = window_max(x, s, i, r, c);
+        const int p = (i / s.Q) % s.P, q = i % s.Q;
+        indices[i] = (p * s.stride_h - s.pad_h + r * s.dilation_h) * s.W + (q * s.stride_w - s.pad_w + c * s.dilation_w);
+    }
+}
+
+// y and the compact record the layer keeps for its backward: the winning tap r·kernel_w + c of each
+// window, one byte (kernel_h·kernel_w <= 256): an eighth of int64 indices' memory.
+extern "C" __global__ void max_pool_forward_taps(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                                 unsigned char* __restrict__ taps, const PoolShape s) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        int r, c;
+        y[i] = window_max(x, s, i, r, c);
+        taps[i] = (unsigned char)(r * s.kernel_w + c);
     }
 }
 
@@ -111,6 +133,38 @@ extern "C" __global__ void max_pool_backward(const scalar_t* __restrict__ dy, co
             for (int q = q0; q < q1; ++q) {
                 const int o = offset + p * s.Q + q;
                 if (indices[o] == own) sum += dy[o];
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+// The same gather from the compact record: output (p, q) chose this pixel when its winning tap
+// (r, c) lands on it, i.e. h = p·stride_h − pad_h + r·dilation_h (and w alike) with r·kernel_w + c
+// equal to the stored tap.
+extern "C" __global__ void max_pool_backward_taps(const scalar_t* __restrict__ dy,
+                                                  const unsigned char* __restrict__ taps,
+                                                  scalar_t* __restrict__ dx, const PoolShape s) {
+    const int total = s.N * s.C * s.H * s.W;
+    const int span_h = s.dilation_h * (s.kernel_h - 1) + 1;
+    const int span_w = s.dilation_w * (s.kernel_w - 1) + 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int w = i % s.W;
+        const int h = (i / s.W) % s.H;
+        const int plane = i / (s.W * s.H);
+        const int p0 = first_window(h, s.stride_h, s.pad_h, span_h), p1 = last_window(h, s.stride_h, s.pad_h, s.P);
+        const int q0 = first_window(w, s.stride_w, s.pad_w, span_w), q1 = last_window(w, s.stride_w, s.pad_w, s.Q);
+        const int offset = plane * s.P * s.Q;
+        scalar_t sum = 0;
+        for (int p = p0; p < p1; ++p) {
+            const int dr = h - (p * s.stride_h - s.pad_h);
+            if (dr % s.dilation_h != 0) continue;
+            const int r = dr / s.dilation_h;
+            for (int q = q0; q < q1; ++q) {
+                const int dc = w - (q * s.stride_w - s.pad_w);
+                if (dc % s.dilation_w != 0) continue;
+                const int o = offset + p * s.Q + q;
+                if (taps[o] == r * s.kernel_w + dc / s.dilation_w) sum += dy[o];
             }
         }
         dx[i] = sum;

@@ -11,10 +11,13 @@ Every parameter follows PyTorch (``torch.nn.functional.max_pool2d`` and friends)
 * ``padding`` is at most ``kernel_size // 2`` (PyTorch's rule), so every average-pool window holds
   an input pixel. A max-pool window that still holds none (a dilation that skips over a tiny
   input) is a ``ValueError`` here, where PyTorch returns −inf with an index outside the plane.
-* Max pooling: padding acts as −inf and is never chosen; ``indices`` holds, for each output, the
-  flat position ``h·W + w`` of the maximum inside its (n, c) plane; on ties the first maximum in
-  window order (row-major) wins; a NaN wins over any number (the last NaN in window order, as
-  PyTorch's kernels). The backward pass scatter-adds dy to those positions.
+* Max pooling: padding acts as −inf and is never chosen; on ties the first maximum in window order
+  (row-major) wins; a NaN wins over any number (the last NaN in window order, as PyTorch's
+  kernels). The forward returns, for each output, where its maximum is: with ``return_indices``
+  PyTorch's int64 flat position ``h·W + w`` inside its (n, c) plane, otherwise the compact record
+  a layer keeps for its backward, the winning tap ``r·kernel_w + c`` of the window as uint8 (an
+  eighth of the memory; windows of more than 256 taps fall back to the int64 positions). The
+  backward pass sends each dy entry to that pixel; it accepts either form.
 * Average pooling divides by the window's area counted inside the padded input (the ceil-mode
   overhang past the padded border never counts), by the number of real input pixels with
   ``count_include_pad=False``, or by ``divisor_override``.
@@ -35,6 +38,9 @@ import numpy as np
 
 from .. import backend
 from ._checks import check_bool, check_float, check_int, check_rank, pair
+
+# The most taps a window may have for the compact uint8 record of max pooling.
+MAX_TAPS = 256
 
 __all__ = [
     "pool_output_size", "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
@@ -165,21 +171,23 @@ def _first_input_tap(size: int, kernel: int, stride: int, padding: int, dilation
 
 
 def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                       ceil_mode: bool = False) -> tuple[Any, Any]:
+                       ceil_mode: bool = False, return_indices: bool = False) -> tuple[Any, Any]:
     """Maximum over each (dilated) window.
 
-    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype and indices: int64 (N, C, P, Q), the
-    flat position h·W + w in its (n, c) plane of each maximum (PyTorch's ``return_indices``).
+    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype and where each maximum is, (N, C, P, Q):
+    with ``return_indices`` int64 flat positions h·W + w in its (n, c) plane (PyTorch's), else
+    the uint8 winning tap r·kernel_w + c of its window (int64 positions for windows of > 256 taps).
     """
     _check_input(x)
     kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
+    taps = not check_bool(return_indices, "return_indices") and kernel[0] * kernel[1] <= MAX_TAPS
     xp = backend.get_array_module(x)
     N, C, H, W = x.shape
     P, Q = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
     first_h = _first_input_tap(H, kernel[0], stride[0], padding[0], dilation[0], P, "row")
     first_w = _first_input_tap(W, kernel[1], stride[1], padding[1], dilation[1], Q, "column")
     if backend.is_cuda_array(x):
-        return _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, (P, Q))
+        return _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, (P, Q), taps)
     # Padding is −inf and only a strictly greater value replaces the running maximum, so padding
     # is never chosen and ties keep the first maximum. The loop runs over the R·S taps (a running
     # max, like Caffe's kernel), never over pixels, and needs no R·S-times copy of the input.
@@ -187,15 +195,22 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     y = xp.full((N, C, P, Q), -np.inf, dtype=x.dtype)
     start_h = np.arange(P) * stride[0] - padding[0]
     start_w = np.arange(Q) * stride[1] - padding[1]
-    indices = xp.empty((N, C, P, Q), dtype=xp.int64)
-    indices[...] = xp.asarray(first_h[:, None] * W + first_w[None, :], dtype=xp.int64)
+    indices = xp.empty((N, C, P, Q), dtype=xp.uint8 if taps else xp.int64)
+    if taps:  # the first tap inside the input, where the running maximum starts
+        indices[...] = xp.asarray(((first_h - start_h) // dilation[0])[:, None] * kernel[1]
+                                  + ((first_w - start_w) // dilation[1])[None, :], dtype=xp.uint8)
+    else:
+        indices[...] = xp.asarray(first_h[:, None] * W + first_w[None, :], dtype=xp.int64)
     for r in range(kernel[0]):
         for s in range(kernel[1]):
             window = x_padded[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, (P, Q))]
             better = (window > y) | xp.isnan(window)  # NaN propagates, as in PyTorch
-            tap_index = (start_h + r * dilation[0])[:, None] * W + (start_w + s * dilation[1])[None, :]
+            if taps:
+                tap = r * kernel[1] + s
+            else:
+                tap = (start_h + r * dilation[0])[:, None] * W + (start_w + s * dilation[1])[None, :]
             xp.copyto(y, window, where=better)
-            xp.copyto(indices, xp.asarray(tap_index, dtype=xp.int64), where=better)
+            xp.copyto(indices, xp.asarray(tap, dtype=indices.dtype), where=better)
     return y, indices
 
 
@@ -203,13 +218,14 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
                         padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
     """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
 
-    dy: (N, C, P, Q); indices: integer (N, C, P, Q) from :func:`max_pool2d_forward`;
-    x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    dy: (N, C, P, Q); indices: (N, C, P, Q) from :func:`max_pool2d_forward`, int64 positions or
+    uint8 taps; x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
 
-    The window parameters are optional (the NumPy code needs only ``indices``); given, they must
-    be the forward's, dy's shape is checked against them, and on the GPU each input pixel then
-    gathers from the few windows that cover it. Without them the GPU adds each (n, c) plane's
-    gradients in one thread (deterministic, but only N·C threads): pass them for speed.
+    The window parameters are optional with int64 positions (the NumPy code needs only those);
+    given, they must be the forward's, dy's shape is checked against them, and on the GPU each
+    input pixel then gathers from the few windows that cover it. Without them the GPU adds each
+    (n, c) plane's gradients in one thread (deterministic, but only N·C threads): pass them for
+    speed. uint8 taps need them.
     """
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
@@ -227,11 +243,17 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
         _check_grad(dy, (N, C) + _output_hw((H, W), *window), "the pooling output for x_shape")
     dtype = getattr(indices, "dtype", None)
     if dtype is None or dtype.kind not in "iu":
-        raise TypeError(f"indices must be an integer array (int64 from max_pool2d_forward), got "
-                        f"{dtype if dtype is not None else type(indices).__name__}")
+        raise TypeError(f"indices must be an integer array (int64 positions or uint8 taps from max_pool2d_forward), "
+                        f"got {dtype if dtype is not None else type(indices).__name__}")
     if tuple(indices.shape) != tuple(dy.shape):
         raise ValueError(f"indices must have grad_output's shape {tuple(dy.shape)}, got {tuple(indices.shape)}")
     xp = backend.get_array_module(dy, indices)  # also refuses dy and indices on different devices
+    if dtype == np.uint8:
+        if window is None:
+            raise ValueError("max_pool2d_backward: uint8 taps need the window parameters (kernel_size, ...)")
+        if backend.is_cuda_array(dy):
+            return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
+        indices = _positions(indices, window, (H, W), tuple(dy.shape[2:]))
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
@@ -243,6 +265,16 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     dx = xp.zeros(N * C * H * W, dtype=dy.dtype)
     xp.add.at(dx, (planes + indices).reshape(-1), dy.reshape(-1))
     return dx.reshape(N, C, H, W)
+
+
+def _positions(taps: Any, window: tuple, hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
+    """uint8 taps r·kernel_w + c -> int64 flat positions h·W + w (the NumPy backward's form)."""
+    xp = backend.get_array_module(taps)
+    kernel, stride, padding, dilation, _ = window
+    r, c = taps.astype(xp.int64) // kernel[1], taps.astype(xp.int64) % kernel[1]
+    h = (xp.arange(out_hw[0]) * stride[0] - padding[0])[:, None] + r * dilation[0]
+    w = (xp.arange(out_hw[1]) * stride[1] - padding[1])[None, :] + c * dilation[1]
+    return h * hw[1] + w
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,13 +463,13 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     _cuda.launch(_cuda.function("pooling.cu", name, arrays[0].dtype), count, (*arrays, shape))
 
 
-def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw) -> tuple[Any, Any]:
+def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
     cupy = backend.cupy()
     x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
     out_shape = tuple(x.shape[:2]) + tuple(out_hw)
     y = cupy.empty(out_shape, dtype=x.dtype)
-    indices = cupy.empty(out_shape, dtype=cupy.int64)
-    _launch("max_pool_forward", y.size, (x, y, indices),
+    indices = cupy.empty(out_shape, dtype=cupy.uint8 if taps else cupy.int64)
+    _launch("max_pool_forward_taps" if taps else "max_pool_forward", y.size, (x, y, indices),
             _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
     return y, indices
 
@@ -445,8 +477,14 @@ def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw) -> tup
 def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
     cupy = backend.cupy()
     dy = cupy.ascontiguousarray(dy)
-    indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
     out_hw = tuple(dy.shape[2:])
+    if indices.dtype == cupy.uint8:
+        kernel, stride, padding, dilation, _ = window
+        dx = cupy.empty(x_shape, dtype=dy.dtype)
+        _launch("max_pool_backward_taps", dx.size, (dy, cupy.ascontiguousarray(indices), dx),
+                _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
+        return dx
+    indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
     if window is None:
         # One thread per plane adds into a zeroed dx (see max_pool_backward_serial).
         dx = cupy.zeros(x_shape, dtype=dy.dtype)
