@@ -36,3 +36,12 @@ def check_rank(array: Any, rank: int, name: str, layout: str) -> None:
 def check_same_dtype(a: Any, b: Any, name_a: str, name_b: str) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{name_a} and {name_b} must have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def check_int(value: Any, name: str, minimum: int = 0) -> int:
+    """``value`` must be an int (not a bool) of at least ``minimum``; returns it as an int."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
