@@ -121,7 +121,7 @@ def _best_split(fastest: dict[int, AlgoPerf], batch: int) -> Option | None:
                 break
             rest_time, rest_count, rest_workspace, _ = best[b - part]
             time_ms = part_time + rest_time
-            if time_ms > choice[0] or time_ms == math.inf:  # the common case, decided without a tuple
+            if time_ms > choice[0]:  # the common case, decided without building a tuple
                 continue
             split = (time_ms, rest_count + 1, max(part_workspace, rest_workspace), part)
             if split < choice:
