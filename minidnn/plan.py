@@ -72,7 +72,7 @@ def run_network(model: nn.Module, x: minidnn.Tensor, labels: minidnn.Tensor) -> 
     def observe(direction: str, problem: ConvProblem, plan: api.Plan) -> None:
         calls[(problem, direction)] += 1
         if direction == "forward":
-            layers.append((running[-1], problem))
+            layers.append((running[-1] if running else "(functional conv2d)", problem))
 
     def forward(self: nn.Conv2d, inputs: minidnn.Tensor) -> minidnn.Tensor:
         running.append(names[id(self)])

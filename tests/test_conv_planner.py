@@ -14,11 +14,12 @@ import warnings
 import numpy as np
 import pytest
 
+from minidnn import backend
 from minidnn import plan as plan_cli
 from minidnn.primitives import conv
 from minidnn.primitives.conv import api, planner, registry, selection
 from minidnn.primitives.conv.selection import AlgoPerf
-from tests.helpers import assert_close
+from tests.helpers import assert_close, to_numpy
 
 MiB = 1 << 20
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -268,7 +269,7 @@ CONV_ARGS = dict(stride=(2, 1), padding=(1, 0), dilation=1, groups=2)
 def run(direction, x, w, dy, **settings):
     """One direction of the test convolution into an output poisoned with NaN (unwritten elements show)."""
     out_shape = {"forward": dy.shape, "backward_data": x.shape, "backward_filter": w.shape}[direction]
-    out = np.full(out_shape, np.nan)
+    out = backend.get_array_module(x).full(out_shape, np.nan)
     if direction == "forward":
         return conv.conv2d_forward(x, w, **CONV_ARGS, out=out, **settings)
     if direction == "backward_data":
@@ -276,48 +277,51 @@ def run(direction, x, w, dy, **settings):
     return conv.conv2d_backward_filter(x, dy, w.shape, **CONV_ARGS, out=out, **settings)
 
 
-def test_micro_batches_with_different_algorithms_equal_the_undivided_convolution(fresh_plans, monkeypatch, rng):
+def test_micro_batches_with_different_algorithms_equal_the_undivided_convolution(fresh_plans, monkeypatch, xp, rng):
     monkeypatch.setattr(selection, "find", synthetic_find(MIXED))
-    x, w = rng.standard_normal((7, 4, 9, 8)), rng.standard_normal((6, 2, 3, 2))
-    dy = rng.standard_normal((7, 6, 5, 7))
+    x, w = xp.asarray(rng.standard_normal((7, 4, 9, 8))), xp.asarray(rng.standard_normal((6, 2, 3, 2)))
+    dy = xp.asarray(rng.standard_normal((7, 6, 5, 7)))
     seen = []
     api.call_observer = lambda direction, problem, plan: seen.append(plan)
     for direction in DIRECTIONS:
         with conv.settings(algo="auto", microbatch="wr", batch_policy="powers_of_two", workspace_limit=1 << 30):
             got = run(direction, x, w, dy)
         assert [(n, a.name) for n, a in seen[-1].segments] == [(4, "gemm"), (2, "reference"), (1, "gemm")]
-        assert_close(got, run(direction, x, w, dy, algo="reference"), name=direction)
+        assert_close(got, run(direction, *map(to_numpy, (x, w, dy)), algo="reference"), name=direction)
 
 
-def test_a_limit_below_every_algorithm_that_needs_workspace_runs_without_one(fresh_plans, rng, tmp_path, monkeypatch):
-    """Real find on the CPU (batch 1, then a prime batch) under a limit of 0 bytes."""
+def test_a_limit_below_every_algorithm_that_needs_workspace_runs_without_one(fresh_plans, xp, rng, tmp_path,
+                                                                             monkeypatch):
+    """Real find (batch 1, then a prime batch) under a limit of 0 bytes."""
     monkeypatch.setenv("MINIDNN_CACHE_DIR", str(tmp_path))
     selection.clear_cache()
-    w = rng.standard_normal((6, 2, 3, 2))
+    device = "cpu" if xp is np else "cuda"
+    w = xp.asarray(rng.standard_normal((6, 2, 3, 2)))
     for batch in (1, 7):
-        x = rng.standard_normal((batch, 4, 9, 8))
-        dy = rng.standard_normal((batch, 6, 5, 7))
+        x = xp.asarray(rng.standard_normal((batch, 4, 9, 8)))
+        dy = xp.asarray(rng.standard_normal((batch, 6, 5, 7)))
         for direction in DIRECTIONS:
-            problem = conv.ConvProblem(batch, 4, 9, 8, 6, 3, 2, (2, 1), (1, 0), (1, 1), 2, np.dtype(np.float64), "cpu")
+            problem = conv.ConvProblem(batch, 4, 9, 8, 6, 3, 2, (2, 1), (1, 0), (1, 1), 2, np.dtype(np.float64), device)
             made = planner.plan(problem, direction, 0, "wr", "powers_of_two")
             assert made.workspace_bytes == 0
             assert all(a.workspace_bytes(problem.with_batch(n), direction) == 0 for n, a in made.segments)
             assert sum(n for n, _ in made.segments) == batch
             with conv.settings(algo="auto", microbatch="wr", workspace_limit=0):
                 got = run(direction, x, w, dy)
-            assert_close(got, run(direction, x, w, dy, algo="reference"), name=direction)
+            assert_close(got, run(direction, *map(to_numpy, (x, w, dy)), algo="reference"), name=direction)
     selection.clear_cache()
 
 
 # ----------------------------------------------------------------------------------------------
 # WD across a network: register, solve, one shared arena, new shapes, reset
 # ----------------------------------------------------------------------------------------------
-def test_wd_registers_solves_and_runs_every_kernel_from_one_arena(fresh_plans, monkeypatch, rng):
+def test_wd_registers_solves_and_runs_every_kernel_from_one_arena(fresh_plans, monkeypatch, xp, rng):
     times = dict(MIXED)
     times.update({(6, "gemm"): 30.0, (6, "reference"): 40.0})
     monkeypatch.setattr(selection, "find", synthetic_find(times))
-    w = rng.standard_normal((6, 2, 3, 2))
-    inputs = {batch: (rng.standard_normal((batch, 4, 9, 8)), rng.standard_normal((batch, 6, 5, 7))) for batch in (7, 6)}
+    w = xp.asarray(rng.standard_normal((6, 2, 3, 2)))
+    inputs = {batch: (xp.asarray(rng.standard_normal((batch, 4, 9, 8))), xp.asarray(rng.standard_normal((batch, 6, 5, 7))))
+              for batch in (7, 6, 4)}
     seen = []
     api.call_observer = lambda direction, problem, plan: seen.append(((problem, direction), plan))
 
@@ -343,21 +347,21 @@ def test_wd_registers_solves_and_runs_every_kernel_from_one_arena(fresh_plans, m
     arenas = {id(plan.arena) for _, plan in seen if plan.workspace_bytes}
     assert len(arenas) == 1, "one arena for every kernel"
     arena = next(plan.arena for _, plan in seen if plan.workspace_bytes)
-    assert arena.dtype == np.uint8 and arena.size == max(plan.workspace_bytes for _, plan in seen)
+    assert backend.get_array_module(arena) is xp and arena.dtype == np.uint8
+    assert arena.size == max(plan.workspace_bytes for _, plan in seen)
     for kernel, plan in seen:
         assert tuple((n, a.name) for n, a in plan.segments) == chosen[kernel].segments
     for batch, got in ((7, results), (6, results6)):
         x, dy = inputs[batch]
         for direction in DIRECTIONS:
-            assert_close(got[direction], run(direction, x, w, dy, algo="reference"), name=direction)
+            assert_close(got[direction], run(direction, *map(to_numpy, (x, w, dy)), algo="reference"), name=direction)
 
     # A shape that appears after the solve: WR until the next solve, with one warning.
-    x4, dy4 = inputs[4] = (rng.standard_normal((4, 4, 9, 8)), rng.standard_normal((4, 6, 5, 7)))
     seen.clear()
     with pytest.warns(RuntimeWarning, match="after solve_network"):
         new = step(4)["forward"]
     assert seen[0][1].arena is None and seen[0][1].segments == ((4, registry.get("gemm")),)
-    assert_close(new, run("forward", x4, w, dy4, algo="reference"))
+    assert_close(new, run("forward", *map(to_numpy, (inputs[4][0], w, inputs[4][1])), algo="reference"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         step(4, limit=1 << 29)  # a new plan key: plan() runs again, and stays quiet
@@ -390,6 +394,15 @@ def test_cli_prints_the_wd_plan_of_a_tiny_model(find_cache, capsys):
                  "of the 64.0 KiB budget", "shared arena"):
         assert text in out, text
     assert "features.0  backward_data" not in out  # the input needs no gradient
+
+
+@pytest.mark.gpu
+def test_cli_plans_on_the_gpu(find_cache, capsys):
+    args = ["tiny_cnn", "--batch", "6", "--device", "cuda", "--image-size", "20", "--workspace-limit", "256KiB"]
+    for mode in ("wd", "wr"):
+        assert plan_cli.main(args + ["--microbatch", mode]) == 0
+        out = capsys.readouterr().out
+        assert ", cuda, float32" in out and "features.8  backward_filter" in out and "total:" in out
 
 
 def test_cli_wr_plan_and_trade_off_chart(find_cache, capsys, tmp_path):

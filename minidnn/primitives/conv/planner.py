@@ -183,8 +183,8 @@ def wd_solve(fronts: Sequence[Sequence[Option]], budget: int, counts: Sequence[i
 
     A multiple-choice knapsack, solved exactly by a DP over the kernels that keeps the Pareto front
     of partial solutions (total workspace, total time) over kernels 0 … k. A partial solution that
-    another beats in both can be dropped: any completion of it completes the other at no more
-    workspace and no more time, so it never leads to a unique optimum. Partial solutions whose
+    another beats in both can be dropped: whatever options complete it complete the other at no
+    more workspace and no more time, so the optimum survives without it. Partial solutions whose
     workspace leaves too little for the least-workspace options of the kernels still to come are
     dropped as well. The answer is the fastest point of the last front (on a tie in time, the one
     with less workspace).
@@ -274,7 +274,8 @@ def solve_network(budget: int, counts: dict[Kernel, int] | None = None) -> dict[
 
     ``budget``: total workspace bytes, Σ over kernels of count × workspace (μ-cuDNN's meaning: what
     the kernels would hold with a buffer each). ``counts``: calls per training step of each
-    (problem, direction), e.g. from the number of layers of that shape; absent kernels count once.
+    (problem, direction), e.g. from the number of layers of that shape; registered kernels absent
+    from it count once, and kernels in it that never registered are ignored.
     Since convolutions run one at a time, every kernel uses one shared arena from offset 0, so the
     arena is only as large as the largest plan's workspace (at most the budget).
     Returns each kernel's chosen option.
