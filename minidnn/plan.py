@@ -17,7 +17,7 @@ import argparse
 import collections
 import importlib.util
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -320,7 +320,7 @@ def test_wd_registers_solves_and_runs_every_kernel_from_one_arena(fresh_plans, m
     times.update({(6, "gemm"): 30.0, (6, "reference"): 40.0})
     monkeypatch.setattr(selection, "find", synthetic_find(times))
     w = xp.asarray(rng.standard_normal((6, 2, 3, 2)))
-    inputs = {batch: (xp.asarray(rng.standard_normal((batch, 4, 9, 8))), xp.asarray(rng.standard_normal((batch, 6, 5, 7))))
+    inputs = {batch: tuple(xp.asarray(rng.standard_normal(shape)) for shape in ((batch, 4, 9, 8), (batch, 6, 5, 7)))
               for batch in (7, 6, 4)}
     seen = []
     api.call_observer = lambda direction, problem, plan: seen.append(((problem, direction), plan))

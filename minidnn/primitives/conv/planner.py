@@ -296,7 +296,8 @@ def solve_network(budget: int, counts: dict[Kernel, int] | None = None) -> dict[
         xp = np if device == "cpu" else backend.cupy()
         arenas[device] = xp.empty(size, dtype=np.uint8) if size else None
     _solved.clear()
-    _solved.update({kernel: dataclasses.replace(plan, arena=arenas[kernel[0].device]) for kernel, plan in plans.items()})
+    _solved.update({(problem, direction): dataclasses.replace(plan, arena=arenas[problem.device])
+                    for (problem, direction), plan in plans.items()})
     _warned.clear()
     api._plans.clear()  # made before the solve: drop them so every call asks plan() again
     return dict(zip(kernels, chosen))
