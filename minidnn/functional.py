@@ -341,7 +341,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 class LocalResponseNormFunction(Function):
     def forward(self, x, size, alpha, beta, k):
         self.args = (size, alpha, beta, k)
-        y, scale = P.lrn_forward(x, size, alpha, beta, k)
+        y, scale = P.lrn_forward(x, size, alpha, beta, k)  # scale None: the engine recomputes it
         self.save_for_backward(x, y, scale)
         return y
 

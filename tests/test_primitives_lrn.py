@@ -62,13 +62,19 @@ CASES = [  # (shape, size): 3-D, 4-D and 5-D inputs, batch 1, C below, at and ab
 @pytest.mark.parametrize("shape, size", CASES)
 def test_lrn_matches_reference_float64(xp, rng, shape, size):
     x, dy = rng.standard_normal(shape) * 2, rng.standard_normal(shape)
-    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS)
+    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS, keep_scale=True)
     expected_y, expected_scale = reference_lrn(x, size, **PARAMS)
     assert y.dtype == xp.float64 and scale.dtype == xp.float64
     assert_close(scale, expected_scale, rtol=1e-13, atol=1e-14, name="scale")
     assert_close(y, expected_y, rtol=1e-13, atol=1e-14, name="y")
     dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **PARAMS)
     assert_close(dx, reference_lrn_backward(dy, x, size, **PARAMS), rtol=1e-12, atol=1e-14, name="dx")
+    # A layer keeps no scale between the passes: the forward returns none, the backward recomputes it.
+    y_only, no_scale = lrn_forward(xp.asarray(x), size, **PARAMS)
+    assert no_scale is None
+    assert_close(y_only, expected_y, rtol=1e-13, atol=1e-14, name="y without scale")
+    dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y_only, None, size, **PARAMS)
+    assert_close(dx, reference_lrn_backward(dy, x, size, **PARAMS), rtol=1e-12, atol=1e-14, name="dx, scale recomputed")
 
 
 @pytest.mark.parametrize("shape, size", [((1, 3, 2, 2), 1), ((2, 4, 2), 2), ((1, 5, 2, 2), 3), ((1, 4, 3, 1), 5),
@@ -76,7 +82,7 @@ def test_lrn_matches_reference_float64(xp, rng, shape, size):
 def test_lrn_backward_matches_finite_differences(xp, rng, shape, size):
     x, dy = rng.standard_normal(shape) * 2, rng.standard_normal(shape)
     expected = numerical_gradient(lambda a: lrn_forward(a, size, **PARAMS)[0], [x], 0, dy)
-    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS)
+    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS, keep_scale=True)
     dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **PARAMS)
     assert_close(dx, expected, **FD_TOLERANCE, name="LRN finite differences")
 
@@ -88,7 +94,7 @@ def test_lrn_float32_matches_float64_reference(xp, rng, size):
     x = (rng.standard_normal((2, 24, 3, 2)) * 10.0 ** rng.uniform(-2, 2, size=(1, 24, 1, 1))).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     params = dict(alpha=1e-2, beta=0.75, k=2.0)
-    y, scale = lrn_forward(xp.asarray(x), size, **params)
+    y, scale = lrn_forward(xp.asarray(x), size, **params, keep_scale=True)
     dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **params)
     assert y.dtype == xp.float32 and scale.dtype == xp.float32 and dx.dtype == xp.float32
     expected_y, expected_scale = reference_lrn(x, size, **params)
@@ -105,7 +111,7 @@ def test_lrn_window_orientation(xp, size, raised_channels):
     channel 2 is seen by channels 2 and 3, not 1."""
     x = np.zeros((1, 6, 1, 1))
     x[0, 2] = 1.0
-    _, scale = lrn_forward(xp.asarray(x), size, alpha=1.0, beta=0.75, k=1.0)
+    _, scale = lrn_forward(xp.asarray(x), size, alpha=1.0, beta=0.75, k=1.0, keep_scale=True)
     expected = np.ones(6)
     expected[raised_channels] = 1.0 + 1.0 / size
     assert_close(to_numpy(scale)[0, :, 0, 0], expected, name="scale per channel")
@@ -113,12 +119,12 @@ def test_lrn_window_orientation(xp, size, raised_channels):
 
 def test_lrn_defaults_and_zero_input(xp, rng):
     x = rng.standard_normal((1, 5, 2, 2))
-    y, scale = lrn_forward(xp.asarray(x), 3)
+    y, scale = lrn_forward(xp.asarray(x), 3, keep_scale=True)
     expected_y, expected_scale = reference_lrn(x, 3, alpha=1e-4, beta=0.75, k=1.0)
     assert_close(y, expected_y, rtol=1e-13, name="default y")
     assert_close(scale, expected_scale, rtol=1e-13, name="default scale")
     zeros = xp.zeros((1, 4, 2, 3), dtype=xp.float32)
-    y, scale = lrn_forward(zeros, 5, k=0.5)
+    y, scale = lrn_forward(zeros, 5, k=0.5, keep_scale=True)
     np.testing.assert_array_equal(to_numpy(scale), 0.5)
     np.testing.assert_array_equal(to_numpy(y), 0.0)
 
@@ -132,8 +138,8 @@ def test_gpu_lrn_large_shapes_match_numpy_twin(xp, rng, shape, size, dtype):
     x, dy = (rng.standard_normal(shape) * 2).astype(dtype), rng.standard_normal(shape).astype(dtype)
     params = dict(alpha=1e-2, beta=0.75, k=2.0)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
-    y, scale = lrn_forward(xp.asarray(x), size, **params)
-    y_twin, scale_twin = lrn_forward(x, size, **params)
+    y, scale = lrn_forward(xp.asarray(x), size, **params, keep_scale=True)
+    y_twin, scale_twin = lrn_forward(x, size, **params, keep_scale=True)
     assert_close(scale, scale_twin, **tol, name="scale")
     assert_close(y, y_twin, **tol, name="y")
     dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **params)
@@ -157,7 +163,7 @@ def test_lrn_errors_name_the_argument(xp):
     with pytest.raises(
             ValueError, match=r"x must be \(N, C, \*spatial\) with at least 3 dimensions, got shape \(2, 3\)$"):
         lrn_forward(xp.ones((2, 3)), 3)
-    y, scale = lrn_forward(x, 3)
+    y, scale = lrn_forward(x, 3, keep_scale=True)
     with pytest.raises(ValueError, match=r"dy must have x's shape \(2, 3, 4, 4\), got \(2, 3, 4, 3\)"):
         lrn_backward(xp.ones((2, 3, 4, 3)), x, y, scale, 3)
     with pytest.raises(TypeError, match="scale and x must have the same dtype"):
@@ -174,7 +180,7 @@ def test_lrn_matches_torch(xp, rng, size, shape):
     tx = torch.tensor(x, requires_grad=True)
     ty = torch.nn.functional.local_response_norm(tx, size, **PARAMS)
     ty.backward(torch.tensor(dy))
-    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS)
+    y, scale = lrn_forward(xp.asarray(x), size, **PARAMS, keep_scale=True)
     dx = lrn_backward(xp.asarray(dy), xp.asarray(x), y, scale, size, **PARAMS)
     assert_close(y, ty.detach().numpy(), rtol=1e-12, atol=1e-14, name="LRN vs torch")
     assert_close(dx, tx.grad.numpy(), rtol=1e-11, atol=1e-13, name="LRN grad vs torch")

@@ -270,7 +270,8 @@ def _channel_window_sum(values: Any, before: int, after: int) -> Any:
     return sum(padded[:, offset:offset + channels] for offset in range(before + after + 1))
 
 
-def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> tuple[Any, Any]:
+def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
+                keep_scale: bool = True) -> tuple[Any, Any]:
     scale = k + alpha / size * _channel_window_sum(x * x, size // 2, (size - 1) // 2)
     return x * scale ** -beta, scale
 

@@ -26,7 +26,9 @@ typedef double acc_t;
 
 // scale = k + (α/size)·Σ_window x², y = x·scale^−β. The window sum is clamped at 0 (a sum of
 // squares is never negative; the running subtraction can round below it, as the twin's prefix
-// differences can) without dropping a NaN, as the twin's maximum(·, 0).
+// differences can) without dropping a NaN, as the twin's maximum(·, 0). Either output may be a null
+// pointer: the forward pass of a layer writes y only (the backward recomputes scale, rather than
+// keep an array of x's size alive between the passes), the backward pass scale only.
 extern "C" __global__ void lrn_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                        scalar_t* __restrict__ scale, const int N, const int C, const int S,
                                        const int before, const int after, const double alpha_over_size,
@@ -39,8 +41,8 @@ extern "C" __global__ void lrn_forward(const scalar_t* __restrict__ x, scalar_t*
         const int n = t / S;
         const int base = n * C * S + (t - n * S);  // (n·C + 0)·S + s
         const scalar_t* __restrict__ xs = x + base;
-        scalar_t* __restrict__ ys = y + base;
-        scalar_t* __restrict__ scales = scale + base;
+        scalar_t* __restrict__ ys = y ? y + base : nullptr;
+        scalar_t* __restrict__ scales = scale ? scale + base : nullptr;
         // The window of channel 0: channels 0 … after.
         acc_t window = 0;
         for (int j = 0; j <= after && j < C; ++j) {
@@ -50,8 +52,8 @@ extern "C" __global__ void lrn_forward(const scalar_t* __restrict__ x, scalar_t*
         for (int c = 0; c < C; ++c) {
             const scalar_t squares = scalar_t(window < 0 ? acc_t(0) : window);
             const scalar_t s = offset + coefficient * squares;
-            scales[c * S] = s;
-            ys[c * S] = xs[c * S] * pow(s, minus_beta);
+            if (scales) scales[c * S] = s;
+            if (ys) ys[c * S] = xs[c * S] * pow(s, minus_beta);
             // Slide to channel c + 1: channel c + 1 + after enters, channel c − before leaves.
             const int enter = c + 1 + after, leave = c - before;
             if (enter < C) {

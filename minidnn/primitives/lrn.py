@@ -23,10 +23,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import backend
-from ._checks import check_float, check_int, check_real, check_same_dtype
+from ._checks import check_bool, check_float, check_int, check_real, check_same_dtype
 
 __all__ = ["lrn_forward", "lrn_backward"]
+
+_NULL = np.uintp(0)  # a null pointer argument for a kernel output that is not wanted
 
 
 def _check_parameters(size: Any, alpha: Any, beta: Any, k: Any) -> tuple[float, float, float]:
@@ -67,22 +71,32 @@ def _channel_window_sum(values: Any, before: int, after: int) -> Any:
     return window.astype(values.dtype, copy=False)
 
 
-def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> tuple[Any, Any]:
+def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0,
+                keep_scale: bool = False) -> tuple[Any, Any]:
     """y = x · scale^(−β) with scale = k + (α/size)·Σ_window x².
 
-    x: (N, C, *spatial), at least 3-D. Returns (y, scale), both x's shape and dtype; scale is
-    kept for :func:`lrn_backward`.
+    x: (N, C, *spatial), at least 3-D. Returns (y, scale): y of x's shape and dtype, and scale
+    (the same shape) only with ``keep_scale``, else None: :func:`lrn_backward` recomputes it from x
+    in the same O(C) pass, which costs one cheap kernel and saves keeping an array of x's size
+    alive from the forward to the backward pass.
     """
     _check_input(x, "x")
     alpha, beta, k = _check_parameters(size, alpha, beta, k)
+    keep_scale = check_bool(keep_scale, "keep_scale")
     if backend.is_cuda_array(x):
-        return _lrn_forward_gpu(x, size, alpha, beta, k)
+        return _lrn_forward_gpu(x, size, alpha, beta, k, want_y=True, want_scale=keep_scale)
+    xp = backend.get_array_module(x)
+    scale = _scale(x, size, alpha, k)
+    return x * xp.power(scale, -beta), (scale if keep_scale else None)
+
+
+def _scale(x: Any, size: int, alpha: float, k: float) -> Any:
+    """k + (α/size)·Σ_window x² (NumPy)."""
     xp = backend.get_array_module(x)
     squares = _channel_window_sum(x * x, size // 2, (size - 1) // 2)
     # A sum of squares is never negative; the clamp undoes the prefix sums' rounding (module docstring).
     squares = xp.maximum(squares, xp.zeros((), dtype=x.dtype))
-    scale = k + (alpha / size) * squares
-    return x * xp.power(scale, -beta), scale
+    return k + (alpha / size) * squares
 
 
 def lrn_backward(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float = 1e-4, beta: float = 0.75,
@@ -90,12 +104,15 @@ def lrn_backward(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float = 
     """dx = dy·scale^(−β) − (2αβ/size) · x · Σ_{c' : c ∈ window(c')} dy[c']·y[c'] / scale[c'].
 
     dy, x, y, scale: (N, C, *spatial), all the same shape and dtype (y and scale from
-    :func:`lrn_forward`). Returns dx of that shape. Channel c appears in the windows of channels
-    c − (size − 1)//2 … c + size//2: the forward window mirrored, which differs for even size.
-    ``k`` does not enter the formula (scale already holds it); it is taken for symmetry.
+    :func:`lrn_forward`; scale None: recomputed from x here). Returns dx of that shape. Channel c
+    appears in the windows of channels c − (size − 1)//2 … c + size//2: the forward window
+    mirrored, which differs for even size.
     """
     _check_input(x, "x")
     alpha, beta, k = _check_parameters(size, alpha, beta, k)
+    if scale is None:
+        scale = _lrn_forward_gpu(x, size, alpha, beta, k, want_y=False, want_scale=True)[1] \
+            if backend.is_cuda_array(x) else _scale(x, size, alpha, k)
     for name, array in (("dy", dy), ("y", y), ("scale", scale)):
         check_float(array, name)
         check_same_dtype(array, x, name, "x")
@@ -118,20 +135,23 @@ def _geometry(x: Any) -> tuple[int, int, int]:
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
 
 
-def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float) -> tuple[Any, Any]:
+def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float, want_y: bool,
+                     want_scale: bool) -> tuple[Any, Any]:
+    """(y or None, scale or None) in one launch; an output not wanted is a null pointer to the kernel."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     cupy = backend.cupy()
     x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
-    y = cupy.empty(x.shape, dtype=x.dtype)
-    scale = cupy.empty(x.shape, dtype=x.dtype)
+    y = cupy.empty(x.shape, dtype=x.dtype) if want_y else None
+    scale = cupy.empty(x.shape, dtype=x.dtype) if want_scale else None
     _cuda.check_int32(x)
     N, C, S = _geometry(x)
     if x.size:
         # Window reaches clipped to C: beyond it every channel is a zero, and the kernel's indices stay small.
         before, after = min(size // 2, C), min((size - 1) // 2, C)
         _cuda.launch(_cuda.function("lrn.cu", "lrn_forward", x.dtype), N * S,
-                     (x, y, scale, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), _cuda.i32(before), _cuda.i32(after),
+                     (x, _NULL if y is None else y, _NULL if scale is None else scale, _cuda.i32(N), _cuda.i32(C),
+                      _cuda.i32(S), _cuda.i32(before), _cuda.i32(after),
                       _cuda.f64(alpha / size), _cuda.f64(beta), _cuda.f64(k)))
     return y, scale
 
