@@ -11,15 +11,16 @@
 // (Backward-filter is computed transposed, dwᵀ = xᵀ-gather · dy, so that K/G, 64..512 in the
 // benchmark models, lies along the 64-wide N side of the tile as in the other two directions.)
 //
-// One CTA of 256 threads computes a 128 × 64 tile of C, walking the reduction in steps of TILE_K
-// (16 floats or 8 doubles). Tiles are staged through registers into two shared-memory buffers: the
-// global loads of step t + 1 are in flight while the FMAs of step t run. Two consumers share that
-// producer: SIMT FMAs (each thread an 8 × 4 block of C) and, for float with TF32 allowed, tensor
-// cores (mma.sync m16n8k8 TF32, each warp a 32 × 32 block, operands rounded with cvt.rna).
+// One CTA of 256 threads computes a 128 × 64 tile of C (64 × 64 for double), walking the reduction
+// in steps of TILE_K (16 floats or 8 doubles). Tiles are staged through registers into two
+// shared-memory buffers: the global loads of step t + 1 are in flight while the FMAs of step t run.
+// Two consumers share that producer: SIMT FMAs (each thread an 8 × 4 block of C, 4 × 4 for double)
+// and, for float with TF32 allowed, tensor cores (mma.sync m16n8k8 TF32, each warp a 32 × 32
+// block, operands rounded with cvt.rna).
 //
 // Index arithmetic stays out of the inner loop. An element of A is the sum of a part that depends
 // only on its row and a part that depends only on its reduction index (for forward: the pixel
-// (n, p, q) and the tap (c, r, s)). Each CTA decodes its 128 rows once into a shared table, and the
+// (n, p, q) and the tap (c, r, s)). Each CTA decodes its rows once into a shared table, and the
 // TILE_K reduction indices of the next step into a second, double-buffered table, so a load is two
 // shared reads, two adds and a bounds test.
 
@@ -47,8 +48,8 @@ constexpr int TILE_M = FLOAT ? 128 : 64;
 constexpr int TILE_N = 64;
 constexpr int TILE_K = FLOAT ? 16 : 8;
 constexpr int THREAD_ROWS = TILE_M / 16;  // SIMT: rows of C per thread
-// Rows padded by 8 values: a warp's tensor-core fragment reads (rows k0 + t, columns g) and its
-// SIMT reads (one row, 32 columns) then fall on 32 different banks.
+// Rows padded by 8 values: a warp's tensor-core fragment reads (rows k0 + t, columns g) then fall
+// on 32 different banks (the SIMT reads are runs along one row, conflict-free at any padding).
 constexpr int LDA = TILE_M + 8;
 constexpr int LDB = TILE_N + 8;
 constexpr int A_LOADS = TILE_K * TILE_M / THREADS;  // elements of A each thread stages per step
@@ -155,7 +156,7 @@ __device__ __forceinline__ void decode_reduction(const Direction direction, cons
     }
 }
 
-// The CTA's row and column tables (threads 0..127 rows, 128..191 columns).
+// The CTA's row and column tables (threads 0..TILE_M-1 the rows, the next TILE_N the columns).
 __device__ __forceinline__ void build_row_tables(const Direction direction, const ImplicitGemmShape& s,
                                                  const GemmSize& size, int group, int tile_m, int tile_n,
                                                  SharedTiles& tiles) {
@@ -356,13 +357,13 @@ __device__ __forceinline__ void write_output(const Direction direction, const Sh
 // The kernel body shared by all six kernels
 // ---------------------------------------------------------------------------------------------
 // blockIdx.x = output tile (column tiles fastest, so CTAs running together share their gathered
-// A tile in L2); blockIdx.y walks (group, reduction slice) jobs. `tiles_per_split` (> 0) cuts the
+// A tile in L2); blockIdx.y walks (group, reduction slice) jobs. `steps_per_split` (> 0) cuts the
 // reduction into slices of that many steps (split-K, backward-filter), 0 keeps it whole.
 __device__ __forceinline__ void implicit_gemm(const Direction direction, const bool tensor_cores,
                                               const scalar_t* __restrict__ a_source,
                                               const scalar_t* __restrict__ b_source, scalar_t* __restrict__ out,
                                               const scalar_t* __restrict__ bias, bool relu,
-                                              const ImplicitGemmShape& shape, int tiles_per_split) {
+                                              const ImplicitGemmShape& shape, int steps_per_split) {
     __shared__ __align__(16) SharedTiles tiles;
     const GemmSize size = gemm_size(direction, shape);
     const bool a_rows_fastest = direction != BACKWARD_FILTER;
@@ -370,7 +371,7 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
     const int width = direction == BACKWARD_DATA ? shape.Q : shape.W;
     const int n_tiles = (size.columns + TILE_N - 1) / TILE_N;
     const int steps = (size.reduction + TILE_K - 1) / TILE_K;
-    const int per_split = tiles_per_split > 0 ? tiles_per_split : steps;
+    const int per_split = steps_per_split > 0 ? steps_per_split : steps;
     const int jobs = shape.groups * ((steps + per_split - 1) / per_split);
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
 
@@ -448,8 +449,8 @@ implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __r
 // dw must hold zeros, or the gradient to add to).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_backward_filter(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
-                              scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int tiles_per_split) {
-    implicit_gemm(BACKWARD_FILTER, false, x, dy, dw, nullptr, false, shape, tiles_per_split);
+                              scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
+    implicit_gemm(BACKWARD_FILTER, false, x, dy, dw, nullptr, false, shape, steps_per_split);
 }
 
 #if IS_FLOAT(SCALAR)
@@ -468,7 +469,7 @@ implicit_gemm_backward_data_tf32(const scalar_t* __restrict__ dy, const scalar_t
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_backward_filter_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
-                                   scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int tiles_per_split) {
-    implicit_gemm(BACKWARD_FILTER, true, x, dy, dw, nullptr, false, shape, tiles_per_split);
+                                   scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
+    implicit_gemm(BACKWARD_FILTER, true, x, dy, dw, nullptr, false, shape, steps_per_split);
 }
 #endif

@@ -104,7 +104,8 @@ class ImplicitGemm(ConvAlgorithm):
 
 def forward_bias_activation(x: Any, w: Any, problem: ConvProblem, out: Any, bias: Any = None,
                             relu: bool = False) -> None:
-    """y = x ⋆ w, then y + bias[k] and max(·, 0), into ``out`` (cuDNN's ConvolutionBiasActivationForward).
+    """y = x ⋆ w, plus bias[k] when given, then max(·, 0) when ``relu``, into ``out`` (cuDNN's
+    ConvolutionBiasActivationForward).
 
     x: (N, C, H, W), w: (K, C/groups, R, S), out: (N, K, P, Q), all C-contiguous and of ``problem``'s
     dtype; bias: (K,) or None. On the GPU bias and ReLU run in the kernel's epilogue, so y is
