@@ -1,0 +1,475 @@
+// Implicit-GEMM convolution (cuDNN's IMPLICIT_GEMM): each direction is one matrix product
+// C (M × N) = A (M × K) · B (K × N) per group whose lowered operand is never stored. Every CTA
+// gathers its tiles of A and B straight from the tensors into shared memory (zero-fill where a
+// filter tap falls on the padding), so the algorithm needs no workspace at all.
+//
+//                    rows M         columns N   reduction K      A, gathered   B     C
+//   forward          N·P·Q          K/G         C/G·R·S          x             w     y
+//   backward-data    N·H·W          C/G         K/G·R·S          dy            w     dx
+//   backward-filter  C/G·R·S        K/G         N·P·Q, split     x             dy    dwᵀ, atomicAdd
+//
+// (Backward-filter is computed transposed, dwᵀ = xᵀ-gather · dy, so that K/G, 64..512 in the
+// benchmark models, lies along the 64-wide N side of the tile as in the other two directions.)
+//
+// One CTA of 256 threads computes a 128 × 64 tile of C (64 × 64 for double), walking the reduction
+// in steps of TILE_K (16 floats or 8 doubles). Tiles are staged through registers into two
+// shared-memory buffers: the global loads of step t + 1 are in flight while the FMAs of step t run.
+// Two consumers share that producer: SIMT FMAs (each thread an 8 × 4 block of C, 4 × 4 for double)
+// and, for float with TF32 allowed, tensor cores (mma.sync m16n8k8 TF32, each warp a 32 × 32
+// block, operands rounded with cvt.rna).
+//
+// Index arithmetic stays out of the inner loop. An element of A is the sum of a part that depends
+// only on its row and a part that depends only on its reduction index (for forward: the pixel
+// (n, p, q) and the tap (c, r, s)). Each CTA decodes its rows once into a shared table, and the
+// TILE_K reduction indices of the next step into a second, double-buffered table, so a load is two
+// shared reads, two adds and a bounds test.
+
+#ifndef SCALAR
+#define SCALAR float
+#endif
+typedef SCALAR scalar_t;
+
+// True in the float build only: the tensor-core kernels exist there alone.
+#define IS_FLOAT_float 1
+#define IS_FLOAT_OF(type) IS_FLOAT_##type
+#define IS_FLOAT(type) IS_FLOAT_OF(type)
+
+struct ImplicitGemmShape {
+    int N, C, H, W, K, R, S, P, Q;
+    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+    int groups;
+};
+
+constexpr int THREADS = 256;
+constexpr bool FLOAT = sizeof(scalar_t) == sizeof(float);
+// A double takes two registers: the double build halves the rows (each thread 4 × 4 instead of
+// 8 × 4 of C) and the reduction step, so both builds fit 128 registers, two CTAs per SM.
+constexpr int TILE_M = FLOAT ? 128 : 64;
+constexpr int TILE_N = 64;
+constexpr int TILE_K = FLOAT ? 16 : 8;
+constexpr int THREAD_ROWS = TILE_M / 16;  // SIMT: rows of C per thread
+// Rows padded by 8 values: a warp's tensor-core fragment reads (rows k0 + t, columns g) then fall
+// on 32 different banks (the SIMT reads are runs along one row, conflict-free at any padding).
+constexpr int LDA = TILE_M + 8;
+constexpr int LDB = TILE_N + 8;
+constexpr int A_LOADS = TILE_K * TILE_M / THREADS;  // elements of A each thread stages per step
+constexpr int B_LOADS = TILE_K * TILE_N / THREADS;
+
+enum Direction { FORWARD, BACKWARD_DATA, BACKWARD_FILTER };
+
+// One half of a gathered element's coordinates. A's element (row, k) reads
+// source[row.offset + k.offset] at (h, w) = (row.h + k.h, row.w + k.w) when that lies inside the
+// tensor and row.phase == k.phase; otherwise it is 0. The phase is backward-data's stride test
+// ((h + pad_h − r·dilation_h) divisible by stride_h, likewise w); -1 marks a row past the matrix
+// and -2 a reduction index past it, so neither ever matches.
+struct Coordinates {
+    int offset, h, w, phase;
+};
+constexpr int ROW_OUTSIDE = -1;
+constexpr int REDUCTION_OUTSIDE = -2;
+
+struct SharedTiles {
+    scalar_t a[2][TILE_K][LDA];  // A tile as [k][row], two buffers
+    scalar_t b[2][TILE_K][LDB];  // B tile as [k][column]
+    Coordinates a_rows[TILE_M];  // row half of A's coordinates, once per CTA
+    int b_columns[TILE_N];       // column half of B's offsets (-1: past the matrix)
+    int c_rows[TILE_M];          // the output element of C (row, column) is out[c_rows + c_columns]
+    int c_columns[TILE_N];
+    Coordinates a_reduction[2][TILE_K];  // reduction halves for the step being loaded, two buffers
+    int b_reduction[2][TILE_K];
+};
+
+struct GemmSize {
+    int rows, columns, reduction;
+};
+
+__device__ __forceinline__ GemmSize gemm_size(const Direction direction, const ImplicitGemmShape& s) {
+    const int Cg = s.C / s.groups, Kg = s.K / s.groups;
+    if (direction == FORWARD) return {s.N * s.P * s.Q, Kg, Cg * s.R * s.S};
+    if (direction == BACKWARD_DATA) return {s.N * s.H * s.W, Cg, Kg * s.R * s.S};
+    return {Cg * s.R * s.S, Kg, s.N * s.P * s.Q};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables: every division of the kernel happens here, once per row per CTA or once per
+// reduction index per step.
+// ---------------------------------------------------------------------------------------------
+// Row `row` of A (and of C) for `group`.
+__device__ __forceinline__ void decode_row(const Direction direction, const ImplicitGemmShape& s, int group, int row,
+                                           Coordinates& a, int& c) {
+    const int Cg = s.C / s.groups, Kg = s.K / s.groups, HW = s.H * s.W, PQ = s.P * s.Q;
+    if (direction == FORWARD) {  // output pixel (n, p, q)
+        const int n = row / PQ, pq = row % PQ, p = pq / s.Q, q = pq % s.Q;
+        const int h0 = p * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
+        a = {n * s.C * HW + group * Cg * HW + h0 * s.W + w0, h0, w0, 0};
+        c = n * s.K * PQ + pq;
+    } else if (direction == BACKWARD_DATA) {  // input pixel (n, h, w): output row p = (h + pad_h − r·dh) / stride_h
+        const int n = row / HW, hw = row % HW;
+        const int h = hw / s.W + s.pad_h, w = hw % s.W + s.pad_w;
+        const int hq = h / s.stride_h, wq = w / s.stride_w;
+        a = {n * s.K * PQ + group * Kg * PQ + hq * s.Q + wq, hq, wq, (h % s.stride_h) * s.stride_w + w % s.stride_w};
+        c = n * s.C * HW + hw;
+    } else {  // filter tap (c, r, s) of the transposed weight gradient
+        const int RS = s.R * s.S, channel = row / RS, rs = row % RS;
+        const int dh = rs / s.S * s.dilation_h, dw = rs % s.S * s.dilation_w;
+        a = {(group * Cg + channel) * HW + dh * s.W + dw, dh, dw, 0};
+        c = row;
+    }
+}
+
+// Column `column` of B (and of C) for `group`.
+__device__ __forceinline__ void decode_column(const Direction direction, const ImplicitGemmShape& s, int group,
+                                              int column, int& b, int& c) {
+    const int Cg = s.C / s.groups, Kg = s.K / s.groups;
+    if (direction == FORWARD) {  // filter k = group·Kg + column
+        b = (group * Kg + column) * Cg * s.R * s.S;
+        c = (group * Kg + column) * s.P * s.Q;
+    } else if (direction == BACKWARD_DATA) {  // input channel group·Cg + column
+        b = column * s.R * s.S;
+        c = (group * Cg + column) * s.H * s.W;
+    } else {  // filter k = group·Kg + column
+        b = (group * Kg + column) * s.P * s.Q;
+        c = (group * Kg + column) * Cg * s.R * s.S;
+    }
+}
+
+// Reduction index `k` of A and B for `group`.
+__device__ __forceinline__ void decode_reduction(const Direction direction, const ImplicitGemmShape& s, int group,
+                                                 int k, Coordinates& a, int& b) {
+    const int Kg = s.K / s.groups, RS = s.R * s.S, PQ = s.P * s.Q;
+    if (direction == FORWARD) {  // tap (c, r, s)
+        const int channel = k / RS, rs = k % RS;
+        const int dh = rs / s.S * s.dilation_h, dw = rs % s.S * s.dilation_w;
+        a = {channel * s.H * s.W + dh * s.W + dw, dh, dw, 0};
+        b = k;
+    } else if (direction == BACKWARD_DATA) {  // output channel and tap (k, r, s)
+        const int channel = k / RS, rs = k % RS;
+        const int dh = rs / s.S * s.dilation_h, dw = rs % s.S * s.dilation_w;
+        const int hq = dh / s.stride_h, wq = dw / s.stride_w;
+        a = {channel * PQ - hq * s.Q - wq, -hq, -wq, (dh % s.stride_h) * s.stride_w + dw % s.stride_w};
+        b = (group * Kg + channel) * (s.C / s.groups) * RS + rs;
+    } else {  // output pixel (n, p, q)
+        const int n = k / PQ, pq = k % PQ;
+        const int h0 = pq / s.Q * s.stride_h - s.pad_h, w0 = pq % s.Q * s.stride_w - s.pad_w;
+        a = {n * s.C * s.H * s.W + h0 * s.W + w0, h0, w0, 0};
+        b = n * s.K * PQ + pq;
+    }
+}
+
+// The CTA's row and column tables (threads 0..TILE_M-1 the rows, the next TILE_N the columns).
+__device__ __forceinline__ void build_row_tables(const Direction direction, const ImplicitGemmShape& s,
+                                                 const GemmSize& size, int group, int tile_m, int tile_n,
+                                                 SharedTiles& tiles) {
+    const int i = threadIdx.x;
+    if (i < TILE_M) {
+        const int row = tile_m * TILE_M + i;
+        Coordinates a = {0, 0, 0, ROW_OUTSIDE};
+        int c = -1;
+        if (row < size.rows) decode_row(direction, s, group, row, a, c);
+        tiles.a_rows[i] = a;
+        tiles.c_rows[i] = c;
+    } else if (i - TILE_M < TILE_N) {
+        const int column = tile_n * TILE_N + i - TILE_M;
+        int b = -1, c = -1;
+        if (column < size.columns) decode_column(direction, s, group, column, b, c);
+        tiles.b_columns[i - TILE_M] = b;
+        tiles.c_columns[i - TILE_M] = c;
+    }
+}
+
+// Reduction table `buffer` for step `step` (threads 0..TILE_K-1).
+__device__ __forceinline__ void build_reduction_table(const Direction direction, const ImplicitGemmShape& s,
+                                                      const GemmSize& size, int group, int step, int buffer,
+                                                      SharedTiles& tiles) {
+    const int i = threadIdx.x;
+    if (i < TILE_K) {
+        const int k = step * TILE_K + i;
+        Coordinates a = {0, 0, 0, REDUCTION_OUTSIDE};
+        int b = -1;
+        if (k < size.reduction) decode_reduction(direction, s, group, k, a, b);
+        tiles.a_reduction[buffer][i] = a;
+        tiles.b_reduction[buffer][i] = b;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The producer: global -> registers -> shared memory
+// ---------------------------------------------------------------------------------------------
+// Which element (k, row) of a TILE_K × rows tile is a thread's e-th load. Rows fastest: a warp
+// reads 32 consecutive rows of one k (A of forward and backward-data, consecutive pixels).
+// Reduction fastest: a warp reads 8 consecutive k of 4 rows (operands contiguous along the
+// reduction: the weights, and both operands of backward-filter, whose reduction runs over pixels).
+__device__ __forceinline__ void element_of(int e, int rows, bool rows_fastest, int& k, int& row) {
+    const int t = threadIdx.x;
+    if (rows_fastest) {
+        row = t % rows;
+        k = t / rows + THREADS / rows * e;
+    } else {
+        k = t % 8 + 8 * (e % (TILE_K / 8));
+        row = t / 8 + THREADS / 8 * (e / (TILE_K / 8));
+    }
+}
+
+struct Staged {
+    scalar_t a[A_LOADS];
+    scalar_t b[B_LOADS];
+};
+
+__device__ __forceinline__ void load_step(Staged& staged, const SharedTiles& tiles, int buffer,
+                                          const scalar_t* __restrict__ a_source, const scalar_t* __restrict__ b_source,
+                                          bool a_rows_fastest, int height, int width) {
+#pragma unroll
+    for (int e = 0; e < A_LOADS; ++e) {
+        int k, row;
+        element_of(e, TILE_M, a_rows_fastest, k, row);
+        const Coordinates r = tiles.a_rows[row], q = tiles.a_reduction[buffer][k];
+        const int h = r.h + q.h, w = r.w + q.w;
+        const bool inside = r.phase == q.phase && unsigned(h) < unsigned(height) && unsigned(w) < unsigned(width);
+        staged.a[e] = inside ? __ldg(a_source + (unsigned(r.offset) + unsigned(q.offset))) : scalar_t(0);
+    }
+#pragma unroll
+    for (int e = 0; e < B_LOADS; ++e) {
+        int k, column;
+        element_of(e, TILE_N, false, k, column);
+        const int offset = tiles.b_reduction[buffer][k], column_offset = tiles.b_columns[column];
+        staged.b[e] = (offset | column_offset) >= 0 ? __ldg(b_source + offset + column_offset) : scalar_t(0);
+    }
+}
+
+// Round to TF32 (10-bit mantissa, to nearest, ties away) as the tensor cores expect: fed raw fp32
+// bits, they would truncate instead.
+__device__ __forceinline__ float round_tf32(float value) {
+    unsigned bits;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(value));
+    return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ void store_step(const Staged& staged, SharedTiles& tiles, int buffer, bool a_rows_fastest,
+                                           bool tensor_cores) {
+#pragma unroll
+    for (int e = 0; e < A_LOADS; ++e) {
+        int k, row;
+        element_of(e, TILE_M, a_rows_fastest, k, row);
+        tiles.a[buffer][k][row] = tensor_cores ? round_tf32(staged.a[e]) : staged.a[e];
+    }
+#pragma unroll
+    for (int e = 0; e < B_LOADS; ++e) {
+        int k, column;
+        element_of(e, TILE_N, false, k, column);
+        tiles.b[buffer][k][column] = tensor_cores ? round_tf32(staged.b[e]) : staged.b[e];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The consumers
+// ---------------------------------------------------------------------------------------------
+// SIMT: thread (tm, tn) = (t % 16, t / 16) owns rows tm·4 + {0..3} (and 64 + tm·4 + {0..3} in the
+// float build) and columns tn·4 + {0..3}, so each fragment is read as runs of 4 consecutive values.
+__device__ __forceinline__ int simt_row(int i) { return i / 4 * 64 + threadIdx.x % 16 * 4 + i % 4; }
+__device__ __forceinline__ int simt_column(int j) { return threadIdx.x / 16 * 4 + j; }
+
+struct alignas(16) Four {  // 4 consecutive values: one 16-byte shared load per float4 (two for double)
+    scalar_t v[4];
+};
+
+__device__ __forceinline__ void compute_simt(scalar_t (&acc)[THREAD_ROWS][4], const scalar_t (*a)[LDA],
+                                             const scalar_t (*b)[LDB]) {
+    const int tm = threadIdx.x % 16, tn = threadIdx.x / 16;
+#pragma unroll
+    for (int k = 0; k < TILE_K; ++k) {
+        const Four column = *reinterpret_cast<const Four*>(&b[k][tn * 4]);
+#pragma unroll
+        for (int half = 0; half < THREAD_ROWS / 4; ++half) {
+            const Four rows = *reinterpret_cast<const Four*>(&a[k][half * 64 + tm * 4]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[half * 4 + i][j] += rows.v[i] * column.v[j];
+        }
+    }
+}
+
+// Tensor cores: warp w owns rows (w % 4)·32 .. +31 and columns (w / 4)·32 .. +31 as 2 × 4 tiles of
+// m16n8. Fragment layout of mma.m16n8k8 (g = lane / 4, t = lane % 4): a0 = A[g][t], a1 = A[g+8][t],
+// a2 = A[g][t+4], a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]; c0, c1 = C[g][2t, 2t+1],
+// c2, c3 = C[g+8][2t, 2t+1]. The shared tiles hold values already rounded to TF32.
+__device__ __forceinline__ int mma_row(int mi, int half) {
+    return threadIdx.x / 32 % 4 * 32 + mi * 16 + threadIdx.x % 32 / 4 + half * 8;
+}
+__device__ __forceinline__ int mma_column(int ni, int odd) {
+    return threadIdx.x / 128 * 32 + ni * 8 + threadIdx.x % 4 * 2 + odd;
+}
+
+__device__ __forceinline__ void compute_tensor_cores(float (&acc)[2][4][4], const scalar_t (*a)[LDA],
+                                                     const scalar_t (*b)[LDB]) {
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const int row0 = threadIdx.x / 32 % 4 * 32, column0 = threadIdx.x / 128 * 32;
+#pragma unroll
+    for (int k0 = 0; k0 < TILE_K; k0 += 8) {
+        unsigned fa[2][4], fb[4][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            const int row = row0 + mi * 16 + g;
+            fa[mi][0] = __float_as_uint(a[k0 + t][row]);
+            fa[mi][1] = __float_as_uint(a[k0 + t][row + 8]);
+            fa[mi][2] = __float_as_uint(a[k0 + t + 4][row]);
+            fa[mi][3] = __float_as_uint(a[k0 + t + 4][row + 8]);
+        }
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+            fb[ni][0] = __float_as_uint(b[k0 + t][column0 + ni * 8 + g]);
+            fb[ni][1] = __float_as_uint(b[k0 + t + 4][column0 + ni * 8 + g]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                float (&c)[4] = acc[mi][ni];
+                asm volatile(
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                    "{%0,%1,%2,%3};\n"
+                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                    : "r"(fa[mi][0]), "r"(fa[mi][1]), "r"(fa[mi][2]), "r"(fa[mi][3]), "r"(fb[ni][0]), "r"(fb[ni][1]));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The epilogue: C (row, column) -> out, with forward's optional bias and ReLU; backward-filter adds
+// its partial sum over one slice of the reduction with atomicAdd.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void write_output(const Direction direction, const SharedTiles& tiles, int row, int column,
+                                             scalar_t value, scalar_t* __restrict__ out,
+                                             const scalar_t* __restrict__ bias, bool relu, int first_channel) {
+    const int r = tiles.c_rows[row], c = tiles.c_columns[column];
+    if ((r | c) < 0) return;
+    if (direction == BACKWARD_FILTER) {
+        atomicAdd(out + r + c, value);
+        return;
+    }
+    if (bias != nullptr) value += bias[first_channel + column];
+    if (relu && value < scalar_t(0)) value = scalar_t(0);
+    out[r + c] = value;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body shared by all six kernels
+// ---------------------------------------------------------------------------------------------
+// blockIdx.x = output tile (column tiles fastest, so CTAs running together share their gathered
+// A tile in L2); blockIdx.y walks (group, reduction slice) jobs. `steps_per_split` (> 0) cuts the
+// reduction into slices of that many steps (split-K, backward-filter), 0 keeps it whole.
+__device__ __forceinline__ void implicit_gemm(const Direction direction, const bool tensor_cores,
+                                              const scalar_t* __restrict__ a_source,
+                                              const scalar_t* __restrict__ b_source, scalar_t* __restrict__ out,
+                                              const scalar_t* __restrict__ bias, bool relu,
+                                              const ImplicitGemmShape& shape, int steps_per_split) {
+    __shared__ __align__(16) SharedTiles tiles;
+    const GemmSize size = gemm_size(direction, shape);
+    const bool a_rows_fastest = direction != BACKWARD_FILTER;
+    const int height = direction == BACKWARD_DATA ? shape.P : shape.H;
+    const int width = direction == BACKWARD_DATA ? shape.Q : shape.W;
+    const int n_tiles = (size.columns + TILE_N - 1) / TILE_N;
+    const int steps = (size.reduction + TILE_K - 1) / TILE_K;
+    const int per_split = steps_per_split > 0 ? steps_per_split : steps;
+    const int jobs = shape.groups * ((steps + per_split - 1) / per_split);
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+
+    for (int job = blockIdx.y; job < jobs; job += gridDim.y) {
+        const int group = job % shape.groups, split = job / shape.groups;
+        const int first = split * per_split, last = min(first + per_split, steps);
+        scalar_t simt[THREAD_ROWS][4] = {};
+        float mma[2][4][4] = {};
+        Staged staged;
+
+        build_row_tables(direction, shape, size, group, tile_m, tile_n, tiles);
+        build_reduction_table(direction, shape, size, group, first, 0, tiles);
+        __syncthreads();
+        load_step(staged, tiles, 0, a_source, b_source, a_rows_fastest, height, width);
+        store_step(staged, tiles, 0, a_rows_fastest, tensor_cores);
+        if (first + 1 < last) build_reduction_table(direction, shape, size, group, first + 1, 1, tiles);
+        __syncthreads();
+
+        // Step t computes from buffer (t - first) % 2 while step t + 1's loads are in flight; the
+        // reduction table of step t + 2 goes into the buffer step t's loads have finished with.
+        for (int step = first; step < last; ++step) {
+            const int current = (step - first) & 1, next = current ^ 1;
+            if (step + 1 < last) load_step(staged, tiles, next, a_source, b_source, a_rows_fastest, height, width);
+            if (tensor_cores) {
+                compute_tensor_cores(mma, tiles.a[current], tiles.b[current]);
+            } else {
+                compute_simt(simt, tiles.a[current], tiles.b[current]);
+            }
+            if (step + 1 < last) store_step(staged, tiles, next, a_rows_fastest, tensor_cores);
+            if (step + 2 < last) build_reduction_table(direction, shape, size, group, step + 2, current, tiles);
+            __syncthreads();
+        }
+
+        const int first_channel = group * size.columns + tile_n * TILE_N;  // forward: the channel of column 0
+        if (tensor_cores) {
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int v = 0; v < 4; ++v)
+                        write_output(direction, tiles, mma_row(mi, v / 2), mma_column(ni, v % 2), mma[mi][ni][v], out,
+                                     bias, relu, first_channel);
+        } else {
+#pragma unroll
+            for (int i = 0; i < THREAD_ROWS; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    write_output(direction, tiles, simt_row(i), simt_column(j), simt[i][j], out, bias, relu,
+                                 first_channel);
+        }
+        __syncthreads();  // the next job rewrites the tables
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels: one per direction, SIMT (float and double) and tensor cores (float only)
+// ---------------------------------------------------------------------------------------------
+// x (N, C, H, W), w (K, C/G, R, S) -> y (N, K, P, Q) = x ⋆ w (+ bias[k]) (then max(·, 0) if relu).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_forward(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
+                      const scalar_t* __restrict__ bias, scalar_t* __restrict__ y, const ImplicitGemmShape shape,
+                      int has_bias, int relu) {
+    implicit_gemm(FORWARD, false, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);
+}
+
+// dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
+                            scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
+    implicit_gemm(BACKWARD_DATA, false, dy, w, dx, nullptr, false, shape, 0);
+}
+
+// x (N, C, H, W), dy (N, K, P, Q) -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd:
+// dw must hold zeros, or the gradient to add to).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_filter(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
+                              scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
+    implicit_gemm(BACKWARD_FILTER, false, x, dy, dw, nullptr, false, shape, steps_per_split);
+}
+
+#if IS_FLOAT(SCALAR)
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_forward_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
+                           const scalar_t* __restrict__ bias, scalar_t* __restrict__ y,
+                           const ImplicitGemmShape shape, int has_bias, int relu) {
+    implicit_gemm(FORWARD, true, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_data_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
+                                 scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
+    implicit_gemm(BACKWARD_DATA, true, dy, w, dx, nullptr, false, shape, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_filter_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
+                                   scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
+    implicit_gemm(BACKWARD_FILTER, true, x, dy, dw, nullptr, false, shape, steps_per_split);
+}
+#endif

@@ -1,0 +1,230 @@
+"""The ``implicit_gemm`` algorithm: the GEMM of the lowered convolution, without the lowered matrix.
+
+cuDNN's own contribution (IMPLICIT_GEMM, the cuDNN paper §3.1): compute the same matrix product
+as ``gemm`` (explicit im2col), but gather each tile of the lowered matrix from the input as the
+product needs it, so the column buffer never exists and the workspace is zero. Each direction is
+one GEMM per group (CUTLASS's mapping; see ``implicit_gemm.cu`` for the kernels):
+
+    direction         rows M      columns N   reduction      gathered operand
+    forward           N·P·Q       K/G         C/G·R·S        x   (y = A · w)
+    backward-data     N·H·W       C/G         K/G·R·S        dy  (dx = A · w)
+    backward-filter   C/G·R·S     K/G         N·P·Q          x   (dwᵀ = A · dy, split over N·P·Q)
+
+On the GPU each direction is one kernel launch: 128 × 64 tiles of the product (64 × 64 in float64),
+the reduction walked in steps whose operand tiles are gathered into shared memory, double-buffered;
+SIMT FMAs, or TF32 tensor cores for float32 when :func:`minidnn.backend.allow_tf32` is on.
+Backward-filter reduces over N·P·Q, far longer than its M × N output, so the reduction is split
+over many CTAs whose partial tiles are added into ``out`` with ``atomicAdd`` in the same kernel:
+the order of those additions varies from run to run, so the algorithm is **not deterministic**
+(``deterministic = False``, like cuDNN's BWD_FILTER_ALGO_0), its results differing in the last
+bits between runs.
+
+On NumPy the same K-loop runs tap by tap: for each filter tap (r, s), the strided view of the
+padded input that the tap reads is one (C/G × P·Q) slice of the lowered matrix, and one batched
+matrix product per tap adds its contribution. Backward-data scatters each tap's product onto the
+strided slice of dx it came from; backward-filter contracts each tap over (n, p, q).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from .._checks import check_float, check_rank, check_same_dtype
+from .problem import ConvProblem
+from .reference import padded, tap_slices
+from .registry import ConvAlgorithm, register, store_filter_gradient
+
+# The kernels' CTA and tile sizes (implicit_gemm.cu): rows × columns of the product per CTA, and
+# the reduction step, per dtype.
+THREADS = 256
+TILE_N = 64
+TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
+TILE_K = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
+# Backward-filter's split-K: aim for about four waves of two CTAs on each of an H200's 132 SMs,
+# but give each CTA at least this many reduction steps, so its atomicAdd of one 128 × 64 tile
+# stays a small fraction of its 128·64·16·steps multiply-adds.
+TARGET_CTAS = 132 * 2 * 4
+MIN_STEPS_PER_SPLIT = 16
+MAX_GRID_Y = 65535
+
+
+def gemm_shape(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
+    """(rows M, columns N, reduction K) of one group's matrix product for ``direction``."""
+    Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+    taps = problem.R * problem.S
+    pixels = problem.N * problem.P * problem.Q
+    return {"forward": (pixels, Kg, Cg * taps),
+            "backward_data": (problem.N * problem.H * problem.W, Cg, Kg * taps),
+            "backward_filter": (Cg * taps, Kg, pixels)}[direction]
+
+
+def steps_per_split(problem: ConvProblem) -> int:
+    """Backward-filter's reduction steps per CTA: enough slices of N·P·Q to fill the GPU."""
+    rows, columns, reduction = gemm_shape(problem, "backward_filter")
+    steps = -(-reduction // TILE_K[problem.dtype])
+    output_tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N) * problem.groups
+    wanted_splits = -(-TARGET_CTAS // output_tiles)
+    return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted_splits))
+
+
+class ImplicitGemm(ConvAlgorithm):
+    """Implicit GEMM in all three directions; no workspace. Backward-filter on the GPU adds
+    partial sums with ``atomicAdd``, so it is not bit-for-bit reproducible (``deterministic = False``)."""
+
+    name = "implicit_gemm"
+    deterministic = False
+
+    def supports(self, problem: ConvProblem, direction: str) -> bool:
+        return True
+
+    def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        return 0
+
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        forward_bias_activation(x, w, problem, out)
+
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        if backend.is_cuda_array(dy):
+            _launch("backward_data", (dy, w, out), problem)
+        else:
+            _numpy_backward_data(dy, w, problem, out)
+
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
+        if backend.is_cuda_array(x):
+            if not accumulate:  # the kernel adds into out (beta = 1): start from zero for beta = 0
+                out.fill(0)
+            _launch("backward_filter", (x, dy, out), problem)
+        else:
+            store_filter_gradient(_numpy_backward_filter(x, dy, problem), out, accumulate)
+
+
+def forward_bias_activation(x: Any, w: Any, problem: ConvProblem, out: Any, bias: Any = None,
+                            relu: bool = False) -> None:
+    """y = x ⋆ w, plus bias[k] when given, then max(·, 0) when ``relu``, into ``out`` (cuDNN's
+    ConvolutionBiasActivationForward).
+
+    x: (N, C, H, W), w: (K, C/groups, R, S), out: (N, K, P, Q), all C-contiguous and of ``problem``'s
+    dtype; bias: (K,) or None. On the GPU bias and ReLU run in the kernel's epilogue, so y is
+    written once.
+    """
+    if bias is not None:
+        check_float(bias, "bias")
+        check_rank(bias, 1, "bias", "(K,)")
+        check_same_dtype(bias, x, "bias", "input")
+        if bias.shape[0] != problem.K:
+            raise ValueError(f"bias must have K={problem.K} values, one per output channel, got {bias.shape[0]}")
+        backend.get_array_module(x, bias)  # a ValueError if bias is on another device
+    if not isinstance(relu, bool):
+        raise TypeError(f"relu must be a bool, got {relu!r}")
+    if backend.is_cuda_array(x):
+        _launch("forward", (x, w, out), problem, bias=bias, relu=relu)
+        return
+    _numpy_forward(x, w, problem, out)
+    if bias is not None:
+        out += bias.reshape(1, -1, 1, 1)
+    if relu:
+        np.maximum(out, 0, out=out)
+
+
+# ----------------------------------------------------------------------------------------------
+# NumPy: the K-loop taken tap by tap
+# ----------------------------------------------------------------------------------------------
+def _taps(problem: ConvProblem, x_padded: Any):
+    """Each filter tap (r, s) with the (N, G, C/G, P, Q) strided view of the padded input it reads."""
+    for r in range(problem.R):
+        for s in range(problem.S):
+            rows, cols = tap_slices(problem, r, s)
+            view = x_padded[:, :, rows, cols]
+            yield r, s, view.reshape(problem.N, problem.groups, -1, problem.P, problem.Q)
+
+
+def _weight_taps(w: Any, problem: ConvProblem) -> np.ndarray:
+    """w as (R, S, G, K/G, C/G): each tap's per-group filter matrices, contiguous for BLAS."""
+    G = problem.groups
+    grouped = w.reshape(G, problem.K // G, problem.C // G, problem.R, problem.S)
+    return np.ascontiguousarray(grouped.transpose(3, 4, 0, 1, 2))
+
+
+def _numpy_forward(x: np.ndarray, w: np.ndarray, problem: ConvProblem, out: np.ndarray) -> None:
+    G, PQ = problem.groups, problem.P * problem.Q
+    weights = _weight_taps(w, problem)
+    y = out.reshape(problem.N, G, problem.K // G, PQ)
+    for r, s, view in _taps(problem, padded(x, problem)):
+        columns = np.ascontiguousarray(view).reshape(problem.N, G, -1, PQ)  # this tap's rows of D_m
+        if r == 0 and s == 0:
+            np.matmul(weights[r, s], columns, out=y)
+        else:
+            y += np.matmul(weights[r, s], columns)
+
+
+def _numpy_backward_data(dy: np.ndarray, w: np.ndarray, problem: ConvProblem, out: np.ndarray) -> None:
+    G, (ph, pw) = problem.groups, problem.padding
+    weights = _weight_taps(w, problem).transpose(0, 1, 2, 4, 3)  # each tap's W_gᵀ: (C/G, K/G)
+    dy_groups = dy.reshape(problem.N, G, problem.K // G, problem.P * problem.Q)
+    dx = np.zeros((problem.N, problem.C, problem.H + 2 * ph, problem.W + 2 * pw), dtype=dy.dtype)
+    for r in range(problem.R):
+        for s in range(problem.S):
+            rows, cols = tap_slices(problem, r, s)
+            dx[:, :, rows, cols] += np.matmul(weights[r, s], dy_groups).reshape(
+                problem.N, problem.C, problem.P, problem.Q)
+    out[...] = dx[:, :, ph:ph + problem.H, pw:pw + problem.W]
+
+
+def _numpy_backward_filter(x: np.ndarray, dy: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    G, N = problem.groups, problem.N
+    Kg, Cg = problem.K // G, problem.C // G
+    # dy as G matrices (K/G × N·P·Q); each tap's input slice as G matrices (C/G × N·P·Q).
+    dy_rows = np.ascontiguousarray(dy.reshape(N, G, Kg, -1).transpose(1, 2, 0, 3)).reshape(G, Kg, -1)
+    dw = np.empty((problem.R, problem.S, G, Kg, Cg), dtype=x.dtype)
+    for r, s, view in _taps(problem, padded(x, problem)):
+        columns = np.ascontiguousarray(view.transpose(1, 2, 0, 3, 4)).reshape(G, Cg, -1)
+        np.matmul(dy_rows, columns.transpose(0, 2, 1), out=dw[r, s])
+    return dw.transpose(2, 3, 4, 0, 1).reshape(problem.w_shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+# ----------------------------------------------------------------------------------------------
+def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = None, relu: bool = False) -> None:
+    """One launch of ``direction``'s kernel: the SIMT one, or the TF32 tensor-core one for float32
+    when TF32 is allowed. ``arrays`` are (first input, second input, out) as the kernel takes them."""
+    from .. import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(*arrays)
+    tensor_cores = problem.dtype == np.float32 and backend.allow_tf32()
+    kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
+                            problem.dtype)
+    rows, columns, reduction = gemm_shape(problem, direction)
+    steps = -(-reduction // TILE_K[problem.dtype])
+    splits, extra = 1, ()
+    if direction == "backward_filter":
+        per_split = steps_per_split(problem)
+        splits, extra = -(-steps // per_split), (_cuda.i32(per_split),)
+    elif direction == "forward":
+        x, w, out = arrays
+        has_bias = bias is not None
+        bias = backend.get_array_module(bias).ascontiguousarray(bias) if has_bias else out  # out: an unread pointer
+        arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
+    tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N)
+    grid = (tiles, min(problem.groups * splits, MAX_GRID_Y))  # the kernel loops over further (group, split) jobs
+    _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_struct(problem: ConvProblem) -> np.void:
+    """The problem as implicit_gemm.cu's ImplicitGemmShape (built once per problem)."""
+    return np.array([(problem.N, problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
+                      problem.Q, *problem.stride, *problem.padding, *problem.dilation, problem.groups)],
+                    dtype=_IMPLICIT_GEMM_SHAPE)[0]
+
+
+_IMPLICIT_GEMM_SHAPE = np.dtype([(name, np.int32) for name in (
+    "N", "C", "H", "W", "K", "R", "S", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w",
+    "groups")])
+
+
+register(ImplicitGemm())
