@@ -59,6 +59,61 @@ def _normalise_axis(axis: Any, ndim: int, name: str) -> int:
     return int(axis) % ndim
 
 
+def _check_forward_arguments(x: Any, weight: Any, bias: Any) -> None:
+    backend.get_array_module(x, weight, bias)  # one device for all
+    _check_features(x, "x", "(..., in_features)")
+    _check_weight(weight)
+    check_same_dtype(x, weight, "x", "weight")
+    out_features, in_features = weight.shape
+    if x.shape[-1] != in_features:
+        raise ValueError(f"linear: x has in_features={x.shape[-1]} (shape {tuple(x.shape)}) but weight "
+                         f"expects in_features={in_features} (shape {tuple(weight.shape)})")
+    if bias is not None:
+        _check_bias(bias, x, out_features)
+
+
+def _check_backward_data_arguments(dy: Any, weight: Any) -> None:
+    backend.get_array_module(dy, weight)
+    _check_features(dy, "dy", "(..., out_features)")
+    _check_weight(weight)
+    check_same_dtype(dy, weight, "dy", "weight")
+    if dy.shape[-1] != weight.shape[0]:
+        raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
+                         f"has out_features={weight.shape[0]} (shape {tuple(weight.shape)})")
+
+
+def _check_backward_weight_arguments(x: Any, dy: Any) -> None:
+    backend.get_array_module(x, dy)
+    _check_features(x, "x", "(..., in_features)")
+    _check_features(dy, "dy", "(..., out_features)")
+    check_same_dtype(x, dy, "x", "dy")
+    if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
+        raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
+                         f"dimensions (..., in_features) and (..., out_features)")
+
+
+def _check_bias_add_arguments(y: Any, bias: Any, axis: Any) -> int:
+    """Returns the axis as a non-negative index."""
+    backend.get_array_module(y, bias)
+    check_float(y, "y")
+    if y.ndim < 1:
+        raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
+    axis = _normalise_axis(axis, y.ndim, "y")
+    check_float(bias, "bias")
+    if tuple(bias.shape) != (y.shape[axis],):
+        raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
+                         f"{tuple(y.shape)}), got {tuple(bias.shape)}")
+    check_same_dtype(y, bias, "y", "bias")
+    return axis
+
+
+def _check_bias_backward_arguments(dy: Any, axis: Any) -> int:
+    check_float(dy, "dy")
+    if dy.ndim < 1:
+        raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
+    return _normalise_axis(axis, dy.ndim, "dy")
+
+
 def _as_rows(a: Any) -> Any:
     """(..., F) -> (M, F) with M = prod(leading dims): free for contiguous arrays."""
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
@@ -75,16 +130,8 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
     x: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
     Returns y: (..., out_features) of x's dtype.
     """
-    backend.get_array_module(x, weight, bias)  # one device for all
-    _check_features(x, "x", "(..., in_features)")
-    _check_weight(weight)
-    check_same_dtype(x, weight, "x", "weight")
-    out_features, in_features = weight.shape
-    if x.shape[-1] != in_features:
-        raise ValueError(f"linear: x has in_features={x.shape[-1]} (shape {tuple(x.shape)}) but weight "
-                         f"expects in_features={in_features} (shape {tuple(weight.shape)})")
-    if bias is not None:
-        _check_bias(bias, x, out_features)
+    _check_forward_arguments(x, weight, bias)
+    out_features = weight.shape[0]
     y = _as_rows(x) @ weight.T  # BLAS, or cuBLAS on the GPU
     if bias is not None:
         if backend.is_cuda_array(y):
@@ -99,14 +146,8 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
 
     dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
     """
-    backend.get_array_module(dy, weight)
-    _check_features(dy, "dy", "(..., out_features)")
-    _check_weight(weight)
-    check_same_dtype(dy, weight, "dy", "weight")
-    out_features, in_features = weight.shape
-    if dy.shape[-1] != out_features:
-        raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
-                         f"has out_features={out_features} (shape {tuple(weight.shape)})")
+    _check_backward_data_arguments(dy, weight)
+    in_features = weight.shape[1]
     return (_as_rows(dy) @ weight).reshape(*dy.shape[:-1], in_features)
 
 
@@ -116,13 +157,7 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
     Returns dweight: (out_features, in_features) of x's dtype.
     """
-    backend.get_array_module(x, dy)
-    _check_features(x, "x", "(..., in_features)")
-    _check_features(dy, "dy", "(..., out_features)")
-    check_same_dtype(x, dy, "x", "dy")
-    if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
-        raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
-                         f"dimensions (..., in_features) and (..., out_features)")
+    _check_backward_weight_arguments(x, dy)
     return _as_rows(dy).T @ _as_rows(x)
 
 
@@ -137,16 +172,7 @@ def bias_add(y: Any, bias: Any, axis: int = 1) -> Any:
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
     -1 for (..., out_features).
     """
-    backend.get_array_module(y, bias)
-    check_float(y, "y")
-    if y.ndim < 1:
-        raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
-    axis = _normalise_axis(axis, y.ndim, "y")
-    check_float(bias, "bias")
-    if tuple(bias.shape) != (y.shape[axis],):
-        raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
-                         f"{tuple(y.shape)}), got {tuple(bias.shape)}")
-    check_same_dtype(y, bias, "y", "bias")
+    axis = _check_bias_add_arguments(y, bias, axis)
     if backend.is_cuda_array(y):
         return _bias_add_gpu(y, bias, axis)
     broadcast = [1] * y.ndim
@@ -162,10 +188,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     millions of terms.
     """
     xp = backend.get_array_module(dy)
-    check_float(dy, "dy")
-    if dy.ndim < 1:
-        raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
-    axis = _normalise_axis(axis, dy.ndim, "dy")
+    axis = _check_bias_backward_arguments(dy, axis)
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_float, check_rank, pair
+from ._checks import check_bool, check_float, check_rank, pair
 
 __all__ = [
     "pool_output_size", "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
@@ -53,12 +53,6 @@ def _check_int(value: Any, name: str, minimum: int) -> int:
     return int(value)
 
 
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
 def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> int:
     """Number of pooling windows along one axis of ``size`` input pixels (PyTorch's formula).
 
@@ -69,7 +63,7 @@ def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation
     stride = _check_int(stride, "stride", 1)
     padding = _check_int(padding, "padding", 0)
     dilation = _check_int(dilation, "dilation", 1)
-    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    ceil_mode = check_bool(ceil_mode, "ceil_mode")
     span = dilation * (kernel - 1) + 1
     # Python's // floors negative numerators too, as PyTorch's div_rtn does.
     out = (size + 2 * padding - span + (stride - 1 if ceil_mode else 0)) // stride + 1
@@ -111,7 +105,7 @@ def _window_params(kernel_size: Any, stride: Any, padding: Any, dilation: Any, c
     stride = kernel if stride is None else pair(stride, "stride", minimum=1)
     padding = pair(padding, "padding", minimum=0)
     dilation = pair(dilation, "dilation", minimum=1)
-    ceil_mode = _check_bool(ceil_mode, "ceil_mode")
+    ceil_mode = check_bool(ceil_mode, "ceil_mode")
     # PyTorch's rule (half of the undilated kernel): it keeps a real pixel in every window of an
     # average pool, so no divisor is zero.
     if padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2:
@@ -213,17 +207,11 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     return y, indices
 
 
-def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
-                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
-    """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
+def _check_max_backward_arguments(dy: Any, indices: Any, x_shape: Any, kernel_size: Any, stride: Any, padding: Any,
+                                  dilation: Any, ceil_mode: Any) -> tuple[tuple[int, int, int, int], tuple | None]:
+    """The arguments of :func:`max_pool2d_backward`; returns x_shape and the window parameters (or None).
 
-    dy: (N, C, P, Q); indices: integer (N, C, P, Q) from :func:`max_pool2d_forward`;
-    x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
-
-    The window parameters are optional (the NumPy code needs only ``indices``); given, they must
-    be the forward's, dy's shape is checked against them, and on the GPU each input pixel then
-    gathers from the few windows that cover it. Without them the GPU adds each (n, c) plane's
-    gradients in one thread (deterministic, but only N·C threads): pass them for speed.
+    The range of ``indices`` is checked on NumPy only: on the GPU it would read device memory.
     """
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
@@ -245,12 +233,30 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
                         f"{dtype if dtype is not None else type(indices).__name__}")
     if tuple(indices.shape) != tuple(dy.shape):
         raise ValueError(f"indices must have grad_output's shape {tuple(dy.shape)}, got {tuple(indices.shape)}")
-    xp = backend.get_array_module(dy, indices)  # also refuses dy and indices on different devices
-    if backend.is_cuda_array(dy):
-        return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
+    backend.get_array_module(dy, indices)  # refuses dy and indices on different devices
+    if not backend.is_cuda_array(dy) and indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
         raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
                          f"got values in [{int(indices.min())}, {int(indices.max())}]")
+    return (N, C, H, W), window
+
+
+def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
+                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
+
+    dy: (N, C, P, Q); indices: integer (N, C, P, Q) from :func:`max_pool2d_forward`;
+    x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+
+    The window parameters are optional (the NumPy code needs only ``indices``); given, they must
+    be the forward's, dy's shape is checked against them, and on the GPU each input pixel then
+    gathers from the few windows that cover it. Without them the GPU adds each (n, c) plane's
+    gradients in one thread (deterministic, but only N·C threads): pass them for speed.
+    """
+    (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
+                                                         dilation, ceil_mode)
+    xp = backend.get_array_module(dy, indices)
+    if backend.is_cuda_array(dy):
+        return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     # Scatter-add into the flattened batch; np.add.at is unbuffered (repeated indices accumulate),
     # deterministic, and in NumPy 2 faster than bincount (which also computes in float64).
     planes = xp.arange(N * C, dtype=xp.int64).reshape(N, C, 1, 1) * (H * W)
@@ -292,7 +298,7 @@ def _avg_divisor(xp, hw, kernel, stride, padding, out_hw, count_include_pad, div
 
 def _avg_params(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, 1, ceil_mode)
-    count_include_pad = _check_bool(count_include_pad, "count_include_pad")
+    count_include_pad = check_bool(count_include_pad, "count_include_pad")
     return kernel, stride, padding, dilation, ceil_mode, count_include_pad, _check_divisor(divisor_override)
 
 
@@ -392,17 +398,22 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     return xp.matmul(rows, xp.matmul(x, cols.T))
 
 
-def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
-    """dx = ∂L/∂x = A_hᵀ · dy · A_w per plane, the output size read from dy.
-
-    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
-    """
+def _check_adaptive_backward_arguments(dy: Any, x_shape: Any) -> tuple[int, int, int, int]:
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
     check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
     if tuple(dy.shape[:2]) != (N, C) or min(dy.shape[2:]) < 1:
         raise ValueError(f"grad_output must have shape ({N}, {C}, P, Q) with P, Q >= 1 for x_shape "
                          f"{(N, C, H, W)}, got {tuple(dy.shape)}")
+    return N, C, H, W
+
+
+def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
+    """dx = ∂L/∂x = A_hᵀ · dy · A_w per plane, the output size read from dy.
+
+    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    """
+    N, C, H, W = _check_adaptive_backward_arguments(dy, x_shape)
     if backend.is_cuda_array(dy):
         return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
     xp = backend.get_array_module(dy)
