@@ -365,7 +365,8 @@ def test_one_kernel_per_layer_direction(naive_launches, rng):
     y, scale = naive.lrn_forward(x, 5)
     naive.lrn_backward(x, x, y, scale, 5)
     assert naive_launches == ["max_pool_forward", "max_pool_backward", "avg_pool_forward", "avg_pool_backward",
-                              "relu_forward", "relu_backward", "lrn_fill_scale", "lrn_compute_output", "lrn_compute_diff"]
+                              "relu_forward", "relu_backward", "lrn_fill_scale", "lrn_compute_output",
+                              "lrn_compute_diff"]
     naive_launches.clear()
     naive.max_pool2d_forward(x, 3, 1, 1, 2)  # dilated: plain array code (Caffe had no dilated pooling)
     naive.adaptive_avg_pool2d_forward(x, 2)

@@ -229,13 +229,21 @@ extern "C" __global__ void lrn_compute_diff(const scalar_t* __restrict__ dy, con
         const int n = t / S;
         const int base = n * C * S + (t - n * S);
         double window = 0;
-        for (int j = 0; j <= before && j < C; ++j) window += double(dy[base + j * S] * y[base + j * S] / scale[base + j * S]);
+        for (int j = 0; j <= before && j < C; ++j) {
+            const int i = base + j * S;
+            window += double(dy[i] * y[i] / scale[i]);
+        }
         for (int c = 0; c < C; ++c) {
             const int i = base + c * S;
             dx[i] = dy[i] * pow(scale[i], minus_beta) - coefficient * x[i] * scalar_t(window);
-            const int enter = base + (c + 1 + before) * S, leave = base + (c - after) * S;
-            if (c + 1 + before < C) window += double(dy[enter] * y[enter] / scale[enter]);
-            if (c - after >= 0) window -= double(dy[leave] * y[leave] / scale[leave]);
+            if (c + 1 + before < C) {
+                const int enter = base + (c + 1 + before) * S;
+                window += double(dy[enter] * y[enter] / scale[enter]);
+            }
+            if (c - after >= 0) {
+                const int leave = base + (c - after) * S;
+                window -= double(dy[leave] * y[leave] / scale[leave]);
+            }
         }
     }
 }
