@@ -80,4 +80,3 @@ def gradcheck(f: Callable[..., Any], *inputs: np.ndarray, seed: int = 0, eps: fl
         assert tensor.grad is not None, f"input {index} got no gradient"
         np.testing.assert_allclose(tensor.grad.numpy(), expected, rtol=rtol, atol=atol,
                                    err_msg=f"gradient of input {index}")
-

@@ -48,9 +48,10 @@ def relu_backward(dy: Any, y: Any) -> Any:
 
 
 def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
-    """y = max(a + b, 0), a residual connection's sum and ReLU, unfused: the sum (one pass, into ``out``
-    when given; ``out=a`` is in place), then ReLU in place on it. a, b: same shape and dtype.
-    The backward is :func:`relu_backward` (dy, y), the same gradient for a and for b."""
+    """y = max(a + b, 0), a residual connection's sum and ReLU, unfused as Caffe's ResNets ran them: the
+    sum (EltwiseLayer SUM; one pass, into ``out`` when given, ``out=a`` in place), then ReLUForward in
+    place on it. a, b: same shape and dtype. The backward is :func:`relu_backward` (dy, y), the same
+    gradient for a and for b."""
     check_float(a, "a")
     check_float(b, "b")
     check_same_dtype(a, b, "a", "b")

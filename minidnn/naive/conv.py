@@ -73,7 +73,8 @@ def _groups(problem: ConvProblem) -> list[tuple[slice, slice]]:
 
 def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                    algo: str | None = None, workspace_limit: int | None = None, out: Any = None) -> Any:
-    """y = x ⋆ w. x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) (into ``out`` when given)."""
+    """y = x ⋆ w, image by image (Forward_gpu, forward_gpu_gemm). x: (N, C, H, W); w: (K, C/groups, R, S);
+    returns y: (N, K, P, Q) (into ``out`` when given)."""
     problem = forward_problem(x, w, stride, padding, dilation, groups, api._device(x, w))
     xp = backend.get_array_module(x)
     y = api._output(out, problem.y_shape, problem, xp)
@@ -90,7 +91,8 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                          groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
                          out: Any = None) -> Any:
-    """dx from dy: (N, K, P, Q) and w: (K, C/groups, R, S); returns dx: x_shape (into ``out`` when given)."""
+    """dx, image by image (Backward_gpu, backward_gpu_gemm). dy: (N, K, P, Q); w: (K, C/groups, R, S);
+    returns dx: x_shape (into ``out`` when given)."""
     check_float(w, "weight")
     check_rank(w, 4, "weight", "(K, C/groups, R, S)")
     problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
@@ -114,8 +116,8 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                            groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
                            out: Any = None, accumulate: bool = False) -> Any:
-    """dw from x: (N, C, H, W) and dy: (N, K, P, Q); returns dw: w_shape, written into ``out`` or, with
-    ``accumulate``, added to it."""
+    """dw, summed image by image (Backward_gpu, weight_gpu_gemm). x: (N, C, H, W); dy: (N, K, P, Q);
+    returns dw: w_shape, written into ``out`` or, with ``accumulate``, added to it."""
     check_float(x, "input")
     check_rank(x, 4, "input", "(N, C, H, W)")
     problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, api._device(x, dy))

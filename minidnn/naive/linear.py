@@ -50,7 +50,7 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
     rows = _rows(x)
     y = blas.gemm(rows, _rows(weight).T)
     if bias is not None:
-        blas.gemm(_bias_multiplier(rows.shape[0], y).reshape(-1, 1), _rows(bias).reshape(1, -1), y, beta=1.0)
+        blas.gemm(_bias_multiplier(rows.shape[0], y).reshape(-1, 1), _rows(bias), y, beta=1.0)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -24,7 +24,8 @@ from . import kernels
 
 
 def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> tuple[Any, Any]:
-    """x: (N, C, *spatial); returns (y, scale), both x's shape and dtype (scale is kept for the backward)."""
+    """LRNFillScale, then LRNComputeOutput. x: (N, C, *spatial); returns (y, scale), both x's shape and
+    dtype (scale is kept for the backward)."""
     checks._check_input(x, "x")
     alpha, beta, k = checks._check_parameters(size, alpha, beta, k)
     xp = backend.get_array_module(x)
@@ -42,8 +43,8 @@ def lrn_forward(x: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: f
 
 def lrn_backward(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float = 1e-4, beta: float = 0.75,
                  k: float = 1.0) -> Any:
-    """dy, x, y, scale: (N, C, *spatial), one shape and dtype (y and scale from :func:`lrn_forward`); returns dx.
-    ``k`` does not enter (scale holds it)."""
+    """LRNComputeDiff. dy, x, y, scale: (N, C, *spatial), one shape and dtype (y and scale from
+    :func:`lrn_forward`); returns dx. ``k`` does not enter (scale holds it)."""
     checks._check_input(x, "x")
     alpha, beta, k = checks._check_parameters(size, alpha, beta, k)
     checks._check_like_x(x, dy=dy, y=y, scale=scale)

@@ -35,7 +35,8 @@ from . import kernels
 def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float, momentum: float = 0.0,
                dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False,
                first_step: bool = False) -> None:
-    """SGD with momentum, in place on ``param`` (and ``momentum_buffer``, param's shape, when momentum > 0)."""
+    """SGD with momentum (SGDSolver: Regularize, SGDUpdate, Update), in place on ``param`` (and on
+    ``momentum_buffer``, param's shape, when momentum > 0)."""
     settings = checks._check_sgd_arguments(param, grad, momentum_buffer, lr, momentum, dampening, weight_decay,
                                            nesterov, maximize, first_step)
     _sgd(param, grad, momentum_buffer, *settings)
@@ -45,7 +46,8 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                 decoupled_weight_decay: bool = False, amsgrad: bool = False, max_exp_avg_sq: Any = None,
                 maximize: bool = False) -> None:
-    """Adam (AdamW with ``decoupled_weight_decay``), in place; ``step`` counts from 1."""
+    """Adam (AdamSolver: Regularize, AdamUpdate, Update), or AdamW with ``decoupled_weight_decay``
+    (a scal of param first), in place; ``step`` counts from 1."""
     settings = checks._check_adam_arguments(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2,
                                             eps, weight_decay, decoupled_weight_decay, amsgrad, maximize)
     _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, *settings)

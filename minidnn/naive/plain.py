@@ -1,13 +1,22 @@
 """Batch normalisation, softmax and the losses, dropout: plain array expressions, as a framework
 without a primitives library writes them. Each operation is a separate pass over memory (on the
-GPU, a separate CuPy kernel and temporary); nothing is fused. Caffe's layers for these
-(batch_norm_layer.cu, softmax_loss_layer.cu, dropout_layer.cu) were chains of BLAS calls and small
-kernels in the same spirit: batch norm alone is about twenty of them per direction.
+GPU, a separate CuPy kernel and temporary); nothing is fused. Caffe's batch norm
+(batch_norm_layer.cu) was in the same spirit, a chain of about twenty BLAS calls and small kernels
+per direction; its softmax loss and dropout (softmax_loss_layer.cu, dropout_layer.cu) a few
+kernels each.
 
-Same functions, arguments and results as the primitives, whose argument helpers check the inputs
-(:mod:`minidnn.primitives.batchnorm`, ``softmax``, ``dropout``). The batch-norm variants with
-``relu`` are unfused compositions: the normalisation, then ReLU in place (Caffe nets ran BatchNorm,
-Scale and an in-place ReLU as three layers); backward, ReLU's backward and then the normalisation's.
+The arithmetic is PyTorch's, which is where these depart from Caffe: batch norm with its affine
+weight and bias (Caffe left them to a separate Scale layer), a running mean and unbiased variance
+updated with ``momentum`` (Caffe kept sums scaled by a moving-average factor); the losses on
+log-softmax (Caffe took −log of the softmax clamped at FLT_MIN) with class weights and label
+smoothing (Caffe had neither); dropout with the primitives' counter-based mask, so that both
+engines draw the same masks (Caffe drew a cuRAND integer per element). The batch-norm variants
+with ``relu`` are unfused compositions: the normalisation, then ReLU in place (Caffe nets ran
+BatchNorm, Scale and an in-place ReLU as three layers); backward, ReLU's backward and then the
+normalisation's.
+
+Arguments are checked by the primitives' helpers (:mod:`minidnn.primitives.batchnorm`,
+``softmax``, ``dropout``), so both engines refuse the same inputs with the same errors.
 """
 from __future__ import annotations
 

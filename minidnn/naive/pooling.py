@@ -98,7 +98,7 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
 # ----------------------------------------------------------------------------------------------
 def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                        count_include_pad: bool = True, divisor_override: int | None = None) -> Any:
-    """Mean over each window. x: (N, C, H, W); returns y: (N, C, P, Q)."""
+    """Mean over each window (AvePoolForward). x: (N, C, H, W); returns y: (N, C, P, Q)."""
     checks._check_input(x)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = checks._avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
@@ -119,7 +119,7 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
 def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any = None, padding: Any = 0,
                         ceil_mode: bool = False, count_include_pad: bool = True,
                         divisor_override: int | None = None) -> Any:
-    """dx: each dy entry over its divisor, spread over its window's input pixels.
+    """dx: each dy entry over its divisor, spread over its window's input pixels (AvePoolBackward).
     dy: (N, C, P, Q); returns dx: x_shape."""
     N, C, H, W = checks._check_x_shape(x_shape)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = checks._avg_params(

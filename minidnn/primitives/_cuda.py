@@ -12,6 +12,8 @@ and with ``nvcc`` in the CPU test suite:
 * element-wise kernels use grid-stride loops, so :func:`launch` may cap the grid.
 * shared device code lives in ``.cuh`` headers beside the sources (``#include "channels.cuh"``),
   inlined by :func:`read_source` before compiling.
+* kernels elsewhere in the package (the naive engine's ``minidnn/naive/caffe_layers.cu``) follow the
+  same conventions and compile through the same :func:`function`, named by :func:`package_source`.
 
 Python scalars must be wrapped before a launch (CuPy would pass an ``int`` as a 64-bit integer):
 use :func:`i32` and :func:`f64`.
