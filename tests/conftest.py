@@ -26,3 +26,33 @@ def xp(request):
 def rng(request):
     """A fresh random generator per test, seeded from the test's name so failures reproduce."""
     return np.random.default_rng(abs(hash(request.node.nodeid)) % (2**32))
+
+
+@pytest.fixture
+def poisoned(xp, monkeypatch):
+    """``xp``; on CuPy, ``empty`` and ``empty_like`` then return arrays filled with NaN (integers -77), so that
+    an element a kernel leaves unwritten fails the comparison with a reference."""
+    if xp is not np:
+        def filled(array):
+            array.fill(np.nan if array.dtype.kind in "fc" else -77)
+            return array
+
+        empty, empty_like = xp.empty, xp.empty_like
+        monkeypatch.setattr(xp, "empty", lambda *args, **kwargs: filled(empty(*args, **kwargs)))
+        monkeypatch.setattr(xp, "empty_like", lambda *args, **kwargs: filled(empty_like(*args, **kwargs)))
+    return xp
+
+
+@pytest.fixture
+def naive_launches(monkeypatch):
+    """The names of the naive engine's CUDA kernels launched during the test, in order."""
+    from minidnn.naive import kernels  # noqa: PLC0415
+
+    names, launch = [], kernels.launch
+
+    def record(name, *args):
+        names.append(name)
+        return launch(name, *args)
+
+    monkeypatch.setattr(kernels, "launch", record)
+    return names

@@ -1,4 +1,5 @@
-"""Every CUDA source compiles with nvcc for sm_90, in float and in double (CPU test: no GPU needed)."""
+"""Every CUDA source of the package (the primitives' and the naive engine's) compiles with nvcc for sm_90, in float
+and in double, without register spills (CPU test: no GPU needed)."""
 import os
 import shutil
 import subprocess
@@ -23,4 +24,6 @@ def test_cuda_source_compiles(source, scalar, tmp_path):
 
 
 def test_sources_are_found():
-    assert "conv/im2col.cu" in _cuda.cuda_sources()
+    # the primitives' kernels, and the naive engine's beside minidnn/naive's Python, compiled by function() too
+    assert {"conv/im2col.cu", "../naive/caffe_layers.cu"} <= set(_cuda.cuda_sources())
+    assert _cuda.package_source("naive/caffe_layers.cu") == "../naive/caffe_layers.cu"

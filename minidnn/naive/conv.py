@@ -1,143 +1,136 @@
-"""Convolution as Caffe computed it before cuDNN: one image at a time, im2col + GEMM.
+"""Convolution as Caffe ran it before cuDNN (src/caffe/layers/base_conv_layer.cpp, conv_layer.cu).
 
-For every image n of the batch (BVLC/caffe ``ConvolutionLayer::Forward_gpu``):
+One image at a time (ConvolutionLayer::Forward_gpu and Backward_gpu), im2col + one GEMM per group:
 
-    forward          columns = im2col(x[n]);  y[n, group] = W_group · columns_group
-    bias             y[n] += bias · onesᵀ                  (a GEMM with a vector of ones)
-    backward-filter  columns = im2col(x[n]);  dW_group += dy[n, group] · columns_groupᵀ  (beta = 1)
-    bias gradient    db += dy[n] · ones                    (a GEMV)
-    backward-data    columns_group = W_groupᵀ · dy[n, group];  dx[n] = col2im(columns)
+    forward          columns = im2col(x[n]);  y[n]_g = W_g · columns_g              (forward_gpu_gemm)
+    backward-data    columns_g = W_gᵀ · dy[n]_g;  dx[n] = col2im(columns)           (backward_gpu_gemm)
+    backward-filter  columns = im2col(x[n]), again;  dW_g += dy[n]_g · columns_gᵀ   (weight_gpu_gemm)
 
-The column buffer holds one image and belongs to the layer (Caffe: "The im2col result buffer will
-only hold one image at a time to avoid overly large memory usage"); here one buffer serves each
-distinct layer shape, allocated on first use and kept. The cost cuDNN removed is visible: N small
-GEMMs instead of one large one, im2col recomputed in the backward pass, and a launch pair per image.
+The bias is :func:`minidnn.naive.linear.bias_add` and ``bias_backward`` (forward_gpu_bias,
+backward_gpu_bias: per image, a GEMM and a GEMV with a vector of ones).
+
+A 1x1, stride-1, unpadded convolution skips im2col and col2im (Caffe's ``is_1x1_``): x[n] already
+is its (C × H·W) column matrix, and the backward-data GEMM writes dx[n] directly.
+
+The column buffer holds one image, (C·R·S × P·Q) ("to avoid overly large memory usage", Caffe).
+Caffe kept one per layer; here one serves every layer of the same shape, made on first use and kept
+for the process: the naive engine holds at most Caffe's column memory, a conservative baseline.
+Every product goes through :func:`minidnn.primitives.blas.gemm` (cuBLAS, as Caffe's
+``caffe_gpu_gemm``), im2col and col2im are the primitives' kernels (Caffe's im2col.cu design).
+The weight gradient's first image writes dW (beta = 0) where Caffe added into a diff its solver had
+zeroed: the same sum without the memset. ``algo`` and ``workspace_limit`` are checked as the
+primitives check them and otherwise unused: Caffe had one algorithm, whatever the workspace.
+
+What cuDNN removed shows here: N·groups small GEMMs instead of one large one per group, im2col
+recomputed in the backward pass, and launches per image for the lowering and the products.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .. import backend
-from ..primitives.conv.im2col import col2im, column_shape, im2col
+from ..primitives import blas
+from ..primitives._checks import check_float, check_rank
+from ..primitives.conv import api, registry
+from ..primitives.conv import im2col as lowering
 from ..primitives.conv.problem import ConvProblem, check_output_grad, forward_problem, make_problem
 
 _column_buffers: dict[tuple, Any] = {}
 
 
-def _device(*arrays: Any) -> str:
-    return "cpu" if backend.get_array_module(*arrays) is np else "cuda"
-
-
-def _columns(problem: ConvProblem, xp: Any) -> Any:
-    """The layer's one-image column buffer, (C·R·S, P·Q), created on first use."""
-    key = (problem.with_batch(1), xp.__name__)
+def _column_buffer(image: ConvProblem, like: Any) -> Any:
+    """The one-image column buffer (C·R·S, P·Q) for this layer shape on like's device, kept."""
+    where = backend.device_of(like)
+    key = (image, where)
     if key not in _column_buffers:
-        C, R, S, _, P, Q = column_shape(problem.with_batch(1))
-        _column_buffers[key] = xp.empty((C * R * S, P * Q), dtype=problem.dtype)
+        with backend.on_device(where):
+            _column_buffers[key] = backend.get_array_module(like).empty(
+                (image.C * image.R * image.S, image.P * image.Q), dtype=image.dtype)
     return _column_buffers[key]
 
 
-def gemm(a: Any, b: Any, out: Any, beta: float = 0.0, transpose_a: bool = False, transpose_b: bool = False) -> None:
-    """out = op(a) · op(b) + beta · out, in place: cuBLAS's GEMM (Caffe's ``caffe_gpu_gemm``) or BLAS."""
-    if backend.is_cuda_array(out):
-        from cupy import cublas  # noqa: PLC0415 - GPU only
-
-        cublas.gemm("T" if transpose_a else "N", "T" if transpose_b else "N", a, b, out=out, alpha=1.0, beta=beta)
-        return
-    product = (a.T if transpose_a else a) @ (b.T if transpose_b else b)
-    if beta:
-        out += product
-    else:
-        out[...] = product
+def _check_settings(algo: Any, workspace_limit: Any) -> None:
+    if workspace_limit is not None:
+        registry.check_limit(workspace_limit)
+    if algo is not None and algo != "auto":
+        registry.get(algo)
 
 
-def _group_slices(problem: ConvProblem):
-    K_per_group, rows_per_group = problem.K // problem.groups, (problem.C // problem.groups) * problem.R * problem.S
-    for g in range(problem.groups):
-        yield slice(g * K_per_group, (g + 1) * K_per_group), slice(g * rows_per_group, (g + 1) * rows_per_group)
+def _lowered(x: Any, n: int, image: ConvProblem) -> Any:
+    """Image n of x as its column matrix (C·R·S × P·Q): x[n] itself for 1x1, else im2col into the buffer."""
+    if image.is_1x1:
+        return x[n].reshape(image.C, -1)
+    columns = _column_buffer(image, x)
+    lowering.im2col(x[n:n + 1], image, out=columns)
+    return columns
+
+
+def _groups(problem: ConvProblem) -> list[tuple[slice, slice]]:
+    """Per group, its rows of W (output channels) and of the column matrix (its C/groups·R·S taps)."""
+    filters, taps = problem.K // problem.groups, problem.C // problem.groups * problem.R * problem.S
+    return [(slice(g * filters, (g + 1) * filters), slice(g * taps, (g + 1) * taps)) for g in range(problem.groups)]
 
 
 def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
-                   algo: str | None = None, workspace_limit: int | None = None) -> Any:
-    problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
+                   algo: str | None = None, workspace_limit: int | None = None, out: Any = None) -> Any:
+    """y = x ⋆ w, image by image (Forward_gpu, forward_gpu_gemm). x: (N, C, H, W); w: (K, C/groups, R, S);
+    returns y: (N, K, P, Q) (into ``out`` when given)."""
+    problem = forward_problem(x, w, stride, padding, dilation, groups, api._device(x, w))
     xp = backend.get_array_module(x)
+    y = api._output(out, problem.y_shape, problem, xp)
+    _check_settings(algo, workspace_limit)
+    x, weights = xp.ascontiguousarray(x), xp.ascontiguousarray(w).reshape(problem.K, -1)
     image = problem.with_batch(1)
-    columns = _columns(problem, xp)
-    weights = w.reshape(problem.K, -1)
-    y = xp.empty(problem.y_shape, dtype=problem.dtype)
     for n in range(problem.N):
-        im2col(x[n:n + 1], image, out=columns)
-        y_n = y[n].reshape(problem.K, -1)
-        for ks, rows in _group_slices(problem):
-            gemm(weights[ks], columns[rows], y_n[ks])
+        columns, y_n = _lowered(x, n, image), y[n].reshape(problem.K, -1)
+        for filters, taps in _groups(problem):
+            blas.gemm(weights[filters], columns[taps], y_n[filters])
     return y
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-                         groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None) -> Any:
-    problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype, _device(dy, w))
+                         groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
+                         out: Any = None) -> Any:
+    """dx, image by image (Backward_gpu, backward_gpu_gemm). dy: (N, K, P, Q); w: (K, C/groups, R, S);
+    returns dx: x_shape (into ``out`` when given)."""
+    check_float(w, "weight")
+    check_rank(w, 4, "weight", "(K, C/groups, R, S)")
+    problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
+                           api._device(dy, w))
     check_output_grad(dy, problem)
     xp = backend.get_array_module(dy)
+    dx = api._output(out, problem.x_shape, problem, xp)
+    _check_settings(algo, workspace_limit)
+    dy, weights = xp.ascontiguousarray(dy), xp.ascontiguousarray(w).reshape(problem.K, -1)
     image = problem.with_batch(1)
-    columns = _columns(problem, xp)
-    weights = w.reshape(problem.K, -1)
-    dx = xp.empty(problem.x_shape, dtype=problem.dtype)
     for n in range(problem.N):
-        dy_n = xp.ascontiguousarray(dy[n]).reshape(problem.K, -1)
-        for ks, rows in _group_slices(problem):
-            gemm(weights[ks], dy_n[ks], columns[rows], transpose_a=True)
-        col2im(columns, image, out=dx[n:n + 1])
+        columns = dx[n].reshape(problem.C, -1) if image.is_1x1 else _column_buffer(image, dy)
+        dy_n = dy[n].reshape(problem.K, -1)
+        for filters, taps in _groups(problem):
+            blas.gemm(weights[filters].T, dy_n[filters], columns[taps])
+        if not image.is_1x1:
+            lowering.col2im(columns, image, out=dx[n:n + 1])
     return dx
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                            groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
                            out: Any = None, accumulate: bool = False) -> Any:
-    problem = make_problem(tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
+    """dw, summed image by image (Backward_gpu, weight_gpu_gemm). x: (N, C, H, W); dy: (N, K, P, Q);
+    returns dw: w_shape, written into ``out`` or, with ``accumulate``, added to it."""
+    check_float(x, "input")
+    check_rank(x, 4, "input", "(N, C, H, W)")
+    problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, api._device(x, dy))
     check_output_grad(dy, problem)
+    api._check_accumulate(accumulate, out)
     xp = backend.get_array_module(x)
+    dw = api._output(out, problem.w_shape, problem, xp)
+    _check_settings(algo, workspace_limit)
+    x, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(dy)
+    dw_rows = dw.reshape(problem.K, -1)
     image = problem.with_batch(1)
-    columns = _columns(problem, xp)
-    dw = xp.empty(problem.w_shape, dtype=problem.dtype) if out is None else out
-    dw_m = dw.reshape(problem.K, -1)
     for n in range(problem.N):
-        im2col(x[n:n + 1], image, out=columns)
-        dy_n = xp.ascontiguousarray(dy[n]).reshape(problem.K, -1)
-        for ks, rows in _group_slices(problem):
-            gemm(dy_n[ks], columns[rows], dw_m[ks], beta=1.0 if (n or accumulate) else 0.0, transpose_b=True)
+        columns, dy_n = _lowered(x, n, image), dy[n].reshape(problem.K, -1)
+        for filters, taps in _groups(problem):
+            blas.gemm(dy_n[filters], columns[taps].T, dw_rows[filters], beta=1.0 if n or accumulate else 0.0)
     return dw
-
-
-def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
-    """y + bias along ``axis``: per image a GEMM with a ones vector for convolutions (axis 1 of NCHW),
-    one GEMM with a ones column for a fully connected layer (the last axis), as Caffe did."""
-    xp = backend.get_array_module(y, bias)
-    if out is None:
-        out = xp.array(y, copy=True)
-    elif out is not y:
-        out[...] = y
-    if axis == 1 and y.ndim == 4:
-        ones = xp.ones((1, y.shape[2] * y.shape[3]), dtype=y.dtype)
-        for n in range(y.shape[0]):
-            gemm(bias.reshape(-1, 1), ones, out[n].reshape(y.shape[1], -1), beta=1.0)
-        return out
-    rows = out.reshape(-1, y.shape[-1])
-    gemm(xp.ones((rows.shape[0], 1), dtype=y.dtype), bias.reshape(1, -1), rows, beta=1.0)
-    return out
-
-
-def bias_backward(dy: Any, axis: int = 1) -> Any:
-    """Σ dy over every axis but ``axis``: per image a GEMV with ones (conv) or one GEMV (linear)."""
-    xp = backend.get_array_module(dy)
-    if axis == 1 and dy.ndim == 4:
-        db = xp.zeros((dy.shape[1], 1), dtype=dy.dtype)
-        ones = xp.ones((dy.shape[2] * dy.shape[3], 1), dtype=dy.dtype)
-        for n in range(dy.shape[0]):
-            gemm(xp.ascontiguousarray(dy[n]).reshape(dy.shape[1], -1), ones, db, beta=1.0)
-        return db.reshape(-1)
-    rows = dy.reshape(-1, dy.shape[-1])
-    db = xp.zeros((rows.shape[1], 1), dtype=dy.dtype)
-    gemm(rows, xp.ones((rows.shape[0], 1), dtype=dy.dtype), db, transpose_a=True)
-    return db.reshape(-1)

@@ -87,5 +87,21 @@ def check_like(a: Any, b: Any, name_a: str, name_b: str) -> None:
     check_float(a, name_a)
     check_float(b, name_b)
     check_same_dtype(a, b, name_a, name_b)
-    if a.shape != b.shape:
+    check_same_shape(a, b, name_a, name_b)
+
+
+def check_same_shape(a: Any, b: Any, name_a: str, name_b: str) -> None:
+    if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
+def check_out(out: Any, like: Any, like_name: str) -> None:
+    """``out``, an output buffer given by the caller, must be a C-contiguous array of ``like``'s shape and
+    dtype (kernels write through its base pointer); ``out is like`` asks for the operation in place."""
+    dtype = getattr(out, "dtype", None)
+    # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
+    if dtype is None or dtype != like.dtype or tuple(out.shape) != tuple(like.shape) or not out.flags.c_contiguous:
+        layout = "" if dtype is None or out.flags.c_contiguous else "non-contiguous "
+        got = type(out).__name__ if dtype is None else f"{layout}{dtype} {tuple(out.shape)}"
+        raise ValueError(f"out must be a C-contiguous {like.dtype} array of {like_name}'s shape {tuple(like.shape)}, "
+                         f"got {got}")

@@ -12,6 +12,8 @@ and with ``nvcc`` in the CPU test suite:
 * element-wise kernels use grid-stride loops, so :func:`launch` may cap the grid.
 * shared device code lives in ``.cuh`` headers beside the sources (``#include "channels.cuh"``),
   inlined by :func:`read_source` before compiling.
+* kernels elsewhere in the package (the naive engine's ``minidnn/naive/caffe_layers.cu``) follow the
+  same conventions and compile through the same :func:`function`, named by :func:`package_source`.
 
 Python scalars must be wrapped before a launch (CuPy would pass an ``int`` as a 64-bit integer):
 use :func:`i32` and :func:`f64`.
@@ -28,6 +30,7 @@ import numpy as np
 from .. import backend
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(HERE)  # minidnn/: kernels outside the primitives (the naive engine's) live there too
 DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 INT32_LIMIT = 2**31 - 1
 THREADS = 256
@@ -37,6 +40,13 @@ MAX_BLOCKS = 132 * 32  # enough blocks to fill an H200 (132 SMs) many times; loo
 def source_path(relative: str) -> str:
     """Absolute path of a ``.cu`` file given relative to ``minidnn/primitives``."""
     return os.path.join(HERE, relative)
+
+
+def package_source(path_in_package: str) -> str:
+    """A ``.cu`` file elsewhere in the package, e.g. ``"naive/caffe_layers.cu"``, as the path relative to
+    ``minidnn/primitives`` that :func:`function` takes (``"../naive/caffe_layers.cu"``), so that every
+    kernel of minidnn compiles and is cached through the one :func:`function`."""
+    return os.path.relpath(os.path.join(PACKAGE, path_in_package), HERE)
 
 
 def read_source(relative: str) -> str:
@@ -122,8 +132,9 @@ def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BL
 
 
 def cuda_sources() -> list[str]:
-    """Every ``.cu`` file of the package, relative to ``minidnn/primitives`` (for the nvcc test)."""
+    """Every ``.cu`` file of the package (the primitives' and the naive engine's), relative to
+    ``minidnn/primitives`` as :func:`function` takes them (for the nvcc test)."""
     found = []
-    for directory, _, names in os.walk(HERE):
+    for directory, _, names in os.walk(PACKAGE):
         found.extend(os.path.relpath(os.path.join(directory, n), HERE) for n in names if n.endswith(".cu"))
     return sorted(found)

@@ -64,6 +64,30 @@ def _check_output_grad(dy: Any, x: Any) -> None:
         raise TypeError(f"batch_norm: dy must have x's dtype {x.dtype}, got {dy.dtype}")
 
 
+def _check_running_statistics(running_mean: Any, running_var: Any, channels: int, x: Any) -> None:
+    """Training tracks running statistics in both (C,) arrays, or in neither (both None)."""
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: running_mean and running_var must both be arrays or both be None")
+    _check_channel_vector(running_mean, "running_mean", channels, x, optional=True)
+    _check_channel_vector(running_var, "running_var", channels, x, optional=True)
+
+
+def _check_training_count(x: Any) -> int:
+    """M, the values per channel: batch statistics need M > 1, as in PyTorch."""
+    count = _values_per_channel(x)
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got x of shape {tuple(x.shape)} "
+                         f"({count} value(s) per channel)")
+    return count
+
+
+def _check_nonempty_channels(x: Any) -> int:
+    count = _values_per_channel(x)
+    if count == 0:
+        raise ValueError(f"batch_norm: x of shape {tuple(x.shape)} has no values per channel")
+    return count
+
+
 def _check_number(value: Any, name: str, in_range: Callable[[float], bool], expected: str) -> float:
     """A real number (not a bool) for which ``in_range`` holds; ``expected`` words the range for the error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -145,16 +169,10 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     channels = _check_input(x)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("batch_norm: running_mean and running_var must both be arrays or both be None")
-    _check_channel_vector(running_mean, "running_mean", channels, x, optional=True)
-    _check_channel_vector(running_var, "running_var", channels, x, optional=True)
+    _check_running_statistics(running_mean, running_var, channels, x)
     momentum = _check_momentum(momentum)
     eps = _check_eps(eps)
-    count = _values_per_channel(x)
-    if count <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got x of shape {tuple(x.shape)} "
-                         f"({count} value(s) per channel)")
+    count = _check_training_count(x)
     if backend.is_cuda_array(x):
         return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps)
 
@@ -218,9 +236,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(mean, "mean", channels, x)
     _check_channel_vector(invstd, "invstd", channels, x)
-    count = _values_per_channel(x)
-    if count == 0:
-        raise ValueError(f"batch_norm: x of shape {tuple(x.shape)} has no values per channel")
+    count = _check_nonempty_channels(x)
     if backend.is_cuda_array(x):
         return _backward_training_gpu(dy, x, weight, mean, invstd)
 

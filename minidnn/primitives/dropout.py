@@ -66,6 +66,13 @@ def check_probability(p: Any) -> float:
     return p
 
 
+def _check_mask(mask: Any, dy: Any) -> None:
+    if getattr(mask, "dtype", None) != bool:
+        raise TypeError(f"dropout: mask must be a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if tuple(mask.shape) != tuple(dy.shape):
+        raise ValueError(f"dropout: mask must have dy's shape {tuple(dy.shape)}, got {tuple(mask.shape)}")
+
+
 def _check_shape(shape: Any) -> tuple[int, ...]:
     values = (shape,) if isinstance(shape, numbers.Integral) and not isinstance(shape, bool) else shape
     try:
@@ -222,10 +229,7 @@ def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
     backend.get_array_module(dy, mask)  # one device for both
     check_float(dy, "dy")
     p = check_probability(p)
-    if getattr(mask, "dtype", None) != bool:
-        raise TypeError(f"dropout: mask must be a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
-    if tuple(mask.shape) != tuple(dy.shape):
-        raise ValueError(f"dropout: mask must have dy's shape {tuple(dy.shape)}, got {tuple(mask.shape)}")
+    _check_mask(mask, dy)
     if backend.is_cuda_array(dy):
         return _dropout_backward_gpu(dy, mask, p)
     return dy * (mask * _keep_scale(p, dy.dtype))

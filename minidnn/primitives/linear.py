@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import backend
 from . import blas
-from ._checks import check_float, check_same_dtype, normalise_axis
+from ._checks import check_float, check_out, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
@@ -61,12 +61,9 @@ def _as_rows(a: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
-    """y = x·weightᵀ + bias.
-
-    x: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
-    Returns y: (..., out_features) of x's dtype.
-    """
+# Each public function checks its arguments with the helper named after it; the naive engine
+# checks with the same helpers (one implementation of every check).
+def _check_forward_arguments(x: Any, weight: Any, bias: Any) -> None:
     backend.get_array_module(x, weight, bias)  # one device for all
     _check_features(x, "x", "(..., in_features)")
     _check_weight(weight)
@@ -77,13 +74,66 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
                          f"expects in_features={in_features} (shape {tuple(weight.shape)})")
     if bias is not None:
         _check_bias(bias, x, out_features)
+
+
+def _check_backward_data_arguments(dy: Any, weight: Any) -> None:
+    backend.get_array_module(dy, weight)
+    _check_features(dy, "dy", "(..., out_features)")
+    _check_weight(weight)
+    check_same_dtype(dy, weight, "dy", "weight")
+    if dy.shape[-1] != weight.shape[0]:
+        raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
+                         f"has out_features={weight.shape[0]} (shape {tuple(weight.shape)})")
+
+
+def _check_backward_weight_arguments(x: Any, dy: Any) -> None:
+    backend.get_array_module(x, dy)
+    _check_features(x, "x", "(..., in_features)")
+    _check_features(dy, "dy", "(..., out_features)")
+    check_same_dtype(x, dy, "x", "dy")
+    if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
+        raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
+                         f"dimensions (..., in_features) and (..., out_features)")
+
+
+def _check_bias_add_arguments(y: Any, bias: Any, axis: Any, out: Any = None) -> int:
+    """Returns the axis as a non-negative index."""
+    backend.get_array_module(y, bias, out)
+    check_float(y, "y")
+    if y.ndim < 1:
+        raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
+    axis = normalise_axis(axis, y.ndim, "y")
+    check_float(bias, "bias")
+    if tuple(bias.shape) != (y.shape[axis],):
+        raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
+                         f"{tuple(y.shape)}), got {tuple(bias.shape)}")
+    check_same_dtype(y, bias, "y", "bias")
+    if out is not None:
+        check_out(out, y, "y")
+    return axis
+
+
+def _check_bias_backward_arguments(dy: Any, axis: Any) -> int:
+    check_float(dy, "dy")
+    if dy.ndim < 1:
+        raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
+    return normalise_axis(axis, dy.ndim, "dy")
+
+
+def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
+    """y = x·weightᵀ + bias.
+
+    x: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
+    Returns y: (..., out_features) of x's dtype.
+    """
+    _check_forward_arguments(x, weight, bias)
     y = blas.gemm(_as_rows(backend.get_array_module(x).ascontiguousarray(x)), weight.T)
     if bias is not None:
         if backend.is_cuda_array(y):
             y = _bias_add_gpu(y, bias, 1, out=y)
         else:
             y += bias
-    return y.reshape(*x.shape[:-1], out_features)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear_backward_data(dy: Any, weight: Any) -> Any:
@@ -91,16 +141,9 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
 
     dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
     """
-    backend.get_array_module(dy, weight)
-    _check_features(dy, "dy", "(..., out_features)")
-    _check_weight(weight)
-    check_same_dtype(dy, weight, "dy", "weight")
-    out_features, in_features = weight.shape
-    if dy.shape[-1] != out_features:
-        raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
-                         f"has out_features={out_features} (shape {tuple(weight.shape)})")
+    _check_backward_data_arguments(dy, weight)
     xp = backend.get_array_module(dy, weight)
-    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], in_features)
+    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], weight.shape[1])
 
 
 def linear_backward_weight(x: Any, dy: Any) -> Any:
@@ -109,13 +152,7 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
     Returns dweight: (out_features, in_features) of x's dtype.
     """
-    backend.get_array_module(x, dy)
-    _check_features(x, "x", "(..., in_features)")
-    _check_features(dy, "dy", "(..., out_features)")
-    check_same_dtype(x, dy, "x", "dy")
-    if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
-        raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
-                         f"dimensions (..., in_features) and (..., out_features)")
+    _check_backward_weight_arguments(x, dy)
     xp = backend.get_array_module(x, dy)
     return blas.gemm(_as_rows(xp.ascontiguousarray(dy)).T, _as_rows(xp.ascontiguousarray(x)))
 
@@ -132,22 +169,9 @@ def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
     -1 for (..., out_features).
     """
-    backend.get_array_module(y, bias)
-    check_float(y, "y")
-    if y.ndim < 1:
-        raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
-    axis = normalise_axis(axis, y.ndim, "y")
-    check_float(bias, "bias")
-    if tuple(bias.shape) != (y.shape[axis],):
-        raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
-                         f"{tuple(y.shape)}), got {tuple(bias.shape)}")
-    check_same_dtype(y, bias, "y", "bias")
-    if out is not None and (out.shape != y.shape or out.dtype != y.dtype or not out.flags.c_contiguous
-                            or not y.flags.c_contiguous):
-        raise ValueError(f"out must be a C-contiguous {y.dtype} array of y's shape {tuple(y.shape)} "
-                         f"(and y C-contiguous), got {out.dtype} {tuple(out.shape)}")
+    axis = _check_bias_add_arguments(y, bias, axis, out)
     if backend.is_cuda_array(y):
-        return _bias_add_gpu(y, bias, axis, out)
+        return _bias_add_gpu(backend.cupy().ascontiguousarray(y), bias, axis, out)
     broadcast = [1] * y.ndim
     broadcast[axis] = -1
     return backend.get_array_module(y).add(y, bias.reshape(broadcast), out=out)
@@ -161,10 +185,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     millions of terms.
     """
     xp = backend.get_array_module(dy)
-    check_float(dy, "dy")
-    if dy.ndim < 1:
-        raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
-    axis = normalise_axis(axis, dy.ndim, "dy")
+    axis = _check_bias_backward_arguments(dy, axis)
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)

@@ -49,6 +49,15 @@ def _check_input(x: Any, name: str) -> None:
         raise ValueError(f"{name} must be (N, C, *spatial) with at least 3 dimensions, got shape {tuple(x.shape)}")
 
 
+def _check_like_x(x: Any, **arrays: Any) -> None:
+    """Each named array (dy, y, scale of the backward) must be a float array of x's shape and dtype."""
+    for name, array in arrays.items():
+        check_float(array, name)
+        check_same_dtype(array, x, name, "x")
+        if array.shape != x.shape:
+            raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(array.shape)}")
+
+
 def _channel_window_sum(values: Any, before: int, after: int) -> Any:
     """Σ values[c'] over c' = c − before … c + after, clipped to [0, C), along axis 1; same shape.
 
@@ -113,11 +122,7 @@ def lrn_backward(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float = 
     if scale is None:
         scale = _lrn_forward_gpu(x, size, alpha, beta, k, want_y=False, want_scale=True)[1] \
             if backend.is_cuda_array(x) else _scale(x, size, alpha, k)
-    for name, array in (("dy", dy), ("y", y), ("scale", scale)):
-        check_float(array, name)
-        check_same_dtype(array, x, name, "x")
-        if array.shape != x.shape:
-            raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(array.shape)}")
+    _check_like_x(x, dy=dy, y=y, scale=scale)
     xp = backend.get_array_module(dy, x, y, scale)
     if backend.is_cuda_array(x):
         return _lrn_backward_gpu(dy, x, y, scale, size, alpha, beta)

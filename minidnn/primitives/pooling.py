@@ -214,18 +214,11 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     return y, indices
 
 
-def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
-                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
-    """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
+def _check_max_backward_arguments(dy: Any, indices: Any, x_shape: Any, kernel_size: Any, stride: Any, padding: Any,
+                                  dilation: Any, ceil_mode: Any) -> tuple[tuple[int, int, int, int], tuple | None]:
+    """The arguments of :func:`max_pool2d_backward`; returns x_shape and the window parameters (or None).
 
-    dy: (N, C, P, Q); indices: (N, C, P, Q) from :func:`max_pool2d_forward`, int64 positions or
-    uint8 taps; x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
-
-    The window parameters are optional with int64 positions (the NumPy code needs only those);
-    given, they must be the forward's, dy's shape is checked against them, and on the GPU each
-    input pixel then gathers from the few windows that cover it. Without them the GPU adds each
-    (n, c) plane's gradients in one thread (deterministic, but only N·C threads): pass them for
-    speed. uint8 taps need them.
+    The range of int64 ``indices`` is checked on NumPy only: on the GPU it would read device memory.
     """
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
@@ -247,18 +240,37 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
                         f"got {dtype if dtype is not None else type(indices).__name__}")
     if tuple(indices.shape) != tuple(dy.shape):
         raise ValueError(f"indices must have grad_output's shape {tuple(dy.shape)}, got {tuple(indices.shape)}")
-    xp = backend.get_array_module(dy, indices)  # also refuses dy and indices on different devices
-    if dtype == np.uint8:
-        if window is None:
-            raise ValueError("max_pool2d_backward: uint8 taps need the window parameters (kernel_size, ...)")
-        if backend.is_cuda_array(dy):
-            return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
-        indices = _positions(indices, window, (H, W), tuple(dy.shape[2:]))
+    backend.get_array_module(dy, indices)  # refuses dy and indices on different devices
+    if dtype == np.uint8 and window is None:
+        raise ValueError("max_pool2d_backward: uint8 taps need the window parameters (kernel_size, ...)")
+    if not backend.is_cuda_array(dy) and indices.size:
+        positions = _positions(indices, window, (H, W), tuple(dy.shape[2:])) if dtype == np.uint8 else indices
+        if int(positions.min()) < 0 or int(positions.max()) >= H * W:
+            raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
+                             f"got values in [{int(positions.min())}, {int(positions.max())}]")
+    return (N, C, H, W), window
+
+
+def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
+                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
+
+    dy: (N, C, P, Q); indices: (N, C, P, Q) from :func:`max_pool2d_forward`, int64 positions or
+    uint8 taps; x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+
+    The window parameters are optional with int64 positions (the NumPy code needs only those);
+    given, they must be the forward's, dy's shape is checked against them, and on the GPU each
+    input pixel then gathers from the few windows that cover it. Without them the GPU adds each
+    (n, c) plane's gradients in one thread (deterministic, but only N·C threads): pass them for
+    speed. uint8 taps need them.
+    """
+    (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
+                                                         dilation, ceil_mode)
+    xp = backend.get_array_module(dy, indices)
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= H * W):
-        raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
-                         f"got values in [{int(indices.min())}, {int(indices.max())}]")
+    if indices.dtype == np.uint8:
+        indices = _positions(indices, window, (H, W), tuple(dy.shape[2:]))
     # Scatter-add into the flattened batch; np.add.at is unbuffered (repeated indices accumulate),
     # deterministic, and in NumPy 2 faster than bincount (which also computes in float64).
     planes = xp.arange(N * C, dtype=xp.int64).reshape(N, C, 1, 1) * (H * W)
@@ -410,17 +422,22 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     return xp.matmul(rows, xp.matmul(x, cols.T))
 
 
-def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
-    """dx = ∂L/∂x = A_hᵀ · dy · A_w per plane, the output size read from dy.
-
-    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
-    """
+def _check_adaptive_backward_arguments(dy: Any, x_shape: Any) -> tuple[int, int, int, int]:
     N, C, H, W = _check_x_shape(x_shape)
     check_float(dy, "grad_output")
     check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
     if tuple(dy.shape[:2]) != (N, C) or min(dy.shape[2:]) < 1:
         raise ValueError(f"grad_output must have shape ({N}, {C}, P, Q) with P, Q >= 1 for x_shape "
                          f"{(N, C, H, W)}, got {tuple(dy.shape)}")
+    return N, C, H, W
+
+
+def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
+    """dx = ∂L/∂x = A_hᵀ · dy · A_w per plane, the output size read from dy.
+
+    dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
+    """
+    N, C, H, W = _check_adaptive_backward_arguments(dy, x_shape)
     if backend.is_cuda_array(dy):
         return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
     xp = backend.get_array_module(dy)

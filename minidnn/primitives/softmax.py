@@ -151,6 +151,17 @@ def _check_target(target: Any, batch: int, num_classes: int, ignore_index: Any) 
     return target
 
 
+def _check_num_classes_shape(num_classes_shape: Any) -> tuple[int, int]:
+    """log_probs' shape (N, C) given to nll_loss_backward: two ints, C >= 1; returns (N, C)."""
+    shape = tuple(num_classes_shape) if isinstance(num_classes_shape, (tuple, list)) else None
+    if (shape is None or len(shape) != 2
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in shape)
+            or shape[1] < 1):
+        raise ValueError(f"num_classes_shape must be log_probs' shape (N, C), two ints with C >= 1, "
+                         f"got {num_classes_shape!r}")
+    return int(shape[0]), int(shape[1])
+
+
 def _check_weight(weight: Any, num_classes: int, dtype: Any, dtype_name: str) -> None:
     if weight is None:
         return
@@ -266,13 +277,7 @@ def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weigh
     grad_loss's dtype. scale_i is grad_loss[i], grad_loss, or grad_loss / Σ w[t_i] for the mean.
     An out-of-range target: a ValueError on NumPy, NaN on the GPU (module docstring).
     """
-    shape = tuple(num_classes_shape) if isinstance(num_classes_shape, (tuple, list)) else None
-    if (shape is None or len(shape) != 2
-            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0 for n in shape)
-            or shape[1] < 1):
-        raise ValueError(f"num_classes_shape must be log_probs' shape (N, C), two ints with C >= 1, "
-                         f"got {num_classes_shape!r}")
-    batch, num_classes = int(shape[0]), int(shape[1])
+    batch, num_classes = _check_num_classes_shape(num_classes_shape)
     check_reduction(reduction)
     _check_grad_loss(grad_loss, batch, reduction)
     xp = backend.get_array_module(grad_loss, target, weight)  # all on one device, or a clear ValueError

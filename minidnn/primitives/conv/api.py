@@ -140,6 +140,14 @@ def _device(*arrays: Any) -> str:
     return "cpu" if backend.get_array_module(*arrays) is np else "cuda"
 
 
+def _check_accumulate(accumulate: Any, out: Any) -> None:
+    """backward-filter adds into ``out`` only when there is one."""
+    if not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate must be a bool, got {accumulate!r}")
+    if accumulate and out is None:
+        raise ValueError("accumulate=True needs an out array to add into")
+
+
 def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any) -> Any:
     if out is None:
         return xp.empty(shape, dtype=problem.dtype)
@@ -194,10 +202,7 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     check_rank(x, 4, "input", "(N, C, H, W)")
     problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
     check_output_grad(dy, problem)
-    if not isinstance(accumulate, bool):
-        raise TypeError(f"accumulate must be a bool, got {accumulate!r}")
-    if accumulate and out is None:
-        raise ValueError("accumulate=True needs an out array to add into")
+    _check_accumulate(accumulate, out)
     xp = backend.get_array_module(x)
     dw = _output(out, problem.w_shape, problem, xp)
     plan = _plan(problem, "backward_filter", algo, workspace_limit)
