@@ -1,90 +1,312 @@
-"""Optimizer updates as primitives: one call updates one parameter array in place.
+"""Optimizer updates as primitives: in place on one parameter array, or on a list of them at once.
 
 The formulas are PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``), so a training run can be
-compared step for step. On the GPU each update is one fused kernel of optimizer.cu (read
-parameter, gradient and state once, write them once); the NumPy twin below spells the same
-arithmetic out. Parameters and state must be contiguous arrays (they are updated in place).
+compared step for step. ``sgd_update``/``adam_update`` update one parameter; ``sgd_update_multi``/
+``adam_update_multi`` update a list of parameters of one dtype on one device with the same
+hyper-parameters, which is what an optimizer's step does for a parameter group.
+
+On the GPU a list costs a few launches of one fused kernel of optimizer.cu, not one per parameter
+(apex's multi_tensor_apply): the tensors are taken in chunks of up to ``MAX_TENSORS``, and each
+launch receives, by value as a kernel parameter, a table of its chunk's pointers and sizes and of
+the (tensor, range of elements) that each of its blocks updates. No table is copied to the device,
+so the launches can be captured in a CUDA graph. For the same reason the learning rate may be a
+float64 array of one element on the parameters' device, which the kernel reads (Adam's step count
+likewise, int64 or float64): a schedule can then change it between replays of a captured step.
+
+The NumPy twin below does the same arithmetic, one tensor at a time. Every array must be
+C-contiguous (the updates are in place and a kernel sees base pointers); the arguments are checked
+the same way on both devices.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+import numbers
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .. import backend
+from ._checks import check_bool, check_contiguous, check_float, check_number
+
+__all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi"]
+
+# The kernels' table (struct TensorTable of optimizer.cu: the same fields, order and alignment).
+LISTS = 5  # param, grad and up to three state arrays
+MAX_TENSORS = 48
+MAX_BLOCKS = 320
+THREADS = 512
+# elements_per_block is a multiple of one iteration of a block (THREADS threads × UNROLL elements).
+BLOCK_GRANULE = THREADS * 4
+_TABLE = np.dtype({"names": ["pointers", "sizes", "block_start", "elements_per_block", "block_tensor"],
+                   "formats": [(np.uint64, (LISTS, MAX_TENSORS)), (np.int32, (MAX_TENSORS,)),
+                               (np.int32, (MAX_BLOCKS,)), np.int32, (np.uint8, (MAX_BLOCKS,))]}, align=True)
 
 
-def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float, momentum: float = 0.0,
+def _finite_at_least_zero(value: float) -> bool:
+    return 0.0 <= value < math.inf
+
+
+# ----------------------------------------------------------------------------------------------
+# SGD
+# ----------------------------------------------------------------------------------------------
+
+
+def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float | Any, momentum: float = 0.0,
                dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False,
                first_step: bool = False) -> None:
     """SGD with momentum, in place on ``param`` (and ``momentum_buffer``, same shape, when momentum > 0).
 
     g = ±grad + weight_decay·param; b = g on the first step, else momentum·b + (1 − dampening)·g;
-    g = g + momentum·b (Nesterov) or b; param −= lr·g.
+    g = g + momentum·b (Nesterov) or b; param −= lr·g. lr: a number, or a float64 array of one
+    element on param's device (read by the kernel). momentum_buffer is ignored when momentum is 0.
     """
-    if backend.is_cuda_array(param):
-        from . import _cuda  # noqa: PLC0415 - GPU only
+    _sgd(_single_names, [param], [grad], [momentum_buffer], lr, momentum, dampening, weight_decay, nesterov,
+         maximize, first_step)
 
-        buffer = param if momentum_buffer is None else momentum_buffer  # never read when momentum == 0
-        _cuda.launch(_cuda.function("optimizer.cu", "sgd_update", param.dtype), param.size,
-                     (param, _contiguous(grad), buffer, _cuda.i32(param.size), _cuda.f64(lr), _cuda.f64(momentum),
-                      _cuda.f64(dampening), _cuda.f64(weight_decay), _cuda.i32(nesterov), _cuda.i32(maximize),
-                      _cuda.i32(first_step)))
-        return None
-    g = -grad if maximize else grad
-    if weight_decay:
-        g = g + weight_decay * param
+
+def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffers: Sequence[Any] | None, *,
+                     lr: float | Any, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                     nesterov: bool = False, maximize: bool = False, first_step: bool = False) -> None:
+    """:func:`sgd_update` of every ``params[i]`` with ``grads[i]`` and ``momentum_buffers[i]``.
+
+    Lists of equal length; all arrays of one dtype (float32 or float64) on one device, each state
+    array of its parameter's shape. ``momentum_buffers`` may be None when momentum is 0. On the GPU:
+    one launch per chunk of ``MAX_TENSORS`` non-empty parameters.
+    """
+    _sgd(_multi_names, params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov,
+         maximize, first_step)
+
+
+def _sgd(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], buffers: Any, lr: Any,
+         momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
+         first_step: bool) -> None:
+    momentum = check_number(momentum, "momentum", _finite_at_least_zero, "a finite number >= 0")
+    dampening = check_number(dampening, "dampening", _finite_at_least_zero, "a finite number >= 0")
+    weight_decay = check_number(weight_decay, "weight_decay", _finite_at_least_zero, "a finite number >= 0")
+    nesterov, maximize = check_bool(nesterov, "nesterov"), check_bool(maximize, "maximize")
+    first_step = check_bool(first_step, "first_step")
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("nesterov momentum requires a momentum > 0 and zero dampening")
+    lists = [("param", params), ("grad", grads)]
     if momentum:
-        if first_step:
-            momentum_buffer[...] = g
-        else:
-            momentum_buffer *= momentum
-            momentum_buffer += (1.0 - dampening) * g
-        g = g + momentum * momentum_buffer if nesterov else momentum_buffer
-    param -= lr * g
-    return None
+        lists.append(("momentum_buffer", buffers))
+    _check_lists(names, lists)
+    lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
+
+    if params and backend.is_cuda_array(params[0]):
+        launch_lists = [params, grads, buffers if momentum else None]
+        _launch_chunks("sgd_update_multi", launch_lists, lambda: (
+            lr_array, np.float64(lr_value), np.float64(momentum), np.float64(dampening),
+            np.float64(weight_decay), np.int32(nesterov), np.int32(maximize), np.int32(first_step)))
+        return
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        g = -grad if maximize else grad
+        if weight_decay:
+            g = g + weight_decay * param
+        if momentum:
+            buffer = buffers[i]
+            if first_step:
+                buffer[...] = g
+            else:
+                buffer *= momentum
+                buffer += (1.0 - dampening) * g
+            g = g + momentum * buffer if nesterov else buffer
+        param -= lr_value * g
 
 
-def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int, lr: float, beta1: float = 0.9,
-                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+# ----------------------------------------------------------------------------------------------
+# Adam and AdamW
+# ----------------------------------------------------------------------------------------------
+
+
+def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int | Any, lr: float | Any,
+                beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                 decoupled_weight_decay: bool = False, amsgrad: bool = False, max_exp_avg_sq: Any = None,
                 maximize: bool = False) -> None:
     """Adam (or AdamW with ``decoupled_weight_decay``), in place; ``step`` counts from 1.
 
     AdamW: param *= 1 − lr·weight_decay; Adam: g += weight_decay·param. Then
     m = β1·m + (1 − β1)·g; v = β2·v + (1 − β2)·g²; param −= lr/(1 − β1^t) · m / (√v/√(1 − β2^t) + eps),
-    with v replaced by its running maximum under AMSGrad.
+    with v replaced by its running maximum (``max_exp_avg_sq``) under AMSGrad. lr: a number or a
+    float64 array of one element on param's device; step: an int >= 1 or an int64/float64 array of
+    one element there (the kernel then computes the bias corrections).
     """
-    bias_correction1 = 1.0 - beta1 ** step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
-    if backend.is_cuda_array(param):
-        from . import _cuda  # noqa: PLC0415 - GPU only
+    _adam(_single_names, [param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
+          weight_decay, decoupled_weight_decay, amsgrad, maximize)
 
-        maximum = exp_avg_sq if max_exp_avg_sq is None else max_exp_avg_sq  # read only under AMSGrad
-        _cuda.launch(_cuda.function("optimizer.cu", "adam_update", param.dtype), param.size,
-                     (param, _contiguous(grad), exp_avg, exp_avg_sq, maximum, _cuda.i32(param.size), _cuda.f64(lr),
-                      _cuda.f64(beta1), _cuda.f64(beta2), _cuda.f64(eps), _cuda.f64(weight_decay),
-                      _cuda.f64(lr / bias_correction1), _cuda.f64(bias_correction2_sqrt),
-                      _cuda.i32(decoupled_weight_decay), _cuda.i32(amsgrad), _cuda.i32(maximize)))
-        return None
-    xp = backend.get_array_module(param)
-    g = -grad if maximize else grad
-    if weight_decay:
-        if decoupled_weight_decay:
-            param *= 1.0 - lr * weight_decay
-        else:
-            g = g + weight_decay * param
-    exp_avg *= beta1
-    exp_avg += (1.0 - beta1) * g
-    exp_avg_sq *= beta2
-    exp_avg_sq += (1.0 - beta2) * g * g
-    second = exp_avg_sq
+
+def adam_update_multi(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any], exp_avg_sqs: Sequence[Any],
+                      max_exp_avg_sqs: Sequence[Any] | None, *, step: int | Any, lr: float | Any, beta1: float = 0.9,
+                      beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                      decoupled_weight_decay: bool = False, amsgrad: bool = False, maximize: bool = False) -> None:
+    """:func:`adam_update` of every ``params[i]`` with its gradient and state, one ``step`` for all.
+
+    Lists of equal length; all arrays of one dtype on one device, each state array of its
+    parameter's shape. ``max_exp_avg_sqs`` may be None unless ``amsgrad``. On the GPU: one launch
+    per chunk of ``MAX_TENSORS`` non-empty parameters.
+    """
+    _adam(_multi_names, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps,
+          weight_decay, decoupled_weight_decay, amsgrad, maximize)
+
+
+def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any],
+          exp_avg_sqs: Sequence[Any], max_exp_avg_sqs: Any, step: Any, lr: Any, beta1: float, beta2: float, eps: float,
+          weight_decay: float, decoupled: bool, amsgrad: bool, maximize: bool) -> None:
+    beta1 = check_number(beta1, "beta1", lambda b: 0.0 <= b < 1.0, "in [0, 1)")
+    beta2 = check_number(beta2, "beta2", lambda b: 0.0 <= b < 1.0, "in [0, 1)")
+    eps = check_number(eps, "eps", _finite_at_least_zero, "a finite number >= 0")
+    weight_decay = check_number(weight_decay, "weight_decay", _finite_at_least_zero, "a finite number >= 0")
+    decoupled = check_bool(decoupled, "decoupled_weight_decay")
+    amsgrad, maximize = check_bool(amsgrad, "amsgrad"), check_bool(maximize, "maximize")
+    lists = [("param", params), ("grad", grads), ("exp_avg", exp_avgs), ("exp_avg_sq", exp_avg_sqs)]
     if amsgrad:
-        xp.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-        second = max_exp_avg_sq
-    denominator = xp.sqrt(second) / bias_correction2_sqrt + eps
-    param -= (lr / bias_correction1) * exp_avg / denominator
-    return None
+        lists.append(("max_exp_avg_sq", max_exp_avg_sqs))
+    _check_lists(names, lists)
+    lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
+    step_value, step_array = _check_device_scalar(names, step, "step", params,
+                                                  (np.dtype(np.int64), np.dtype(np.float64)), integer=True)
+
+    if params and backend.is_cuda_array(params[0]):
+        step_is_int = step_array is not None and step_array.dtype == np.int64
+        launch_lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None]
+        _launch_chunks("adam_update_multi", launch_lists, lambda: (
+            lr_array, np.float64(lr_value), step_array if step_is_int else None,
+            None if step_is_int else step_array, np.float64(step_value), np.float64(beta1), np.float64(beta2),
+            np.float64(eps), np.float64(weight_decay), np.int32(decoupled), np.int32(amsgrad), np.int32(maximize)))
+        return
+    bias_correction1 = 1.0 - beta1 ** step_value
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step_value)
+    for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        xp = backend.get_array_module(param)
+        g = -grad if maximize else grad
+        if weight_decay:
+            if decoupled:
+                param *= 1.0 - lr_value * weight_decay
+            else:
+                g = g + weight_decay * param
+        exp_avg *= beta1
+        exp_avg += (1.0 - beta1) * g
+        exp_avg_sq *= beta2
+        exp_avg_sq += (1.0 - beta2) * g * g
+        second = exp_avg_sq
+        if amsgrad:
+            second = max_exp_avg_sqs[i]
+            xp.maximum(second, exp_avg_sq, out=second)
+        denominator = xp.sqrt(second) / bias_correction2_sqrt + eps
+        param -= (lr_value / bias_correction1) * exp_avg / denominator
 
 
-def _contiguous(array: Any) -> Any:
-    return backend.get_array_module(array).ascontiguousarray(array)
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _single_names(name: str, index: int) -> str:
+    return name
+
+
+def _multi_names(name: str, index: int) -> str:
+    return f"{name}s[{index}]"
+
+
+def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]]) -> None:
+    """Every list holds one C-contiguous float array per parameter: the params' dtype and device, and the
+    shape of its parameter. ``names(name, i)`` is how errors name element i ("grad" or "grads[3]")."""
+    (_, params), *states = lists
+    for name, arrays in lists:
+        if not isinstance(arrays, (list, tuple)):  # (only the multi-tensor functions take lists from callers)
+            raise TypeError(f"{name}s must be a list or tuple of arrays, got {type(arrays).__name__}")
+        if len(arrays) != len(params):
+            raise ValueError(f"{name}s must have one array per parameter ({len(params)}), got {len(arrays)}")
+    if not params:
+        return
+    first = names("param", 0)
+    for name, arrays in lists:
+        for i, array in enumerate(arrays):
+            label = names(name, i)
+            check_float(array, label)
+            if array.dtype != params[0].dtype:
+                raise TypeError(f"{label} must have {first}'s dtype {params[0].dtype}, got {array.dtype}")
+            if backend.device_of(array) != backend.device_of(params[0]):
+                raise ValueError(f"{label} must be on {first}'s device {backend.device_of(params[0])}, "
+                                 f"got {backend.device_of(array)}")
+            if name != "param" and tuple(array.shape) != tuple(params[i].shape):
+                raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
+                                 f"got {tuple(array.shape)}")
+            check_contiguous(array, label)
+
+
+def _check_device_scalar(names: Callable[[str, int], str], value: Any, name: str, params: Sequence[Any],
+                         dtypes: tuple[np.dtype, ...], integer: bool = False) -> tuple[float, Any]:
+    """lr (>= 0) or step (>= 1, ``integer``): a Python number, or an array of one element of ``dtypes`` on
+    the params' device. Returns (value, None) for a number or a NumPy array (whose value is read and
+    checked), (0.0, array) for a device array (its value is the kernel's to read)."""
+    minimum, expected = (1.0, "an int >= 1") if integer else (0.0, "a finite number >= 0")
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        if integer and not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int or an array of one element, got {value!r}")
+        return check_number(value, name, lambda v: minimum <= v < math.inf, expected), None
+    wanted = " or ".join(str(d) for d in dtypes)
+    dtype = getattr(value, "dtype", None)
+    # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
+    if dtype is None or dtype not in dtypes or value.size != 1 or value.ndim > 1:
+        raise TypeError(f"{name} must be a number or a {wanted} array of shape () or (1,), got {value!r}")
+    if params and backend.device_of(value) != backend.device_of(params[0]):
+        raise ValueError(f"{name} must be on {names('param', 0)}'s device {backend.device_of(params[0])}, "
+                         f"got {backend.device_of(value)}")
+    if backend.is_cuda_array(value):
+        return 0.0, value
+    return check_number(value.reshape(()).item(), name, lambda v: minimum <= v < math.inf, expected), None
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: chunks of tensors, one launch each
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def launch_plan(sizes: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], int, np.ndarray, np.ndarray], ...]:
+    """How tensors of these sizes are updated: one entry per launch, (the indices of its tensors,
+    elements_per_block, block_tensor, block_start), where block b of the launch updates elements
+    [block_start[b], block_start[b] + elements_per_block) of its tensor number block_tensor[b] (an
+    index into the launch's tensors), clipped to that tensor's size.
+
+    Empty tensors are left out; a launch holds at most MAX_TENSORS tensors and MAX_BLOCKS blocks, which
+    ceil(total / (MAX_BLOCKS − tensors)) elements per block guarantee: Σ ceil(size/E) <= total/E + tensors.
+    Pure host arithmetic, cached per list of sizes (an optimizer's step repeats the same list).
+    """
+    nonempty = [i for i, size in enumerate(sizes) if size > 0]
+    plan = []
+    for first in range(0, len(nonempty), MAX_TENSORS):
+        indices = tuple(nonempty[first:first + MAX_TENSORS])
+        chunk_sizes = np.array([sizes[i] for i in indices], dtype=np.int64)
+        needed = -(-int(chunk_sizes.sum()) // (MAX_BLOCKS - len(indices)))
+        elements_per_block = max(1, -(-needed // BLOCK_GRANULE)) * BLOCK_GRANULE
+        blocks_per_tensor = -(-chunk_sizes // elements_per_block)
+        block_tensor = np.repeat(np.arange(len(indices)), blocks_per_tensor)
+        first_block = np.cumsum(blocks_per_tensor) - blocks_per_tensor
+        block_start = (np.arange(block_tensor.size) - first_block[block_tensor]) * elements_per_block
+        plan.append((indices, elements_per_block, block_tensor.astype(np.uint8), block_start.astype(np.int32)))
+    return tuple(plan)
+
+
+def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], scalars: Callable[[], tuple]) -> None:
+    """Launch ``kernel_name`` once per chunk of the plan for ``lists[0]``'s sizes; ``lists``: the kernel's
+    tensor lists in its order (None: a list it does not read); ``scalars()``: its other arguments."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    params = lists[0]
+    _cuda.check_int32(*params)
+    kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)
+    arguments = scalars()
+    for indices, elements_per_block, block_tensor, block_start in launch_plan(tuple(p.size for p in params)):
+        table = np.zeros(1, dtype=_TABLE)
+        for position, arrays in enumerate(lists):
+            if arrays is not None:
+                table["pointers"][0, position, :len(indices)] = [arrays[i].data.ptr for i in indices]
+        table["sizes"][0, :len(indices)] = [params[i].size for i in indices]
+        table["block_tensor"][0, :block_tensor.size] = block_tensor
+        table["block_start"][0, :block_start.size] = block_start
+        table["elements_per_block"] = elements_per_block
+        _cuda.launch_blocks(kernel, block_tensor.size, THREADS, (table[0], *arguments))
