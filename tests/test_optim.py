@@ -325,18 +325,19 @@ def test_gpu_captured_step_follows_lr_refreshed_between_replays(rng):
     optimizer.step()  # the first step creates the momentum buffers; later steps are the same launches
     schedule.step()
     optimizer.refresh_device_hyperparameters()
+    cupy.cuda.Device().synchronize()  # the work queued so far, on the default stream, is done
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
+    with stream:  # the refreshes too: a non-blocking stream does not wait for the default stream
         stream.begin_capture()
         optimizer.step()
         graph = stream.end_capture()
-    rates = [0.4]
-    for _ in range(3):
-        rates.append(optimizer.param_groups[0]["lr"])
-        graph.launch(stream=stream)
+        rates = [0.4]
+        for _ in range(3):
+            rates.append(optimizer.param_groups[0]["lr"])
+            graph.launch(stream=stream)
+            schedule.step()
+            optimizer.refresh_device_hyperparameters()
         stream.synchronize()
-        schedule.step()
-        optimizer.refresh_device_hyperparameters()
     for p, start, g in zip(params, starts, grads):
         expected, buffer = start.copy(), None
         for rate in rates:

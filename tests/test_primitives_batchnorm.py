@@ -489,22 +489,23 @@ def test_gpu_training_step_replays_in_a_cuda_graph(rng):
         return (y, *batch_norm_backward_training(dy_static, x_static, weight, mean, invstd, relu_output=y))
 
     step()  # compile the kernels and allocate the counters outside the capture
+    cupy.cuda.Device().synchronize()  # the work queued so far, on the default stream, is done
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
+    with stream:  # the copies below too: a non-blocking stream does not wait for the default stream
         stream.begin_capture()
         outputs = step()
         graph = stream.end_capture()
-    for _ in range(3):
-        x_new, dy_new = random_inputs(rng, shape)[0], rng.standard_normal(shape)
-        x_static[...], dy_static[...] = cupy.asarray(x_new), cupy.asarray(dy_new)
-        graph.launch(stream=stream)
-        stream.synchronize()
-        means, variances, _ = reference_statistics(x_new)
-        normalised = reference_normalise(x_new, to_numpy(weight), to_numpy(bias), means, variances)
-        assert_close(outputs[0], np.maximum(normalised, 0), name="y")
-        expected = reference_backward_training(dy_new * relu_mask(normalised), x_new, to_numpy(weight))
-        for name, actual, wanted in zip(("dx", "dweight", "dbias"), outputs[1:], expected):
-            assert_close(actual, wanted, rtol=1e-9, atol=1e-11, name=name)
+        for _ in range(3):
+            x_new, dy_new = random_inputs(rng, shape)[0], rng.standard_normal(shape)
+            x_static[...], dy_static[...] = cupy.asarray(x_new), cupy.asarray(dy_new)
+            graph.launch(stream=stream)
+            stream.synchronize()
+            means, variances, _ = reference_statistics(x_new)
+            normalised = reference_normalise(x_new, to_numpy(weight), to_numpy(bias), means, variances)
+            assert_close(outputs[0], np.maximum(normalised, 0), name="y")
+            expected = reference_backward_training(dy_new * relu_mask(normalised), x_new, to_numpy(weight))
+            for name, actual, wanted in zip(("dx", "dweight", "dbias"), outputs[1:], expected):
+                assert_close(actual, wanted, rtol=1e-9, atol=1e-11, name=name)
 
 
 def test_gpu_strided_running_statistics_are_updated_in_place(xp, rng):

@@ -169,16 +169,17 @@ def test_gpu_device_lr_is_read_at_each_launch_and_replays_in_a_cuda_graph(rng):
     device_params, device_grads = on(cupy, params), on(cupy, grads)
     sgd_update_multi(device_params, device_grads, None, lr=lr)  # warm-up: compiles outside the capture
     expected = [p - 0.5 * g for p, g in zip(params, grads)]
+    cupy.cuda.Device().synchronize()  # the work queued so far, on the default stream, is done
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
+    with stream:  # the fills below too: a non-blocking stream does not wait for the default stream
         stream.begin_capture()
         sgd_update_multi(device_params, device_grads, None, lr=lr)
         graph = stream.end_capture()
-    for rate in (0.25, 0.125, 0.0):
-        lr.fill(rate)
-        graph.launch(stream=stream)
+        for rate in (0.25, 0.125, 0.0):
+            lr.fill(rate)
+            graph.launch(stream=stream)
+            expected = [p - rate * g for p, g in zip(expected, grads)]
         stream.synchronize()
-        expected = [p - rate * g for p, g in zip(expected, grads)]
     for i in range(len(params)):
         assert_close(device_params[i], expected[i], rtol=1e-12, atol=1e-14, name=f"param {i}")
 
@@ -187,16 +188,17 @@ def test_gpu_device_lr_is_read_at_each_launch_and_replays_in_a_cuda_graph(rng):
     expected = [[to_numpy(p), np.zeros(p.shape), np.zeros(p.shape)] for p in params]
     adam_update_multi(params, device_grads, m, v, None, step=step, lr=lr)
     expected = [adam_reference(e[0], g, e[1], e[2], None, 1, lr=0.01)[:3] for e, g in zip(expected, grads)]
+    cupy.cuda.Device().synchronize()
     with stream:
         stream.begin_capture()
         adam_update_multi(params, device_grads, m, v, None, step=step, lr=lr)
         graph = stream.end_capture()
-    for t in (2, 3):
-        step.fill(t)
-        lr.fill(0.01 / t)
-        graph.launch(stream=stream)
+        for t in (2, 3):
+            step.fill(t)
+            lr.fill(0.01 / t)
+            graph.launch(stream=stream)
+            expected = [adam_reference(e[0], g, e[1], e[2], None, t, lr=0.01 / t)[:3] for e, g in zip(expected, grads)]
         stream.synchronize()
-        expected = [adam_reference(e[0], g, e[1], e[2], None, t, lr=0.01 / t)[:3] for e, g in zip(expected, grads)]
     for i in range(len(params)):
         assert_close(params[i], expected[i][0], rtol=1e-11, atol=1e-14, name=f"adam param {i}")
 
@@ -341,7 +343,7 @@ def error_cases(xp):
 
 
 def test_errors_name_the_argument(xp):
-    for index, (call, error, message) in enumerate(error_cases(xp)):
+    for call, error, message in error_cases(xp):
         with pytest.raises(error, match=message):
             call()
 
