@@ -221,20 +221,32 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
             raise ValueError(f"{name}s must have one array per parameter ({len(params)}), got {len(arrays)}")
     if not params:
         return
-    first = names("param", 0)
+    first = params[0]
+    check_float(first, names("param", 0))
+    device_id = first.data.device_id if backend.is_cuda_array(first) else None  # (same type: same library)
+    # An optimizer step checks hundreds of arrays: one cheap test each, the itemised checks (and their
+    # messages) only for an array that fails it.
     for name, arrays in lists:
         for i, array in enumerate(arrays):
-            label = names(name, i)
-            check_float(array, label)
-            if array.dtype != params[0].dtype:
-                raise TypeError(f"{label} must have {first}'s dtype {params[0].dtype}, got {array.dtype}")
-            if backend.device_of(array) != backend.device_of(params[0]):
-                raise ValueError(f"{label} must be on {first}'s device {backend.device_of(params[0])}, "
-                                 f"got {backend.device_of(array)}")
-            if name != "param" and tuple(array.shape) != tuple(params[i].shape):
-                raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
-                                 f"got {tuple(array.shape)}")
-            check_contiguous(array, label)
+            if not (type(array) is type(first) and array.dtype == first.dtype and array.flags.c_contiguous
+                    and (name == "param" or array.shape == params[i].shape)
+                    and (device_id is None or array.data.device_id == device_id)):
+                _check_array(names, name, i, array, params)
+
+
+def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any, params: Sequence[Any]) -> None:
+    """The itemised checks of list ``name``'s element i, each with its own message."""
+    label, first = names(name, i), names("param", 0)
+    check_float(array, label)
+    if array.dtype != params[0].dtype:
+        raise TypeError(f"{label} must have {first}'s dtype {params[0].dtype}, got {array.dtype}")
+    if backend.device_of(array) != backend.device_of(params[0]):
+        raise ValueError(f"{label} must be on {first}'s device {backend.device_of(params[0])}, "
+                         f"got {backend.device_of(array)}")
+    if name != "param" and tuple(array.shape) != tuple(params[i].shape):
+        raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
+                         f"got {tuple(array.shape)}")
+    check_contiguous(array, label)
 
 
 def _check_device_scalar(names: Callable[[str, int], str], value: Any, name: str, params: Sequence[Any],
