@@ -95,10 +95,11 @@ def _sgd(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequenc
     lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
 
     if params and backend.is_cuda_array(params[0]):
-        launch_lists = [params, grads, buffers if momentum else None]
-        _launch_chunks("sgd_update_multi", launch_lists, lambda: (
-            lr_array, np.float64(lr_value), np.float64(momentum), np.float64(dampening),
-            np.float64(weight_decay), np.int32(nesterov), np.int32(maximize), np.int32(first_step)))
+        from ._cuda import f64, i32  # noqa: PLC0415 - GPU only
+
+        _launch_chunks("sgd_update_multi", [params, grads, buffers if momentum else None],
+                       (lr_array, f64(lr_value), f64(momentum), f64(dampening), f64(weight_decay), i32(nesterov),
+                        i32(maximize), i32(first_step)))
         return
     for i, (param, grad) in enumerate(zip(params, grads)):
         g = -grad if maximize else grad
@@ -168,12 +169,14 @@ def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequen
                                                   (np.dtype(np.int64), np.dtype(np.float64)), integer=True)
 
     if params and backend.is_cuda_array(params[0]):
+        from ._cuda import f64, i32  # noqa: PLC0415 - GPU only
+
         step_is_int = step_array is not None and step_array.dtype == np.int64
-        launch_lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None]
-        _launch_chunks("adam_update_multi", launch_lists, lambda: (
-            lr_array, np.float64(lr_value), step_array if step_is_int else None,
-            None if step_is_int else step_array, np.float64(step_value), np.float64(beta1), np.float64(beta2),
-            np.float64(eps), np.float64(weight_decay), np.int32(decoupled), np.int32(amsgrad), np.int32(maximize)))
+        lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None]
+        _launch_chunks("adam_update_multi", lists,
+                       (lr_array, f64(lr_value), step_array if step_is_int else None,
+                        None if step_is_int else step_array, f64(step_value), f64(beta1), f64(beta2), f64(eps),
+                        f64(weight_decay), i32(decoupled), i32(amsgrad), i32(maximize)))
         return
     bias_correction1 = 1.0 - beta1 ** step_value
     bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step_value)
@@ -303,15 +306,14 @@ def launch_plan(sizes: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], int, np.
     return tuple(plan)
 
 
-def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], scalars: Callable[[], tuple]) -> None:
+def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], arguments: tuple) -> None:
     """Launch ``kernel_name`` once per chunk of the plan for ``lists[0]``'s sizes; ``lists``: the kernel's
-    tensor lists in its order (None: a list it does not read); ``scalars()``: its other arguments."""
+    tensor lists in its order (None: a list it does not read); ``arguments``: its arguments after the table."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     params = lists[0]
     _cuda.check_int32(*params)
     kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)
-    arguments = scalars()
     for indices, elements_per_block, block_tensor, block_start in launch_plan(tuple(p.size for p in params)):
         table = np.zeros(1, dtype=_TABLE)
         for position, arrays in enumerate(lists):
