@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Iterable
 
 import numpy as np
@@ -94,7 +95,7 @@ class Optimizer:
         if copy[1] == lr:
             return
         # Checked here: the update primitive cannot look at a value that is already on the device.
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 <= lr < math.inf:
             raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
         copy[0].fill(lr)
         copy[1] = lr

@@ -17,8 +17,9 @@ class SGD(Optimizer):
     v = μv − lr·g differs when lr changes during training.)
 
     A step makes one multi-tensor update (``sgd_update_multi``) per (device, dtype) of the parameters
-    that have a gradient. On a GPU the learning rate is read from a float64 device copy of each group's
-    ``lr``, which ``step()`` refreshes when ``lr`` changed; a captured step() must be preceded by
+    that have a gradient (those on their first step with momentum form a batch of their own). On a
+    GPU the learning rate is read from a float64 device copy of each group's ``lr``, which ``step()``
+    refreshes when ``lr`` changed; a captured step() must be preceded by
     :meth:`refresh_device_hyperparameters` (before the capture, and before each replay that follows a
     change of lr). State per parameter: ``momentum_buffer`` (when momentum > 0).
     """
