@@ -237,19 +237,22 @@ def test_launch_plan_covers_every_element_once_within_the_table(sizes):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_table_layout_matches_the_kernels_struct(tmp_path):
-    """The NumPy dtype that builds the table has the C struct's size and field offsets (host-compiled)."""
+    """The NumPy dtype that builds the table has the C struct's size and field offsets, and the Python
+    constants are the kernel's (host-compiled)."""
     source = _cuda.read_source("optimizer.cu") + """
 #include <cstdio>
 #include <cstddef>
 int main() {
-    std::printf("%zu %zu %zu %zu %zu %zu\\n", sizeof(TensorTable), offsetof(TensorTable, pointers),
+    std::printf("%zu %zu %zu %zu %zu %zu %d %d %d %d\\n", sizeof(TensorTable), offsetof(TensorTable, pointers),
                 offsetof(TensorTable, sizes), offsetof(TensorTable, block_start),
-                offsetof(TensorTable, elements_per_block), offsetof(TensorTable, block_tensor));
+                offsetof(TensorTable, elements_per_block), offsetof(TensorTable, block_tensor),
+                LISTS, MAX_TENSORS, MAX_BLOCKS, THREADS);
 }
 """
     (tmp_path / "layout.cu").write_text(source)
     fields = optimizer._TABLE.fields
-    expected = [optimizer._TABLE.itemsize] + [fields[name][1] for name in optimizer._TABLE.names]
+    expected = ([optimizer._TABLE.itemsize] + [fields[name][1] for name in optimizer._TABLE.names]
+                + [optimizer.LISTS, optimizer.MAX_TENSORS, optimizer.MAX_BLOCKS, optimizer.THREADS])
     binary = os.fspath(tmp_path / "layout")  # (pointers are 8 bytes for either SCALAR: one build is enough)
     subprocess.run(["nvcc", "-o", binary, os.fspath(tmp_path / "layout.cu")], check=True, capture_output=True,
                    timeout=120)
