@@ -26,7 +26,7 @@ CONTRACT = (
     "dropout_forward", "dropout_backward",
     "batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward_training",
     "batch_norm_backward_inference", "lrn_forward", "lrn_backward",
-    "sgd_update", "adam_update",
+    "sgd_update", "adam_update", "sgd_update_multi", "adam_update_multi", "add_relu_forward",
 )
 
 
@@ -39,26 +39,30 @@ class Engine:
 
     def __init__(self, name: str, module: str) -> None:
         self.name, self.module_name = name, module
-        self._functions: dict[str, Callable[..., Any]] | None = None
+        self._module: ModuleType | None = None
 
     @property
-    def functions(self) -> dict[str, Callable[..., Any]]:
-        """Contract name -> the engine's function."""
-        if self._functions is None:
-            module: ModuleType = importlib.import_module(self.module_name)
+    def module(self) -> ModuleType:
+        """The engine's module, imported and checked against the contract on first use."""
+        if self._module is None:
+            module = importlib.import_module(self.module_name)
             missing = [name for name in CONTRACT if not callable(getattr(module, name, None))]
             if missing:
                 raise TypeError(f"engine {self.name!r} ({self.module_name}) lacks {', '.join(missing)}")
-            self._functions = {name: getattr(module, name) for name in CONTRACT}
-        return self._functions
+            self._module = module
+        return self._module
+
+    @property
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """Contract name -> the engine's function, as the module holds it now."""
+        return {name: getattr(self.module, name) for name in CONTRACT}
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
-        try:
-            return self.functions[name]
-        except KeyError:
-            raise AttributeError(f"{name!r} is not an operation of the engine contract") from None
+        if name not in CONTRACT:
+            raise AttributeError(f"{name!r} is not an operation of the engine contract")
+        return getattr(self.module, name)
 
     def __repr__(self) -> str:
         return f"<engine {self.name!r} ({self.module_name})>"

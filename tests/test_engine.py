@@ -82,7 +82,7 @@ def test_every_operation_of_a_training_step_reaches_the_chosen_engine_only(archi
     assert reached["minidnn"] == reached["naive"]
     expected = {"conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "relu_forward", "relu_backward",
                 "max_pool2d_forward", "max_pool2d_backward", "cross_entropy_forward", "cross_entropy_backward",
-                "linear_forward", "linear_backward_weight", "sgd_update"}
+                "linear_forward", "linear_backward_weight", "sgd_update_multi"}
     assert expected <= reached["minidnn"], f"missing {sorted(expected - reached['minidnn'])}"
     assert minidnn.get_engine() == "minidnn"
 

@@ -17,12 +17,8 @@ from minidnn import primitives as P
 
 # Arguments other engineers are adding to the primitives in parallel, which the naive engine already
 # has. Once a primitive has one, the signatures must agree exactly.
-PENDING = {
-    "relu_forward": ["out"],
-    "batch_norm_forward_training": ["relu"], "batch_norm_forward_inference": ["relu"],
-    "batch_norm_backward_training": ["relu_output"], "batch_norm_backward_inference": ["relu_output"],
-}
-PENDING_FUNCTIONS = ["add_relu_forward", "sgd_update_multi", "adam_update_multi"]
+PENDING: dict[str, list[str]] = {}  # parameters the primitives lack (none now)
+PENDING_FUNCTIONS: list[str] = []
 
 
 def primitive_functions():
@@ -57,6 +53,17 @@ def pool_grad(xp):
 
 
 BAD_CALLS = {
+    # the fused and in-place forms
+    "relu out shape": lambda m, xp: m.relu_forward(xp.ones(3), out=xp.ones(4)),
+    "relu out strided": lambda m, xp: m.relu_forward(xp.ones(3), out=xp.ones(6)[::2]),
+    "relu out dtype": lambda m, xp: m.relu_forward(xp.ones(3), out=xp.ones(3, dtype=xp.float32)),
+    "add_relu shapes": lambda m, xp: m.add_relu_forward(xp.ones(3), xp.ones(4)),
+    "add_relu dtypes": lambda m, xp: m.add_relu_forward(xp.ones(3), xp.ones(3, dtype=xp.float32)),
+    "add_relu ints": lambda m, xp: m.add_relu_forward(xp.ones(3, dtype=int), xp.ones(3)),
+    "add_relu out": lambda m, xp: m.add_relu_forward(xp.ones(3), xp.ones(3), out=xp.ones((3, 1))),
+    "bn relu flag": lambda m, xp: m.batch_norm_forward_training(xp.ones((2, 3)), None, None, None, None, relu=1),
+    "bn relu_output shape": lambda m, xp: m.batch_norm_backward_training(
+        xp.ones((2, 3)), xp.ones((2, 3)), None, xp.ones(3), xp.ones(3), relu_output=xp.ones((3, 2))),
     # convolution
     "conv input rank": lambda m, xp: m.conv2d_forward(xp.ones((2, 3, 8)), xp.ones((4, 3, 3, 3))),
     "conv dtype": lambda m, xp: m.conv2d_forward(xp.ones((1, 1, 3, 3), dtype=xp.int64), xp.ones((1, 1, 1, 1))),
@@ -213,54 +220,9 @@ def test_bad_arguments_raise_the_primitives_errors(xp, case):
     assert raised(lambda: BAD_CALLS[case](naive, xp)) == expected
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda xp: naive.relu_forward(xp.ones(3), out=xp.ones(4)), ValueError,
-     r"out must be a C-contiguous float64 array of x's shape \(3,\), got float64 \(4,\)"),
-    (lambda xp: naive.relu_forward(xp.ones(3), out=xp.ones(6)[::2]), ValueError, "got non-contiguous float64"),
-    (lambda xp: naive.relu_forward(xp.ones(3), out=xp.ones(3, dtype=xp.float32)), ValueError, "got float32"),
-    (lambda xp: naive.add_relu_forward(xp.ones(3), xp.ones(4)), ValueError,
-     r"a and b must have the same shape, got \(3,\) and \(4,\)"),
-    (lambda xp: naive.add_relu_forward(xp.ones(3), xp.ones(3, dtype=xp.float32)), TypeError,
-     "a and b must have the same dtype"),
-    (lambda xp: naive.add_relu_forward(xp.ones(3, dtype=int), xp.ones(3)), TypeError, "a must be a float32"),
-    (lambda xp: naive.add_relu_forward(xp.ones(3), xp.ones(3), out=xp.ones((3, 1))), ValueError, "out must be"),
-    (lambda xp: naive.batch_norm_forward_training(xp.ones((2, 3)), None, None, None, None, relu=1), TypeError,
-     "relu must be a bool, got 1"),
-    (lambda xp: naive.batch_norm_forward_inference(xp.ones((2, 3)), None, None, xp.ones(3), xp.ones(3), relu=None),
-     TypeError, "relu must be a bool"),
-    (lambda xp: naive.batch_norm_backward_training(xp.ones((2, 3)), xp.ones((2, 3)), None, xp.ones(3), xp.ones(3),
-                                                   relu_output=xp.ones((3, 2))), ValueError,
-     r"relu_output and x must have the same shape, got \(3, 2\) and \(2, 3\)"),
-    (lambda xp: naive.batch_norm_backward_inference(xp.ones((2, 3)), xp.ones((2, 3)), None, xp.ones(3), xp.ones(3),
-                                                    relu_output=xp.ones((2, 3), dtype=xp.float32)), TypeError,
-     "relu_output and x must have the same dtype"),
-    (lambda xp: naive.sgd_update_multi([xp.ones(3)], [xp.ones(3), xp.ones(3)], None, lr=0.1, momentum=0.0,
-                                       dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
-                                       first_step=True), ValueError,
-     r"grads must hold one entry per parameter \(1\), got 2"),
-    (lambda xp: naive.sgd_update_multi(xp.ones(3), [xp.ones(3)], None, lr=0.1, momentum=0.0, dampening=0.0,
-                                       weight_decay=0.0, nesterov=False, maximize=False, first_step=True), TypeError,
-     "params must be a list of arrays"),
-    (lambda xp: naive.sgd_update_multi([xp.ones(3)], [xp.ones(3)], None, lr=xp.ones(2), momentum=0.0, dampening=0.0,
-                                       weight_decay=0.0, nesterov=False, maximize=False, first_step=True), ValueError,
-     r"lr must be a number or a 1-element array, got an array of shape \(2,\)"),
-    (lambda xp: naive.adam_update_multi([xp.ones(3)], [xp.ones(3)], None, [xp.ones(3)], None, step=1, lr=0.1,
-                                        beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                                        decoupled_weight_decay=False, amsgrad=False, maximize=False), TypeError,
-     "exp_avgs must be a list of arrays"),
-    (lambda xp: naive.adam_update_multi([xp.ones(3)], [xp.ones(3)], [xp.ones(3)], [xp.ones(3)], None,
-                                        step=xp.asarray([1.5]), lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
-                                        weight_decay=0.0, decoupled_weight_decay=False, amsgrad=False, maximize=False),
-     TypeError, "step must be an int"),
-])
-def test_arguments_the_primitives_are_gaining_are_checked(xp, call, error, message):
-    with pytest.raises(error, match=message):
-        call(xp)
-
-
 def test_a_bad_parameter_in_a_list_updates_none(xp):
     params = [xp.ones(3), xp.ones(2)]
-    with pytest.raises(ValueError, match="momentum_buffer must be an array"):
+    with pytest.raises(TypeError, match="momentum_buffer must be a float32 or float64 array"):
         naive.sgd_update_multi(params, [xp.ones(3), xp.ones(2)], [xp.zeros(3), None], lr=0.1, momentum=0.9,
                                dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, first_step=True)
     assert float(params[0].sum()) == 3.0

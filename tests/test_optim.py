@@ -220,3 +220,127 @@ def test_update_primitives_on_each_device(xp, rng, dtype, rtol):
 
 def backend_to_numpy(array):
     return minidnn.backend.to_device(array, "cpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# step(): one multi-tensor update per batch of parameters, the learning rate on the device
+# ----------------------------------------------------------------------------------------------
+def device_of(xp):
+    return "cpu" if xp is np else "cuda"
+
+
+def count_calls(monkeypatch, name):
+    """Record (number of params, dtype, first_step or step) of each call of the primitive ``name``."""
+    from minidnn import primitives
+
+    calls, original = [], getattr(primitives, name)
+
+    def wrapper(params, *args, **kwargs):
+        calls.append((len(params), str(params[0].dtype), kwargs.get("first_step", kwargs.get("step"))))
+        return original(params, *args, **kwargs)
+
+    monkeypatch.setattr(primitives, name, wrapper)
+    return calls
+
+
+def test_sgd_step_updates_each_dtype_and_first_step_batch_in_one_call(xp, rng, monkeypatch):
+    """Parameters of two dtypes, one without a gradient, one whose gradients start a step late (its own first
+    step), one with a strided gradient: each batch is one call, and every parameter follows the PyTorch rule."""
+    calls = count_calls(monkeypatch, "sgd_update_multi")
+    shapes = [(3, 4), (5,), (2, 3), (), (4, 2)]
+    dtypes = [np.float64, np.float32, np.float64, np.float64, np.float64]
+    starts = [rng.standard_normal(shape).astype(dtype) for shape, dtype in zip(shapes, dtypes)]
+    params = [minidnn.tensor(s, device=device_of(xp), requires_grad=True) for s in starts]
+    options = dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)
+    optimizer = optim.SGD(params, **options)
+    grads = [[rng.standard_normal(shape).astype(dtype) for _ in range(3)] for shape, dtype in zip(shapes, dtypes)]
+    for step in range(3):
+        for i, p in enumerate(params):
+            late = i == 2 and step == 0
+            p.grad = None if i == 3 or late else minidnn.Tensor(xp.asarray(grads[i][step]))
+        params[4].grad = minidnn.Tensor(xp.asarray(np.ascontiguousarray(grads[4][step].T)).T)  # a strided view
+        optimizer.step()
+    assert calls == [(2, "float64", True), (1, "float32", True),  # step 1
+                     (2, "float64", False), (1, "float32", False), (1, "float64", True),  # param 2's first step
+                     (3, "float64", False), (1, "float32", False)]
+    for i, p in enumerate(params):
+        used = [] if i == 3 else grads[i][1:] if i == 2 else grads[i]
+        expected = sgd_reference([g.astype(np.float64) for g in used], starts[i].astype(np.float64), **options)
+        tolerance = 1e-12 if dtypes[i] == np.float64 else 2e-6
+        np.testing.assert_allclose(p.numpy(), expected, rtol=tolerance, atol=tolerance, err_msg=f"param {i}")
+    assert set(optimizer.state_dict()["state"][0]) == {"momentum_buffer"}
+
+
+def test_adam_step_batches_parameters_by_step_count(xp, rng, monkeypatch):
+    calls = count_calls(monkeypatch, "adam_update_multi")
+    starts = [rng.standard_normal((3, 2)), rng.standard_normal(4)]
+    params = [minidnn.tensor(s, device=device_of(xp), requires_grad=True) for s in starts]
+    optimizer = optim.AdamW(params, lr=0.01, amsgrad=True)
+    grads = [[rng.standard_normal(s.shape) for _ in range(3)] for s in starts]
+    for step in range(3):
+        for i, p in enumerate(params):
+            p.grad = None if i == 1 and step == 0 else minidnn.tensor(grads[i][step], device=device_of(xp))
+        optimizer.step()
+    assert calls == [(1, "float64", 1), (1, "float64", 2), (1, "float64", 1), (1, "float64", 3), (1, "float64", 2)]
+    for i, p in enumerate(params):
+        used = grads[i][1:] if i == 1 else grads[i]
+        expected = adam_reference(used, starts[i], lr=0.01, weight_decay=1e-2, decoupled=True, amsgrad=True)
+        np.testing.assert_allclose(p.numpy(), expected, rtol=1e-12, err_msg=f"param {i}")
+    state = optimizer.state_dict()["state"]
+    assert set(state[0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"} and state[1]["step"] == 2
+
+
+def test_learning_rate_changes_follow_into_the_step(xp, rng):
+    """A schedule changes lr between steps; on a GPU step() refreshes its device copy of lr each time."""
+    start = rng.standard_normal((3, 5))
+    p = minidnn.tensor(start, device=device_of(xp), requires_grad=True)
+    optimizer = optim.SGD([p], lr=0.4, momentum=0.9)
+    schedule = lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    expected, buffer = start.copy(), None
+    for step in range(4):
+        g = rng.standard_normal(start.shape)
+        p.grad = minidnn.tensor(g, device=device_of(xp))
+        optimizer.step()
+        schedule.step()
+        buffer = g if buffer is None else 0.9 * buffer + g
+        expected -= 0.4 * 0.5 ** step * buffer
+    np.testing.assert_allclose(p.numpy(), expected, rtol=1e-12)
+    optimizer.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match="lr must be a finite number >= 0, got -1.0"):
+        optimizer.step()
+
+
+@pytest.mark.gpu
+def test_gpu_captured_step_follows_lr_refreshed_between_replays(rng):
+    """The contract of refresh_device_hyperparameters(): refresh, capture step(), then after each schedule
+    change refresh and replay. The replays use the new learning rates with no new capture."""
+    cupy = minidnn.backend.cupy()
+    starts = [rng.standard_normal((3, 5)), rng.standard_normal(7)]
+    params = [minidnn.tensor(s, device="cuda", requires_grad=True) for s in starts]
+    optimizer = optim.SGD(params, lr=0.4, momentum=0.9, nesterov=True)
+    schedule = lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    grads = [rng.standard_normal(s.shape) for s in starts]
+    for p, g in zip(params, grads):
+        p.grad = minidnn.tensor(g, device="cuda")
+    optimizer.step()  # the first step creates the momentum buffers; later steps are the same launches
+    schedule.step()
+    optimizer.refresh_device_hyperparameters()
+    cupy.cuda.Device().synchronize()  # the work queued so far, on the default stream, is done
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:  # the refreshes too: a non-blocking stream does not wait for the default stream
+        stream.begin_capture()
+        optimizer.step()
+        graph = stream.end_capture()
+        rates = [0.4]
+        for _ in range(3):
+            rates.append(optimizer.param_groups[0]["lr"])
+            graph.launch(stream=stream)
+            schedule.step()
+            optimizer.refresh_device_hyperparameters()
+        stream.synchronize()
+    for p, start, g in zip(params, starts, grads):
+        expected, buffer = start.copy(), None
+        for rate in rates:
+            buffer = g if buffer is None else 0.9 * buffer + g
+            expected -= rate * (g + 0.9 * buffer)
+        np.testing.assert_allclose(p.numpy(), expected, rtol=1e-12)

@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pytest
 
-from minidnn.primitives.activation import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
-                                           tanh_backward, tanh_forward)
+from minidnn.primitives.activation import (add_relu_forward, relu_backward, relu_forward, sigmoid_backward,
+                                           sigmoid_forward, tanh_backward, tanh_forward)
 from tests.helpers import FD_TOLERANCE, float32_tolerance, assert_close, numerical_gradient, to_numpy
 
 
@@ -115,6 +115,115 @@ def test_errors_name_the_argument(xp, name):
         backward(xp.ones(3, dtype=xp.float32), xp.ones(3))
     with pytest.raises(TypeError, match="dy must be a float32 or float64 array"):
         backward(xp.ones(3, dtype=xp.int32), xp.ones(3))
+
+
+# ----------------------------------------------------------------------------------------------
+# ReLU into a given out (in place), and the residual add fused with its ReLU
+# ----------------------------------------------------------------------------------------------
+def poisoned(xp, shape, dtype=np.float64):
+    """An output buffer full of NaN, so that any element a kernel fails to write shows."""
+    return xp.full(shape, np.nan, dtype=dtype)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (2, 3, 5)])
+def test_relu_forward_into_out_and_in_place(xp, rng, shape):
+    x = draw_input(rng, shape)
+    expected = elementwise(REFERENCES["relu"][0], x)
+    out = poisoned(xp, shape)
+    assert relu_forward(xp.asarray(x), out=out) is out
+    assert_close(out, expected, rtol=0, atol=0, name="out")
+    x_dev = xp.array(x, copy=True)
+    assert relu_forward(x_dev, out=x_dev) is x_dev
+    assert_close(x_dev, expected, rtol=0, atol=0, name="in place")
+
+
+def add_relu_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max(a + b, 0) element by element in Python floats (a NaN sum stays NaN)."""
+    return np.array([s if s > 0 or math.isnan(s) else 0.0 for s in (float(u) + float(v) for u, v in
+                     zip(a.ravel(), b.ravel()))], dtype=np.float64).reshape(a.shape)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (1, 3, 5, 7), (2, 3, 5)])
+@pytest.mark.parametrize("into", ["new", "out", "a", "b"])
+def test_add_relu_forward_matches_reference(xp, rng, shape, into):
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    if a.size > 2:
+        a.flat[0], b.flat[1] = np.nan, -a.flat[1]  # NaN propagates; a sum of exactly 0 stays 0
+    a_dev, b_dev = xp.array(a, copy=True), xp.array(b, copy=True)
+    out = {"new": None, "out": poisoned(xp, shape), "a": a_dev, "b": b_dev}[into]
+    y = add_relu_forward(a_dev, b_dev, out=out)
+    assert y.dtype == xp.float64 and y.shape == shape
+    if out is not None:
+        assert y is out
+    assert_close(y, add_relu_reference(a, b), rtol=0, atol=0, name="add_relu")
+    for name, array, original in (("a", a_dev, a), ("b", b_dev, b)):
+        if into != name:
+            assert_close(array, original, rtol=0, atol=0, name=f"{name} unchanged")
+
+
+def test_add_relu_float32_and_strided_inputs(xp, rng):
+    a = rng.standard_normal((6, 10)).astype(np.float32)
+    b = rng.standard_normal((10, 6)).astype(np.float32).T  # a transposed view: not contiguous
+    y = add_relu_forward(xp.asarray(a), xp.asarray(b))
+    assert y.dtype == xp.float32
+    # float32 + float32 is exact in float64, so rounding that to float32 is the correctly rounded float32 sum.
+    rounded_sum = (a.astype(np.float64) + b).astype(np.float32)
+    assert_close(y, add_relu_reference(rounded_sum, np.zeros_like(a)), rtol=0, atol=0, name="float32")
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2), (2, 5)])
+def test_add_relu_gradient_is_relu_backward_for_both_inputs(xp, rng, shape):
+    """relu_backward(dy, y) with y = add_relu_forward(a, b) is the gradient with respect to a and to b."""
+    a, b, dy = draw_input(rng, shape), rng.standard_normal(shape), rng.standard_normal(shape)
+    b = np.where(np.abs(a + b) < 0.05, b + 0.1, b)  # keep the sum off ReLU's kink
+    grad = relu_backward(xp.asarray(dy), add_relu_forward(xp.asarray(a), xp.asarray(b)))
+    for index in (0, 1):
+        expected = numerical_gradient(add_relu_forward, [a, b], index, dy)
+        assert_close(grad, expected, **FD_TOLERANCE, name=f"input {index}")
+
+
+def test_out_and_add_relu_errors(xp):
+    x = xp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"out must have x's shape \(2, 3\), got \(3, 2\)"):
+        relu_forward(x, out=xp.empty((3, 2)))
+    with pytest.raises(TypeError, match="out and x must have the same dtype, got float32 and float64"):
+        relu_forward(x, out=xp.empty((2, 3), dtype=xp.float32))
+    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+        relu_forward(x, out=xp.empty((3, 2)).T)
+    with pytest.raises(TypeError, match="out must be a float32 or float64 array"):
+        relu_forward(x, out=xp.empty((2, 3), dtype=xp.int32))
+    with pytest.raises(ValueError, match=r"b must have a's shape \(2, 3\), got \(3,\)"):
+        add_relu_forward(x, xp.ones(3))
+    with pytest.raises(TypeError, match="a and b must have the same dtype, got float64 and float32"):
+        add_relu_forward(x, xp.ones((2, 3), dtype=xp.float32))
+    with pytest.raises(TypeError, match="b must be a float32 or float64 array"):
+        add_relu_forward(x, xp.ones((2, 3), dtype=xp.int64))
+    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+        add_relu_forward(x, x, out=xp.empty((3, 2)).T)
+
+
+@pytest.mark.gpu
+def test_gpu_devices_of_out_must_match(rng):
+    cupy = __import__("cupy")
+    with pytest.raises(ValueError, match="expected all arrays on one device"):
+        relu_forward(cupy.ones(3), out=np.empty(3))
+    with pytest.raises(ValueError, match="expected all arrays on one device"):
+        add_relu_forward(np.ones(3), cupy.ones(3))
+
+
+def test_gpu_large_add_relu_matches_reference(xp, rng):
+    """More elements than one pass of the GPU grid, a strided input, in place into a: every element written."""
+    if xp is np:
+        pytest.skip("the GPU grid-stride loop")
+    a = rng.standard_normal(1_100_003)
+    b = rng.standard_normal((1_100_003, 2))[:, 1]
+    a_dev = xp.asarray(a)
+    y = add_relu_forward(a_dev, xp.asarray(b), out=a_dev)
+    assert y is a_dev
+    assert_close(y, np.maximum(a + b, 0), rtol=0, atol=0, name="add_relu")
+    out = poisoned(xp, a.shape)
+    relu_forward(xp.asarray(b), out=out)
+    assert_close(out, np.maximum(b, 0), rtol=0, atol=0, name="relu into out")
 
 
 @pytest.mark.parametrize("name", NAMES)

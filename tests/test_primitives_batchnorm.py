@@ -222,6 +222,133 @@ def test_backward_inference_finite_differences(xp, rng, shape):
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused ReLU: y = max(BN(x), 0) and its backward, against the references composed with a ReLU
+# ----------------------------------------------------------------------------------------------
+def relu_mask(y: np.ndarray) -> np.ndarray:
+    """ReLU's gradient as a function of its output (0 at 0, as PyTorch), from a float64 reference y."""
+    return (np.asarray(y) > 0).astype(np.float64)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_fused_relu_training_matches_reference(xp, rng, shape, affine):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape, affine)
+    dy = rng.standard_normal(shape)
+    rm, rv = on(xp, running_mean, running_var)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), rm, rv, momentum=0.3, relu=True)
+    means, variances, count = reference_statistics(x)
+    normalised = reference_normalise(x, weight, bias, means, variances)
+    assert_close(y, np.maximum(normalised, 0), name="y")
+    # The ReLU changes neither the statistics nor the running statistics.
+    assert_close(mean, np.array(means), name="mean")
+    assert_close(invstd, 1.0 / np.sqrt(np.array(variances) + EPS), name="invstd")
+    assert_close(rm, 0.7 * running_mean + 0.3 * np.array(means), name="running_mean")
+    assert_close(rv, 0.7 * running_var + 0.3 * np.array(variances) * count / (count - 1), name="running_var")
+
+    grads = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd, relu_output=y)
+    expected = reference_backward_training(dy * relu_mask(normalised), x, weight)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert_close(actual, wanted, rtol=1e-9, atol=1e-11, name=name)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3] + [(1, 3)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_fused_relu_inference_matches_reference(xp, rng, shape, affine):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape, affine)
+    dy = rng.standard_normal(shape)
+    arrays = on(xp, x, weight, bias, running_mean, running_var)
+    y = batch_norm_forward_inference(*arrays, relu=True)
+    normalised = reference_normalise(x, weight, bias, list(running_mean), list(running_var))
+    assert_close(y, np.maximum(normalised, 0), name="y")
+    grads = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var), relu_output=y)
+    expected = reference_backward_inference(dy * relu_mask(normalised), x, weight, running_mean, running_var)
+    for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert_close(actual, wanted, name=name)
+
+
+def fused_and_unfused(xp, x, weight, bias, dy, training):
+    """(y, dx, dweight, dbias) of the fused primitives and of BN followed by relu_forward/relu_backward."""
+    from minidnn.primitives.activation import relu_backward, relu_forward
+
+    C = x.shape[1]
+    running_mean, running_var = np.linspace(-0.5, 0.5, C), np.linspace(0.5, 2.0, C)
+    results = []
+    for fused in (True, False):
+        arrays = on(xp, x, weight, bias, dy, running_mean, running_var)
+        x_, w_, b_, dy_, rm, rv = arrays
+        if training:
+            y, mean, invstd = batch_norm_forward_training(x_, w_, b_, rm, rv, relu=fused)
+        else:
+            y = batch_norm_forward_inference(x_, w_, b_, rm, rv, relu=fused)
+        if not fused:
+            y = relu_forward(y)
+            dy_ = relu_backward(dy_, y)
+        relu_output = y if fused else None
+        if training:
+            grads = batch_norm_backward_training(dy_, x_, w_, mean, invstd, relu_output=relu_output)
+        else:
+            grads = batch_norm_backward_inference(dy_, x_, w_, rm, rv, relu_output=relu_output)
+        results.append([to_numpy(a) for a in (y, *grads)])
+    return results
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_fused_relu_exact_zeros_infinities_and_nan_as_the_unfused_path(xp, rng, training):
+    """Outputs exactly 0 get no gradient (channel 0: weight 0 and bias 0; channel 1: one x equal to the
+    mean it is normalised with), an infinite dy where y <= 0 gives 0 (a select, not a product), a NaN
+    bias makes its channel NaN forward and gradient-free backward: all as BN, relu_forward and
+    relu_backward in turn do."""
+    N, C, S = 4, 4, 5
+    x = rng.standard_normal((N, C, S))
+    x[:, 1] = rng.permutation(np.append(np.arange(-9.0, 10.0), 0.0)).reshape(N, S)  # mean exactly 0, two 0s
+    if not training:  # inference subtracts fused_and_unfused's running mean instead
+        x[:, 1] += np.linspace(-0.5, 0.5, C)[1]
+    weight, bias = rng.uniform(0.5, 1.5, C), rng.standard_normal(C)
+    weight[0] = bias[0] = bias[1] = 0.0
+    bias[3] = np.nan
+    dy = rng.standard_normal(x.shape)
+    y = fused_and_unfused(xp, x, weight, bias, dy, training)[0][0]
+    zero_before_relu = np.zeros(x.shape, dtype=bool)
+    zero_before_relu[:, 0] = True
+    zero_before_relu[:, 1] = x[:, 1] == (0.0 if training else np.linspace(-0.5, 0.5, C)[1])
+    assert np.all(y[zero_before_relu] == 0) and zero_before_relu[:, 1].sum() == 2
+    assert np.all(np.isnan(y[:, 3])) and not np.any(np.isnan(y[:, :3]))
+    dy[np.isfinite(y) & (y == 0)] = np.inf
+    fused, unfused = fused_and_unfused(xp, x, weight, bias, dy, training)
+    for name, a, b in zip(("y", "dx", "dweight", "dbias"), fused, unfused):
+        assert_close(a, b, rtol=1e-12, atol=1e-14, name=name)
+    _, dx, dweight, dbias = fused
+    assert np.all(np.isfinite(dx)) and np.all(dx[:, 3] == 0) and dweight[3] == dbias[3] == 0
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 2, 3)])
+@pytest.mark.parametrize("training", [True, False])
+def test_fused_relu_backward_finite_differences(xp, rng, shape, training):
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape)
+    dy = rng.standard_normal(shape)
+
+    def f(x_, w_, b_, relu=True):
+        if training:
+            return to_numpy(batch_norm_forward_training(*on(xp, x_, w_, b_), None, None, relu=relu)[0])
+        return to_numpy(batch_norm_forward_inference(*on(xp, x_, w_, b_, running_mean, running_var), relu=relu))
+
+    # Shift each channel's bias so that about half of its outputs are clipped, none near the kink.
+    before = np.moveaxis(f(x, weight, bias, relu=False), 1, 0).reshape(shape[1], -1)
+    bias = bias - np.median(before, axis=1) - 0.01
+    y = f(x, weight, bias)
+    assert 0.2 < np.mean(y == 0) < 0.8 and np.min(np.abs(f(x, weight, bias, relu=False))) > 1e-3, \
+        "outputs near the kink spoil the finite differences"
+    y_dev = xp.asarray(y)
+    if training:
+        _, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), None, None, relu=True)
+        grads = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd, relu_output=y_dev)
+    else:
+        grads = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var), relu_output=y_dev)
+    for index, (name, actual) in enumerate(zip(("dx", "dweight", "dbias"), grads)):
+        assert_close(actual, numerical_gradient(f, [x, weight, bias], index, dy), rtol=1e-6, atol=1e-7, name=name)
+
+
+# ----------------------------------------------------------------------------------------------
 # float32
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(7, 3), (2, 5, 4, 3), (1, 3, 5, 5)])
@@ -270,7 +397,8 @@ GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400)]
 
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_gpu_large_shapes_match_numpy_twin(xp, rng, shape, dtype):
+@pytest.mark.parametrize("relu", [False, True])
+def test_gpu_large_shapes_match_numpy_twin(xp, rng, shape, dtype, relu):
     if xp is np:
         pytest.skip("compares the GPU kernels with the NumPy twin")
     x, weight, bias, running_mean, running_var = random_inputs(rng, shape, dtype=dtype)
@@ -281,29 +409,103 @@ def test_gpu_large_shapes_match_numpy_twin(xp, rng, shape, dtype):
     tol = dict(rtol=1e-9, atol=1e-10) if dtype == "float64" else dict(rtol=1e-5, atol=1e-6)
 
     rm, rv = on(xp, running_mean, running_var)
-    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), rm, rv, momentum=0.3)
+    y, mean, invstd = batch_norm_forward_training(*on(xp, x, weight, bias), rm, rv, momentum=0.3, relu=relu)
     rm_twin, rv_twin = rm64.copy(), rv64.copy()
-    expected = batch_norm_forward_training(x64, w64, b64, rm_twin, rv_twin, momentum=0.3)
+    expected = batch_norm_forward_training(x64, w64, b64, rm_twin, rv_twin, momentum=0.3, relu=relu)
     for name, actual, wanted in zip(("y", "mean", "invstd"), (y, mean, invstd), expected):
         assert to_numpy(actual).dtype == dtype, name
         assert_close(actual, wanted, **tol, name=name)
     assert_close(rm, rm_twin, **tol, name="running_mean")
     assert_close(rv, rv_twin, **tol, name="running_var")
 
-    # The backward from the GPU's own (rounded) mean and invstd, so that only its arithmetic is compared.
-    grads = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd)
+    # The backward from the GPU's own (rounded) mean, invstd and y, so that only its arithmetic is compared.
+    relu_output = y if relu else None
+    grads = batch_norm_backward_training(*on(xp, dy, x, weight), mean, invstd, relu_output=relu_output)
     mean64, invstd64 = to_numpy(mean).astype(np.float64), to_numpy(invstd).astype(np.float64)
-    expected = batch_norm_backward_training(dy64, x64, w64, mean64, invstd64)
+    y64 = to_numpy(y).astype(np.float64) if relu else None
+    expected = batch_norm_backward_training(dy64, x64, w64, mean64, invstd64, relu_output=y64)
     for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
         assert to_numpy(actual).dtype == dtype, name
         assert_close(actual, wanted, **tol, name=name)
 
-    y = batch_norm_forward_inference(*on(xp, x, weight, bias, running_mean, running_var))
-    assert_close(y, batch_norm_forward_inference(x64, w64, b64, rm64, rv64), **tol, name="y inference")
-    grads = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var))
-    expected = batch_norm_backward_inference(dy64, x64, w64, rm64, rv64)
+    y = batch_norm_forward_inference(*on(xp, x, weight, bias, running_mean, running_var), relu=relu)
+    assert_close(y, batch_norm_forward_inference(x64, w64, b64, rm64, rv64, relu=relu), **tol, name="y inference")
+    relu_output, y64 = (y, to_numpy(y).astype(np.float64)) if relu else (None, None)
+    grads = batch_norm_backward_inference(*on(xp, dy, x, weight, running_mean, running_var), relu_output=relu_output)
+    expected = batch_norm_backward_inference(dy64, x64, w64, rm64, rv64, relu_output=y64)
     for name, actual, wanted in zip(("dx", "dweight", "dbias"), grads, expected):
         assert_close(actual, wanted, **tol, name=name + " inference")
+
+
+@pytest.mark.gpu
+def test_gpu_launches_per_direction_and_repeatable_bits(rng, monkeypatch):
+    """Two launches per training direction and one per inference direction, the fused ReLU costing none;
+    every repetition gives the same bits (the last block of a channel merges its splits in a fixed order,
+    and leaves its counter at 0 for the next launch, which must finish its channels too)."""
+    from minidnn.primitives import _cuda
+
+    cupy = __import__("cupy")
+    launches = []
+    for name in ("launch", "launch_blocks"):
+        original = getattr(_cuda, name)
+        monkeypatch.setattr(_cuda, name, lambda kernel, *args, _original=original, **kwargs:
+                            (launches.append(kernel), _original(kernel, *args, **kwargs))[1])
+    x, weight, bias, running_mean, running_var = random_inputs(rng, (64, 5, 33, 35))
+    dy = rng.standard_normal(x.shape)
+    x, weight, bias, dy, running_mean, running_var = on(cupy, x, weight, bias, dy, running_mean, running_var)
+    results = []
+    for relu in (False, True, False, True, True):
+        counts = []
+        launches.clear()
+        y, mean, invstd = batch_norm_forward_training(x, weight, bias, None, None, relu=relu)
+        counts.append(len(launches))
+        relu_output = y if relu else None
+        grads = batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=relu_output)
+        counts.append(len(launches) - sum(counts))
+        y_inference = batch_norm_forward_inference(x, weight, bias, running_mean, running_var, relu=relu)
+        counts.append(len(launches) - sum(counts))
+        grads_inference = batch_norm_backward_inference(dy, x, weight, running_mean, running_var,
+                                                        relu_output=y_inference if relu else None)
+        counts.append(len(launches) - sum(counts))
+        assert counts == [2, 2, 1, 1], counts
+        results.append([to_numpy(a) for a in (y, mean, invstd, *grads, y_inference, *grads_inference)])
+    for first, repeated in ((0, 2), (1, 3), (1, 4)):
+        for a, b in zip(results[first], results[repeated]):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_training_step_replays_in_a_cuda_graph(rng):
+    """Forward and backward captured once and replayed on new data in the same buffers: the counters of
+    the last-block handshake are left at 0 by every launch, so each replay finishes every channel."""
+    cupy = __import__("cupy")
+    shape = (16, 6, 17, 19)
+    x, weight, bias, _, _ = random_inputs(rng, shape)
+    x_static, dy_static = cupy.asarray(x), cupy.asarray(rng.standard_normal(shape))
+    weight, bias = cupy.asarray(weight), cupy.asarray(bias)
+
+    def step():
+        y, mean, invstd = batch_norm_forward_training(x_static, weight, bias, None, None, relu=True)
+        return (y, *batch_norm_backward_training(dy_static, x_static, weight, mean, invstd, relu_output=y))
+
+    step()  # compile the kernels and allocate the counters outside the capture
+    cupy.cuda.Device().synchronize()  # the work queued so far, on the default stream, is done
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:  # the copies below too: a non-blocking stream does not wait for the default stream
+        stream.begin_capture()
+        outputs = step()
+        graph = stream.end_capture()
+        for _ in range(3):
+            x_new, dy_new = random_inputs(rng, shape)[0], rng.standard_normal(shape)
+            x_static[...], dy_static[...] = cupy.asarray(x_new), cupy.asarray(dy_new)
+            graph.launch(stream=stream)
+            stream.synchronize()
+            means, variances, _ = reference_statistics(x_new)
+            normalised = reference_normalise(x_new, to_numpy(weight), to_numpy(bias), means, variances)
+            assert_close(outputs[0], np.maximum(normalised, 0), name="y")
+            expected = reference_backward_training(dy_new * relu_mask(normalised), x_new, to_numpy(weight))
+            for name, actual, wanted in zip(("dx", "dweight", "dbias"), outputs[1:], expected):
+                assert_close(actual, wanted, rtol=1e-9, atol=1e-11, name=name)
 
 
 def test_gpu_strided_running_statistics_are_updated_in_place(xp, rng):
@@ -362,6 +564,16 @@ def test_argument_errors(xp):
         batch_norm_backward_training(x, x, None, c3, xp.ones(2))
     with pytest.raises(ValueError, match=r"running_var must have shape \(C,\) = \(3,\)"):
         batch_norm_backward_inference(x, x, None, c3, xp.ones(5))
+    with pytest.raises(TypeError, match="relu must be a bool, got 1"):
+        train(x, None, None, None, None, relu=1)
+    with pytest.raises(TypeError, match="relu must be a bool, got None"):
+        batch_norm_forward_inference(x, None, None, c3, c3, relu=None)
+    with pytest.raises(ValueError, match=r"relu_output must have x's shape \(2, 3, 2\), got \(2, 3\)"):
+        batch_norm_backward_training(x, x, None, c3, c3, relu_output=xp.ones((2, 3)))
+    with pytest.raises(TypeError, match="relu_output must have x's dtype float64, got float32"):
+        batch_norm_backward_inference(x, x, None, c3, c3, relu_output=xp.ones((2, 3, 2), dtype=xp.float32))
+    with pytest.raises(TypeError, match="relu_output must be a float32 or float64 array"):
+        batch_norm_backward_training(x, x, None, c3, c3, relu_output=[1.0])
 
 
 # ----------------------------------------------------------------------------------------------

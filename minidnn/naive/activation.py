@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import backend
 from ..primitives import _cuda
+from ..primitives import activation as primitive_activation
 from ..primitives._checks import check_float, check_out, check_same_dtype, check_same_shape
 from ..primitives.activation import _check_backward_args
 from . import kernels
@@ -21,9 +22,7 @@ def relu_forward(x: Any, out: Any = None) -> Any:
     """y = max(x, 0). x: any shape; returns y of x's shape and dtype, written into ``out`` when given
     (a C-contiguous array like x; ``out=x`` runs in place). ReLUForward on the GPU."""
     check_float(x, "x")
-    if out is not None:
-        backend.get_array_module(x, out)
-        check_out(out, x, "x")
+    primitive_activation._check_out(out, x, "x")
     if backend.is_cuda_array(x):
         cupy = backend.cupy()
         y = cupy.empty(x.shape, dtype=x.dtype) if out is None else out
@@ -52,13 +51,8 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
     sum (EltwiseLayer SUM; one pass, into ``out`` when given, ``out=a`` in place), then ReLUForward in
     place on it. a, b: same shape and dtype. The backward is :func:`relu_backward` (dy, y), the same
     gradient for a and for b."""
-    check_float(a, "a")
-    check_float(b, "b")
-    check_same_dtype(a, b, "a", "b")
-    check_same_shape(a, b, "a", "b")
+    primitive_activation._check_add_relu_arguments(a, b, out)
     xp = backend.get_array_module(a, b, out)
-    if out is not None:
-        check_out(out, a, "a")
     total = xp.add(a, b, out=out)
     return relu_forward(total, out=total)
 

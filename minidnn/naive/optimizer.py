@@ -123,8 +123,8 @@ def _regularized(param: Any, grad: Any, scratch: Any, maximize: bool, weight_dec
 # Lists of parameters
 # ----------------------------------------------------------------------------------------------
 def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffers: Sequence[Any] | None, *,
-                     lr: Any, momentum: float, dampening: float, weight_decay: float, nesterov: bool,
-                     maximize: bool, first_step: bool) -> None:
+                     lr: float | Any, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                     nesterov: bool = False, maximize: bool = False, first_step: bool = False) -> None:
     """:func:`sgd_update` on every parameter: params, grads and momentum_buffers are lists of one length
     (momentum_buffers may be None, or hold None, when momentum is 0); lr a number or a 1-element array."""
     params, grads, buffers = _check_lists(("momentum_buffers",), params=params, grads=grads,
@@ -137,9 +137,10 @@ def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffe
 
 
 def adam_update_multi(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any],
-                      exp_avg_sqs: Sequence[Any], max_exp_avg_sqs: Sequence[Any] | None, *, step: Any, lr: Any,
-                      beta1: float, beta2: float, eps: float, weight_decay: float, decoupled_weight_decay: bool,
-                      amsgrad: bool, maximize: bool) -> None:
+                      exp_avg_sqs: Sequence[Any], max_exp_avg_sqs: Sequence[Any] | None, *, step: int | Any,
+                      lr: float | Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                      weight_decay: float = 0.0, decoupled_weight_decay: bool = False, amsgrad: bool = False,
+                      maximize: bool = False) -> None:
     """:func:`adam_update` on every parameter: lists of one length (max_exp_avg_sqs may be None, or hold
     None, without AMSGrad); step and lr numbers or 1-element arrays."""
     params, grads, exp_avgs, exp_avg_sqs, maxima = _check_lists(

@@ -45,10 +45,7 @@ def _per_channel(v: Any, x: Any) -> Any:
 
 
 def _check_relu_output(relu_output: Any, x: Any) -> None:
-    if relu_output is not None:
-        check_float(relu_output, "relu_output")
-        check_same_shape(relu_output, x, "relu_output", "x")
-        check_same_dtype(relu_output, x, "relu_output", "x")
+    bn_checks._check_like_x(relu_output, x, "relu_output", optional=True)
 
 
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -62,7 +59,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     bn_checks._check_running_statistics(running_mean, running_var, channels, x)
     momentum, eps = bn_checks._check_momentum(momentum), bn_checks._check_eps(eps)
     count = bn_checks._check_training_count(x)
-    relu = check_bool(relu, "relu")
+    relu = check_bool(relu, "batch_norm: relu")
     mean = x.mean(axis=_axes(x))
     centered = x - _per_channel(mean, x)
     var = (centered * centered).mean(axis=_axes(x))
@@ -84,7 +81,7 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     bn_checks._check_channel_vector(running_mean, "running_mean", channels, x)
     bn_checks._check_channel_vector(running_var, "running_var", channels, x)
     eps = bn_checks._check_eps(eps)
-    relu = check_bool(relu, "relu")
+    relu = check_bool(relu, "batch_norm: relu")
     normalised = (x - _per_channel(running_mean, x)) / xp.sqrt(_per_channel(running_var, x) + eps)
     return _affine(normalised, weight, bias, relu)
 
@@ -101,7 +98,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     first masked by y > 0. Returns dx: x's shape, dweight, dbias: (C,)."""
     backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     channels = bn_checks._check_input(x)
-    bn_checks._check_output_grad(dy, x)
+    bn_checks._check_like_x(dy, x, "dy")
     bn_checks._check_channel_vector(weight, "weight", channels, x, optional=True)
     bn_checks._check_channel_vector(mean, "mean", channels, x)
     bn_checks._check_channel_vector(invstd, "invstd", channels, x)
@@ -122,7 +119,7 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     """Gradients with the running statistics as constants; ``relu_output`` as in the training backward."""
     xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     channels = bn_checks._check_input(x)
-    bn_checks._check_output_grad(dy, x)
+    bn_checks._check_like_x(dy, x, "dy")
     bn_checks._check_channel_vector(weight, "weight", channels, x, optional=True)
     bn_checks._check_channel_vector(running_mean, "running_mean", channels, x)
     bn_checks._check_channel_vector(running_var, "running_var", channels, x)

@@ -6,10 +6,20 @@ from typing import Any, Iterable
 from .. import backend
 from ..autograd import no_grad
 from ..engine import P
-from .optimizer import Optimizer
+from .optimizer import Optimizer, contiguous_grad
 
 
 class Adam(Optimizer):
+    """``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize=False)``.
+
+    A step makes one multi-tensor update (``adam_update_multi``) per (device, dtype, step count) of the
+    parameters that have a gradient. On a GPU the learning rate is read from a float64 device copy of
+    each group's ``lr``, refreshed by ``step()`` when ``lr`` changed (see SGD and
+    :meth:`refresh_device_hyperparameters` for capturing a step in a CUDA graph). State per parameter:
+    ``step`` (a Python int, as the state dict holds it: a captured step would replay one step count),
+    ``exp_avg``, ``exp_avg_sq`` and, under AMSGrad, ``max_exp_avg_sq``.
+    """
+
     decoupled_weight_decay = False
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -25,8 +35,9 @@ class Adam(Optimizer):
 
     def step(self) -> None:
         with no_grad():
-            for group in self.param_groups:
+            for index, group in enumerate(self.param_groups):
                 beta1, beta2 = group["betas"]
+                batches: dict[tuple, list[Any]] = {}  # (device, dtype, step count) -> parameters
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -37,11 +48,17 @@ class Adam(Optimizer):
                         if group["amsgrad"]:
                             state["max_exp_avg_sq"] = xp.zeros_like(p.data)
                     state["step"] += 1
-                    P.adam_update(p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"], step=state["step"],
-                                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                                weight_decay=group["weight_decay"],
-                                decoupled_weight_decay=self.decoupled_weight_decay, amsgrad=group["amsgrad"],
-                                max_exp_avg_sq=state.get("max_exp_avg_sq"), maximize=group["maximize"])
+                    batches.setdefault((backend.device_of(p.data), p.data.dtype, state["step"]), []).append(p)
+                for (device, _, step), params in batches.items():
+                    states = [self.state[p] for p in params]
+                    maxima = [state.get("max_exp_avg_sq") for state in states] if group["amsgrad"] else None
+                    P.adam_update_multi([p.data for p in params], [contiguous_grad(p) for p in params],
+                                        [state["exp_avg"] for state in states],
+                                        [state["exp_avg_sq"] for state in states], maxima, step=step,
+                                        lr=self._learning_rate(index, group, device), beta1=beta1, beta2=beta2,
+                                        eps=group["eps"], weight_decay=group["weight_decay"],
+                                        decoupled_weight_decay=self.decoupled_weight_decay,
+                                        amsgrad=group["amsgrad"], maximize=group["maximize"])
 
 
 class AdamW(Adam):

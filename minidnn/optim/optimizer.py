@@ -1,6 +1,8 @@
 """Optimizer base class: parameter groups, per-parameter state and its state dict (PyTorch's format)."""
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Iterable
 
 import numpy as np
@@ -60,6 +62,44 @@ class Optimizer:
     def _state_for(self, p: Tensor) -> dict[str, Any]:
         return self.state.setdefault(p, {})
 
+    # --- the learning rate on the device -------------------------------------------------------
+    # On a GPU, step() hands the multi-tensor updates each group's learning rate as a float64 array
+    # of one element on that GPU, which their kernel reads: a captured step (CUDA graph) then follows
+    # schedule changes without a new capture. The copies live outside param_groups (the state dict
+    # holds numbers only), keyed by (group index, device), each with the value it holds.
+    def _learning_rate(self, index: int, group: dict[str, Any], device: backend.Device) -> Any:
+        """group["lr"] for the updates of the group's parameters on ``device``: the number on the CPU;
+        on a GPU the group's device copy, refreshed (one fill) when group["lr"] has changed."""
+        if device.type == "cpu":
+            return group["lr"]
+        copies = vars(self).setdefault("_device_learning_rates", {})
+        if (index, device) not in copies:
+            with backend.on_device(device):
+                copies[index, device] = [backend.cupy().empty(1, dtype=np.float64), None]
+        self._refresh(copies[index, device], group["lr"])
+        return copies[index, device][0]
+
+    def refresh_device_hyperparameters(self) -> None:
+        """Write each group's current lr into its device copies (only those that changed).
+
+        step() does this by itself; code that captures step() in a CUDA graph calls it before the
+        capture (so that the graph holds no refresh of its own) and, after any change of lr (a
+        scheduler's step), before each replay, outside the graph.
+        """
+        for (index, _), copy in vars(self).get("_device_learning_rates", {}).items():
+            self._refresh(copy, self.param_groups[index]["lr"])
+
+    @staticmethod
+    def _refresh(copy: list[Any], lr: Any) -> None:
+        """copy = [device array, the value it holds]: fill it with ``lr`` unless it holds it already."""
+        if copy[1] == lr:
+            return
+        # Checked here: the update primitive cannot look at a value that is already on the device.
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 <= lr < math.inf:
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+        copy[0].fill(lr)
+        copy[1] = lr
+
     # --- state dict ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {index: {name: Tensor | number}}, "param_groups": [{..., "params": [index, ...]}]}``."""
@@ -95,6 +135,13 @@ class Optimizer:
             self.state[p] = {k: _to_parameter_array(v, p) for k, v in values.items()}
         for saved, own in zip(groups, self.param_groups):
             own.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def contiguous_grad(p: Tensor) -> Any:
+    """p's gradient array, copied to C order if it is a strided view (a transpose's gradient can be):
+    the update primitives take contiguous arrays only."""
+    grad = p.grad.data
+    return grad if grad.flags.c_contiguous else backend.get_array_module(grad).ascontiguousarray(grad)
 
 
 def _is_array(value: Any) -> bool:

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from .. import backend
 from ..autograd import no_grad
 from ..engine import P
-from .optimizer import Optimizer
+from .optimizer import Optimizer, contiguous_grad
 
 
 class SGD(Optimizer):
@@ -15,6 +15,13 @@ class SGD(Optimizer):
     b = g on the first step, else momentum·b + (1 − dampening)·g, with g = grad + weight_decay·p;
     p −= lr·(g + momentum·b if nesterov else b). (PyTorch's form: Sutskever's/Chainer's
     v = μv − lr·g differs when lr changes during training.)
+
+    A step makes one multi-tensor update (``sgd_update_multi``) per (device, dtype) of the parameters
+    that have a gradient (those on their first step with momentum form a batch of their own). On a
+    GPU the learning rate is read from a float64 device copy of each group's ``lr``, which ``step()``
+    refreshes when ``lr`` changed; a captured step() must be preceded by
+    :meth:`refresh_device_hyperparameters` (before the capture, and before each replay that follows a
+    change of lr). State per parameter: ``momentum_buffer`` (when momentum > 0).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
@@ -29,7 +36,8 @@ class SGD(Optimizer):
 
     def step(self) -> None:
         with no_grad():
-            for group in self.param_groups:
+            for index, group in enumerate(self.param_groups):
+                batches: dict[tuple, list[Any]] = {}  # (device, dtype, first step?) -> parameters
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -37,7 +45,10 @@ class SGD(Optimizer):
                     first_step = "momentum_buffer" not in state
                     if group["momentum"] and first_step:
                         state["momentum_buffer"] = backend.get_array_module(p.data).zeros_like(p.data)
-                    P.sgd_update(p.data, p.grad.data, state.get("momentum_buffer"), lr=group["lr"],
-                               momentum=group["momentum"], dampening=group["dampening"],
-                               weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                               maximize=group["maximize"], first_step=first_step)
+                    batches.setdefault((backend.device_of(p.data), p.data.dtype, first_step), []).append(p)
+                for (device, _, first_step), params in batches.items():
+                    buffers = [self.state[p]["momentum_buffer"] for p in params] if group["momentum"] else None
+                    P.sgd_update_multi([p.data for p in params], [contiguous_grad(p) for p in params], buffers,
+                                       lr=self._learning_rate(index, group, device), momentum=group["momentum"],
+                                       dampening=group["dampening"], weight_decay=group["weight_decay"],
+                                       nesterov=group["nesterov"], maximize=group["maximize"], first_step=first_step)

@@ -5,14 +5,15 @@ array's type (numpy.ndarray or cupy.ndarray) selects the implementation. Forward
 return what their backward needs (argmax indices, saved statistics); backward functions take it.
 """
 from ._checks import pair
-from .activation import relu_backward, relu_forward, sigmoid_backward, sigmoid_forward, tanh_backward, tanh_forward
+from .activation import (add_relu_forward, relu_backward, relu_forward, sigmoid_backward, sigmoid_forward, tanh_backward,
+                         tanh_forward)
 from .batchnorm import (batch_norm_backward_inference, batch_norm_backward_training, batch_norm_forward_inference,
                         batch_norm_forward_training)
 from .conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .dropout import dropout_backward, dropout_forward
 from .linear import bias_add, bias_backward, linear_backward_data, linear_backward_weight, linear_forward
 from .lrn import lrn_backward, lrn_forward
-from .optimizer import adam_update, sgd_update
+from .optimizer import adam_update, adam_update_multi, sgd_update, sgd_update_multi
 from .pooling import (adaptive_avg_pool2d_backward, adaptive_avg_pool2d_forward, avg_pool2d_backward,
                       avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward)
 from .softmax import (cross_entropy_backward, cross_entropy_forward, log_softmax_backward, log_softmax_forward,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,9 +90,10 @@ def check_like(a: Any, b: Any, name_a: str, name_b: str) -> None:
     check_same_shape(a, b, name_a, name_b)
 
 
-def check_same_shape(a: Any, b: Any, name_a: str, name_b: str) -> None:
-    if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+def check_same_shape(array: Any, like: Any, name: str, like_name: str) -> None:
+    """``array`` must have the shape of ``like``."""
+    if tuple(array.shape) != tuple(like.shape):
+        raise ValueError(f"{name} must have {like_name}'s shape {tuple(like.shape)}, got {tuple(array.shape)}")
 
 
 def check_out(out: Any, like: Any, like_name: str) -> None:
@@ -105,3 +106,18 @@ def check_out(out: Any, like: Any, like_name: str) -> None:
         got = type(out).__name__ if dtype is None else f"{layout}{dtype} {tuple(out.shape)}"
         raise ValueError(f"out must be a C-contiguous {like.dtype} array of {like_name}'s shape {tuple(like.shape)}, "
                          f"got {got}")
+
+def check_contiguous(array: Any, name: str) -> None:
+    """``array`` must be C-contiguous: a GPU kernel sees only its base pointer."""
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{name} must be a C-contiguous array, got one with strides {array.strides}")
+
+
+def check_number(value: Any, name: str, in_range: Callable[[float], bool], expected: str) -> float:
+    """A real number (not a bool) for which ``in_range`` holds; ``expected`` words the range for the error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not in_range(value):  # NaN fails every comparison, so it lands here too
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value

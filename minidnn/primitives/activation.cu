@@ -1,5 +1,5 @@
-// Element-wise activations: ReLU, sigmoid and tanh, forward and backward (activation.py states the
-// maths; its NumPy code is the reference twin of every kernel here).
+// Element-wise activations: ReLU, sigmoid and tanh, forward and backward, and the residual add with
+// its ReLU (activation.py states the maths; its NumPy code is the reference twin of every kernel here).
 //
 // Layout: every array is contiguous and seen as a flat vector of n elements; the backward kernels
 // take the forward output y, not x (all three derivatives are functions of y, as in cuDNN).
@@ -12,11 +12,24 @@
 #endif
 typedef SCALAR scalar_t;
 
-// y = max(x, 0). NaN propagates and −0 gives +0, as NumPy's maximum(x, 0) does.
-extern "C" __global__ void relu_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, const int n) {
+// max(v, 0). NaN propagates and −0 gives +0, as NumPy's maximum(x, 0) does.
+__device__ __forceinline__ scalar_t relu(const scalar_t v) {
+    return (v > scalar_t(0) || isnan(v)) ? v : scalar_t(0);
+}
+
+// y = max(x, 0). y may be x (the in-place ReLU), so the pointers are not __restrict__: each element is
+// read once and then written by the same thread, which is safe when they alias.
+extern "C" __global__ void relu_forward(const scalar_t* x, scalar_t* y, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        const scalar_t v = x[i];
-        y[i] = (v > scalar_t(0) || isnan(v)) ? v : scalar_t(0);
+        y[i] = relu(x[i]);
+    }
+}
+
+// y = max(a + b, 0), the sum rounded to scalar_t first (as relu_forward(a + b)). y may be a or b
+// (in place), hence no __restrict__ (see relu_forward).
+extern "C" __global__ void add_relu_forward(const scalar_t* a, const scalar_t* b, scalar_t* y, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        y[i] = relu(a[i] + b[i]);
     }
 }
 

@@ -4,6 +4,11 @@
 // M = N·S values: value j (0 <= j < M) is x[(n·C + c)·S + s] with n = j / S, s = j % S, so a channel
 // is N planes of S contiguous values, C·S apart. Per-channel vectors (C,) are contiguous, of x's dtype.
 //
+// Launches per call: training forward 2 (statistics, normalise), training backward 2 (sums, dx),
+// inference forward 1, inference backward 1. An optional ReLU after the normalisation costs none:
+// the forward kernels clamp y as they write it, and the backward kernels read dy·[y > 0] (the
+// ReLU's gradient, with y the fused forward's output) wherever they read dy.
+//
 // Reductions (the statistics, the backward sums) run on a (C, splits) grid of blocks: block (c, k)
 // owns the values j in [k·per, min((k + 1)·per, M)) of channel c, so that a small C (64 channels on
 // 132 SMs) still fills the GPU; batchnorm.py picks splits from C and M. Thread t of a block visits
@@ -13,14 +18,18 @@
 // the next without a division per value, and each thread reads four values per iteration (four loads
 // in flight). The statistics are one pass: each thread keeps a Welford state (count, mean, M2) and
 // merges each group of four values into it with the parallel-combination formula. Accumulators are
-// double for float inputs too: they live in registers, so this costs no memory traffic. A block merges its threads' results with a fixed tree (warp shuffles, then shared memory)
-// and thread 0 writes the block's partial result to a (fields, splits, C) double workspace.
+// double for float inputs too: they live in registers, so this costs no memory traffic. A block merges
+// its threads' results with a fixed tree (warp shuffles, then shared memory) and thread 0 writes the
+// block's partial result to a (fields, splits, C) double workspace.
 //
-// A finalize kernel, one warp per channel, merges a channel's splits in a fixed order (lane l takes
-// splits l, l + 32, ... in turn, then the warp's shuffle tree). The finalize step has to run anyway
-// (mean, invstd, the running statistics, the backward coefficients), so merging the partial results
-// there costs no extra launch, unlike a separate merge kernel. No atomics anywhere, and the launch
-// shape depends only on the problem's shape: the results are the same bits on every run.
+// Finishing a channel (merging its splits, then mean and invstd, the running statistics, the backward
+// coefficients) needs every split's result. Rather than a second launch, the block that completes a
+// channel last does it: each block publishes its partial result and counts itself in a per-channel
+// counter (the "last block done" handshake of CUDA's threadFenceReduction sample, CUB and PyTorch);
+// the block that counts last merges the channel's splits in a fixed order (lane l takes splits
+// l, l + 32, ... in turn, then the warp's shuffle tree), whichever block that happens to be. No
+// floating-point atomics, and the launch shape depends only on the problem's shape: the results are
+// the same bits on every run.
 //
 // Element-wise kernels: one thread per element (grid-stride loop of stride G); a ChannelStep tracks the
 // channel c = (i / S) % C of the thread's element with two divisions per thread, not per element. The
@@ -37,8 +46,6 @@ typedef double acc_t;  // accumulators and per-channel coefficients, for float a
 // ----------------------------------------------------------------------------------------------
 // Walking one channel's values
 // ----------------------------------------------------------------------------------------------
-
-
 
 // How many values of a `len`-value range thread t visits with stride B.
 __device__ __forceinline__ int values_of_thread(const int len, const int t, const int B) {
@@ -127,13 +134,59 @@ __device__ __forceinline__ acc_t inference_invstd(const scalar_t running_var, co
 }
 
 // ----------------------------------------------------------------------------------------------
-// Training forward: statistics, finalize, normalise
+// The fused ReLU
+// ----------------------------------------------------------------------------------------------
+
+// y = max(v, 0), with NaN propagated as relu_forward does (activation.cu), when relu != 0.
+__device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
+    return (!relu || v > 0 || isnan(v)) ? v : acc_t(0);
+}
+
+// dy[i] where the fused ReLU let its input through (y[i] > 0), else 0: relu_backward folded into the
+// read. A select, not a product, so that dy = ±inf or NaN where y <= 0 gives 0 as relu_backward does.
+// relu_output null: no ReLU, plain dy[i].
+__device__ __forceinline__ acc_t output_grad(const scalar_t* __restrict__ dy,
+                                             const scalar_t* __restrict__ relu_output, const int i) {
+    return (!relu_output || relu_output[i] > scalar_t(0)) ? (acc_t)dy[i] : acc_t(0);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Finishing a channel in the last of its blocks
+// ----------------------------------------------------------------------------------------------
+
+// Every thread of the block calls this after thread 0 has written the block's partial result; true in
+// the block of channel c that counts itself last in *counter (all of c's partial results are then
+// written). That block resets the counter, so the next launch finds it at 0 again.
+__device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const int splits) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        __threadfence();  // this block's partial result is visible to the GPU before the block is counted
+        last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);
+        if (last) {
+            *counter = 0;     // every block of the channel has counted: no other access this launch
+            __threadfence();  // the other blocks' partial results are read after their counts were seen
+        }
+    }
+    __syncthreads();
+    return last;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Training forward: statistics (finished by the last block of each channel), then normalise
 // ----------------------------------------------------------------------------------------------
 
 // Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (3, splits, C) doubles, fields
-// count, mean, M2 (sum of squared deviations) of the block's values.
+// count, mean, M2 (sum of squared deviations) of each block's values; counters: C zeroed counters.
+// The last block of channel c merges its splits and writes mean_out, invstd_out (x's dtype, returned
+// to the caller); coef (2, C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is
+// not null, the in-place running-statistics update with the unbiased variance M2/(M − 1).
+// weight may be null (weight 1).
 extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* __restrict__ partial,
-                                         const int N, const int C, const int S, const int per) {
+                                         unsigned int* __restrict__ counters, const int N, const int C,
+                                         const int S, const int per, const scalar_t* __restrict__ weight,
+                                         scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
+                                         scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,
+                                         acc_t* __restrict__ coef, const double eps_arg, const double momentum_arg) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int M = N * S;
@@ -164,50 +217,37 @@ extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* 
         partial[(splits + k) * C + c] = mean;
         partial[(2 * splits + k) * C + c] = m2;
     }
-}
+    if (!last_block_of_channel(counters + c, splits) || t >= 32) return;
 
-// One warp per channel. Merges the channel's splits, then: mean_out, invstd_out (x's dtype, returned
-// to the caller); coef (2, C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean
-// is not null, the in-place running-statistics update with the unbiased variance M2/(M − 1).
-// weight may be null (weight 1).
-extern "C" __global__ void bn_statistics_finalize(const acc_t* __restrict__ partial, const int C, const int splits,
-                                                  const scalar_t* __restrict__ weight,
-                                                  scalar_t* __restrict__ running_mean,
-                                                  scalar_t* __restrict__ running_var,
-                                                  scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,
-                                                  acc_t* __restrict__ coef, const double eps_arg,
-                                                  const double momentum_arg) {
-    const acc_t eps = eps_arg, momentum = momentum_arg;
-    const int lane = threadIdx.x & 31;
-    const int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
-        acc_t n = 0, mean = 0, m2 = 0;
-        for (int k = lane; k < splits; k += 32) {
-            welford_merge(n, mean, m2, partial[k * C + c], partial[(splits + k) * C + c],
-                          partial[(2 * splits + k) * C + c]);
-        }
-        warp_welford(n, mean, m2);
-        if (lane == 0) {
-            const acc_t var = m2 / n;  // biased: the normalisation uses it
-            const acc_t invstd = 1.0 / sqrt(var + eps);
-            mean_out[c] = (scalar_t)mean;
-            invstd_out[c] = (scalar_t)invstd;
-            coef[c] = mean;
-            coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
-            if (running_mean) {
-                running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
-                const acc_t unbiased = var * (n / (n - 1.0));
-                running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
-            }
+    // Warp 0 of the channel's last block. __ldcg reads through L2, where the other blocks' results are.
+    n = mean = m2 = 0;
+    for (int j = t; j < splits; j += 32) {
+        welford_merge(n, mean, m2, __ldcg(partial + j * C + c), __ldcg(partial + (splits + j) * C + c),
+                      __ldcg(partial + (2 * splits + j) * C + c));
+    }
+    warp_welford(n, mean, m2);
+    if (t == 0) {
+        const acc_t eps = eps_arg, momentum = momentum_arg;
+        const acc_t var = m2 / n;  // biased: the normalisation uses it
+        const acc_t invstd = 1.0 / sqrt(var + eps);
+        mean_out[c] = (scalar_t)mean;
+        invstd_out[c] = (scalar_t)invstd;
+        coef[c] = mean;
+        coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
+        if (running_mean) {
+            running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
+            const acc_t unbiased = var * (n / (n - 1.0));
+            running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
         }
     }
 }
 
-// y = (x − mean)·(invstd·weight) + bias, element-wise, with coef (2, C) from bn_statistics_finalize.
-// The mean is subtracted before scaling, in double, so |mean| ≫ std does not cancel. bias may be null.
+// y = (x − mean)·(invstd·weight) + bias, then max(·, 0) when relu != 0, element-wise, with coef (2, C)
+// from bn_statistics. The mean is subtracted before scaling, in double, so |mean| ≫ std does not
+// cancel. bias may be null.
 extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                     const acc_t* __restrict__ coef, const scalar_t* __restrict__ bias,
-                                    const int C, const int S, const int total) {
+                                    const int relu, const int C, const int S, const int total) {
     const int G = blockDim.x * gridDim.x;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
@@ -215,7 +255,7 @@ extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __
         const int c = channel.c;
         acc_t v = ((acc_t)x[i] - coef[c]) * coef[C + c];
         if (bias) v += (acc_t)bias[c];
-        y[i] = (scalar_t)v;
+        y[i] = (scalar_t)apply_relu(v, relu);
     }
 }
 
@@ -223,14 +263,15 @@ extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __
 // Inference forward: one element-wise kernel
 // ----------------------------------------------------------------------------------------------
 
-// y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias; weight and bias may be null.
-// The per-channel invstd is recomputed per element (a double rsqrt) rather than in a second launch:
-// the kernel stays memory-bound and inference stays a single launch.
+// y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias, then max(·, 0) when relu != 0;
+// weight and bias may be null. The per-channel invstd is recomputed per element (a double rsqrt)
+// rather than in a second launch: the kernel stays memory-bound and inference stays a single launch.
 extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
                                         const scalar_t* __restrict__ running_mean,
                                         const scalar_t* __restrict__ running_var,
                                         const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
-                                        const double eps_arg, const int C, const int S, const int total) {
+                                        const double eps_arg, const int relu, const int C, const int S,
+                                        const int total) {
     const acc_t eps = eps_arg;
     const int G = blockDim.x * gridDim.x;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -241,37 +282,49 @@ extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t
         if (weight) scale *= (acc_t)weight[c];
         acc_t v = ((acc_t)x[i] - (acc_t)running_mean[c]) * scale;
         if (bias) v += (acc_t)bias[c];
-        y[i] = (scalar_t)v;
+        y[i] = (scalar_t)apply_relu(v, relu);
     }
 }
 
 // ----------------------------------------------------------------------------------------------
-// Backward: one reduction (plus, for inference, dx), finalize, and the training dx
+// Backward: one reduction (finished by the last block of each channel; for inference it also writes
+// dx), then, for training, the element-wise dx
 // ----------------------------------------------------------------------------------------------
 
-// Grid (C, splits). partial: (2, splits, C) doubles, fields Σdy and Σdy·(x − center) over the block's
-// values, center = the saved batch mean (training) or running_mean (inference).
-// Inference passes dx (not null), running_var and weight (may be null): dx = dy·weight·invstd is then
-// written in the same pass, as its scale is a per-channel constant. Training passes dx = null.
+// Grid (C, splits). partial: (2, splits, C) doubles, fields Σg and Σg·(x − center) over each block's
+// values, g = dy·[relu_output > 0] (plain dy when relu_output is null), center = the saved batch mean
+// (training) or running_mean (inference); counters: C zeroed counters. The last block of channel c
+// writes dbias = Σg and dweight = Σg·(x − center)·invstd, with invstd the saved one (training: invstd
+// not null) or from running_var (inference: invstd null); training also writes coef (3, C) doubles
+// for bn_backward_dx: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
+// Inference passes dx (not null), and dx = g·weight·invstd is written in the same pass, as its scale
+// is a per-channel constant. weight may be null.
 extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                              const scalar_t* __restrict__ relu_output,
                                               const scalar_t* __restrict__ center, acc_t* __restrict__ partial,
-                                              scalar_t* __restrict__ dx, const scalar_t* __restrict__ running_var,
+                                              unsigned int* __restrict__ counters, scalar_t* __restrict__ dx,
+                                              const scalar_t* __restrict__ invstd,
+                                              const scalar_t* __restrict__ running_var,
                                               const scalar_t* __restrict__ weight, const double eps_arg,
-                                              const int N, const int C, const int S, const int per) {
+                                              scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
+                                              acc_t* __restrict__ coef, const int N, const int C, const int S,
+                                              const int per) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int M = N * S;
     const int begin = k * per;
+    const acc_t eps = eps_arg;
     int left = values_of_thread(min(per, M - begin), t, B);
     acc_t sum_dy = 0, sum_dy_xc = 0;
     if (left > 0) {
         const int base = c * S;
         const scalar_t* __restrict__ dyc = dy + base;
         const scalar_t* __restrict__ xc = x + base;
+        const scalar_t* __restrict__ yc = relu_output ? relu_output + base : nullptr;
         const acc_t mu = (acc_t)center[c];
         acc_t scale = 0;
         if (dx) {
-            scale = inference_invstd(running_var[c], (acc_t)eps_arg);
+            scale = inference_invstd(running_var[c], eps);
             if (weight) scale *= (acc_t)weight[c];
         }
         Cursor cursor(begin + t, B, C, S);
@@ -281,7 +334,7 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
             acc_t g[4], v[4];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                g[u] = dyc[o[u]];
+                g[u] = output_grad(dyc, yc, o[u]);
                 v[u] = xc[o[u]];
             }
 #pragma unroll
@@ -293,7 +346,7 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
         }
         while (left > 0) {
             const int o = cursor.take(left);
-            const acc_t g = dyc[o];
+            const acc_t g = output_grad(dyc, yc, o);
             sum_dy += g;
             sum_dy_xc += g * ((acc_t)xc[o] - mu);
             if (dx) dx[base + o] = (scalar_t)(g * scale);
@@ -304,45 +357,33 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
         partial[k * C + c] = sum_dy;
         partial[(splits + k) * C + c] = sum_dy_xc;
     }
-}
+    if (!last_block_of_channel(counters + c, splits) || t >= 32) return;
 
-// One warp per channel. dbias = Σdy, dweight = Σdy·(x − center)·invstd, with invstd the saved one
-// (training: invstd not null) or from running_var (inference: invstd null). Training also passes coef
-// (3, C) doubles for bn_backward_dx: Σdy/M, scale = invstd·weight, scale·invstd·dweight/M.
-extern "C" __global__ void bn_backward_finalize(const acc_t* __restrict__ partial, const int C, const int splits,
-                                                const int M, const scalar_t* __restrict__ invstd,
-                                                const scalar_t* __restrict__ running_var, const double eps_arg,
-                                                const scalar_t* __restrict__ weight,
-                                                scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
-                                                acc_t* __restrict__ coef) {
-    const acc_t eps = eps_arg;
-    const int lane = threadIdx.x & 31;
-    const int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
-        acc_t sum_dy = 0, sum_dy_xc = 0;
-        for (int k = lane; k < splits; k += 32) {
-            sum_dy += partial[k * C + c];
-            sum_dy_xc += partial[(splits + k) * C + c];
-        }
-        warp_sum2(sum_dy, sum_dy_xc);
-        if (lane == 0) {
-            const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
-            const acc_t dw = sum_dy_xc * is;
-            dbias[c] = (scalar_t)sum_dy;
-            dweight[c] = (scalar_t)dw;
-            if (coef) {
-                const acc_t scale = weight ? is * (acc_t)weight[c] : is;
-                coef[c] = sum_dy / M;
-                coef[C + c] = scale;
-                coef[2 * C + c] = scale * is * dw / M;
-            }
+    // Warp 0 of the channel's last block (see bn_statistics).
+    sum_dy = sum_dy_xc = 0;
+    for (int j = t; j < splits; j += 32) {
+        sum_dy += __ldcg(partial + j * C + c);
+        sum_dy_xc += __ldcg(partial + (splits + j) * C + c);
+    }
+    warp_sum2(sum_dy, sum_dy_xc);
+    if (t == 0) {
+        const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
+        const acc_t dw = sum_dy_xc * is;
+        dbias[c] = (scalar_t)sum_dy;
+        dweight[c] = (scalar_t)dw;
+        if (coef) {
+            const acc_t scale = weight ? is * (acc_t)weight[c] : is;
+            coef[c] = sum_dy / M;
+            coef[C + c] = scale;
+            coef[2 * C + c] = scale * is * dw / M;
         }
     }
 }
 
-// Training dx = (dy − Σdy/M)·scale − (x − mean)·scale·invstd·dweight/M, the NumPy twin's formula,
-// element-wise with coef (3, C) from bn_backward_finalize and the saved mean.
+// Training dx = (g − Σg/M)·scale − (x − mean)·scale·invstd·dweight/M with g = dy·[relu_output > 0] (or
+// dy), the NumPy twin's formula, element-wise with coef (3, C) from bn_backward_reduce and the saved mean.
 extern "C" __global__ void bn_backward_dx(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                          const scalar_t* __restrict__ relu_output,
                                           const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef,
                                           scalar_t* __restrict__ dx, const int C, const int S, const int total) {
     const int G = blockDim.x * gridDim.x;
@@ -350,7 +391,8 @@ extern "C" __global__ void bn_backward_dx(const scalar_t* __restrict__ dy, const
     if (i >= total) return;
     for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
         const int c = channel.c;
-        const acc_t v = ((acc_t)dy[i] - coef[c]) * coef[C + c] - ((acc_t)x[i] - (acc_t)mean[c]) * coef[2 * C + c];
+        const acc_t g = output_grad(dy, relu_output, i);
+        const acc_t v = (g - coef[c]) * coef[C + c] - ((acc_t)x[i] - (acc_t)mean[c]) * coef[2 * C + c];
         dx[i] = (scalar_t)v;
     }
 }

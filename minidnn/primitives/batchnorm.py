@@ -12,22 +12,27 @@ over the M = N·prod(spatial) values of that channel:
 ``weight``/``bias`` of None mean the identity affine (weight 1, bias 0). PyTorch's
 ``momentum=None`` (cumulative average) is the caller's business: it passes 1/num_batches_tracked.
 
+Fused ReLU: ``relu=True`` makes the forward functions return y = max(BN(x), 0), and the backward
+functions given that y as ``relu_output`` take dy·[y > 0] as their output gradient (ReLU's gradient
+at 0 is 0, as in PyTorch): the same results as relu_forward after the normalisation and
+relu_backward before its backward, without the two extra passes over memory.
+
 Statistics are two-pass (mean first, then the mean of the squared deviations), never
 E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std. The sums run along
 the contiguous spatial axis first (NumPy's pairwise summation) and then over the batch in
 float64, so they are sound for float32 without a float64 copy of x; every result keeps x's dtype.
 This module is the NumPy twin of the GPU implementation (batchnorm.cu, selected by the array type):
-one-pass Welford statistics per channel accumulated in float64, then fused element-wise kernels.
-Both give the same results up to rounding.
+one-pass Welford statistics per channel accumulated in float64, then fused element-wise kernels;
+two launches for each training direction, one for each inference direction. Both give the same
+results up to rounding.
 """
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Any, Callable
+from typing import Any
 
 from .. import backend
-from ._checks import check_float
+from ._checks import check_bool, check_float, check_number
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
@@ -56,12 +61,15 @@ def _check_channel_vector(v: Any, name: str, channels: int, x: Any, optional: bo
         raise TypeError(f"batch_norm: {name} must have x's dtype {x.dtype}, got {v.dtype}")
 
 
-def _check_output_grad(dy: Any, x: Any) -> None:
-    check_float(dy, "dy")
-    if tuple(dy.shape) != tuple(x.shape):
-        raise ValueError(f"batch_norm: dy must have x's shape {tuple(x.shape)}, got {tuple(dy.shape)}")
-    if dy.dtype != x.dtype:
-        raise TypeError(f"batch_norm: dy must have x's dtype {x.dtype}, got {dy.dtype}")
+def _check_like_x(array: Any, x: Any, name: str, optional: bool = False) -> None:
+    """``array`` (dy, or the fused forward's output) must have x's shape and dtype (or be None when ``optional``)."""
+    if array is None and optional:
+        return
+    check_float(array, name)
+    if tuple(array.shape) != tuple(x.shape):
+        raise ValueError(f"batch_norm: {name} must have x's shape {tuple(x.shape)}, got {tuple(array.shape)}")
+    if array.dtype != x.dtype:
+        raise TypeError(f"batch_norm: {name} must have x's dtype {x.dtype}, got {array.dtype}")
 
 
 def _check_running_statistics(running_mean: Any, running_var: Any, channels: int, x: Any) -> None:
@@ -88,22 +96,12 @@ def _check_nonempty_channels(x: Any) -> int:
     return count
 
 
-def _check_number(value: Any, name: str, in_range: Callable[[float], bool], expected: str) -> float:
-    """A real number (not a bool) for which ``in_range`` holds; ``expected`` words the range for the error."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"batch_norm: {name} must be a real number, got {value!r}")
-    value = float(value)
-    if not in_range(value):  # NaN fails every comparison, so it lands here too
-        raise ValueError(f"batch_norm: {name} must be {expected}, got {value!r}")
-    return value
-
-
 def _check_momentum(momentum: Any) -> float:
-    return _check_number(momentum, "momentum", lambda m: 0.0 <= m <= 1.0, "in [0, 1]")
+    return check_number(momentum, "batch_norm: momentum", lambda m: 0.0 <= m <= 1.0, "in [0, 1]")
 
 
 def _check_eps(eps: Any) -> float:
-    return _check_number(eps, "eps", lambda e: 0.0 < e < float("inf"), "a finite number > 0")
+    return check_number(eps, "batch_norm: eps", lambda e: 0.0 < e < float("inf"), "a finite number > 0")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,28 +139,41 @@ def _values_per_channel(x: Any) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any) -> Any:
-    """y = (x − mean)·(invstd·weight) + bias with (C,) float64 statistics; y has x's shape and dtype.
+def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: bool) -> Any:
+    """y = (x − mean)·(invstd·weight) + bias with (C,) float64 statistics, then max(y, 0) when ``relu``;
+    y has x's shape and dtype.
 
     Subtract the mean before scaling (rather than folding it into one shift) so that |mean| ≫ std
     does not cancel in float32.
     """
+    xp = backend.get_array_module(x)
     scale = invstd if weight is None else invstd * weight.astype(invstd.dtype)
     xv = _channel_view(x)
     y = xv - _per_channel(mean, x.dtype)
     y *= _per_channel(scale, x.dtype)
     if bias is not None:
         y += _per_channel(bias, x.dtype)
+    if relu:
+        xp.maximum(y, xp.zeros((), dtype=x.dtype), out=y)  # NaN propagates, as relu_forward's
     return y.reshape(x.shape)
 
 
+def _relu_masked(dy: Any, relu_output: Any) -> Any:
+    """dy where the fused ReLU's output is > 0, else 0 (relu_backward); dy itself without a fused ReLU."""
+    if relu_output is None:
+        return dy
+    xp = backend.get_array_module(dy)
+    return xp.where(relu_output > 0, dy, xp.zeros((), dtype=dy.dtype))
+
+
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-                                momentum: float = 0.1, eps: float = 1e-5) -> tuple[Any, Any, Any]:
+                                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False) -> tuple[Any, Any, Any]:
     """Normalise with the batch statistics and update the running statistics in place.
 
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,) or both None
     (no running statistics are tracked). Returns y: x's shape, and mean, invstd: (C,), all of x's
-    dtype; the caller saves mean and invstd for :func:`batch_norm_backward_training`.
+    dtype; the caller saves mean and invstd for :func:`batch_norm_backward_training`. ``relu``:
+    y = max(BN(x), 0) (pass y as ``relu_output`` to the backward). The statistics are those of x either way.
     Raises ``ValueError`` when a channel has only one value (M = 1), as PyTorch does.
     """
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
@@ -172,9 +183,10 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     _check_running_statistics(running_mean, running_var, channels, x)
     momentum = _check_momentum(momentum)
     eps = _check_eps(eps)
+    relu = check_bool(relu, "batch_norm: relu")
     count = _check_training_count(x)
     if backend.is_cuda_array(x):
-        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps)
+        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu)
 
     xv = _channel_view(x)
     mean = _channel_sum(xv) / count  # float64
@@ -189,16 +201,16 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         running_mean[...] = ((1.0 - momentum) * running_mean + momentum * mean).astype(x.dtype)
         running_var[...] = ((1.0 - momentum) * running_var + momentum * var * (count / (count - 1))).astype(x.dtype)
 
-    y = _normalise(x, weight, bias, mean, invstd)
+    y = _normalise(x, weight, bias, mean, invstd, relu)
     return y, mean.astype(x.dtype), invstd.astype(x.dtype)
 
 
 def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-                                 eps: float = 1e-5) -> Any:
+                                 eps: float = 1e-5, relu: bool = False) -> Any:
     """Normalise with the running statistics: y = (x − running_mean)/sqrt(running_var + eps)·weight + bias.
 
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,).
-    Returns y of x's shape and dtype. Any N (including 1) and any M are fine.
+    Returns y of x's shape and dtype; ``relu``: y = max(that, 0). Any N (including 1) and any M are fine.
     """
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     channels = _check_input(x)
@@ -207,10 +219,11 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
+    relu = check_bool(relu, "batch_norm: relu")
     if backend.is_cuda_array(x):
-        return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps)
+        return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps, relu)
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
-    return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd)
+    return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd, relu)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,10 +231,13 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
 # ----------------------------------------------------------------------------------------------
 
 
-def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any) -> tuple[Any, Any, Any]:
+def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
+                                 relu_output: Any = None) -> tuple[Any, Any, Any]:
     """Gradients of :func:`batch_norm_forward_training`, through the batch statistics.
 
-    dy, x: (N, C, *spatial); weight: (C,) or None; mean, invstd: (C,) as returned by the forward.
+    dy, x: (N, C, *spatial); weight: (C,) or None; mean, invstd: (C,) as returned by the forward;
+    relu_output: None, or the y of a forward with ``relu=True`` (x's shape), when dy is the gradient of
+    max(BN(x), 0): dy is then replaced by dy·[y > 0] everywhere below.
     Returns dx: x's shape, dweight, dbias: (C,), all of x's dtype. dweight and dbias are computed
     even when weight is None (the caller drops them). With x̂ = (x − mean)·invstd:
 
@@ -230,17 +246,18 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
 
     The two subtracted terms are the paths through the batch mean and the batch variance.
     """
-    xp = backend.get_array_module(dy, x, weight, mean, invstd)
+    xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     channels = _check_input(x)
-    _check_output_grad(dy, x)
+    _check_like_x(dy, x, "dy")
+    _check_like_x(relu_output, x, "relu_output", optional=True)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(mean, "mean", channels, x)
     _check_channel_vector(invstd, "invstd", channels, x)
     count = _check_nonempty_channels(x)
     if backend.is_cuda_array(x):
-        return _backward_training_gpu(dy, x, weight, mean, invstd)
+        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output)
 
-    xv, dyv = _channel_view(x), _channel_view(dy)
+    xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd64 = invstd.astype(xp.float64)
     centered = xv - _per_channel(mean, x.dtype)
     dbias = _channel_sum(dyv)
@@ -255,25 +272,27 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
 
 
 def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any,
-                                  eps: float = 1e-5) -> tuple[Any, Any, Any]:
+                                  eps: float = 1e-5, relu_output: Any = None) -> tuple[Any, Any, Any]:
     """Gradients of :func:`batch_norm_forward_inference` (statistics are constants here).
 
-    dy, x: (N, C, *spatial); weight: (C,) or None; running_mean, running_var: (C,).
+    dy, x: (N, C, *spatial); weight: (C,) or None; running_mean, running_var: (C,); relu_output: None,
+    or the y of a forward with ``relu=True``, which replaces dy by dy·[y > 0] below.
     Returns dx: x's shape, dweight, dbias: (C,), all of x's dtype, with invstd = 1/sqrt(running_var + eps):
 
         dx = dy·weight·invstd      dweight = Σ dy·(x − running_mean)·invstd      dbias = Σ dy
     """
-    xp = backend.get_array_module(dy, x, weight, running_mean, running_var)
+    xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     channels = _check_input(x)
-    _check_output_grad(dy, x)
+    _check_like_x(dy, x, "dy")
+    _check_like_x(relu_output, x, "relu_output", optional=True)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
     if backend.is_cuda_array(x):
-        return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps)
+        return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps, relu_output)
 
-    xv, dyv = _channel_view(x), _channel_view(dy)
+    xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
     scale = invstd if weight is None else invstd * weight.astype(xp.float64)
     dx = (dyv * _per_channel(scale, x.dtype)).reshape(x.shape)
@@ -289,6 +308,20 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
 _SOURCE = "batchnorm.cu"
 # Per-channel reductions run on a (C, splits) grid sized by _cuda.reduction_split: about as many
 # 256-thread blocks as the H200 holds at once, so a small C (64 channels) leaves no SM idle.
+
+# The reductions' "last block done" counters (batchnorm.cu), one per channel, per GPU: zeroed once,
+# and every kernel leaves the counters it used at 0 again, so no launch needs a memset. Kernels that
+# use them must not run concurrently on two streams (minidnn queues its work on one stream).
+_counters: dict[int, Any] = {}
+
+
+def _block_counters(x: Any, channels: int) -> Any:
+    """At least ``channels`` zeroed uint32 counters on x's GPU."""
+    xp = backend.get_array_module(x)
+    counters = _counters.get(x.device.id)
+    if counters is None or counters.size < channels:
+        counters = _counters[x.device.id] = xp.zeros(max(channels, 1024), dtype=xp.uint32)
+    return counters
 
 
 def _contiguous(xp: Any, a: Any) -> Any:
@@ -308,9 +341,9 @@ def _kernel(name: str, dtype: Any) -> Any:
 
 
 def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
-                          eps: float) -> tuple[Any, Any, Any]:
-    """Three launches: per-(channel, split) Welford statistics, a per-channel finalize (mean, invstd,
-    running statistics in place), the fused normalisation."""
+                          eps: float, relu: bool) -> tuple[Any, Any, Any]:
+    """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
+    channel (mean, invstd, running statistics in place), then the fused normalisation (and ReLU)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(x)
@@ -325,13 +358,11 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
     mean, invstd = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
     y = xp.empty(x.shape, dtype=x.dtype)
-    i32 = _cuda.i32
+    i32, f64 = _cuda.i32, _cuda.f64
     _cuda.launch_blocks(_kernel("bn_statistics", x.dtype), (C, splits), _cuda.THREADS,
-                        (x, partial, i32(N), i32(C), i32(S), i32(per)))
-    _cuda.launch(_kernel("bn_statistics_finalize", x.dtype), C * 32,  # one warp per channel
-                 (partial, i32(C), i32(splits), weight, rm, rv, mean, invstd, coef, _cuda.f64(eps),
-                  _cuda.f64(momentum)))
-    _cuda.launch(_kernel("bn_apply", x.dtype), x.size, (x, y, coef, bias, i32(C), i32(S), i32(x.size)))
+                        (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
+                         invstd, coef, f64(eps), f64(momentum)))
+    _cuda.launch(_kernel("bn_apply", x.dtype), x.size, (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
     if rv is not running_var:
@@ -339,7 +370,8 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     return y, mean, invstd
 
 
-def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float) -> Any:
+def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float,
+                           relu: bool) -> Any:
     """One element-wise launch."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
@@ -351,17 +383,19 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     y = xp.empty(x.shape, dtype=x.dtype)
     i32 = _cuda.i32
     _cuda.launch(_kernel("bn_inference", x.dtype), x.size,
-                 (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(C), i32(S), i32(x.size)))
+                 (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
+                  i32(x.size)))
     return y
 
 
-def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any) -> tuple[Any, Any, Any]:
-    """Three launches: per-(channel, split) Σdy and Σdy·(x − mean), a per-channel finalize (dweight,
-    dbias, the dx coefficients), the element-wise dx."""
+def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
+                           relu_output: Any) -> tuple[Any, Any, Any]:
+    """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
+    the channel (dweight, dbias, the dx coefficients), then the element-wise dx."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(x)
-    dy, x, weight = _contiguous(xp, dy), _contiguous(xp, x), _contiguous(xp, weight)
+    dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
     mean, invstd = _contiguous(xp, mean), _contiguous(xp, invstd)
     _cuda.check_int32(x)
     N, C, S = _layout(x)
@@ -370,23 +404,23 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
     dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    i32, f64 = _cuda.i32, _cuda.f64
+    i32 = _cuda.i32
     _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
-                        (dy, x, mean, partial, None, None, None, f64(0.0), i32(N), i32(C), i32(S), i32(per)))
-    _cuda.launch(_kernel("bn_backward_finalize", x.dtype), C * 32,  # one warp per channel
-                 (partial, i32(C), i32(splits), i32(N * S), invstd, None, f64(0.0), weight, dweight, dbias, coef))
-    _cuda.launch(_kernel("bn_backward_dx", x.dtype), x.size, (dy, x, mean, coef, dx, i32(C), i32(S), i32(x.size)))
+                        (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
+                         weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
+    _cuda.launch(_kernel("bn_backward_dx", x.dtype), x.size,
+                 (dy, x, relu_output, mean, coef, dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
 
-def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any,
-                            eps: float) -> tuple[Any, Any, Any]:
-    """Two launches: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass,
-    and the per-channel finalize (dweight, dbias)."""
+def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any, eps: float,
+                            relu_output: Any) -> tuple[Any, Any, Any]:
+    """One launch: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass; the
+    last block per channel finishes it (dweight, dbias)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(x)
-    dy, x, weight = _contiguous(xp, dy), _contiguous(xp, x), _contiguous(xp, weight)
+    dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x)
     N, C, S = _layout(x)
@@ -394,11 +428,8 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    i32, f64 = _cuda.i32, _cuda.f64
+    i32 = _cuda.i32
     _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
-                        (dy, x, running_mean, partial, dx, running_var, weight, f64(eps), i32(N), i32(C), i32(S),
-                         i32(per)))
-    _cuda.launch(_kernel("bn_backward_finalize", x.dtype), C * 32,
-                 (partial, i32(C), i32(splits), i32(N * S), None, running_var, f64(eps), weight, dweight, dbias,
-                  None))
+                        (dy, x, relu_output, running_mean, partial, _block_counters(x, C), dx, None, running_var,
+                         weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
     return dx, dweight, dbias

@@ -1,61 +1,144 @@
-// Fused optimizer updates: one kernel reads a parameter, its gradient and its state once and
-// writes them once (the NumPy twin in optimizer.py needs several passes and temporaries).
-// One thread per element, grid-stride; hyper-parameters arrive as double and are rounded to
-// scalar_t once, so float32 parameters are updated in float32 arithmetic as PyTorch does.
+// Fused optimizer updates over lists of tensors (optimizer.py states the maths; its NumPy code is the
+// reference twin). One kernel reads a parameter, its gradient and its state once and writes them once.
+//
+// Multi-tensor apply (apex's design): one launch updates a chunk of up to MAX_TENSORS tensors. The
+// launch's TensorTable travels by value, as a kernel parameter (< 4 KB): the chunk's pointers and
+// sizes, and for each block of the grid the tensor and the first element it updates. Nothing is
+// copied to the device before a launch, so a captured CUDA graph replays it as recorded. Block b
+// updates elements [block_start[b], block_start[b] + elements_per_block) of tensor block_tensor[b]
+// (clipped to the tensor's size); optimizer.py sizes elements_per_block so that a chunk needs at most
+// MAX_BLOCKS blocks. Each thread takes UNROLL elements per iteration, blockDim.x apart (coalesced),
+// loading all of them before computing, so that UNROLL loads per array are in flight.
+//
+// The learning rate is lr_device[0] when lr_device is not null (a float64 array that a schedule
+// updates between CUDA-graph replays), else lr_value; Adam's step count likewise. Hyper-parameters
+// arrive as double and are rounded to scalar_t once, so float32 parameters are updated in float32
+// arithmetic, as PyTorch does.
 
 #ifndef SCALAR
 #define SCALAR float
 #endif
 typedef SCALAR scalar_t;
 
-// SGD with momentum, PyTorch's rule. momentum_buffer is read only when momentum != 0.
-extern "C" __global__ void sgd_update(scalar_t* __restrict__ param, const scalar_t* __restrict__ grad,
-                                      scalar_t* __restrict__ momentum_buffer, const int count,
-                                      const double lr, const double momentum, const double dampening,
-                                      const double weight_decay, const int nesterov, const int maximize,
-                                      const int first_step) {
-    const scalar_t lr_ = (scalar_t)lr, momentum_ = (scalar_t)momentum;
-    const scalar_t keep = (scalar_t)(1.0 - dampening), decay = (scalar_t)weight_decay;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x) {
-        scalar_t g = maximize ? -grad[i] : grad[i];
-        if (weight_decay != 0.0) g += decay * param[i];
-        if (momentum != 0.0) {
-            const scalar_t buffer = first_step ? g : momentum_ * momentum_buffer[i] + keep * g;
-            momentum_buffer[i] = buffer;
-            g = nesterov ? g + momentum_ * buffer : buffer;
+#define LISTS 5          // param, grad and up to three state arrays per tensor
+#define MAX_TENSORS 48   // tensors per launch
+#define MAX_BLOCKS 320   // blocks per launch
+#define THREADS 512      // threads per block (optimizer.py launches with this many)
+#define UNROLL 4         // elements per thread per iteration
+
+// optimizer.py's _TABLE dtype has these fields, in this order, with C's alignment (3720 bytes).
+struct TensorTable {
+    scalar_t* pointers[LISTS][MAX_TENSORS];  // [list][tensor]; null for a list a kernel does not read
+    int sizes[MAX_TENSORS];                  // elements of each tensor
+    int block_start[MAX_BLOCKS];             // first element of block b's range in its tensor
+    int elements_per_block;
+    unsigned char block_tensor[MAX_BLOCKS];  // the tensor (index into the chunk) block b updates
+};
+
+// SGD with momentum, PyTorch's rule (lists: param, grad, momentum_buffer). g = ±grad + weight_decay·p;
+// b = g on the first step, else momentum·b + (1 − dampening)·g; p −= lr·(g + momentum·b if nesterov
+// else b). momentum_buffer is read only when momentum != 0, and not on the first step.
+extern "C" __global__ void __launch_bounds__(THREADS)
+sgd_update_multi(const TensorTable table, const double* __restrict__ lr_device, const double lr_value,
+                 const double momentum, const double dampening, const double weight_decay, const int nesterov,
+                 const int maximize, const int first_step) {
+    const int t = table.block_tensor[blockIdx.x];
+    const int begin = table.block_start[blockIdx.x];
+    const int count = min(table.elements_per_block, table.sizes[t] - begin);
+    scalar_t* __restrict__ param = table.pointers[0][t] + begin;
+    const scalar_t* __restrict__ grad = table.pointers[1][t] + begin;
+    scalar_t* __restrict__ buffer = momentum != 0.0 ? table.pointers[2][t] + begin : nullptr;
+    const bool read_buffer = buffer && !first_step;
+
+    const scalar_t lr = (scalar_t)(lr_device ? *lr_device : lr_value);
+    const scalar_t momentum_ = (scalar_t)momentum, keep = (scalar_t)(1.0 - dampening);
+    const scalar_t decay = (scalar_t)weight_decay;
+    for (int first = threadIdx.x; first < count; first += UNROLL * blockDim.x) {
+        scalar_t p[UNROLL], g[UNROLL], b[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = first + u * blockDim.x;
+            p[u] = g[u] = b[u] = 0;
+            if (k < count) {
+                p[u] = param[k];
+                g[u] = grad[k];
+                if (read_buffer) b[u] = buffer[k];
+            }
         }
-        param[i] -= lr_ * g;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = first + u * blockDim.x;
+            if (k >= count) break;
+            scalar_t step = maximize ? -g[u] : g[u];
+            if (weight_decay != 0.0) step += decay * p[u];
+            if (buffer) {
+                const scalar_t average = first_step ? step : momentum_ * b[u] + keep * step;
+                buffer[k] = average;
+                step = nesterov ? step + momentum_ * average : average;
+            }
+            param[k] = p[u] - lr * step;
+        }
     }
 }
 
-// Adam (decoupled = 0) or AdamW (decoupled = 1); AMSGrad keeps the running maximum of v in max_exp_avg_sq.
-// step_size = lr / (1 − β1^t) and correction2_sqrt = √(1 − β2^t) are computed on the host once per step.
-extern "C" __global__ void adam_update(scalar_t* __restrict__ param, const scalar_t* __restrict__ grad,
-                                       scalar_t* __restrict__ exp_avg, scalar_t* __restrict__ exp_avg_sq,
-                                       scalar_t* __restrict__ max_exp_avg_sq, const int count, const double lr,
-                                       const double beta1, const double beta2, const double eps,
-                                       const double weight_decay, const double step_size,
-                                       const double correction2_sqrt, const int decoupled, const int amsgrad,
-                                       const int maximize) {
+// Adam (decoupled = 0) or AdamW (decoupled = 1), PyTorch's rule (lists: param, grad, exp_avg,
+// exp_avg_sq, max_exp_avg_sq; the last read only under AMSGrad). The step count t is step_int[0],
+// step_float[0] or step_value, whichever pointer is not null first; the bias corrections
+// 1 − β1^t and √(1 − β2^t) are computed here, once per thread, so that t may live on the device.
+extern "C" __global__ void __launch_bounds__(THREADS)
+adam_update_multi(const TensorTable table, const double* __restrict__ lr_device, const double lr_value,
+                  const long long* __restrict__ step_int, const double* __restrict__ step_float,
+                  const double step_value, const double beta1, const double beta2, const double eps,
+                  const double weight_decay, const int decoupled, const int amsgrad, const int maximize) {
+    const int t = table.block_tensor[blockIdx.x];
+    const int begin = table.block_start[blockIdx.x];
+    const int count = min(table.elements_per_block, table.sizes[t] - begin);
+    scalar_t* __restrict__ param = table.pointers[0][t] + begin;
+    const scalar_t* __restrict__ grad = table.pointers[1][t] + begin;
+    scalar_t* __restrict__ exp_avg = table.pointers[2][t] + begin;
+    scalar_t* __restrict__ exp_avg_sq = table.pointers[3][t] + begin;
+    scalar_t* __restrict__ max_exp_avg_sq = amsgrad ? table.pointers[4][t] + begin : nullptr;
+
+    const double lr = lr_device ? *lr_device : lr_value;
+    const double step = step_int ? (double)*step_int : (step_float ? *step_float : step_value);
+    const scalar_t step_size = (scalar_t)(lr / (1.0 - pow(beta1, step)));
+    const scalar_t correction2_sqrt = (scalar_t)sqrt(1.0 - pow(beta2, step));
     const scalar_t b1 = (scalar_t)beta1, b2 = (scalar_t)beta2, eps_ = (scalar_t)eps;
     const scalar_t decay = (scalar_t)weight_decay, shrink = (scalar_t)(1.0 - lr * weight_decay);
-    const scalar_t step_ = (scalar_t)step_size, correction = (scalar_t)correction2_sqrt;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x) {
-        scalar_t g = maximize ? -grad[i] : grad[i];
-        scalar_t p = param[i];
-        if (weight_decay != 0.0) {
-            if (decoupled) p *= shrink;
-            else g += decay * p;
+    for (int first = threadIdx.x; first < count; first += UNROLL * blockDim.x) {
+        scalar_t p[UNROLL], g[UNROLL], m[UNROLL], v[UNROLL], v_max[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = first + u * blockDim.x;
+            p[u] = g[u] = m[u] = v[u] = v_max[u] = 0;
+            if (k < count) {
+                p[u] = param[k];
+                g[u] = grad[k];
+                m[u] = exp_avg[k];
+                v[u] = exp_avg_sq[k];
+                if (max_exp_avg_sq) v_max[u] = max_exp_avg_sq[k];
+            }
         }
-        const scalar_t m = b1 * exp_avg[i] + (scalar_t(1) - b1) * g;
-        const scalar_t v = b2 * exp_avg_sq[i] + (scalar_t(1) - b2) * g * g;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-        scalar_t second = v;
-        if (amsgrad) {
-            second = max(max_exp_avg_sq[i], v);
-            max_exp_avg_sq[i] = second;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int k = first + u * blockDim.x;
+            if (k >= count) break;
+            scalar_t gradient = maximize ? -g[u] : g[u];
+            scalar_t value = p[u];
+            if (weight_decay != 0.0) {
+                if (decoupled) value *= shrink;
+                else gradient += decay * value;
+            }
+            const scalar_t average = b1 * m[u] + (scalar_t(1) - b1) * gradient;
+            const scalar_t square = b2 * v[u] + (scalar_t(1) - b2) * gradient * gradient;
+            exp_avg[k] = average;
+            exp_avg_sq[k] = square;
+            scalar_t second = square;
+            if (max_exp_avg_sq) {
+                second = max(v_max[u], square);
+                max_exp_avg_sq[k] = second;
+            }
+            param[k] = value - step_size * average / (sqrt(second) / correction2_sqrt + eps_);
         }
-        param[i] = p - step_ * m / (sqrt(second) / correction + eps_);
     }
 }

@@ -1,167 +1,368 @@
-"""Optimizer updates as primitives: one call updates one parameter array in place.
+"""Optimizer updates as primitives: in place on one parameter array, or on a list of them at once.
 
 The formulas are PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``), so a training run can be
-compared step for step. On the GPU each update is one fused kernel of optimizer.cu (read
-parameter, gradient and state once, write them once); the NumPy twin below spells the same
-arithmetic out. Parameters and state must be contiguous arrays (they are updated in place); every
-argument is checked first, since the kernels are handed raw pointers.
+compared step for step. ``sgd_update``/``adam_update`` update one parameter; ``sgd_update_multi``/
+``adam_update_multi`` update a list of parameters of one dtype on one device with the same
+hyper-parameters, which is what an optimizer's step does for a parameter group.
+
+On the GPU a list costs a few launches of one fused kernel of optimizer.cu, not one per parameter
+(apex's multi_tensor_apply): the tensors are taken in chunks of up to ``MAX_TENSORS``, and each
+launch receives, by value as a kernel parameter, a table of its chunk's pointers and sizes and of
+the (tensor, range of elements) that each of its blocks updates. No table is copied to the device,
+so the launches can be captured in a CUDA graph. For the same reason the learning rate may be a
+float64 array of one element on the parameters' device, which the kernel reads (Adam's step count
+likewise, int64 or float64): a schedule can then change it between replays of a captured step.
+
+The NumPy twin below does the same arithmetic, one tensor at a time. Every array must be
+C-contiguous (the updates are in place and a kernel sees base pointers); the arguments are checked
+the same way on both devices.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .. import backend
-from ._checks import check_bool, check_float, check_same_dtype, check_same_shape
+from ._checks import check_bool, check_contiguous, check_float, check_number
+
+__all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi"]
+
+# The kernels' table (struct TensorTable of optimizer.cu: the same fields, order and alignment).
+LISTS = 5  # param, grad and up to three state arrays
+MAX_TENSORS = 48
+MAX_BLOCKS = 320
+THREADS = 512
+# elements_per_block is a multiple of one iteration of a block (THREADS threads × UNROLL elements).
+BLOCK_GRANULE = THREADS * 4
+_TABLE = np.dtype({"names": ["pointers", "sizes", "block_start", "elements_per_block", "block_tensor"],
+                   "formats": [(np.uint64, (LISTS, MAX_TENSORS)), (np.int32, (MAX_TENSORS,)),
+                               (np.int32, (MAX_BLOCKS,)), np.int32, (np.uint8, (MAX_BLOCKS,))]}, align=True)
+
+
+def _finite_at_least_zero(value: float) -> bool:
+    return 0.0 <= value < math.inf
 
 
 # ----------------------------------------------------------------------------------------------
-# Argument checks
-# ----------------------------------------------------------------------------------------------
-def _check_rate(value: Any, name: str, below: float | None = None) -> float:
-    """A hyper-parameter: a real, finite number >= 0 (and < ``below`` when given), as a Python float.
-
-    NaN must be caught by name: ``nan < 0`` is False, so a plain range test would let it train.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (below is not None and value >= below):
-        expected = "a finite number >= 0" + ("" if below is None else f" and < {below:g}")
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return value
-
-
-def _check_arrays(param: Any, grad: Any, **state: Any) -> None:
-    """param and each state array: float, contiguous (updated in place), one dtype, shape and device;
-    grad alike but may be strided (it is only read)."""
-    backend.get_array_module(param, grad, *state.values())
-    for name, array in (("param", param), ("grad", grad), *state.items()):
-        check_float(array, name)
-        if array is not param:
-            check_same_dtype(array, param, name, "param")
-            check_same_shape(array, param, name, "param")
-        if array is not grad and not array.flags.c_contiguous:
-            raise ValueError(f"{name} must be a C-contiguous array: it is updated in place")
-
-
-def _check_sgd_arguments(param: Any, grad: Any, momentum_buffer: Any, lr: Any, momentum: Any, dampening: Any,
-                         weight_decay: Any, nesterov: Any, maximize: Any, first_step: Any) -> tuple:
-    """The arguments of :func:`sgd_update`; returns (lr, momentum, dampening, weight_decay) as floats and
-    (nesterov, maximize, first_step) as bools."""
-    rates = tuple(_check_rate(value, name) for name, value in (
-        ("lr", lr), ("momentum", momentum), ("dampening", dampening), ("weight_decay", weight_decay)))
-    flags = tuple(check_bool(value, name) for name, value in (
-        ("nesterov", nesterov), ("maximize", maximize), ("first_step", first_step)))
-    if rates[1] and momentum_buffer is None:
-        raise ValueError("momentum_buffer must be an array of param's shape when momentum != 0, got None")
-    _check_arrays(param, grad, **({"momentum_buffer": momentum_buffer} if rates[1] else {}))
-    return rates + flags
-
-
-def _check_adam_arguments(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, max_exp_avg_sq: Any, step: Any,
-                          lr: Any, beta1: Any, beta2: Any, eps: Any, weight_decay: Any, decoupled_weight_decay: Any,
-                          amsgrad: Any, maximize: Any) -> tuple:
-    """The arguments of :func:`adam_update`; returns (step, lr, beta1, beta2, eps, weight_decay) as an int
-    and floats and (decoupled_weight_decay, amsgrad, maximize) as bools."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise TypeError(f"step must be an int (the update's number, counting from 1), got {step!r}")
-    if step < 1:
-        raise ValueError(f"step must be >= 1 (the update's number, counting from 1), got {step}")
-    rates = (_check_rate(lr, "lr"), _check_rate(beta1, "beta1", below=1.0), _check_rate(beta2, "beta2", below=1.0),
-             _check_rate(eps, "eps"), _check_rate(weight_decay, "weight_decay"))
-    flags = tuple(check_bool(value, name) for name, value in (
-        ("decoupled_weight_decay", decoupled_weight_decay), ("amsgrad", amsgrad), ("maximize", maximize)))
-    if flags[1] and max_exp_avg_sq is None:
-        raise ValueError("max_exp_avg_sq must be an array of param's shape when amsgrad is on, got None")
-    _check_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
-                  **({"max_exp_avg_sq": max_exp_avg_sq} if flags[1] else {}))
-    return (int(step),) + rates + flags
-
-
-# ----------------------------------------------------------------------------------------------
-# Updates
+# SGD
 # ----------------------------------------------------------------------------------------------
 
 
-def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float, momentum: float = 0.0,
+def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float | Any, momentum: float = 0.0,
                dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False,
                first_step: bool = False) -> None:
     """SGD with momentum, in place on ``param`` (and ``momentum_buffer``, same shape, when momentum > 0).
 
     g = ±grad + weight_decay·param; b = g on the first step, else momentum·b + (1 − dampening)·g;
-    g = g + momentum·b (Nesterov) or b; param −= lr·g.
+    g = g + momentum·b (Nesterov) or b; param −= lr·g. lr: a number, or a float64 array of one
+    element on param's device (read by the kernel). momentum_buffer is ignored when momentum is 0.
     """
-    lr, momentum, dampening, weight_decay, nesterov, maximize, first_step = _check_sgd_arguments(
-        param, grad, momentum_buffer, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step)
-    if backend.is_cuda_array(param):
-        from . import _cuda  # noqa: PLC0415 - GPU only
+    _sgd(_single_names, [param], [grad], [momentum_buffer], lr, momentum, dampening, weight_decay, nesterov,
+         maximize, first_step)
 
-        buffer = param if momentum_buffer is None else momentum_buffer  # never read when momentum == 0
-        _cuda.launch(_cuda.function("optimizer.cu", "sgd_update", param.dtype), param.size,
-                     (param, _contiguous(grad), buffer, _cuda.i32(param.size), _cuda.f64(lr), _cuda.f64(momentum),
-                      _cuda.f64(dampening), _cuda.f64(weight_decay), _cuda.i32(nesterov), _cuda.i32(maximize),
-                      _cuda.i32(first_step)))
-        return None
-    g = -grad if maximize else grad
-    if weight_decay:
-        g = g + weight_decay * param
+
+def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffers: Sequence[Any] | None, *,
+                     lr: float | Any, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                     nesterov: bool = False, maximize: bool = False, first_step: bool = False) -> None:
+    """:func:`sgd_update` of every ``params[i]`` with ``grads[i]`` and ``momentum_buffers[i]``.
+
+    Lists of equal length; all arrays of one dtype (float32 or float64) on one device, each state
+    array of its parameter's shape. ``momentum_buffers`` may be None when momentum is 0. On the GPU:
+    one launch per chunk of ``MAX_TENSORS`` non-empty parameters.
+    """
+    _sgd(_multi_names, params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov,
+         maximize, first_step)
+
+
+def _sgd_settings(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], buffers: Any,
+                  lr: Any, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
+                  first_step: bool) -> tuple:
+    """Every check of the SGD updates; returns (lr value, lr array or None, momentum, dampening,
+    weight_decay, nesterov, maximize, first_step)."""
+    momentum = check_number(momentum, "momentum", _finite_at_least_zero, "a finite number >= 0")
+    dampening = check_number(dampening, "dampening", _finite_at_least_zero, "a finite number >= 0")
+    weight_decay = check_number(weight_decay, "weight_decay", _finite_at_least_zero, "a finite number >= 0")
+    nesterov, maximize = check_bool(nesterov, "nesterov"), check_bool(maximize, "maximize")
+    first_step = check_bool(first_step, "first_step")
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("nesterov momentum requires a momentum > 0 and zero dampening")
+    lists = [("param", params), ("grad", grads)]
     if momentum:
-        if first_step:
-            momentum_buffer[...] = g
-        else:
-            momentum_buffer *= momentum
-            momentum_buffer += (1.0 - dampening) * g
-        g = g + momentum * momentum_buffer if nesterov else momentum_buffer
-    param -= lr * g
-    return None
+        lists.append(("momentum_buffer", buffers))
+    _check_lists(names, lists)
+    lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
+    return lr_value, lr_array, momentum, dampening, weight_decay, nesterov, maximize, first_step
 
 
-def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int, lr: float, beta1: float = 0.9,
-                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+def _check_sgd_arguments(param: Any, grad: Any, momentum_buffer: Any, lr: Any, momentum: Any, dampening: Any,
+                         weight_decay: Any, nesterov: Any, maximize: Any, first_step: Any) -> tuple:
+    """The checks of :func:`sgd_update` (the naive engine checks with them too); returns (lr, momentum,
+    dampening, weight_decay) as floats and (nesterov, maximize, first_step) as bools."""
+    lr_value, _, *settings = _sgd_settings(_single_names, [param], [grad], [momentum_buffer], lr, momentum,
+                                           dampening, weight_decay, nesterov, maximize, first_step)
+    return (lr_value, *settings)
+
+
+def _sgd(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], buffers: Any, lr: Any,
+         momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
+         first_step: bool) -> None:
+    lr_value, lr_array, momentum, dampening, weight_decay, nesterov, maximize, first_step = _sgd_settings(
+        names, params, grads, buffers, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step)
+    if params and backend.is_cuda_array(params[0]):
+        from ._cuda import f64, i32  # noqa: PLC0415 - GPU only
+
+        _launch_chunks("sgd_update_multi", [params, grads, buffers if momentum else None],
+                       (lr_array, f64(lr_value), f64(momentum), f64(dampening), f64(weight_decay), i32(nesterov),
+                        i32(maximize), i32(first_step)))
+        return
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        g = -grad if maximize else grad
+        if weight_decay:
+            g = g + weight_decay * param
+        if momentum:
+            buffer = buffers[i]
+            if first_step:
+                buffer[...] = g
+            else:
+                buffer *= momentum
+                buffer += (1.0 - dampening) * g
+            g = g + momentum * buffer if nesterov else buffer
+        param -= lr_value * g
+
+
+# ----------------------------------------------------------------------------------------------
+# Adam and AdamW
+# ----------------------------------------------------------------------------------------------
+
+
+def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int | Any, lr: float | Any,
+                beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                 decoupled_weight_decay: bool = False, amsgrad: bool = False, max_exp_avg_sq: Any = None,
                 maximize: bool = False) -> None:
     """Adam (or AdamW with ``decoupled_weight_decay``), in place; ``step`` counts from 1.
 
     AdamW: param *= 1 − lr·weight_decay; Adam: g += weight_decay·param. Then
     m = β1·m + (1 − β1)·g; v = β2·v + (1 − β2)·g²; param −= lr/(1 − β1^t) · m / (√v/√(1 − β2^t) + eps),
-    with v replaced by its running maximum under AMSGrad.
+    with v replaced by its running maximum (``max_exp_avg_sq``) under AMSGrad. lr: a number or a
+    float64 array of one element on param's device; step: an int >= 1 or an int64/float64 array of
+    one element there (the kernel then computes the bias corrections).
     """
-    step, lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize = _check_adam_arguments(
-        param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-        decoupled_weight_decay, amsgrad, maximize)
-    bias_correction1 = 1.0 - beta1 ** step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
-    if backend.is_cuda_array(param):
-        from . import _cuda  # noqa: PLC0415 - GPU only
+    _adam(_single_names, [param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
+          weight_decay, decoupled_weight_decay, amsgrad, maximize)
 
-        maximum = exp_avg_sq if max_exp_avg_sq is None else max_exp_avg_sq  # read only under AMSGrad
-        _cuda.launch(_cuda.function("optimizer.cu", "adam_update", param.dtype), param.size,
-                     (param, _contiguous(grad), exp_avg, exp_avg_sq, maximum, _cuda.i32(param.size), _cuda.f64(lr),
-                      _cuda.f64(beta1), _cuda.f64(beta2), _cuda.f64(eps), _cuda.f64(weight_decay),
-                      _cuda.f64(lr / bias_correction1), _cuda.f64(bias_correction2_sqrt),
-                      _cuda.i32(decoupled_weight_decay), _cuda.i32(amsgrad), _cuda.i32(maximize)))
-        return None
-    xp = backend.get_array_module(param)
-    g = -grad if maximize else grad
-    if weight_decay:
-        if decoupled_weight_decay:
-            param *= 1.0 - lr * weight_decay
-        else:
-            g = g + weight_decay * param
-    exp_avg *= beta1
-    exp_avg += (1.0 - beta1) * g
-    exp_avg_sq *= beta2
-    exp_avg_sq += (1.0 - beta2) * g * g
-    second = exp_avg_sq
+
+def adam_update_multi(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any], exp_avg_sqs: Sequence[Any],
+                      max_exp_avg_sqs: Sequence[Any] | None, *, step: int | Any, lr: float | Any, beta1: float = 0.9,
+                      beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                      decoupled_weight_decay: bool = False, amsgrad: bool = False, maximize: bool = False) -> None:
+    """:func:`adam_update` of every ``params[i]`` with its gradient and state, one ``step`` for all.
+
+    Lists of equal length; all arrays of one dtype on one device, each state array of its
+    parameter's shape. ``max_exp_avg_sqs`` may be None unless ``amsgrad``. On the GPU: one launch
+    per chunk of ``MAX_TENSORS`` non-empty parameters.
+    """
+    _adam(_multi_names, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps,
+          weight_decay, decoupled_weight_decay, amsgrad, maximize)
+
+
+def _adam_settings(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any],
+                   exp_avgs: Sequence[Any], exp_avg_sqs: Sequence[Any], max_exp_avg_sqs: Any, step: Any, lr: Any,
+                   beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool, amsgrad: bool,
+                   maximize: bool) -> tuple:
+    """Every check of the Adam updates; returns (step value, step array or None, lr value, lr array or
+    None, beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize)."""
+    beta1 = check_number(beta1, "beta1", lambda b: 0.0 <= b < 1.0, "in [0, 1)")
+    beta2 = check_number(beta2, "beta2", lambda b: 0.0 <= b < 1.0, "in [0, 1)")
+    eps = check_number(eps, "eps", _finite_at_least_zero, "a finite number >= 0")
+    weight_decay = check_number(weight_decay, "weight_decay", _finite_at_least_zero, "a finite number >= 0")
+    decoupled = check_bool(decoupled, "decoupled_weight_decay")
+    amsgrad, maximize = check_bool(amsgrad, "amsgrad"), check_bool(maximize, "maximize")
+    lists = [("param", params), ("grad", grads), ("exp_avg", exp_avgs), ("exp_avg_sq", exp_avg_sqs)]
     if amsgrad:
-        xp.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-        second = max_exp_avg_sq
-    denominator = xp.sqrt(second) / bias_correction2_sqrt + eps
-    param -= (lr / bias_correction1) * exp_avg / denominator
-    return None
+        lists.append(("max_exp_avg_sq", max_exp_avg_sqs))
+    _check_lists(names, lists)
+    lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
+    step_value, step_array = _check_device_scalar(names, step, "step", params,
+                                                  (np.dtype(np.int64), np.dtype(np.float64)), integer=True)
+    return (step_value, step_array, lr_value, lr_array, beta1, beta2, eps, weight_decay, decoupled, amsgrad,
+            maximize)
 
 
-def _contiguous(array: Any) -> Any:
-    return backend.get_array_module(array).ascontiguousarray(array)
+def _check_adam_arguments(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, max_exp_avg_sq: Any, step: Any,
+                          lr: Any, beta1: Any, beta2: Any, eps: Any, weight_decay: Any, decoupled_weight_decay: Any,
+                          amsgrad: Any, maximize: Any) -> tuple:
+    """The checks of :func:`adam_update` (the naive engine checks with them too); returns (step, lr,
+    beta1, beta2, eps, weight_decay) as an int and floats and (decoupled_weight_decay, amsgrad,
+    maximize) as bools."""
+    step_value, _, lr_value, _, *settings = _adam_settings(
+        _single_names, [param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq], step, lr, beta1, beta2, eps,
+        weight_decay, decoupled_weight_decay, amsgrad, maximize)
+    return (int(step_value), lr_value, *settings)
+
+
+def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any],
+          exp_avg_sqs: Sequence[Any], max_exp_avg_sqs: Any, step: Any, lr: Any, beta1: float, beta2: float, eps: float,
+          weight_decay: float, decoupled: bool, amsgrad: bool, maximize: bool) -> None:
+    (step_value, step_array, lr_value, lr_array, beta1, beta2, eps, weight_decay, decoupled, amsgrad,
+     maximize) = _adam_settings(names, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2,
+                                eps, weight_decay, decoupled, amsgrad, maximize)
+    if params and backend.is_cuda_array(params[0]):
+        from ._cuda import f64, i32  # noqa: PLC0415 - GPU only
+
+        step_is_int = step_array is not None and step_array.dtype == np.int64
+        lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None]
+        _launch_chunks("adam_update_multi", lists,
+                       (lr_array, f64(lr_value), step_array if step_is_int else None,
+                        None if step_is_int else step_array, f64(step_value), f64(beta1), f64(beta2), f64(eps),
+                        f64(weight_decay), i32(decoupled), i32(amsgrad), i32(maximize)))
+        return
+    bias_correction1 = 1.0 - beta1 ** step_value
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step_value)
+    for i, (param, grad, exp_avg, exp_avg_sq) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
+        xp = backend.get_array_module(param)
+        g = -grad if maximize else grad
+        if weight_decay:
+            if decoupled:
+                param *= 1.0 - lr_value * weight_decay
+            else:
+                g = g + weight_decay * param
+        exp_avg *= beta1
+        exp_avg += (1.0 - beta1) * g
+        exp_avg_sq *= beta2
+        exp_avg_sq += (1.0 - beta2) * g * g
+        second = exp_avg_sq
+        if amsgrad:
+            second = max_exp_avg_sqs[i]
+            xp.maximum(second, exp_avg_sq, out=second)
+        denominator = xp.sqrt(second) / bias_correction2_sqrt + eps
+        param -= (lr_value / bias_correction1) * exp_avg / denominator
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _single_names(name: str, index: int) -> str:
+    return name
+
+
+def _multi_names(name: str, index: int) -> str:
+    return f"{name}s[{index}]"
+
+
+def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]]) -> None:
+    """Every list holds one C-contiguous float array per parameter: the params' dtype and device, and the
+    shape of its parameter. ``names(name, i)`` is how errors name element i ("grad" or "grads[3]")."""
+    (_, params), *states = lists
+    for name, arrays in lists:
+        if not isinstance(arrays, (list, tuple)):  # (only the multi-tensor functions take lists from callers)
+            raise TypeError(f"{name}s must be a list or tuple of arrays, got {type(arrays).__name__}")
+        if len(arrays) != len(params):
+            raise ValueError(f"{name}s must have one array per parameter ({len(params)}), got {len(arrays)}")
+    if not params:
+        return
+    first = params[0]
+    check_float(first, names("param", 0))
+    device_id = first.data.device_id if backend.is_cuda_array(first) else None  # (same type: same library)
+    # An optimizer step checks hundreds of arrays: one cheap test each, the itemised checks (and their
+    # messages) only for an array that fails it.
+    for name, arrays in lists:
+        for i, array in enumerate(arrays):
+            if not (type(array) is type(first) and array.dtype == first.dtype and array.flags.c_contiguous
+                    and (name == "param" or array.shape == params[i].shape)
+                    and (device_id is None or array.data.device_id == device_id)):
+                _check_array(names, name, i, array, params)
+
+
+def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any, params: Sequence[Any]) -> None:
+    """The itemised checks of list ``name``'s element i, each with its own message."""
+    label, first = names(name, i), names("param", 0)
+    check_float(array, label)
+    if array.dtype != params[0].dtype:
+        raise TypeError(f"{label} must have {first}'s dtype {params[0].dtype}, got {array.dtype}")
+    if backend.device_of(array) != backend.device_of(params[0]):
+        raise ValueError(f"{label} must be on {first}'s device {backend.device_of(params[0])}, "
+                         f"got {backend.device_of(array)}")
+    if name != "param" and tuple(array.shape) != tuple(params[i].shape):
+        raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
+                         f"got {tuple(array.shape)}")
+    check_contiguous(array, label)
+
+
+def _check_device_scalar(names: Callable[[str, int], str], value: Any, name: str, params: Sequence[Any],
+                         dtypes: tuple[np.dtype, ...], integer: bool = False) -> tuple[float, Any]:
+    """lr (>= 0) or step (>= 1, ``integer``): a Python number, or an array of one element of ``dtypes`` on
+    the params' device. Returns (value, None) for a number or a NumPy array (whose value is read and
+    checked), (0.0, array) for a device array (its value is the kernel's to read)."""
+    minimum, expected = (1.0, "an int >= 1") if integer else (0.0, "a finite number >= 0")
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        if integer and not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int or an array of one element, got {value!r}")
+        return check_number(value, name, lambda v: minimum <= v < math.inf, expected), None
+    wanted = " or ".join(str(d) for d in dtypes)
+    dtype = getattr(value, "dtype", None)
+    # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
+    if dtype is None or dtype not in dtypes or value.size != 1 or value.ndim > 1:
+        raise TypeError(f"{name} must be a number or a {wanted} array of shape () or (1,), got {value!r}")
+    if params and backend.device_of(value) != backend.device_of(params[0]):
+        raise ValueError(f"{name} must be on {names('param', 0)}'s device {backend.device_of(params[0])}, "
+                         f"got {backend.device_of(value)}")
+    if backend.is_cuda_array(value):
+        return 0.0, value
+    return check_number(value.reshape(()).item(), name, lambda v: minimum <= v < math.inf, expected), None
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: chunks of tensors, one launch each
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def launch_plan(sizes: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], int, np.ndarray, np.ndarray], ...]:
+    """How tensors of these sizes are updated: one entry per launch, (the indices of its tensors,
+    elements_per_block, block_tensor, block_start), where block b of the launch updates elements
+    [block_start[b], block_start[b] + elements_per_block) of its tensor number block_tensor[b] (an
+    index into the launch's tensors), clipped to that tensor's size.
+
+    Empty tensors are left out; a launch holds at most MAX_TENSORS tensors and MAX_BLOCKS blocks, which
+    ceil(total / (MAX_BLOCKS − tensors)) elements per block guarantee: Σ ceil(size/E) <= total/E + tensors.
+    Pure host arithmetic, cached per list of sizes (an optimizer's step repeats the same list).
+    """
+    nonempty = [i for i, size in enumerate(sizes) if size > 0]
+    plan = []
+    for first in range(0, len(nonempty), MAX_TENSORS):
+        indices = tuple(nonempty[first:first + MAX_TENSORS])
+        chunk_sizes = np.array([sizes[i] for i in indices], dtype=np.int64)
+        needed = -(-int(chunk_sizes.sum()) // (MAX_BLOCKS - len(indices)))
+        elements_per_block = max(1, -(-needed // BLOCK_GRANULE)) * BLOCK_GRANULE
+        blocks_per_tensor = -(-chunk_sizes // elements_per_block)
+        block_tensor = np.repeat(np.arange(len(indices)), blocks_per_tensor)
+        first_block = np.cumsum(blocks_per_tensor) - blocks_per_tensor
+        block_start = (np.arange(block_tensor.size) - first_block[block_tensor]) * elements_per_block
+        plan.append((indices, elements_per_block, block_tensor.astype(np.uint8), block_start.astype(np.int32)))
+    return tuple(plan)
+
+
+def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], arguments: tuple) -> None:
+    """Launch ``kernel_name`` once per chunk of the plan for ``lists[0]``'s sizes; ``lists``: the kernel's
+    tensor lists in its order (None: a list it does not read); ``arguments``: its arguments after the table."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    params = lists[0]
+    _cuda.check_int32(*params)
+    kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)
+    for indices, elements_per_block, block_tensor, block_start in launch_plan(tuple(p.size for p in params)):
+        table = np.zeros(1, dtype=_TABLE)
+        for position, arrays in enumerate(lists):
+            if arrays is not None:
+                table["pointers"][0, position, :len(indices)] = [arrays[i].data.ptr for i in indices]
+        table["sizes"][0, :len(indices)] = [params[i].size for i in indices]
+        table["block_tensor"][0, :block_tensor.size] = block_tensor
+        table["block_start"][0, :block_start.size] = block_start
+        table["elements_per_block"] = elements_per_block
+        _cuda.launch_blocks(kernel, block_tensor.size, THREADS, (table[0], *arguments))
