@@ -189,7 +189,7 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                     grid = args.settings if engine in CONV_SETTING_ENGINES else [None]
                     for index, setting in enumerate(grid):
                         cells.append({"kind": "engine", **shape, **common, "engine": engine, "tf32": tf32,
-                                      "setting": setting, "layers": not args.no_layers and engine != "minidnn-graph",
+                                      "setting": setting, "layer_table": not args.no_layers and engine != "minidnn-graph",
                                       "menu": engine == "minidnn" and index == 0})
     return cells
 

@@ -484,7 +484,7 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
                 engine.synchronize()
                 record.update(engine.memory())
             record.update(profile_steps(engine, spec["profile_steps"]))
-        if spec["layers"]:
+        if spec["layer_table"]:
             record["layers"] = layer_table(engine, spec)
             record.setdefault("state", state_now())
     return record
