@@ -251,7 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         machine = run_worker({"kind": "machine", "device": args.device}, env, None)
         if "error" in machine:
-            raise SystemExit(f"bench.py: error: the machine probe failed:\n{machine['error']}")
+            raise SystemExit(f"bench.py: error: {machine['error'].strip().splitlines()[-1]}"
+                             + (" (--device cpu --quick runs on the CPU)" if args.device.startswith("cuda") else ""))
         cells = plan_cells(args)
         started, records = time.monotonic(), []
         for number, cell in enumerate(cells, 1):
