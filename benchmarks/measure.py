@@ -15,6 +15,7 @@ warm-up. A captured engine only changes ``prepare`` (capture) and ``step`` (repl
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import json
@@ -131,10 +132,22 @@ class Clock:
             wall.append(self.elapsed(begin, end))
         return wall, host
 
-    def median(self, call: Callable[[], Any], repeats: int) -> float:
-        """Median wall ms of ``repeats`` calls after one untimed call."""
+    def per_call(self, call: Callable[[], Any], repeats: int) -> float:
+        """Wall ms per call over ``repeats`` calls issued back to back after one untimed call: the
+        host issues the next call while the device runs the last one, as in a training step."""
         call()
-        return statistics.median(self.time(call, repeats)[0])
+        if self.new_event is None:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            return 1000 * (time.perf_counter() - start) / repeats
+        begin, end = self.new_event(), self.new_event()
+        begin.record()
+        for _ in range(repeats):
+            call()
+        end.record()
+        end.synchronize()
+        return self.elapsed(begin, end) / repeats
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,39 +318,104 @@ ENGINES: dict[str, type] = {"minidnn": MinidnnEngine, "naive": MinidnnEngine, "m
 # The device profile: GPU-busy time and kernels per step
 # ----------------------------------------------------------------------------------------------
 def summarize_device_trace(events: list[dict[str, Any]], steps: int) -> dict[str, float]:
-    """Per-step device work from a Chrome trace (``torch.profiler`` export, durations in µs):
-    the kernels' summed duration (GPU-busy ms) and count, and memcpy / memset counts and ms."""
+    """Per-step device work from a Chrome trace (``torch.profiler`` export, times in µs): the
+    kernels' summed duration (GPU-busy ms) and count, memcpy / memset counts and ms, and the time
+    some kernel was running (``gpu_active_ms``: below GPU-busy only where kernels overlapped)."""
     totals = {"kernel": [0.0, 0], "gpu_memcpy": [0.0, 0], "gpu_memset": [0.0, 0]}
+    spans = []
     for event in events:
         category = event.get("cat")
         if category in totals and event.get("ph") == "X":
             totals[category][0] += float(event["dur"])
             totals[category][1] += 1
+            if category == "kernel":
+                spans.append((float(event["ts"]), float(event["ts"]) + float(event["dur"])))
+    active, reached = 0.0, float("-inf")
+    for start, stop in sorted(spans):  # the union of the kernels' intervals
+        active += max(0.0, stop - max(start, reached))
+        reached = max(reached, stop)
     return {"gpu_busy_ms": totals["kernel"][0] / 1000 / steps, "kernels_per_step": totals["kernel"][1] / steps,
+            "gpu_active_ms": active / 1000 / steps,
             "memcpy_ms": totals["gpu_memcpy"][0] / 1000 / steps, "memcpy_per_step": totals["gpu_memcpy"][1] / steps,
             "memset_ms": totals["gpu_memset"][0] / 1000 / steps, "memset_per_step": totals["gpu_memset"][1] / steps}
 
 
-def profile_steps(engine: Engine, steps: int) -> dict[str, Any]:
-    """Profile ``steps`` training steps with CUPTI through ``torch.profiler`` (it records every kernel
-    on the device, CuPy's included). Empty on the CPU or without PyTorch."""
-    if not engine.gpu or steps < 1:
-        return {}
+def kernels_by_annotation(events: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
+    """Kernel µs and count per ``record_function`` label, from a Chrome trace profiled with CPU and
+    CUDA activity: a kernel belongs to the label whose range holds the host call that launched it
+    (linked by CUPTI's correlation id), wherever on the device timeline the kernel ran."""
+    ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                    if e.get("cat") == "user_annotation" and e.get("ph") == "X")
+    launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    starts = [start for start, _, _ in ranges]
+    totals: dict[str, tuple[float, int]] = {}
+    for event in events:
+        if event.get("cat") != "kernel" or event.get("ph") != "X":
+            continue
+        at = launched.get(event.get("args", {}).get("correlation"))
+        index = -1 if at is None else bisect.bisect_right(starts, at) - 1
+        if index >= 0 and at <= ranges[index][1]:
+            label = ranges[index][2]
+            time_us, count = totals.get(label, (0.0, 0))
+            totals[label] = (time_us + float(event["dur"]), count + 1)
+    return totals
+
+
+def _profiled_trace(engine: Engine, run: Callable[[], None], activities: list[str]) -> list[dict[str, Any]] | None:
+    """The Chrome trace events of ``run()`` under ``torch.profiler`` (CUPTI records every kernel on
+    the device, CuPy's included); None on the CPU or without PyTorch."""
+    if not engine.gpu:
+        return None
     try:
         from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - optional
     except ImportError:
-        return {"profile_note": "PyTorch is not installed: no device profile"}
+        return None
     engine.synchronize()
     with tempfile.TemporaryDirectory() as directory:
-        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-            for _ in range(steps):
-                engine.step()
+        with profile(activities=[getattr(ProfilerActivity, name) for name in activities]) as profiler:
+            run()
             engine.synchronize()
         path = os.path.join(directory, "trace.json")
         profiler.export_chrome_trace(path)
         with open(path) as file:
-            events = json.load(file)["traceEvents"]
-    return {**summarize_device_trace(events, steps), "profiled_steps": steps}
+            return json.load(file)["traceEvents"]
+
+
+def profile_steps(engine: Engine, steps: int) -> dict[str, Any]:
+    """GPU-busy time, kernels and copies per step over ``steps`` profiled training steps."""
+    if steps < 1:
+        return {}
+
+    def run() -> None:
+        for _ in range(steps):
+            engine.step()
+
+    events = _profiled_trace(engine, run, ["CUDA"])
+    return {} if events is None else {**summarize_device_trace(events, steps), "profiled_steps": steps}
+
+
+def kernel_times(engine: Engine, tasks: list[tuple[Callable[[], Any], dict[str, Any]]], repeats: int) -> None:
+    """Add ``gpu_ms`` and ``kernels`` per call to each task's entry: its kernels' summed duration
+    over ``repeats`` calls in one profiled session, each task in its own labelled range."""
+    if not tasks or not engine.gpu:
+        return
+    try:
+        from torch.profiler import record_function  # noqa: PLC0415 - optional
+    except ImportError:
+        return
+
+    def run() -> None:
+        for index, (call, _) in enumerate(tasks):
+            with record_function(f"bench-task-{index}"):
+                for _ in range(repeats):
+                    call()
+
+    events = _profiled_trace(engine, run, ["CPU", "CUDA"])
+    totals = kernels_by_annotation(events)
+    for index, (_, entry) in enumerate(tasks):
+        time_us, count = totals.get(f"bench-task-{index}", (0.0, 0))
+        entry.update(gpu_ms=time_us / 1000 / repeats, kernels=count / repeats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,11 +469,11 @@ def plan_summary(plan: Any) -> dict[str, Any]:
 
 
 def layer_table(engine: Engine, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each distinct convolution of the model, each direction training runs, timed alone with the
-    engine (for minidnn: its own choice under the cell's setting, with the plan, and on request the
-    whole algorithm menu)."""
+    """Each distinct convolution of the model, in each direction training runs, alone with the engine
+    (for minidnn: its own choice under the cell's setting, with the plan, and on request the whole
+    algorithm menu). Wall ms per call first, then, on the GPU, the kernels' time per call."""
     repeats = spec["layer_repeats"]
-    rows = []
+    rows, tasks = [], []
     layers = conv_layers(engine.minidnn_model, spec["image_size"], engine.minidnn_device)
     for shape in distinct_shapes(layers, spec["batch"]):
         problem = shape["problem"]
@@ -408,19 +486,23 @@ def layer_table(engine: Engine, spec: dict[str, Any]) -> list[dict[str, Any]]:
         calls = engine.conv_calls(problem, arrays)
         for direction in directions:
             with observing_convolutions() as seen:
-                row["times"][direction] = {"ms": engine.clock.median(calls[direction], repeats)}
+                entry = row["times"][direction] = {"ms": engine.clock.per_call(calls[direction], repeats)}
             if seen:  # minidnn's primitives ran it: the plan they chose
-                row["times"][direction]["plan"] = plan_summary(seen[-1][2])
+                entry["plan"] = plan_summary(seen[-1][2])
+            tasks.append((calls[direction], entry))
         if spec.get("menu"):
-            row["menu"] = {direction: algorithm_menu(engine, problem, arrays, direction, repeats)
+            row["menu"] = {direction: algorithm_menu(engine, problem, arrays, direction, repeats, tasks)
                            for direction in directions}
         rows.append(row)
+    kernel_times(engine, tasks, repeats)
     return rows
 
 
-def algorithm_menu(engine: Engine, problem: Any, arrays: tuple, direction: str, repeats: int) -> dict[str, Any]:
+def algorithm_menu(engine: Engine, problem: Any, arrays: tuple, direction: str, repeats: int,
+                   tasks: list[tuple[Callable[[], Any], dict[str, Any]]]) -> dict[str, Any]:
     """Every registered algorithm forced in turn for one direction: its time and workspace, or why it
-    did not run (unsupported, or a workspace over :data:`MENU_WORKSPACE_LIMIT`)."""
+    did not run (unsupported, or a workspace over :data:`MENU_WORKSPACE_LIMIT`). Each timed call
+    joins ``tasks`` for the kernel-time session."""
     menu: dict[str, Any] = {}
     for name, algorithm in registry.algorithms().items():
         if not algorithm.supports(problem, direction):
@@ -432,7 +514,8 @@ def algorithm_menu(engine: Engine, problem: Any, arrays: tuple, direction: str, 
                           "workspace_bytes": workspace}
             continue
         call = engine.conv_calls(problem, arrays, algo=name, workspace_limit=MENU_WORKSPACE_LIMIT)[direction]
-        menu[name] = {"ms": engine.clock.median(call, repeats), "workspace_bytes": workspace}
+        menu[name] = {"ms": engine.clock.per_call(call, repeats), "workspace_bytes": workspace}
+        tasks.append((call, menu[name]))
     return menu
 
 

@@ -38,15 +38,19 @@ def setting_label(setting: dict[str, Any] | None) -> str:
     return label + (f" {setting['batch_policy']}" if setting["microbatch"] != "off" else "")
 
 
-def conv_sum(rows: list[dict[str, Any]]) -> float:
+def conv_sum(rows: list[dict[str, Any]], key: str = "ms") -> float | None:
     """Milliseconds of convolution in one training step: every distinct shape's time in each
-    direction times the number of layers that run that direction (``runs``; the first layer
-    runs no backward-data, so its count there is 0)."""
+    direction (``key``: "ms" wall per call, "gpu_ms" kernel time per call) times the number of
+    layers that run that direction (``runs``; the first layer runs no backward-data, so its
+    count there is 0). None when some time is missing (no GPU profile)."""
     total = 0.0
     for row in rows:
         for direction, count in row["runs"].items():
             if count:
-                total += count * row["times"][direction]["ms"]
+                value = row["times"][direction].get(key)
+                if value is None:
+                    return None
+                total += count * value
     return total
 
 
@@ -91,31 +95,37 @@ def groups(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict[str, Any]:
-    """Sums and the slowest layer-direction for one minidnn record against cuDNN and naive."""
+    """Sums over the layers training runs for one minidnn record, against cuDNN's and the naive
+    engine's (wall and kernel time), the slowest layer-direction against cuDNN (by kernel time
+    where profiled), the step against PyTorch's, and the step time outside the convolutions."""
     torch = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"])
     naive = _find(records, ours["model"], ours["batch"], "naive", ours["tf32"])
-    result: dict[str, Any] = {"minidnn_ms": conv_sum(ours["layers"])}
-    if naive and naive.get("layers"):
-        result["naive_ms"] = conv_sum(naive["layers"])
+    result: dict[str, Any] = {}
+    for name, record in (("minidnn", ours), ("cudnn", torch), ("naive", naive)):
+        if record and record.get("layers"):
+            result[f"{name}_ms"] = conv_sum(record["layers"])
+            result[f"{name}_gpu_ms"] = conv_sum(record["layers"], "gpu_ms")
+    result["ratio"] = _ratio(result["minidnn_ms"], result.get("cudnn_ms"))
+    result["gpu_ratio"] = _ratio(result["minidnn_gpu_ms"], result.get("cudnn_gpu_ms"))
     if torch and torch.get("layers"):
-        result["cudnn_ms"] = conv_sum(torch["layers"])
-        result["ratio"] = result["minidnn_ms"] / result["cudnn_ms"]
+        key = "gpu_ms" if result["gpu_ratio"] is not None else "ms"
         theirs = {row["shape"]: row for row in torch["layers"]}
         slowest = None
         for row in ours["layers"]:
             for direction, count in row["runs"].items():
                 if count and row["shape"] in theirs:
-                    speed = theirs[row["shape"]]["times"][direction]["ms"] / row["times"][direction]["ms"]
-                    if slowest is None or speed < slowest[0]:
+                    speed = _ratio(theirs[row["shape"]]["times"][direction][key], row["times"][direction][key])
+                    if speed is not None and (slowest is None or speed < slowest[0]):
                         slowest = (speed, f"{row['layers'][0]} {SHORT[direction]}")
         if slowest:
             result["slowest_speed"], result["slowest_layer"] = slowest
-    # The step outside its convolutions: wall time, and GPU-busy time where profiled.
-    for name, record, conv in (("minidnn", ours, result["minidnn_ms"]), ("torch", torch, result.get("cudnn_ms"))):
-        if record and conv is not None and record.get("wall_ms") is not None:
-            result[f"{name}_outside_wall_ms"] = record["wall_ms"] - conv
-            if record.get("gpu_busy_ms") is not None:
-                result[f"{name}_outside_busy_ms"] = record["gpu_busy_ms"] - conv
+            result["slowest_basis"] = "GPU" if key == "gpu_ms" else "wall"
+    # The step outside its convolutions: wall time, and GPU-busy time against the kernel time.
+    for name, record, conv in (("minidnn", ours, "minidnn"), ("torch", torch, "cudnn")):
+        if record and record.get("wall_ms") is not None and result.get(f"{conv}_ms") is not None:
+            result[f"{name}_outside_wall_ms"] = record["wall_ms"] - result[f"{conv}_ms"]
+            if record.get("gpu_busy_ms") is not None and result.get(f"{conv}_gpu_ms") is not None:
+                result[f"{name}_outside_busy_ms"] = record["gpu_busy_ms"] - result[f"{conv}_gpu_ms"]
     if torch and ours.get("wall_ms") and torch.get("wall_ms"):
         result["step_ratio"] = ours["wall_ms"] / torch["wall_ms"]
     return result
@@ -198,21 +208,25 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
     if not ours:
         return []
     lines = ["", f"### Convolutions of {model}, batch {batch}: sums over the layers training runs", "",
-             "Each distinct shape timed alone per direction (median after a warm-up call), times the number of "
-             "layers running that direction in a training step (no backward-data for the first layer). "
-             f"Targets: conv sum ≤ {CONV_SUM_TARGET['fp32']}x cuDNN fp32, ≤ {CONV_SUM_TARGET['tf32']}x TF32; every "
-             f"layer-direction ≥ {LAYER_SPEED_TARGET}x cuDNN's speed; step ≤ {STEP_TARGET['fp32']}x PyTorch fp32.", "",
-             "| mode | setting | conv minidnn ms | conv cuDNN ms | minidnn / cuDNN | conv naive ms | slowest vs cuDNN "
-             "(speed) | step minidnn / PyTorch | outside convs, wall: minidnn / PyTorch ms | outside convs, GPU-busy: "
-             "minidnn / PyTorch ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Each distinct shape alone, per direction: wall ms per call (back-to-back calls, CUDA events) and GPU ms "
+             "per call (the kernels' time, CUPTI), times the number of layers running that direction in a training "
+             "step (no backward-data for the first layer). Targets, on GPU time: conv sum ≤ "
+             f"{CONV_SUM_TARGET['fp32']}x cuDNN fp32, ≤ {CONV_SUM_TARGET['tf32']}x TF32; every layer-direction ≥ "
+             f"{LAYER_SPEED_TARGET}x cuDNN's speed; on wall time: step ≤ {STEP_TARGET['fp32']}x PyTorch fp32.", "",
+             "| mode | setting | conv GPU ms: minidnn / cuDNN | minidnn / cuDNN (GPU) | conv wall ms: minidnn / cuDNN | "
+             "minidnn / cuDNN (wall) | conv naive ms: GPU / wall | slowest layer-direction vs cuDNN (speed) | "
+             "step minidnn / PyTorch (wall) | outside convs, wall ms: minidnn / PyTorch | outside convs, GPU-busy ms: "
+             "minidnn / PyTorch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for record in sorted(ours, key=lambda r: r["tf32"]):
         mode = mode_name(record["tf32"])
         sums = conv_comparison(records, record)
-        slowest = (f"{sums['slowest_layer']} {_check(sums['slowest_speed'], LAYER_SPEED_TARGET, at_most=False)}"
-                   if "slowest_speed" in sums else "-")
-        lines.append(f"| {mode} | {setting_label(record.get('setting'))} | {sums['minidnn_ms']:.2f} | "
-                     f"{_number(sums.get('cudnn_ms'))} | {_check(sums.get('ratio'), CONV_SUM_TARGET[mode])} | "
-                     f"{_number(sums.get('naive_ms'))} | {slowest} | "
+        slowest = (f"{sums['slowest_layer']} {_check(sums['slowest_speed'], LAYER_SPEED_TARGET, at_most=False)} "
+                   f"({sums['slowest_basis']})" if "slowest_speed" in sums else "-")
+        lines.append(f"| {mode} | {setting_label(record.get('setting'))} | "
+                     f"{_number(sums['minidnn_gpu_ms'])} / {_number(sums.get('cudnn_gpu_ms'))} | "
+                     f"{_check(sums['gpu_ratio'], CONV_SUM_TARGET[mode])} | "
+                     f"{_number(sums['minidnn_ms'])} / {_number(sums.get('cudnn_ms'))} | {_check(sums['ratio'], None)} | "
+                     f"{_number(sums.get('naive_gpu_ms'))} / {_number(sums.get('naive_ms'))} | {slowest} | "
                      f"{_check(sums.get('step_ratio'), STEP_TARGET.get(mode))} | "
                      f"{_number(sums.get('minidnn_outside_wall_ms'))} / {_number(sums.get('torch_outside_wall_ms'))} | "
                      f"{_number(sums.get('minidnn_outside_busy_ms'))} / {_number(sums.get('torch_outside_busy_ms'))} |")
@@ -222,27 +236,30 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
         naive = _find(records, model, batch, "naive", record["tf32"])
         theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
         naive_rows = {row["shape"]: row for row in (naive or {}).get("layers") or []}
-        lines += ["", f"#### {model}, batch {batch}, {mode}, setting {setting_label(record.get('setting'))} (ms)", "",
-                  f"| layers | shape | direction | runs | minidnn {mode} | plan | naive {mode} | cuDNN {mode} | "
-                  f"cuDNN / minidnn time |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"#### {model}, batch {batch}, {mode}, setting {setting_label(record.get('setting'))}: "
+                  "ms per call, wall / GPU", "",
+                  f"| layers | shape | direction | runs | minidnn {mode} | kernels | plan | naive {mode} | cuDNN {mode} | "
+                  "speed vs cuDNN |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in record["layers"]:
             names = row["layers"][0] + (f" (+{len(row['layers']) - 1})" if len(row["layers"]) > 1 else "")
             for direction in DIRECTIONS:
                 if not row["runs"][direction]:
                     continue
-                ms = row["times"][direction]["ms"]
-                plan = row["times"][direction].get("plan")
-                cudnn = theirs.get(row["shape"], {}).get("times", {}).get(direction, {}).get("ms")
-                naive_ms = naive_rows.get(row["shape"], {}).get("times", {}).get(direction, {}).get("ms")
-                lines.append(f"| {names} | {row['shape']} | {SHORT[direction]} | {row['runs'][direction]} | {ms:.3f} | "
-                             f"{'-' if plan is None else _plan_text(plan)} | {_number(naive_ms, 3)} | "
-                             f"{_number(cudnn, 3)} | {_check(_ratio(cudnn, ms), LAYER_SPEED_TARGET, at_most=False)} |")
+                mine = row["times"][direction]
+                cudnn = theirs.get(row["shape"], {}).get("times", {}).get(direction, {})
+                slow = naive_rows.get(row["shape"], {}).get("times", {}).get(direction, {})
+                key = "gpu_ms" if mine.get("gpu_ms") is not None and cudnn.get("gpu_ms") is not None else "ms"
+                lines.append(f"| {names} | {row['shape']} | {SHORT[direction]} | {row['runs'][direction]} | "
+                             f"{_pair(mine)} | {_number(mine.get('kernels'), 0)} | "
+                             f"{'-' if 'plan' not in mine else _plan_text(mine['plan'])} | {_pair(slow)} | {_pair(cudnn)} | "
+                             f"{_check(_ratio(cudnn.get(key), mine[key]), LAYER_SPEED_TARGET, at_most=False)} |")
     for record in sorted(ours, key=lambda r: r["tf32"]):
         if not any("menu" in row for row in record["layers"]):
             continue
         mode = mode_name(record["tf32"])
         names = sorted({name for row in record["layers"] for menu in row.get("menu", {}).values() for name in menu})
-        lines += ["", f"#### Every algorithm of {model}, batch {batch}, {mode}: ms, workspace MiB", "",
+        lines += ["", f"#### Every algorithm of {model}, batch {batch}, {mode}: ms per call (wall / GPU), "
+                  "workspace MiB", "",
                   "| layers | shape | direction | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
         for row in record["layers"]:
             for direction, menu in row.get("menu", {}).items():
@@ -251,9 +268,16 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
                     entry = menu.get(name, {})
                     cells.append("n/a" if entry.get("skipped") == "unsupported" else
                                  f"> limit ({entry['workspace_bytes'] / 2**20:.0f})" if "skipped" in entry else
-                                 f"{entry['ms']:.3f}, {entry['workspace_bytes'] / 2**20:.1f}" if entry else "-")
+                                 f"{_pair(entry)}, {entry['workspace_bytes'] / 2**20:.1f}" if entry else "-")
                 lines.append(f"| {row['layers'][0]} | {row['shape']} | {SHORT[direction]} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _pair(timing: dict[str, Any]) -> str:
+    """'0.213 / 0.041': wall / GPU ms per call (GPU '-' where not profiled)."""
+    if timing.get("ms") is None:
+        return "-"
+    return f"{timing['ms']:.3f} / {_number(timing.get('gpu_ms'), 3)}"
 
 
 def _plan_text(plan: dict[str, Any]) -> str:

@@ -65,7 +65,7 @@ def test_markdown_has_the_columns(smoke):
     assert ("| engine | mode | setting | wall ms | host ms | GPU-busy ms | kernels/step | copies/step | forward ms | "
             "peak MiB | vs naive (wall) | vs naive (GPU-busy) | / PyTorch (wall) |") in text
     assert "| minidnn | fp32 | 64MiB off |" in text and "| naive | fp32 | - |" in text
-    assert "| mode | setting | conv minidnn ms | conv cuDNN ms | minidnn / cuDNN |" in text
+    assert "| mode | setting | conv GPU ms: minidnn / cuDNN | minidnn / cuDNN (GPU) | conv wall ms:" in text
     assert "| features.4 | [3,8,16,16] -> [3,16,16,16]" in text and "#### Every algorithm of tiny" in text
 
 
@@ -203,13 +203,32 @@ def test_merge_combines_runs(smoke, tmp_path):
 
 
 def test_device_trace_summary_counts_kernels_and_copies_per_step():
-    events = [{"cat": "kernel", "ph": "X", "dur": 10.0}, {"cat": "kernel", "ph": "X", "dur": 20.5},
-              {"cat": "kernel", "ph": "X", "dur": 1.5}, {"cat": "gpu_memcpy", "ph": "X", "dur": 4.0},
-              {"cat": "gpu_memset", "ph": "X", "dur": 2.0}, {"cat": "gpu_memset", "ph": "X", "dur": 2.0},
-              {"cat": "cuda_runtime", "ph": "X", "dur": 500.0}, {"cat": "ac2g", "ph": "f"}, {"ph": "M"}]
+    # Three kernels (the first two overlap by 5 µs), a copy, two memsets, host events (not device work).
+    events = [{"cat": "kernel", "ph": "X", "ts": 100.0, "dur": 10.0}, {"cat": "kernel", "ph": "X", "ts": 105.0,
+                                                                        "dur": 20.5},
+              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5}, {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
+              {"cat": "gpu_memset", "ph": "X", "ts": 5, "dur": 2.0}, {"cat": "gpu_memset", "ph": "X", "ts": 9, "dur": 2.0},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 0, "dur": 500.0}, {"cat": "ac2g", "ph": "f"}, {"ph": "M"}]
     summary = measure.summarize_device_trace(events, steps=2)
-    assert summary == {"gpu_busy_ms": 0.016, "kernels_per_step": 1.5, "memcpy_ms": 0.002, "memcpy_per_step": 0.5,
-                       "memset_ms": 0.002, "memset_per_step": 1.0}
+    assert summary == pytest.approx({"gpu_busy_ms": 0.016, "kernels_per_step": 1.5, "gpu_active_ms": 0.0135,
+                                     "memcpy_ms": 0.002, "memcpy_per_step": 0.5, "memset_ms": 0.002,
+                                     "memset_per_step": 1.0})
+
+
+def test_kernels_are_attributed_to_the_range_that_launched_them():
+    # Range "a" launches kernels 1 (runtime API) and 2 (driver API, running after "a" closed);
+    # range "b" launches kernel 3; kernel 4 was launched outside every range.
+    events = [{"cat": "user_annotation", "ph": "X", "name": "a", "ts": 0.0, "dur": 10.0},
+              {"cat": "user_annotation", "ph": "X", "name": "b", "ts": 20.0, "dur": 10.0},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 2.0, "dur": 1.0, "args": {"correlation": 1}},
+              {"cat": "cuda_driver", "ph": "X", "ts": 9.0, "dur": 1.0, "args": {"correlation": 2}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 21.0, "dur": 1.0, "args": {"correlation": 3}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 15.0, "dur": 1.0, "args": {"correlation": 4}},
+              {"cat": "kernel", "ph": "X", "ts": 5.0, "dur": 3.0, "args": {"correlation": 1}},
+              {"cat": "kernel", "ph": "X", "ts": 40.0, "dur": 4.0, "args": {"correlation": 2}},
+              {"cat": "kernel", "ph": "X", "ts": 44.0, "dur": 7.0, "args": {"correlation": 3}},
+              {"cat": "kernel", "ph": "X", "ts": 51.0, "dur": 100.0, "args": {"correlation": 4}}]
+    assert measure.kernels_by_annotation(events) == {"a": (7.0, 2), "b": (7.0, 1)}
 
 
 def test_torch_twin_computes_what_minidnn_computes():
