@@ -574,14 +574,11 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def set_dropout(model: Any, p: float) -> list[float]:
-    """Set every dropout probability (minidnn or torch modules) to p; returns the old ones."""
-    old = []
+def switch_off_dropout(model: Any) -> None:
+    """Dropout probability 0 in every dropout module (minidnn's or PyTorch's)."""
     for module in model.modules():
         if type(module).__name__ == "Dropout":
-            old.append(module.p)
-            module.p = p
-    return old
+            module.p = 0.0
 
 
 def measure_agreement(spec: dict[str, Any]) -> dict[str, Any]:
@@ -590,7 +587,7 @@ def measure_agreement(spec: dict[str, Any]) -> dict[str, Any]:
     together: a per-parameter ratio would blow up where a gradient nearly cancels."""
     device = spec["device"]
     model = minidnn_model(spec).to(device)
-    set_dropout(model, 0.0)
+    switch_off_dropout(model)
     x, y = batch_arrays(spec)
     results: dict[str, Any] = {}
     if "torch" in spec["engines"]:
@@ -599,7 +596,7 @@ def measure_agreement(spec: dict[str, Any]) -> dict[str, Any]:
         from benchmarks.torch_twins import torch_twin  # noqa: PLC0415
 
         twin = torch_twin(spec["architecture"], minidnn_model(spec)).to(device)
-        set_dropout(twin, 0.0)
+        switch_off_dropout(twin)
     with measurement_state("minidnn", False):
         def minidnn_gradients(engine: str) -> tuple[float, dict[str, np.ndarray]]:
             with minidnn.engine(engine):
