@@ -329,37 +329,47 @@ def summarize_device_trace(events: list[dict[str, Any]], steps: int) -> dict[str
             totals[category][0] += float(event["dur"])
             totals[category][1] += 1
             if category == "kernel":
-                spans.append((float(event["ts"]), float(event["ts"]) + float(event["dur"])))
-    active, reached = 0.0, float("-inf")
-    for start, stop in sorted(spans):  # the union of the kernels' intervals
-        active += max(0.0, stop - max(start, reached))
-        reached = max(reached, stop)
+                spans.append(_span(event))
     return {"gpu_busy_ms": totals["kernel"][0] / 1000 / steps, "kernels_per_step": totals["kernel"][1] / steps,
-            "gpu_active_ms": active / 1000 / steps,
+            "gpu_active_ms": covered(spans) / 1000 / steps,
             "memcpy_ms": totals["gpu_memcpy"][0] / 1000 / steps, "memcpy_per_step": totals["gpu_memcpy"][1] / steps,
             "memset_ms": totals["gpu_memset"][0] / 1000 / steps, "memset_per_step": totals["gpu_memset"][1] / steps}
 
 
+def _span(event: dict[str, Any]) -> tuple[float, float]:
+    return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+
+
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, stop) intervals: the time at least one kernel ran. Kernels
+    can overlap (cuDNN's on Hopper let the next kernel start before the last one ends), so
+    summing their durations would count the shared time twice."""
+    total, reached = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        total += max(0.0, stop - max(start, reached))
+        reached = max(reached, stop)
+    return total
+
+
 def kernels_by_annotation(events: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
-    """Kernel µs and count per ``record_function`` label, from a Chrome trace profiled with CPU and
-    CUDA activity: a kernel belongs to the label whose range holds the host call that launched it
-    (linked by CUPTI's correlation id), wherever on the device timeline the kernel ran."""
+    """Kernel time (µs during which the label's kernels ran, overlaps counted once) and kernel count
+    per ``record_function`` label, from a Chrome trace profiled with CPU and CUDA activity: a
+    kernel belongs to the label whose range holds the host call that launched it (linked by
+    CUPTI's correlation id), wherever on the device timeline the kernel ran."""
     ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
                     if e.get("cat") == "user_annotation" and e.get("ph") == "X")
     launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     starts = [start for start, _, _ in ranges]
-    totals: dict[str, tuple[float, int]] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
     for event in events:
         if event.get("cat") != "kernel" or event.get("ph") != "X":
             continue
         at = launched.get(event.get("args", {}).get("correlation"))
         index = -1 if at is None else bisect.bisect_right(starts, at) - 1
         if index >= 0 and at <= ranges[index][1]:
-            label = ranges[index][2]
-            time_us, count = totals.get(label, (0.0, 0))
-            totals[label] = (time_us + float(event["dur"]), count + 1)
-    return totals
+            spans.setdefault(ranges[index][2], []).append(_span(event))
+    return {label: (covered(found), len(found)) for label, found in spans.items()}
 
 
 def _profiled_trace(engine: Engine, run: Callable[[], None], activities: list[str]) -> list[dict[str, Any]] | None:
@@ -396,8 +406,8 @@ def profile_steps(engine: Engine, steps: int) -> dict[str, Any]:
 
 
 def kernel_times(engine: Engine, tasks: list[tuple[Callable[[], Any], dict[str, Any]]], repeats: int) -> None:
-    """Add ``gpu_ms`` and ``kernels`` per call to each task's entry: its kernels' summed duration
-    over ``repeats`` calls in one profiled session, each task in its own labelled range."""
+    """Add ``gpu_ms`` and ``kernels`` per call to each task's entry: the time its kernels ran over
+    ``repeats`` calls in one profiled session, each task in its own labelled range."""
     if not tasks or not engine.gpu:
         return
     try:

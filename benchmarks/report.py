@@ -120,12 +120,13 @@ def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict
         if slowest:
             result["slowest_speed"], result["slowest_layer"] = slowest
             result["slowest_basis"] = "GPU" if key == "gpu_ms" else "wall"
-    # The step outside its convolutions: wall time, and GPU-busy time against the kernel time.
+    # The step outside its convolutions: wall time, and the GPU's active time (kernel overlaps
+    # counted once, as in the layers' GPU times).
     for name, record, conv in (("minidnn", ours, "minidnn"), ("torch", torch, "cudnn")):
         if record and record.get("wall_ms") is not None and result.get(f"{conv}_ms") is not None:
             result[f"{name}_outside_wall_ms"] = record["wall_ms"] - result[f"{conv}_ms"]
-            if record.get("gpu_busy_ms") is not None and result.get(f"{conv}_gpu_ms") is not None:
-                result[f"{name}_outside_busy_ms"] = record["gpu_busy_ms"] - result[f"{conv}_gpu_ms"]
+            if record.get("gpu_active_ms") is not None and result.get(f"{conv}_gpu_ms") is not None:
+                result[f"{name}_outside_busy_ms"] = record["gpu_active_ms"] - result[f"{conv}_gpu_ms"]
     if torch and ours.get("wall_ms") and torch.get("wall_ms"):
         result["step_ratio"] = ours["wall_ms"] / torch["wall_ms"]
     return result
@@ -141,8 +142,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"minidnn {machine.get('minidnn')} ({machine.get('commit') or 'no commit'}), Python {machine.get('python')}.",
              "", "Every engine, math mode and setting ran in its own process (docs/benchmarks.md: method). "
              "wall: median step time on the GPU timeline (CUDA events; perf_counter on the CPU); host: Python's time "
-             "to issue the step; GPU-busy: the kernels' summed duration per step (CUPTI); copies: memcpy / memset "
-             "per step; peak: that engine's own high-water mark."]
+             "to issue the step; GPU-busy: the kernels' summed duration per step (CUPTI), with the time some kernel "
+             "ran where kernels overlapped (active); copies: memcpy / memset per step; peak: that engine's own "
+             "high-water mark."]
     for note in report.get("notes", []):
         lines += ["", f"Note: {note}"]
     for model, batch in groups(records):
@@ -168,7 +170,7 @@ def markdown(report: dict[str, Any]) -> str:
                       if "memcpy_per_step" in record else "-")
             peak = record.get("peak_bytes")
             lines.append(
-                f"{head} {record['wall_ms']:.2f} | {record['host_ms']:.2f} | {_number(record.get('gpu_busy_ms'))} | "
+                f"{head} {record['wall_ms']:.2f} | {record['host_ms']:.2f} | {_busy(record)} | "
                 f"{_number(record.get('kernels_per_step'), 0)} | {copies} | {record['forward_ms']:.2f} | "
                 f"{'-' if peak is None else f'{peak / 2**20:.0f}'} | "
                 f"{_number(_ratio(naive and naive['wall_ms'], record['wall_ms']) if compared else None, 2, 'x')} | "
@@ -197,6 +199,14 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _busy(record: dict[str, Any]) -> str:
+    """GPU-busy ms (kernel durations summed), with the active time where kernels overlapped."""
+    busy, active = record.get("gpu_busy_ms"), record.get("gpu_active_ms")
+    if busy is None:
+        return "-"
+    return f"{busy:.2f}" + (f" ({active:.2f} active)" if active is not None and active < 0.98 * busy else "")
+
+
 def _sci(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
@@ -209,13 +219,13 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
         return []
     lines = ["", f"### Convolutions of {model}, batch {batch}: sums over the layers training runs", "",
              "Each distinct shape alone, per direction: wall ms per call (back-to-back calls, CUDA events) and GPU ms "
-             "per call (the kernels' time, CUPTI), times the number of layers running that direction in a training "
+             "per call (the time its kernels ran, CUPTI), times the number of layers running that direction in a training "
              "step (no backward-data for the first layer). Targets, on GPU time: conv sum ≤ "
              f"{CONV_SUM_TARGET['fp32']}x cuDNN fp32, ≤ {CONV_SUM_TARGET['tf32']}x TF32; every layer-direction ≥ "
              f"{LAYER_SPEED_TARGET}x cuDNN's speed; on wall time: step ≤ {STEP_TARGET['fp32']}x PyTorch fp32.", "",
              "| mode | setting | conv GPU ms: minidnn / cuDNN | minidnn / cuDNN (GPU) | conv wall ms: minidnn / cuDNN | "
              "minidnn / cuDNN (wall) | conv naive ms: GPU / wall | slowest layer-direction vs cuDNN (speed) | "
-             "step minidnn / PyTorch (wall) | outside convs, wall ms: minidnn / PyTorch | outside convs, GPU-busy ms: "
+             "step minidnn / PyTorch (wall) | outside convs, wall ms: minidnn / PyTorch | outside convs, GPU-active ms: "
              "minidnn / PyTorch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for record in sorted(ours, key=lambda r: r["tf32"]):
         mode = mode_name(record["tf32"])

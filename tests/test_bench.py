@@ -217,7 +217,7 @@ def test_device_trace_summary_counts_kernels_and_copies_per_step():
 
 def test_kernels_are_attributed_to_the_range_that_launched_them():
     # Range "a" launches kernels 1 (runtime API) and 2 (driver API, running after "a" closed);
-    # range "b" launches kernel 3; kernel 4 was launched outside every range.
+    # range "b" launches kernels 3 and 5, which overlap by 2 µs; kernel 4 was launched outside every range.
     events = [{"cat": "user_annotation", "ph": "X", "name": "a", "ts": 0.0, "dur": 10.0},
               {"cat": "user_annotation", "ph": "X", "name": "b", "ts": 20.0, "dur": 10.0},
               {"cat": "cuda_runtime", "ph": "X", "ts": 2.0, "dur": 1.0, "args": {"correlation": 1}},
@@ -227,8 +227,10 @@ def test_kernels_are_attributed_to_the_range_that_launched_them():
               {"cat": "kernel", "ph": "X", "ts": 5.0, "dur": 3.0, "args": {"correlation": 1}},
               {"cat": "kernel", "ph": "X", "ts": 40.0, "dur": 4.0, "args": {"correlation": 2}},
               {"cat": "kernel", "ph": "X", "ts": 44.0, "dur": 7.0, "args": {"correlation": 3}},
-              {"cat": "kernel", "ph": "X", "ts": 51.0, "dur": 100.0, "args": {"correlation": 4}}]
-    assert measure.kernels_by_annotation(events) == {"a": (7.0, 2), "b": (7.0, 1)}
+              {"cat": "kernel", "ph": "X", "ts": 51.0, "dur": 100.0, "args": {"correlation": 4}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 25.0, "dur": 1.0, "args": {"correlation": 5}},
+              {"cat": "kernel", "ph": "X", "ts": 49.0, "dur": 5.0, "args": {"correlation": 5}}]
+    assert measure.kernels_by_annotation(events) == {"a": (7.0, 2), "b": (10.0, 2)}
 
 
 def test_torch_twin_computes_what_minidnn_computes():
