@@ -195,8 +195,6 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def describe(cell: dict[str, Any]) -> str:
-    if cell["kind"] == "machine":
-        return "machine"
     text = f"{cell['model']} batch {cell['batch']} {cell['kind'] if cell['kind'] != 'engine' else cell['engine']}"
     if cell["kind"] == "engine":
         text += f" {reports.mode_name(cell['tf32'])}"

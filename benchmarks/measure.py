@@ -34,8 +34,8 @@ import minidnn
 import minidnn.functional as F
 import models
 from minidnn import backend, optim
-from minidnn.primitives import conv
 from minidnn.engine import current as current_library
+from minidnn.primitives import conv
 from minidnn.primitives.conv import api, registry
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
