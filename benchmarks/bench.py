@@ -132,8 +132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.settings = settings_grid(limits, microbatch, policies)
     if "wd" in microbatch:
         args.notes.append("wd: the whole-network workspace budget is the workspace limit times the number of "
-                          "convolution kernels (distinct direction and shape) of one training step; each wd record "
-                          "gives it as wd_budget_bytes.")
+                          "convolution kernels of one training step (one per layer and direction, as μ-cuDNN counts "
+                          "them), so every WR plan under the same limit fits it; each wd record gives it as "
+                          "wd_budget_bytes.")
 
     if args.no_layers and args.layers_only:
         parser.error("--no-layers and --layers-only exclude each other")

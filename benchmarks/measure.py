@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -179,6 +180,10 @@ class Engine:
     def prepare(self) -> None:
         """Runs once after the warm-up steps (a captured engine captures here)."""
 
+    def prepared(self) -> dict[str, Any]:
+        """What ``prepare`` did, for the record."""
+        return {}
+
 
 class MinidnnEngine(Engine):
     """minidnn's model; the library computing it (primitives or naive) is minidnn's current engine."""
@@ -245,6 +250,11 @@ class CapturedMinidnnEngine(MinidnnEngine):
         from minidnn.cuda import graphs  # noqa: PLC0415 - the driver checked it exists
 
         self.replay = graphs.capture(self.train_step, (self.x, self.y))
+        # A step that cannot be captured runs eagerly behind the same interface: say so.
+        self.fallback = self.replay.reason if isinstance(self.replay, graphs.EagerStep) else None
+
+    def prepared(self) -> dict[str, Any]:
+        return {"captured": self.fallback is None, **({"capture_fallback": self.fallback} if self.fallback else {})}
 
     def step(self) -> None:
         (self.replay or self.train_step)(self.x, self.y)  # eager until captured
@@ -532,17 +542,20 @@ def algorithm_menu(engine: Engine, problem: Any, arrays: tuple, direction: str, 
 # ----------------------------------------------------------------------------------------------
 # The measurements
 # ----------------------------------------------------------------------------------------------
-def solve_whole_network(limit: int, kernels: int) -> int:
-    """μ-cuDNN's WD: one workspace budget for all the step's convolution kernels, solved by the
-    planner; the budget is the per-call limit times the number of kernels. Returns the budget."""
+def solve_whole_network(limit: int, calls: Counter) -> int:
+    """μ-cuDNN's WD: one workspace budget for every convolution kernel of a training step (one per
+    layer and direction; ``calls`` counts them per (problem, direction)), solved by the planner.
+    The budget is the per-call limit times the number of kernels, so every WR plan under the same
+    limit stays affordable. Returns the budget."""
     try:
         from minidnn.primitives.conv import planner  # noqa: PLC0415 - only wd needs it
         solve = planner.solve_network
     except (ImportError, AttributeError) as error:
         raise RuntimeError("--microbatch wd needs minidnn.primitives.conv.planner.solve_network, which this "
                            f"checkout does not have ({error})") from error
-    solve(limit * kernels)
-    return limit * kernels
+    budget = limit * sum(calls.values())
+    solve(budget, dict(calls))
+    return budget
 
 
 def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
@@ -556,12 +569,14 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
             engine.step()
             engine.synchronize()
         record["first_step_s"] = time.perf_counter() - start  # compiling, loading kernels, find
-        record["conv_kernels"] = len({(direction, problem) for direction, problem, _ in calls})
+        kernels = Counter((problem, direction) for direction, problem, _ in calls)
+        record.update(conv_calls=sum(kernels.values()), conv_shapes=len(kernels))
         engine.clock.time(engine.step, max(spec["warmup"] - 1, 0))
         if setting.get("microbatch") == "wd":
-            record["wd_budget_bytes"] = solve_whole_network(setting["workspace_limit"], record["conv_kernels"])
+            record["wd_budget_bytes"] = solve_whole_network(setting["workspace_limit"], kernels)
             engine.clock.time(engine.step, spec["warmup"])
         engine.prepare()
+        record.update(engine.prepared())
         engine.clock.time(engine.step, 1)
         if spec["measure_step"]:
             wall, host = engine.clock.time(engine.step, spec["steps"])

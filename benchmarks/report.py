@@ -156,7 +156,8 @@ def markdown(report: dict[str, Any]) -> str:
         mine.sort(key=lambda r: (r["tf32"], ENGINE_ORDER.index(r["engine"])))
         for record in mine:
             mode = mode_name(record["tf32"])
-            head = f"| {record['engine']} | {mode} | {setting_label(record.get('setting'))} |"
+            engine = record["engine"] + (" (not captured: ran eagerly)" if record.get("captured") is False else "")
+            head = f"| {engine} | {mode} | {setting_label(record.get('setting'))} |"
             if "error" in record or "skipped" in record:
                 lines.append(f"{head} {record.get('skipped') or 'failed: ' + record['error'].splitlines()[-1]} "
                              + "| " * 9 + "|")

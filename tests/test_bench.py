@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import types
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -122,28 +123,63 @@ def test_measurement_state_is_restored_after_an_exception(monkeypatch):
     assert fake_torch.backends.cudnn.allow_tf32 is True
 
 
+TINY_CELL = {"kind": "engine", "model": "tiny", "architecture": "tiny_cnn", "image_size": 8, "batch": 2,
+             "num_classes": 3, "device": "cpu", "tf32": False, "setting": None, "warmup": 2, "steps": 3,
+             "profile_steps": 0, "layer_repeats": 1, "measure_step": True, "layer_table": False}
+
+
 def test_a_captured_engine_captures_once_after_the_warm_up_and_then_replays(monkeypatch):
     captured, replays = [], []
+
+    class EagerStep:  # what capture returns when a step cannot be captured
+        def __init__(self, reason):
+            self.reason = reason
+
+        def __call__(self, x, y):
+            replays.append((x, y))
 
     def capture(step_fn, example_batch):
         captured.append(example_batch)
         return lambda x, y: replays.append((x, y))
 
-    monkeypatch.setattr(minidnn.cuda, "graphs", types.SimpleNamespace(capture=capture), raising=False)
-    spec = {"kind": "engine", "engine": "minidnn-graph", "model": "tiny", "architecture": "tiny_cnn", "image_size": 8,
-            "batch": 2, "num_classes": 3, "device": "cpu", "tf32": False, "setting": None, "warmup": 2, "steps": 3,
-            "profile_steps": 0, "layer_repeats": 1, "measure_step": True, "layer_table": False}
-    record = measure.measure_engine(spec)
+    graphs = types.SimpleNamespace(capture=capture, EagerStep=EagerStep)
+    monkeypatch.setattr(minidnn.cuda, "graphs", graphs, raising=False)
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph"})
     assert len(captured) == 1 and len(captured[0]) == 2
     assert len(replays) == 1 + 3  # the warm-up replay, then the timed steps
     assert all(x is captured[0][0] and y is captured[0][1] for x, y in replays)
-    assert record["steps_timed"] == 3 and record["state"]["engine"] == "minidnn"
+    assert record["steps_timed"] == 3 and record["state"]["engine"] == "minidnn" and record["captured"] is True
+    graphs.capture = lambda step_fn, example_batch: EagerStep("a host read in the step")
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph"})
+    assert record["captured"] is False and record["capture_fallback"] == "a host read in the step"
+
+
+def test_a_wd_cell_solves_the_whole_network_with_the_limit_per_convolution_kernel():
+    setting = {"workspace_limit": 1 << 20, "microbatch": "wd", "batch_policy": "powers_of_two"}
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn", "setting": setting, "warmup": 1, "steps": 1,
+                                     "layer_table": True, "menu": False})
+    # tiny_cnn: three convolutions, forward and backward-filter each, backward-data for the last two.
+    assert record["conv_calls"] == 8 and record["wd_budget_bytes"] == 8 << 20
+    assert record["state"]["microbatch"] == "wd"
+    assert all("plan" in timing for row in record["layers"] for timing in row["times"].values())
 
 
 def test_wd_needs_the_planners_solve_network(monkeypatch):
-    monkeypatch.setitem(sys.modules, "minidnn.primitives.conv.planner", None)  # as if the file were missing
+    # As if planner.py were missing: neither imported nor importable.
+    monkeypatch.delattr(minidnn.primitives.conv, "planner", raising=False)
+    monkeypatch.setitem(sys.modules, "minidnn.primitives.conv.planner", None)
     with pytest.raises(RuntimeError, match="solve_network"):
-        measure.solve_whole_network(8 << 20, 12)
+        measure.solve_whole_network(8 << 20, Counter({("problem", "forward"): 2}))
+
+
+def test_the_wd_budget_is_the_limit_per_convolution_kernel_of_a_step(monkeypatch):
+    from minidnn.primitives.conv import planner
+
+    solved = []
+    monkeypatch.setattr(planner, "solve_network", lambda budget, counts: solved.append((budget, counts)))
+    calls = Counter({("conv2 shape", "forward"): 3, ("conv2 shape", "backward_data"): 2, ("conv1 shape", "forward"): 1})
+    assert measure.solve_whole_network(8 << 20, calls) == 6 * (8 << 20)
+    assert solved == [(6 * (8 << 20), dict(calls))]
 
 
 def test_settings_grid_runs_minidnn_per_setting_and_the_other_engines_once(monkeypatch):
