@@ -1,41 +1,37 @@
 """The end-to-end benchmark: minidnn vs a naive Caffe-style engine vs PyTorch + cuDNN.
 
-    python benchmarks/bench.py                                   # every model, on the GPU
-    python benchmarks/bench.py --models resnet20 --batch 32      # a subset, another batch
-    python benchmarks/bench.py --device cpu --quick              # a small CPU smoke run
+    python benchmarks/bench.py                                      # every model, on the GPU
+    python benchmarks/bench.py --models resnet18 --tf32 off         # a subset
+    python benchmarks/bench.py --models resnet18 --workspace-limit 8MiB,64MiB,512MiB --microbatch off,wr,wd
+    python benchmarks/bench.py --device cpu --quick                 # a small CPU smoke run
+    python benchmarks/bench.py --merge a.json b.json --name both    # one report from several runs
 
-For each model and batch it measures, per engine (minidnn's primitives, the naive engine, PyTorch
-with cuDNN when importable) and per math mode (fp32; TF32 on the GPU): the median training-step
-time over the timed steps (device events), images per second, the forward-only (inference) time
-and the peak device memory. Engines take turns in rounds within one process, so slow drifts of
-the machine hit them alike. It also checks that the engines agree (same weights, same batch: the
-loss and every gradient within float32 tolerance), and times every convolution layer's three
-directions with minidnn, the naive engine and cuDNN, with the algorithm and workspace minidnn
-chose. Results: JSON, a markdown table and a PNG chart under --out.
+This file is the driver: it lists the cells (model and batch × engine × math mode × convolution
+setting, plus an agreement check per model and batch) and runs each in its own worker process
+(``bench.py --worker``, see measure.py), one after another, so no memory pool, cache of plans or
+switch of one measurement can touch another. The workers share only compiled kernels
+(``CUPY_CACHE_DIR``) and, within one run, the convolution algorithms' measured times
+(``MINIDNN_CACHE_DIR``, a fresh directory per run). Records go to JSON, a markdown report and a
+PNG chart under --out (report.py); docs/benchmarks.md explains every number.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
+import importlib.util
 import json
 import os
-import platform
-import statistics
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-import minidnn  # noqa: E402
-import minidnn.functional as F  # noqa: E402
-import models  # noqa: E402
-from minidnn import backend, optim  # noqa: E402
-from minidnn.engine import current as current_engine  # noqa: E402
-from minidnn.primitives.conv.problem import make_problem  # noqa: E402
+from benchmarks import measure  # noqa: E402
+from benchmarks import report as reports  # noqa: E402
+from minidnn.primitives.conv import registry  # noqa: E402
 
 # name: (model in models.MODELS, image side, batches), as the cuDNN and μ-cuDNN papers measured
 SUITE = {
@@ -44,493 +40,288 @@ SUITE = {
     "resnet50": ("resnet50", 224, (64,)),
     "resnet20": ("resnet20", 32, (128,)),
 }
-QUICK = {"resnet20": ("resnet20", 32, (8,)), "tiny": ("tiny_cnn", 32, (8,))}
+QUICK = {"tiny": ("tiny_cnn", 32, (8,)), "resnet20": ("resnet20", 32, (8,))}
+ENGINES = ("minidnn", "naive", "torch", "minidnn-graph")
+CONV_SETTING_ENGINES = ("minidnn", "minidnn-graph")  # the engines computing through minidnn's convolutions
 
 
 # ----------------------------------------------------------------------------------------------
-# Timing and memory on one device
+# Arguments
 # ----------------------------------------------------------------------------------------------
-class Clock:
-    """Times callables: CUDA events on the GPU (CuPy's or PyTorch's), perf_counter on the CPU."""
-
-    def __init__(self, device: str) -> None:
-        self.gpu = device.startswith("cuda")
-
-    def time(self, function: Callable[[], Any], repeats: int, torch_events: bool = False) -> list[float]:
-        """Milliseconds of each of ``repeats`` calls."""
-        times = []
-        for _ in range(repeats):
-            if not self.gpu:
-                start = time.perf_counter()
-                function()
-                times.append(1000 * (time.perf_counter() - start))
-                continue
-            if torch_events:
-                import torch  # noqa: PLC0415
-
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                function()
-                end.record()
-                end.synchronize()
-                times.append(begin.elapsed_time(end))
-            else:
-                cupy = backend.cupy()
-                begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-                begin.record()
-                function()
-                end.record()
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(begin, end))
-        return times
+def _list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
-# ----------------------------------------------------------------------------------------------
-# Engines: a training step and a forward pass each
-# ----------------------------------------------------------------------------------------------
-class Engine:
-    """A model, a batch and an SGD optimizer on one library; subclasses supply the library's pieces:
-    ``cross_entropy``, ``no_grad``, ``gradients()``, ``use(tf32)``, ``reset_peak()`` and ``peak()``."""
-
-    name = "engine"
-    uses_torch_events = False
-
-    def step(self) -> Any:
-        loss = self.cross_entropy(self.model(self.x), self.y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def forward(self) -> Any:
-        self.model.eval()
-        with self.no_grad():
-            out = self.model(self.x)
-        self.model.train()
-        return out
-
-    def loss_and_gradients(self) -> tuple[float, dict[str, np.ndarray]]:
-        self.model.zero_grad()
-        loss = self.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
-        return loss.item(), self.gradients()
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device.startswith("cuda")
-
-
-class MinidnnEngine(Engine):
-    """minidnn's model on the primitives library (``engine="minidnn"``) or on the naive engine."""
-
-    cross_entropy, no_grad = staticmethod(F.cross_entropy), staticmethod(minidnn.no_grad)
-
-    def __init__(self, name: str, model: Any, x: Any, y: Any, device: str) -> None:
-        self.name, self.model, self.x, self.y, self.device = name, model, x, y, device
-        self.optimizer = optim.SGD(model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
-
-    def use(self, tf32: bool) -> None:
-        minidnn.set_engine(self.name)
-        backend.set_allow_tf32(tf32)
-
-    def gradients(self) -> dict[str, np.ndarray]:
-        return {k: p.grad.numpy() for k, p in self.model.named_parameters()}
-
-    def reset_peak(self) -> None:
-        if self.on_gpu:
-            backend.reset_peak_memory_stats()
-
-    def peak(self) -> int | None:
-        return backend.max_memory_allocated() if self.on_gpu else None
-
-
-class TorchEngine(Engine):
-    """The same model in PyTorch (cuDNN with ``cudnn.benchmark`` on), the reference."""
-
-    name = "torch"
-    uses_torch_events = True
-
-    def __init__(self, model_name: str, model: Any, x: Any, y: Any, device: str) -> None:
-        import torch  # noqa: PLC0415
-
-        from benchmarks.torch_twins import torch_twin  # noqa: PLC0415
-
-        self.torch, self.device = torch, device
-        self.cross_entropy, self.no_grad = torch.nn.functional.cross_entropy, torch.no_grad
-        torch.backends.cudnn.benchmark = True
-        self.model = torch_twin(model_name, model).to(device)
-        self.x = torch.from_numpy(x.numpy()).to(device)
-        self.y = torch.from_numpy(y.numpy()).to(device)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
-
-    def use(self, tf32: bool) -> None:
-        self.torch.backends.cuda.matmul.allow_tf32 = tf32
-        self.torch.backends.cudnn.allow_tf32 = tf32
-
-    def gradients(self) -> dict[str, np.ndarray]:
-        return {k: p.grad.detach().cpu().numpy() for k, p in self.model.named_parameters()}
-
-    def reset_peak(self) -> None:
-        if self.on_gpu:
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def peak(self) -> int | None:
-        return self.torch.cuda.max_memory_allocated() if self.on_gpu else None
-
-
-def torch_available(device: str) -> bool:
+def _available(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (the driver never touches the GPU)."""
     try:
-        import torch  # noqa: PLC0415, F401
-        import torchvision  # noqa: PLC0415, F401
-    except ImportError:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
         return False
-    return not device.startswith("cuda") or torch.cuda.is_available()
 
 
-# ----------------------------------------------------------------------------------------------
-# Agreement: same weights, same batch, same loss and gradients
-# ----------------------------------------------------------------------------------------------
-def set_dropout(model: Any, p: float) -> list[float]:
-    """Set every dropout probability (minidnn or torch modules) to p; returns the old ones."""
-    old = []
-    for module in model.modules():
-        if type(module).__name__ == "Dropout":
-            old.append(module.p)
-            module.p = p
-    return old
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--models", default=None, help=f"comma-separated subset of {', '.join(SUITE)} "
+                        f"(--quick: {', '.join(QUICK)})")
+    parser.add_argument("--batch", type=int, default=None, help="override every model's batch size")
+    parser.add_argument("--image-size", type=int, default=None, help="override every model's input side")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
+    parser.add_argument("--tf32", default=None, help="math modes, comma-separated: off (fp32: TF32 off everywhere), "
+                        "on; default off,on on the GPU, off on the CPU")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed training steps before measuring")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps (and forward passes)")
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps profiled for GPU-busy time and kernels")
+    parser.add_argument("--layer-repeats", type=int, default=5, help="timed calls per layer and direction")
+    parser.add_argument("--workspace-limit", default=None, help="convolution workspace limits, comma-separated "
+                        "(e.g. 8MiB,64MiB,512MiB); default: the library's (MINIDNN_WORKSPACE_MB or 64MiB)")
+    parser.add_argument("--microbatch", default="off", help=f"micro-batching modes, comma-separated: "
+                        f"{', '.join(registry.MICROBATCH_MODES)}")
+    parser.add_argument("--batch-policy", default="powers_of_two", help=f"micro-batch sizes wr/wd may use, "
+                        f"comma-separated: {', '.join(registry.BATCH_POLICIES)}")
+    parser.add_argument("--no-layers", action="store_true", help="skip the per-layer convolution tables")
+    parser.add_argument("--layers-only", action="store_true", help="only the per-layer convolution tables")
+    parser.add_argument("--budget-seconds", type=float, default=None, help="skip the cells left once this much "
+                        "time has passed (a running one is stopped); each skipped cell is recorded")
+    parser.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU smoke run)")
+    parser.add_argument("--out", default="benchmarks/results", help="directory for NAME.json, NAME.md, NAME.png")
+    parser.add_argument("--name", default="bench", help="file name stem of the outputs")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSON files into one "
+                        "report (no measuring)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker or args.merge:
+        return args
 
+    args.notes = []
+    args.engines = _list(args.engines)
+    unknown = sorted(set(args.engines) - set(ENGINES))
+    if unknown:
+        parser.error(f"--engines: unknown engines {unknown}; choose from {', '.join(ENGINES)}")
+    gpu = args.device.startswith("cuda")
+    if "torch" in args.engines and not _available("torch"):
+        args.engines.remove("torch")
+        args.notes.append("PyTorch is not installed: no torch column, no cuDNN layer times, no GPU-busy time.")
+    if "minidnn-graph" in args.engines and not (gpu and _available("minidnn.cuda.graphs")):
+        args.engines.remove("minidnn-graph")
+        args.notes.append("minidnn-graph skipped: " + ("minidnn.cuda.graphs is not importable in this checkout."
+                                                        if gpu else "CUDA graphs need the GPU."))
 
-def agreement(engines: list[Any]) -> dict[str, Any]:
-    """Loss and gradient differences of each engine against minidnn's (dropout off: RNGs differ)."""
-    results: dict[str, Any] = {}
-    saved = [set_dropout(e.model, 0.0) for e in engines]
-    reference = None
-    for engine in engines:
-        engine.use(tf32=False)
-        loss, grads = engine.loss_and_gradients()
-        if reference is None:
-            reference = (loss, grads)
-            results[engine.name] = {"loss": loss}
-            continue
-        # One relative difference over all gradients together: a per-parameter ratio would blow up
-        # for parameters whose gradient nearly cancels (float32 rounding against a tiny norm).
-        difference = np.sqrt(sum(float(np.sum((grads[k] - reference[1][k]) ** 2)) for k in reference[1]))
-        size = np.sqrt(sum(float(np.sum(reference[1][k] ** 2)) for k in reference[1]))
-        results[engine.name] = {"loss": loss, "loss_relative_difference": abs(loss - reference[0]) / abs(reference[0]),
-                                "gradient_relative_difference": difference / max(size, 1e-30)}
-    for engine, old in zip(engines, saved):
-        it = iter(old)
-        for module in engine.model.modules():
-            if type(module).__name__ == "Dropout":
-                module.p = next(it)
-    return results
+    modes = _list(args.tf32 or ("off,on" if gpu else "off"))
+    if not modes or set(modes) - {"off", "on"}:
+        parser.error(f"--tf32 must be off, on or off,on; got {args.tf32!r}")
+    if "on" in modes and not gpu:
+        parser.error("--tf32 on needs the GPU (TF32 is a tensor-core mode); use --tf32 off on the CPU")
+    args.modes = [mode == "on" for mode in dict.fromkeys(modes)]
 
-
-# ----------------------------------------------------------------------------------------------
-# One model at one batch size
-# ----------------------------------------------------------------------------------------------
-def measure_model(key: str, model_name: str, image: int, batch: int, args: argparse.Namespace,
-                  clock: Clock) -> dict[str, Any]:
-    minidnn.manual_seed(0)
-    model = models.create(model_name, num_classes=1000 if image > 32 else 10).to(args.device)
-    rng = np.random.default_rng(0)
-    x = minidnn.tensor(rng.standard_normal((batch, 3, image, image)).astype(np.float32), device=args.device)
-    y = minidnn.tensor(rng.integers(0, 1000 if image > 32 else 10, batch), device=args.device)
-    engines: list[Any] = [MinidnnEngine(name, model, x, y, args.device) for name in args.engines if name != "torch"]
-    if "torch" in args.engines and torch_available(args.device):
-        engines.append(TorchEngine(model_name, model, x, y, args.device))
-    modes = [False, True] if args.device.startswith("cuda") and args.tf32 == "both" else [args.tf32 == "on"]
-    record: dict[str, Any] = {"model": key, "architecture": model_name, "batch": batch, "image_size": image,
-                              "agreement": agreement(engines), "engines": {}}
-    runs = [(engine, tf32) for tf32 in modes for engine in engines]
-    times: dict[str, list[float]] = {}
-    forward: dict[str, list[float]] = {}
-    for engine, tf32 in runs:  # warm up (kernels compile, cuDNN autotunes), then the isolated peak
-        label = f"{engine.name}/{'tf32' if tf32 else 'fp32'}"
-        engine.use(tf32)
-        clock.time(engine.step, args.warmup, engine.uses_torch_events)
-        clock.time(engine.forward, 1, engine.uses_torch_events)
-        gc.collect()
-        engine.reset_peak()
-        clock.time(engine.step, 1, engine.uses_torch_events)
-        record["engines"][label] = {"peak_bytes": engine.peak()}
-        times[label], forward[label] = [], []
-    for _ in range(args.rounds):  # engines take turns, so a slow spell of the machine hits all alike
-        for engine, tf32 in runs:
-            label = f"{engine.name}/{'tf32' if tf32 else 'fp32'}"
-            engine.use(tf32)
-            times[label] += clock.time(engine.step, args.steps, engine.uses_torch_events)
-            forward[label] += clock.time(engine.forward, max(1, args.steps // 2), engine.uses_torch_events)
-    for label in times:
-        step_ms = statistics.median(times[label])
-        record["engines"][label].update(step_ms=step_ms, images_per_second=batch / step_ms * 1000,
-                                        forward_ms=statistics.median(forward[label]), steps_timed=len(times[label]))
-    for mode in ("fp32", "tf32"):
-        ours = record["engines"].get(f"minidnn/{mode}")
-        for other in ("naive", "torch"):
-            theirs = record["engines"].get(f"{other}/{mode}")
-            if ours and theirs:
-                record[f"speedup_vs_{other}_{mode}"] = theirs["step_ms"] / ours["step_ms"]
-                record[f"minidnn_over_{other}_{mode}"] = ours["step_ms"] / theirs["step_ms"]
-    if not args.no_layers:
-        record["layers"] = layer_table(model, x, engines, args, clock)
-    minidnn.set_engine("minidnn")
-    backend.set_allow_tf32(False)
-    return record
-
-
-# ----------------------------------------------------------------------------------------------
-# Per-layer convolution table
-# ----------------------------------------------------------------------------------------------
-def conv_layers(model: Any, x: Any) -> list[tuple[str, Any, Any]]:
-    """(name, layer, input shape) of every Conv2d, in forward order, from one forward pass."""
-    found: list[tuple[str, Any, Any]] = []
-    names = {id(m): n for n, m in model.named_modules()}
-    original = minidnn.nn.Conv2d.forward
-
-    def recording(self, inputs):
-        found.append((names.get(id(self), "?"), self, inputs.shape))
-        return original(self, inputs)
-
-    minidnn.nn.Conv2d.forward = recording
     try:
-        with minidnn.no_grad():
-            model(x)
+        limits = ([registry.parse_size(text) for text in _list(args.workspace_limit)] if args.workspace_limit
+                  else [registry.workspace_limit()])
+    except ValueError as error:
+        parser.error(f"--workspace-limit: {error}")
+    microbatch, policies = _list(args.microbatch), _list(args.batch_policy)
+    for name, values, choices in (("--microbatch", microbatch, registry.MICROBATCH_MODES),
+                                  ("--batch-policy", policies, registry.BATCH_POLICIES)):
+        if not values or set(values) - set(choices):
+            parser.error(f"{name} takes a comma-separated list of {', '.join(choices)}; got {','.join(values)!r}")
+    if set(microbatch) - {"off"} and not _available("minidnn.primitives.conv.planner"):
+        parser.error("--microbatch wr and wd need minidnn/primitives/conv/planner.py, which this checkout does not have")
+    args.settings = settings_grid(limits, microbatch, policies)
+    if "wd" in microbatch:
+        args.notes.append("wd: the whole-network workspace budget is the workspace limit times the number of "
+                          "convolution kernels of one training step (one per layer and direction, as μ-cuDNN counts "
+                          "them), so every WR plan under the same limit fits it; each wd record gives it as "
+                          "wd_budget_bytes.")
+
+    if args.no_layers and args.layers_only:
+        parser.error("--no-layers and --layers-only exclude each other")
+    for name in ("warmup", "steps", "profile_steps", "layer_repeats"):
+        minimum = 0 if name in ("warmup", "profile_steps") else 1
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
+    if args.budget_seconds is not None and args.budget_seconds < 0:
+        parser.error(f"--budget-seconds must be >= 0, got {args.budget_seconds}")
+
+    suite = QUICK if args.quick else SUITE
+    names = _list(args.models) if args.models else list(suite)
+    if set(names) - set(suite):
+        parser.error(f"--models must be a subset of {', '.join(suite)}; got {args.models!r}")
+    args.suite = {name: suite[name] for name in names}
+    return args
+
+
+def settings_grid(limits: list[int], microbatch: list[str], policies: list[str]) -> list[dict[str, Any]]:
+    """Every combination of the convolution settings, once each (a batch policy only matters when
+    micro-batching is on)."""
+    grid: list[dict[str, Any]] = []
+    for limit in limits:
+        for mode in microbatch:
+            for policy in (policies if mode != "off" else [None]):
+                setting = {"workspace_limit": limit, "microbatch": mode, "batch_policy": policy}
+                if setting not in grid:
+                    grid.append(setting)
+    return grid
+
+
+# ----------------------------------------------------------------------------------------------
+# Cells and workers
+# ----------------------------------------------------------------------------------------------
+def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The measurements to make, each a worker process: per model and batch an agreement check, then
+    each engine in each math mode (minidnn's engines once per setting, the others once)."""
+    common = {"device": args.device, "warmup": args.warmup, "steps": args.steps, "profile_steps": args.profile_steps,
+              "layer_repeats": args.layer_repeats, "measure_step": not args.layers_only}
+    cells = []
+    for key, (architecture, image, batches) in args.suite.items():
+        image = args.image_size or image
+        for batch in [args.batch] if args.batch else batches:
+            shape = {"model": key, "architecture": architecture, "image_size": image, "batch": batch,
+                     "num_classes": 1000 if image > 32 else 10}
+            compared = [engine for engine in ("naive", "torch") if engine in args.engines]
+            if compared and not args.layers_only:
+                cells.append({"kind": "agreement", **shape, "device": args.device, "engines": compared, "tf32": False})
+            for tf32 in args.modes:
+                for engine in args.engines:
+                    if engine == "minidnn-graph" and args.layers_only:
+                        continue  # its convolutions are minidnn's
+                    grid = args.settings if engine in CONV_SETTING_ENGINES else [None]
+                    for index, setting in enumerate(grid):
+                        cells.append({"kind": "engine", **shape, **common, "engine": engine, "tf32": tf32,
+                                      "setting": setting, "layer_table": not args.no_layers and engine != "minidnn-graph",
+                                      "menu": engine == "minidnn" and index == 0})
+    return cells
+
+
+def describe(cell: dict[str, Any]) -> str:
+    text = f"{cell['model']} batch {cell['batch']} {cell['kind'] if cell['kind'] != 'engine' else cell['engine']}"
+    if cell["kind"] == "engine":
+        text += f" {reports.mode_name(cell['tf32'])}"
+        if cell["setting"]:
+            text += f" {reports.setting_label(cell['setting'])}"
+    return text
+
+
+def summary(record: dict[str, Any]) -> str:
+    if "skipped" in record:
+        return record["skipped"]
+    if "error" in record:
+        return "FAILED: " + record["error"].strip().splitlines()[-1]
+    if record["kind"] == "agreement":
+        return ", ".join(f"{engine} gradients {values['gradient_relative_difference']:.1e}"
+                         for engine, values in record["agreement"].items() if "gradient_relative_difference" in values)
+    parts = []
+    if record.get("wall_ms") is not None:
+        parts.append(f"wall {record['wall_ms']:.2f} ms, host {record['host_ms']:.2f} ms")
+        if record.get("gpu_busy_ms") is not None:
+            parts.append(f"GPU-busy {record['gpu_busy_ms']:.2f} ms, {record['kernels_per_step']:.0f} kernels")
+        if record.get("peak_bytes") is not None:
+            parts.append(f"peak {record['peak_bytes'] / 2**20:.0f} MiB")
+    if record.get("layers"):
+        parts.append(f"{len(record['layers'])} conv shapes")
+    return ", ".join(parts)
+
+
+def run_worker(cell: dict[str, Any], env: dict[str, str], timeout: float | None) -> dict[str, Any]:
+    """Run one cell in a fresh process of this script; its record, or the cell with the error."""
+    with tempfile.TemporaryDirectory(prefix="minidnn-bench-cell-") as directory:
+        out = os.path.join(directory, "record.json")
+        command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cell), "--worker-out", out]
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {**cell, "error": f"stopped after {timeout:.0f} s: the time budget ran out"}
+        if done.returncode != 0 or not os.path.exists(out):
+            lines = (done.stderr or done.stdout or f"exit status {done.returncode}").strip().splitlines()
+            return {**cell, "error": "\n".join(lines[-20:])}
+        with open(out) as file:
+            return json.load(file)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every cell (each in its own process) and return the report."""
+    scratch = tempfile.mkdtemp(prefix="minidnn-bench-")
+    env = dict(os.environ)
+    env["CUPY_CACHE_DIR"] = env.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    if "MINIDNN_CACHE_DIR" not in env:
+        env["MINIDNN_CACHE_DIR"] = os.path.join(scratch, "find-cache")
+    try:
+        machine = run_worker({"kind": "machine", "device": args.device}, env, None)
+        if "error" in machine:
+            raise SystemExit(f"bench.py: error: {machine['error'].strip().splitlines()[-1]}"
+                             + (" (--device cpu --quick runs on the CPU)" if args.device.startswith("cuda") else ""))
+        cells = plan_cells(args)
+        started, records = time.monotonic(), []
+        for number, cell in enumerate(cells, 1):
+            left = None if args.budget_seconds is None else args.budget_seconds - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                record = {**cell, "skipped": f"skipped: the time budget of {args.budget_seconds:g} s was spent"}
+            else:
+                begin = time.monotonic()
+                record = run_worker(cell, env, left)
+                record["process_seconds"] = time.monotonic() - begin
+            records.append(record)
+            took = f" ({record['process_seconds']:.1f} s)" if "process_seconds" in record else ""
+            print(f"[{number}/{len(cells)}] {describe(cell)}: {summary(record)}{took}", flush=True)
     finally:
-        minidnn.nn.Conv2d.forward = original
-    return found
-
-
-def layer_table(model: Any, x: Any, engines: list[Any], args: argparse.Namespace, clock: Clock) -> list[dict]:
-    from minidnn.primitives.conv import api  # noqa: PLC0415
-
-    xp = backend.get_array_module(x.data)
-    rows, seen = [], {}
-    torch_engine = next((e for e in engines if e.name == "torch"), None)
-    for name, layer, x_shape in conv_layers(model, x):
-        key = (tuple(x_shape), tuple(layer.weight.shape), layer.stride, layer.padding, layer.dilation, layer.groups)
-        if key in seen:
-            seen[key]["layers"].append(name)
-            continue
-        problem = make_problem(x_shape, layer.weight.shape, layer.stride, layer.padding, layer.dilation, layer.groups,
-                               np.dtype(np.float32), "cuda" if xp is not np else "cpu")
-        data = xp.asarray(np.random.default_rng(1).standard_normal(x_shape).astype(np.float32))
-        weight = layer.weight.data
-        dy = xp.asarray(np.random.default_rng(2).standard_normal(problem.y_shape).astype(np.float32))
-        args_ = (layer.stride, layer.padding, layer.dilation, layer.groups)
-        row = {"layers": [name], "shape": problem.describe(), "gflop_per_direction": problem.flops() / 1e9}
-        chosen = {}
-        api.call_observer = lambda direction, p, plan: chosen.setdefault(
-            direction, {"algorithm": "+".join(sorted(set(plan.algorithms))), "micro_batch": plan.segments[0][0],
-                        "workspace_bytes": plan.workspace_bytes})
-        for engine_name in [e for e in args.engines if e != "torch"]:
-            minidnn.set_engine(engine_name)
-            P = current_engine()
-            calls = {
-                "forward": lambda: P.conv2d_forward(data, weight, *args_),
-                "backward_data": lambda: P.conv2d_backward_data(dy, weight, x_shape, *args_),
-                "backward_filter": lambda: P.conv2d_backward_filter(data, dy, weight.shape, *args_),
-            }
-            for direction, call in calls.items():
-                clock.time(call, 1)
-                row[f"{engine_name}_{direction}_ms"] = statistics.median(clock.time(call, args.layer_repeats))
-        api.call_observer = None
-        minidnn.set_engine("minidnn")
-        row["minidnn_algorithms"] = chosen
-        if torch_engine is not None:
-            row.update(torch_layer_times(torch_engine.torch, problem, args_, args, clock))
-        seen[key] = row
-        rows.append(row)
-    return rows
-
-
-def torch_layer_times(torch: Any, problem: Any, conv_args: tuple, args: argparse.Namespace, clock: Clock) -> dict:
-    device = args.device
-    x = torch.randn(problem.x_shape, device=device, requires_grad=False)
-    w = torch.randn(problem.w_shape, device=device)
-    dy = torch.randn(problem.y_shape, device=device)
-    stride, padding, dilation, groups = conv_args
-    calls = {
-        "forward": lambda: torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups),
-        "backward_data": lambda: torch.nn.grad.conv2d_input(problem.x_shape, w, dy, stride, padding, dilation, groups),
-        "backward_filter": lambda: torch.nn.grad.conv2d_weight(x, problem.w_shape, dy, stride, padding, dilation, groups),
-    }
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    out = {}
-    for direction, call in calls.items():
-        clock.time(call, 2, torch_events=True)
-        out[f"torch_{direction}_ms"] = statistics.median(clock.time(call, args.layer_repeats, torch_events=True))
-    return out
+        shutil.rmtree(scratch, ignore_errors=True)
+    settings = {key: value for key, value in vars(args).items()
+                if key not in ("suite", "notes", "worker", "worker_out", "merge", "modes")}
+    settings.update(cupy_cache_dir=env["CUPY_CACHE_DIR"], menu_workspace_limit_bytes=measure.MENU_WORKSPACE_LIMIT)
+    return {"machine": {key: value for key, value in machine.items() if key != "kind"}, "settings": settings,
+            "notes": args.notes, "records": records}
 
 
 # ----------------------------------------------------------------------------------------------
 # Reports
 # ----------------------------------------------------------------------------------------------
-def machine(device: str) -> dict[str, Any]:
-    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
-            "numpy": np.__version__, "platform": platform.platform(), "device": device,
-            "minidnn": minidnn.__version__}
-    if device.startswith("cuda"):
-        cupy = backend.cupy()
-        properties = cupy.cuda.runtime.getDeviceProperties(0)
-        info.update(gpu=properties["name"].decode(), cupy=cupy.__version__,
-                    cuda_runtime=cupy.cuda.runtime.runtimeGetVersion())
-    try:
-        import torch  # noqa: PLC0415
-
-        info.update(torch=torch.__version__, cudnn=torch.backends.cudnn.version())
-    except ImportError:
-        pass
-    return info
-
-
-def markdown(report: dict[str, Any]) -> str:
-    lines = [f"# minidnn benchmark, {report['machine'].get('gpu', report['machine']['device'])}, "
-             f"{report['machine']['date'][:10]}", "",
-             "| model | batch | engine | mode | step ms | images/s | forward ms | peak MiB |",
-             "|---|---|---|---|---|---|---|---|"]
-    for record in report["results"]:
-        for label, values in record["engines"].items():
-            engine, mode = label.split("/")
-            peak = values["peak_bytes"]
-            lines.append(f"| {record['model']} | {record['batch']} | {engine} | {mode} | {values['step_ms']:.2f} | "
-                         f"{values['images_per_second']:.0f} | {values['forward_ms']:.2f} | "
-                         f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
-    lines += ["", "| model | batch | mode | minidnn speed-up over naive | minidnn / torch step time |", "|---|---|---|---|---|"]
-    for record in report["results"]:
-        for mode in ("fp32", "tf32"):
-            if f"speedup_vs_naive_{mode}" in record or f"minidnn_over_torch_{mode}" in record:
-                naive = record.get(f"speedup_vs_naive_{mode}")
-                torch_ratio = record.get(f"minidnn_over_torch_{mode}")
-                lines.append(f"| {record['model']} | {record['batch']} | {mode} | "
-                             f"{'-' if naive is None else f'{naive:.2f}x'} | "
-                             f"{'-' if torch_ratio is None else f'{torch_ratio:.2f}'} |")
-    lines += ["", "Agreement (fp32, dropout off): relative difference of the loss, and of all gradients together "
-              "(‖g − g_minidnn‖ / ‖g_minidnn‖), against minidnn's primitives.", "",
-              "| model | batch | engine | loss | gradients |",
-              "|---|---|---|---|---|"]
-    for record in report["results"]:
-        for engine, values in record["agreement"].items():
-            if "loss_relative_difference" in values:
-                lines.append(f"| {record['model']} | {record['batch']} | {engine} | "
-                             f"{values['loss_relative_difference']:.1e} | "
-                             f"{values['gradient_relative_difference']:.1e} |")
-    for record in report["results"]:
-        if not record.get("layers"):
-            continue
-        lines += ["", f"## Convolution layers of {record['model']}, batch {record['batch']} (fp32, ms)", "",
-                  "| layers | shape | fwd minidnn | fwd naive | fwd cuDNN | bwd-data minidnn | bwd-data naive | "
-                  "bwd-data cuDNN | bwd-filter minidnn | bwd-filter naive | bwd-filter cuDNN | algorithm, workspace |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for row in record["layers"]:
-            cells = []
-            for direction in ("forward", "backward_data", "backward_filter"):
-                for engine in ("minidnn", "naive", "torch"):
-                    value = row.get(f"{engine}_{direction}_ms")
-                    cells.append("-" if value is None else f"{value:.3f}")
-            short = {"forward": "fwd", "backward_data": "bwd-data", "backward_filter": "bwd-filter"}
-            algorithms = ", ".join(f"{short[d]} {v['algorithm']} {v['workspace_bytes'] / 2**20:.1f} MiB "
-                                   f"(micro-batch {v['micro_batch']})" for d, v in row["minidnn_algorithms"].items())
-            names = row["layers"][0] + (f" (+{len(row['layers']) - 1})" if len(row["layers"]) > 1 else "")
-            lines.append(f"| {names} | {row['shape']} | " + " | ".join(cells) + f" | {algorithms} |")
-    return "\n".join(lines) + "\n"
-
-
-def chart(report: dict[str, Any], path: str) -> bool:
-    try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot  # noqa: PLC0415
-    except ImportError:
-        return False
-    records = report["results"]
-    labels = sorted({label for r in records for label in r["engines"]})
-    figure, axes = pyplot.subplots(figsize=(max(6, 2.2 * len(records)), 4))
-    width = 0.8 / max(len(labels), 1)
-    for i, label in enumerate(labels):
-        values = [r["engines"].get(label, {}).get("step_ms", 0) for r in records]
-        axes.bar(np.arange(len(records)) + i * width, values, width, label=label)
-    axes.set_xticks(np.arange(len(records)) + width * (len(labels) - 1) / 2)
-    axes.set_xticklabels([f"{r['model']}\nbatch {r['batch']}" for r in records])
-    axes.set_ylabel("training step (ms, lower is better)")
-    axes.set_yscale("log")
-    axes.legend(fontsize=8)
-    axes.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return True
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--models", default=None, help=f"comma-separated subset of {', '.join(SUITE)}")
-    parser.add_argument("--batch", type=int, default=None, help="override every model's batch size")
-    parser.add_argument("--image-size", type=int, default=None, help="override every model's input side")
-    parser.add_argument("--engines", default="minidnn,naive,torch", help="comma-separated: minidnn, naive, torch")
-    parser.add_argument("--tf32", default="both", choices=["off", "on", "both"], help="math modes to time (GPU)")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=4, help="turns each engine takes")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per engine per round")
-    parser.add_argument("--layer-repeats", type=int, default=5)
-    parser.add_argument("--no-layers", action="store_true", help="skip the per-layer convolution table")
-    parser.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU smoke run)")
-    parser.add_argument("--out", default="benchmarks/results", help="directory for bench.json, bench.md, bench.png")
-    parser.add_argument("--name", default="bench", help="file name stem of the outputs")
-    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSON files into one "
-                        "report (no measuring)")
-    args = parser.parse_args(argv)
-    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = set(args.engines) - {"minidnn", "naive", "torch"}
-    if unknown:
-        parser.error(f"unknown engines {sorted(unknown)}; choose from minidnn, naive, torch")
-    suite = QUICK if args.quick else SUITE
-    chosen = suite if args.models is None else {m: suite[m] for m in args.models.split(",") if m in suite}
-    if args.models and len(chosen) != len(args.models.split(",")):
-        parser.error(f"--models must be a subset of {', '.join(suite)}")
-    args.suite = chosen
-    return args
+def merge(paths: list[str]) -> dict[str, Any]:
+    """One report from several runs' JSON files: the first run's machine, every run's settings, notes
+    and records."""
+    parts = []
+    for path in paths:
+        with open(path) as file:
+            part = json.load(file)
+        if "records" not in part:
+            raise SystemExit(f"bench.py: error: {path} is not a report of this benchmark (no 'records': reports of "
+                             "the old single-process method cannot be merged)")
+        parts.append(part)
+    notes = list(dict.fromkeys(note for part in parts for note in part.get("notes", [])))
+    gpus = {part["machine"].get("gpu", part["machine"].get("device")) for part in parts}
+    if len(gpus) > 1:
+        notes.append(f"merged runs from different machines: {', '.join(sorted(map(str, gpus)))}; "
+                     "compare figures within one run only")
+    return {"machine": parts[0]["machine"], "settings": [part["settings"] for part in parts], "notes": notes,
+            "merged_from": paths, "records": [record for part in parts for record in part["records"]]}
 
 
 def write_report(report: dict[str, Any], out: str, name: str) -> str:
-    """bench.json, bench.md and bench.png (each written to a temporary file, then renamed)."""
+    """NAME.json, NAME.md and NAME.png (each written to a temporary file, then renamed)."""
     os.makedirs(out, exist_ok=True)
     stem = os.path.join(out, name)
-    text = markdown(report)
+    text = reports.markdown(report)
     for suffix, content in ((".json", json.dumps(report, indent=1)), (".md", text)):
         with open(stem + suffix + ".tmp", "w") as file:
             file.write(content)
         os.replace(stem + suffix + ".tmp", stem + suffix)
-    chart(report, stem + ".png")
+    if reports.chart(report, stem + ".png.tmp"):
+        os.replace(stem + ".png.tmp", stem + ".png")
+    elif os.path.exists(stem + ".png"):
+        os.remove(stem + ".png")  # an older run's chart would not match these records
     return text
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    if args.merge:
-        parts = []
-        for path in args.merge:
-            with open(path) as file:
-                parts.append(json.load(file))
-        report = {"machine": parts[0]["machine"], "settings": [p["settings"] for p in parts],
-                  "results": [record for part in parts for record in part["results"]]}
-        print(write_report(report, args.out, args.name))
-        return report
-    if args.device.startswith("cuda") and not minidnn.cuda.is_available():
-        raise SystemExit("bench.py: error: --device cuda but CUDA is not available (use --device cpu --quick)")
-    clock = Clock(args.device)
-    report: dict[str, Any] = {"machine": machine(args.device), "settings": {k: v for k, v in vars(args).items()
-                                                                             if k != "suite"}, "results": []}
-    for key, (model_name, image, batches) in args.suite.items():
-        for batch in ([args.batch] if args.batch else batches):
-            print(f"{key}, batch {batch}...", flush=True)
-            record = measure_model(key, model_name, args.image_size or image, batch, args, clock)
-            report["results"].append(record)
-            summary = ", ".join(f"{label} {v['step_ms']:.2f} ms" for label, v in record["engines"].items())
-            print(f"  {summary}", flush=True)
-    print(write_report(report, args.out, args.name))
+    if args.worker:
+        measure.worker_main(args.worker, args.worker_out)
+        return None
+    report = merge(args.merge) if args.merge else run(args)
+    write_report(report, args.out, args.name)
+    print(f"wrote {os.path.join(args.out, args.name)}.json, .md" + (", .png" if os.path.exists(
+        os.path.join(args.out, args.name + ".png")) else ""))
     return report
 
 

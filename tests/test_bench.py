@@ -1,5 +1,10 @@
-"""The benchmark on the CPU: a smoke run (not a timing test) and the engines' agreement."""
+"""The benchmark on the CPU: a smoke run of the driver and its worker processes, the reports'
+arithmetic, the worker's switches and argument errors (not a timing test: the GPU run is the lead's)."""
 import json
+import os
+import sys
+import types
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -7,28 +12,261 @@ import pytest
 import minidnn
 import minidnn.functional as F
 import models
-from benchmarks import bench
+from benchmarks import bench, measure, report
+from minidnn import backend
 
 
-def test_cpu_smoke_run_writes_the_reports(tmp_path):
-    report = bench.main(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn,naive", "--rounds", "1",
-                         "--steps", "1", "--warmup", "1", "--layer-repeats", "1", "--out", str(tmp_path)])
-    saved = json.loads((tmp_path / "bench.json").read_text())
-    assert saved["results"][0]["model"] == "tiny" and saved == json.loads(json.dumps(report))
-    record = report["results"][0]
-    assert set(record["engines"]) == {"minidnn/fp32", "naive/fp32"}
-    assert record["agreement"]["naive"]["loss_relative_difference"] < 1e-5
-    assert record["agreement"]["naive"]["gradient_relative_difference"] < 1e-3
-    assert [row["layers"][0] for row in record["layers"]] == ["features.0", "features.4", "features.8"]
-    text = (tmp_path / "bench.md").read_text()
-    assert "| tiny | 8 | minidnn | fp32 |" in text and "speed-up over naive" in text
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One quick CPU run of every engine, with TF32 switched on in the workers' environment: an fp32
+    cell has to turn it off itself."""
+    out = tmp_path_factory.mktemp("bench")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIDNN_TF32", "1")
+        result = bench.main(["--device", "cpu", "--quick", "--models", "tiny", "--batch", "3", "--warmup", "1",
+                             "--steps", "2", "--layer-repeats", "1", "--out", str(out)])
+    return result, out
 
 
-def test_bad_arguments():
+def engine_records(result):
+    return {r["engine"]: r for r in result["records"] if r["kind"] == "engine"}
+
+
+def test_every_engine_runs_in_its_own_process(smoke):
+    result, out = smoke
+    expected = {"minidnn", "naive"} | ({"torch"} if bench._available("torch") else set())
+    records = engine_records(result)
+    assert set(records) == expected
+    pids = [r["pid"] for r in result["records"]] + [result["machine"]["pid"]]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    assert all("error" not in r and "skipped" not in r for r in result["records"])
+    assert json.loads((out / "bench.json").read_text()) == json.loads(json.dumps(result))
+    assert (out / "bench.png").exists() == bench._available("matplotlib")
+    assert any("minidnn-graph skipped" in note for note in result["notes"])
+    for record in records.values():
+        assert record["wall_ms"] > 0 and record["forward_ms"] > 0 and record["steps_timed"] == 2
+    agreement = next(r for r in result["records"] if r["kind"] == "agreement")["agreement"]
+    assert agreement["naive"]["loss_relative_difference"] < 1e-5
+    assert agreement["naive"]["gradient_relative_difference"] < 1e-3
+
+
+def test_records_say_the_math_mode_and_engine_in_force_while_measuring(smoke):
+    result, _ = smoke
+    for name, record in engine_records(result).items():
+        assert record["tf32"] is False
+        assert record["state"]["allow_tf32"] is False  # the environment asked for TF32; fp32 turned it off
+        assert record["state"]["engine"] == ("naive" if name == "naive" else "minidnn")
+    assert engine_records(result)["minidnn"]["setting"] == {"workspace_limit": 64 << 20, "microbatch": "off",
+                                                             "batch_policy": None}
+
+
+def test_markdown_has_the_columns(smoke):
+    _, out = smoke
+    text = (out / "bench.md").read_text()
+    assert ("| engine | mode | setting | wall ms | host ms | GPU-busy ms | kernels/step | copies/step | forward ms | "
+            "peak MiB | vs naive (wall) | vs naive (GPU-busy) | / PyTorch (wall) |") in text
+    assert "| minidnn | fp32 | 64MiB off |" in text and "| naive | fp32 | - |" in text
+    assert "| mode | setting | conv GPU ms: minidnn / cuDNN | minidnn / cuDNN (GPU) | conv wall ms:" in text
+    assert "| features.4 | [3,8,16,16] -> [3,16,16,16]" in text and "#### Every algorithm of tiny" in text
+
+
+def test_layer_tables_leave_out_the_first_layers_backward_data(smoke):
+    result, _ = smoke
+    for name in ("minidnn", "naive"):
+        rows = engine_records(result)[name]["layers"]
+        assert [row["layers"] for row in rows] == [["features.0"], ["features.4"], ["features.8"]]
+        assert rows[0]["runs"] == {"forward": 1, "backward_data": 0, "backward_filter": 1}
+        assert "backward_data" not in rows[0]["times"]
+        assert all(set(row["times"]) == set(measure.DIRECTIONS) for row in rows[1:])
+        by_hand = sum(timing["ms"] for row in rows for timing in row["times"].values())
+        assert report.conv_sum(rows) == pytest.approx(by_hand)
+    minidnn_rows = engine_records(result)["minidnn"]["layers"]
+    assert minidnn_rows[1]["times"]["forward"]["plan"]["segments"] == [[3, "gemm"]]
+    assert set(minidnn_rows[1]["menu"]["forward"]) == set(minidnn.primitives.conv.algorithms())
+    assert minidnn_rows[1]["menu"]["forward"]["gemm_1x1"] == {"skipped": "unsupported"}
+
+
+def test_conv_sum_counts_each_direction_by_the_layers_that_run_it():
+    # conv1 and conv2 share a shape; conv1 reads the data, so only conv2 runs backward-data.
+    shared = {"runs": {"forward": 2, "backward_data": 1, "backward_filter": 2},
+              "times": {"forward": {"ms": 1.0}, "backward_data": {"ms": 10.0}, "backward_filter": {"ms": 100.0}}}
+    alone = {"runs": {"forward": 1, "backward_data": 0, "backward_filter": 1},
+             "times": {"forward": {"ms": 0.5}, "backward_filter": {"ms": 0.25}}}
+    assert report.conv_sum([shared, alone]) == 2 * 1.0 + 10.0 + 2 * 100.0 + 0.5 + 0.25
+
+
+def test_distinct_shapes_count_backward_data_only_where_the_input_needs_a_gradient():
+    problem = minidnn.primitives.conv.problem.make_problem((1, 4, 9, 9), (4, 4, 3, 3), 1, 1, 1, 1, np.float32, "cpu")
+    layers = [{"name": "conv1", "problem": problem, "input_needs_grad": False},
+              {"name": "conv2", "problem": problem, "input_needs_grad": True}]
+    (row,) = measure.distinct_shapes(layers, batch=5)
+    assert row["layers"] == ["conv1", "conv2"] and row["problem"].N == 5
+    assert row["runs"] == {"forward": 2, "backward_data": 1, "backward_filter": 2}
+
+
+def test_measurement_state_is_restored_after_an_exception(monkeypatch):
+    flags = types.SimpleNamespace(allow_tf32=False)
+    fake_torch = types.SimpleNamespace(backends=types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=flags),
+                                                                      cudnn=types.SimpleNamespace(allow_tf32=True)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    minidnn.set_engine("minidnn")
+    backend.set_allow_tf32(False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with measure.measurement_state("naive", True):
+            assert minidnn.get_engine() == "naive" and backend.allow_tf32()
+            assert flags.allow_tf32 and fake_torch.backends.cudnn.allow_tf32
+            raise RuntimeError("inside the measurement")
+    assert minidnn.get_engine() == "minidnn" and backend.allow_tf32() is False
+    assert flags.allow_tf32 is False and fake_torch.backends.cudnn.allow_tf32 is True
+    with measure.measurement_state("torch", False):  # PyTorch's default cuDNN TF32 is on: fp32 turns it off
+        assert fake_torch.backends.cudnn.allow_tf32 is False and minidnn.get_engine() == "minidnn"
+    assert fake_torch.backends.cudnn.allow_tf32 is True
+
+
+TINY_CELL = {"kind": "engine", "model": "tiny", "architecture": "tiny_cnn", "image_size": 8, "batch": 2,
+             "num_classes": 3, "device": "cpu", "tf32": False, "setting": None, "warmup": 2, "steps": 3,
+             "profile_steps": 0, "layer_repeats": 1, "measure_step": True, "layer_table": False}
+
+
+def test_a_captured_engine_captures_once_after_the_warm_up_and_then_replays(monkeypatch):
+    captured, replays = [], []
+
+    class EagerStep:  # what capture returns when a step cannot be captured
+        def __init__(self, reason):
+            self.reason = reason
+
+        def __call__(self, x, y):
+            replays.append((x, y))
+
+    def capture(step_fn, example_batch):
+        captured.append(example_batch)
+        return lambda x, y: replays.append((x, y))
+
+    graphs = types.SimpleNamespace(capture=capture, EagerStep=EagerStep)
+    monkeypatch.setattr(minidnn.cuda, "graphs", graphs, raising=False)
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph"})
+    assert len(captured) == 1 and len(captured[0]) == 2
+    assert len(replays) == 1 + 3  # the warm-up replay, then the timed steps
+    assert all(x is captured[0][0] and y is captured[0][1] for x, y in replays)
+    assert record["steps_timed"] == 3 and record["state"]["engine"] == "minidnn" and record["captured"] is True
+    graphs.capture = lambda step_fn, example_batch: EagerStep("a host read in the step")
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph"})
+    assert record["captured"] is False and record["capture_fallback"] == "a host read in the step"
+
+
+def test_a_wd_cell_solves_the_whole_network_with_the_limit_per_convolution_kernel():
+    setting = {"workspace_limit": 1 << 20, "microbatch": "wd", "batch_policy": "powers_of_two"}
+    record = measure.measure_engine({**TINY_CELL, "engine": "minidnn", "setting": setting, "warmup": 1, "steps": 1,
+                                     "layer_table": True, "menu": False})
+    # tiny_cnn: three convolutions, forward and backward-filter each, backward-data for the last two.
+    assert record["conv_calls"] == 8 and record["wd_budget_bytes"] == 8 << 20
+    assert record["state"]["microbatch"] == "wd"
+    assert all("plan" in timing for row in record["layers"] for timing in row["times"].values())
+
+
+def test_wd_needs_the_planners_solve_network(monkeypatch):
+    # As if planner.py were missing: neither imported nor importable.
+    monkeypatch.delattr(minidnn.primitives.conv, "planner", raising=False)
+    monkeypatch.setitem(sys.modules, "minidnn.primitives.conv.planner", None)
+    with pytest.raises(RuntimeError, match="solve_network"):
+        measure.solve_whole_network(8 << 20, Counter({("problem", "forward"): 2}))
+
+
+def test_the_wd_budget_is_the_limit_per_convolution_kernel_of_a_step(monkeypatch):
+    from minidnn.primitives.conv import planner
+
+    solved = []
+    monkeypatch.setattr(planner, "solve_network", lambda budget, counts: solved.append((budget, counts)))
+    calls = Counter({("conv2 shape", "forward"): 3, ("conv2 shape", "backward_data"): 2, ("conv1 shape", "forward"): 1})
+    assert measure.solve_whole_network(8 << 20, calls) == 6 * (8 << 20)
+    assert solved == [(6 * (8 << 20), dict(calls))]
+
+
+def test_settings_grid_runs_minidnn_per_setting_and_the_other_engines_once(monkeypatch):
+    monkeypatch.setattr(bench, "_available", lambda module: module != "minidnn.cuda.graphs")
+    args = bench.parse_args(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn,naive",
+                             "--workspace-limit", "8MiB,1GiB", "--microbatch", "off,wd", "--batch-policy", "all"])
+    cells = [c for c in bench.plan_cells(args) if c["kind"] == "engine"]
+    settings = [(c["engine"], report.setting_label(c["setting"]), c["menu"]) for c in cells]
+    assert settings == [("minidnn", "8MiB off", True), ("minidnn", "8MiB wd all", False),
+                        ("minidnn", "1GiB off", False), ("minidnn", "1GiB wd all", False), ("naive", "-", False)]
+    assert any("limit times the number of convolution kernels" in note for note in args.notes)
+    monkeypatch.setattr(bench, "_available", lambda module: module != "minidnn.primitives.conv.planner")
     with pytest.raises(SystemExit):
-        bench.main(["--engines", "cudnn7", "--device", "cpu"])
+        bench.parse_args(["--device", "cpu", "--microbatch", "wr"])
+
+
+@pytest.mark.parametrize("limit", ["8 MB", "-1", "64mib", "1.5GiB"])
+def test_a_malformed_workspace_limit_is_a_clear_error(limit, capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--models", "vgg", "--device", "cpu"])
+        bench.parse_args(["--device", "cpu", "--workspace-limit", f"8MiB,{limit}"])
+    error = capsys.readouterr().err
+    assert "--workspace-limit" in error and repr(limit) in error and "MiB" in error
+
+
+@pytest.mark.parametrize("arguments", [["--engines", "cudnn7"], ["--models", "vgg"], ["--tf32", "on"],
+                                       ["--tf32", "maybe"], ["--microbatch", "sometimes"],
+                                       ["--batch-policy", "primes"], ["--no-layers", "--layers-only"],
+                                       ["--steps", "0"], ["--budget-seconds", "-1"]])
+def test_bad_arguments(arguments, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", *arguments])
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_spent_budget_skips_and_records_every_cell(tmp_path):
+    result = bench.main(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn,naive",
+                         "--budget-seconds", "0", "--out", str(tmp_path)])
+    assert [r["kind"] for r in result["records"]] == ["agreement", "engine", "engine"]
+    assert all("time budget" in r["skipped"] for r in result["records"])
+    assert "## Cells not measured" in (tmp_path / "bench.md").read_text()
+
+
+def test_merge_combines_runs(smoke, tmp_path):
+    result, out = smoke
+    other = json.loads(json.dumps(result))
+    for record in other["records"]:
+        record["model"] = "tiny-again"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    merged = bench.main(["--merge", str(out / "bench.json"), str(tmp_path / "other.json"), "--out", str(tmp_path),
+                         "--name", "both"])
+    assert len(merged["records"]) == 2 * len(result["records"])
+    text = (tmp_path / "both.md").read_text()
+    assert "## tiny, batch 3" in text and "## tiny-again, batch 3" in text
+    (tmp_path / "old.json").write_text(json.dumps({"machine": {}, "results": []}))
+    with pytest.raises(SystemExit, match="not a report of this benchmark"):
+        bench.main(["--merge", str(tmp_path / "old.json"), "--out", str(tmp_path)])
+
+
+def test_device_trace_summary_counts_kernels_and_copies_per_step():
+    # Three kernels (the first two overlap by 5 µs), a copy, two memsets, host events (not device work).
+    events = [{"cat": "kernel", "ph": "X", "ts": 100.0, "dur": 10.0}, {"cat": "kernel", "ph": "X", "ts": 105.0,
+                                                                        "dur": 20.5},
+              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5}, {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
+              {"cat": "gpu_memset", "ph": "X", "ts": 5, "dur": 2.0}, {"cat": "gpu_memset", "ph": "X", "ts": 9, "dur": 2.0},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 0, "dur": 500.0}, {"cat": "ac2g", "ph": "f"}, {"ph": "M"}]
+    summary = measure.summarize_device_trace(events, steps=2)
+    assert summary == pytest.approx({"gpu_busy_ms": 0.016, "kernels_per_step": 1.5, "gpu_active_ms": 0.0135,
+                                     "memcpy_ms": 0.002, "memcpy_per_step": 0.5, "memset_ms": 0.002,
+                                     "memset_per_step": 1.0})
+
+
+def test_kernels_are_attributed_to_the_range_that_launched_them():
+    # Range "a" launches kernels 1 (runtime API) and 2 (driver API, running after "a" closed);
+    # range "b" launches kernels 3 and 5, which overlap by 2 µs; kernel 4 was launched outside every range.
+    events = [{"cat": "user_annotation", "ph": "X", "name": "a", "ts": 0.0, "dur": 10.0},
+              {"cat": "user_annotation", "ph": "X", "name": "b", "ts": 20.0, "dur": 10.0},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 2.0, "dur": 1.0, "args": {"correlation": 1}},
+              {"cat": "cuda_driver", "ph": "X", "ts": 9.0, "dur": 1.0, "args": {"correlation": 2}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 21.0, "dur": 1.0, "args": {"correlation": 3}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 15.0, "dur": 1.0, "args": {"correlation": 4}},
+              {"cat": "kernel", "ph": "X", "ts": 5.0, "dur": 3.0, "args": {"correlation": 1}},
+              {"cat": "kernel", "ph": "X", "ts": 40.0, "dur": 4.0, "args": {"correlation": 2}},
+              {"cat": "kernel", "ph": "X", "ts": 44.0, "dur": 7.0, "args": {"correlation": 3}},
+              {"cat": "kernel", "ph": "X", "ts": 51.0, "dur": 100.0, "args": {"correlation": 4}},
+              {"cat": "cuda_runtime", "ph": "X", "ts": 25.0, "dur": 1.0, "args": {"correlation": 5}},
+              {"cat": "kernel", "ph": "X", "ts": 49.0, "dur": 5.0, "args": {"correlation": 5}}]
+    assert measure.kernels_by_annotation(events) == {"a": (7.0, 2), "b": (10.0, 2)}
 
 
 def test_torch_twin_computes_what_minidnn_computes():

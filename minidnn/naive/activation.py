@@ -13,7 +13,7 @@ from typing import Any
 from .. import backend
 from ..primitives import _cuda
 from ..primitives import activation as primitive_activation
-from ..primitives._checks import check_float, check_out, check_same_dtype, check_same_shape
+from ..primitives._checks import check_float
 from ..primitives.activation import _check_backward_args
 from . import kernels
 

@@ -26,7 +26,7 @@ from .. import backend
 from ..primitives import batchnorm as bn_checks
 from ..primitives import dropout as dropout_checks
 from ..primitives import softmax as softmax_checks
-from ..primitives._checks import (check_bool, check_float, check_int, check_like, check_same_dtype, check_same_shape,
+from ..primitives._checks import (check_bool, check_float, check_int, check_like, check_same_dtype,
                                   normalise_axis)
 from ..primitives.dropout import _keep_scale, keep_mask
 from .activation import relu_backward, relu_forward
