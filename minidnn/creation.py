@@ -25,12 +25,21 @@ def _make(array: np.ndarray, dtype: Any, device: Any, requires_grad: bool) -> Te
     return Tensor(array, requires_grad=requires_grad)
 
 
+def _filled(size: tuple, value: float, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
+    """A constant array made on its device (no host array copied over: a model may make these inside
+    a training step, even one captured as a CUDA graph)."""
+    xp = np if device is None or backend.device(device).type == "cpu" else backend.cupy()
+    with backend.on_device(device or "cpu"):
+        array = xp.full(_shape(size), value, dtype=np.float32 if dtype is None else as_dtype(dtype))
+    return Tensor(array, requires_grad=requires_grad)
+
+
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    return _make(np.zeros(_shape(size)), dtype, device, requires_grad)
+    return _filled(size, 0, dtype, device, requires_grad)
 
 
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    return _make(np.ones(_shape(size)), dtype, device, requires_grad)
+    return _filled(size, 1, dtype, device, requires_grad)
 
 
 def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -38,7 +47,7 @@ def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool
 
 
 def full(size: Any, fill_value: float, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    return _make(np.full(_shape((size,)), fill_value), dtype, device, requires_grad)
+    return _filled((size,), fill_value, dtype, device, requires_grad)
 
 
 def zeros_like(other: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:

@@ -20,7 +20,7 @@ from .tensor import Tensor
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
-    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "batch_norm",
+    "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "batch_norm", "add_relu",
     "local_response_norm", "flatten",
 ]
 
@@ -300,42 +300,63 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 
 
 class BatchNormTrainingFunction(Function):
-    fresh_output = True
-
-    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps):
-        y, mean, invstd = P.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps)
-        self.save_for_backward(x, weight, mean, invstd)
+    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
+        y, mean, invstd = P.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
+                                                        relu=relu)
+        # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
+        self.save_for_backward(x, weight, mean, invstd, y if relu else None)
+        self.fresh_output = not relu
         return y
 
     def backward(self, dy):
-        x, weight, mean, invstd = self.saved
-        dx, dweight, dbias = P.batch_norm_backward_training(dy, x, weight, mean, invstd)
+        x, weight, mean, invstd, relu_output = self.saved
+        dx, dweight, dbias = P.batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=relu_output)
         return dx, dweight, dbias
 
 
 class BatchNormInferenceFunction(Function):
-    fresh_output = True
-
-    def forward(self, x, weight, bias, running_mean, running_var, eps):
-        self.save_for_backward(x, weight, running_mean.copy(), running_var.copy())
-        self.eps = eps
-        return P.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps)
+    def forward(self, x, weight, bias, running_mean, running_var, eps, relu=False):
+        y = P.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
+        self.save_for_backward(x, weight, running_mean.copy(), running_var.copy(), y if relu else None)
+        self.eps, self.fresh_output = eps, not relu
+        return y
 
     def backward(self, dy):
-        x, weight, running_mean, running_var = self.saved
-        return P.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps)
+        x, weight, running_mean, running_var, relu_output = self.saved
+        return P.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps,
+                                               relu_output=relu_output)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
-               bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+               bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
+               relu: bool = False) -> Tensor:
     """Batch normalisation over every axis but 1. In training, normalises with the batch statistics
-    and updates the running ones in place; otherwise uses the running statistics."""
+    and updates the running ones in place; otherwise uses the running statistics. ``relu``: max(·, 0)
+    in the same kernels, forward and backward (cuDNN and PyTorch's fused BN + ReLU)."""
     _require_tensor(input, "input")
     if training:
-        return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum, eps)
+        return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum,
+                                               eps, relu)
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when training=False")
-    return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps)
+    return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps, relu)
+
+
+class AddReLUFunction(Function):
+    def forward(self, a, b):
+        y = P.add_relu_forward(a, b)
+        self.save_for_backward(y)
+        return y
+
+    def backward(self, dy):
+        dx = P.relu_backward(dy, self.saved[0])
+        return dx, dx  # the sum's gradient is the identity for each input
+
+
+def add_relu(input: Tensor, other: Tensor) -> Tensor:
+    """max(input + other, 0) in one kernel: a residual block's sum and ReLU (PyTorch's quantized
+    ``FloatFunctional.add_relu``). Same shapes and dtypes."""
+    return AddReLUFunction.apply(_require_tensor(input, "input"), _require_tensor(other, "other"))
 
 
 class LocalResponseNormFunction(Function):

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import minidnn
+import minidnn.functional as F
 import minidnn.nn as nn
 from minidnn.tensor import Tensor
 
@@ -58,9 +59,9 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn1(self.conv1(x), relu=True)  # BN and ReLU in one kernel pass
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return F.add_relu(out, identity)  # the residual sum and its ReLU in one kernel
 
 
 class Bottleneck(nn.Module):
@@ -83,10 +84,10 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn1(self.conv1(x), relu=True)
+        out = self.bn2(self.conv2(out), relu=True)
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        return F.add_relu(out, identity)
 
 
 def _init_weights(model: nn.Module, zero_init_residual: bool) -> None:
@@ -153,7 +154,7 @@ class ResNet(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.maxpool(self.bn1(self.conv1(x), relu=True))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(self.avgpool(x).flatten(1))
 
@@ -260,7 +261,7 @@ class CifarResNet(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.bn1(self.conv1(x), relu=True)
         x = self.layer3(self.layer2(self.layer1(x)))
         return self.fc(self.avgpool(x).flatten(1))
 

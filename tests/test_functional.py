@@ -131,3 +131,19 @@ def test_matches_pytorch_forward_and_backward(rng):
     np.testing.assert_allclose(ours.item(), theirs.item(), rtol=1e-12)
     np.testing.assert_allclose(ours_x.grad.numpy(), theirs_x.grad.numpy(), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(ours_w.grad.numpy(), theirs_w.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_fused_batch_norm_relu_and_add_relu_equal_their_compositions_and_gradients(rng):
+    x, weight, bias = rng.standard_normal((3, 4, 5, 2)), rng.standard_normal(4), rng.standard_normal(4)
+    mean, var = minidnn.tensor(rng.standard_normal(4)), minidnn.tensor(rng.random(4) + 0.5)
+    for training in (True, False):
+        stats = (None, None) if training else (mean, var)
+        fused = F.batch_norm(minidnn.tensor(x), *stats, minidnn.tensor(weight), minidnn.tensor(bias), training=training,
+                             relu=True)
+        plain = F.relu(F.batch_norm(minidnn.tensor(x), *stats, minidnn.tensor(weight), minidnn.tensor(bias),
+                                    training=training))
+        np.testing.assert_allclose(fused.numpy(), plain.numpy(), rtol=1e-12, atol=1e-12)
+        gradcheck(lambda x, w, b: F.batch_norm(x, *stats, w, b, training=training, relu=True), x, weight, bias)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    np.testing.assert_array_equal(F.add_relu(minidnn.tensor(a), minidnn.tensor(b)).numpy(), np.maximum(a + b, 0))
+    gradcheck(F.add_relu, a, b)

@@ -242,7 +242,8 @@ class BatchNorm2d(Module):
             init.ones_(self.weight)
             init.zeros_(self.bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        """``relu=True``: max(BN(x), 0) in the same kernels (the fused form models use)."""
         if x.ndim != 4:
             raise ValueError(f"BatchNorm2d expects 4-D input (N, C, H, W), got shape {x.shape}")
         momentum = 0.0 if self.momentum is None else self.momentum
@@ -253,7 +254,7 @@ class BatchNorm2d(Module):
         # Without running statistics (track_running_stats=False) even eval() normalises with the batch's.
         use_batch_statistics = self.training or not self.track_running_stats
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_statistics,
-                            momentum, self.eps)
+                            momentum, self.eps, relu)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
