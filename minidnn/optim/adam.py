@@ -9,6 +9,11 @@ from ..engine import P
 from .optimizer import Optimizer, contiguous_grad
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (False without a GPU)."""
+    return backend.cuda_is_available() and backend.cupy().cuda.get_current_stream().is_capturing()
+
+
 class Adam(Optimizer):
     """``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize=False)``.
 
@@ -34,6 +39,9 @@ class Adam(Optimizer):
                                       amsgrad=amsgrad, maximize=maximize))
 
     def step(self) -> None:
+        if _capturing():
+            raise RuntimeError("Adam keeps its step count on the host, so a captured CUDA graph would replay one "
+                               "step count: run an Adam training step eagerly")
         with no_grad():
             for index, group in enumerate(self.param_groups):
                 beta1, beta2 = group["betas"]

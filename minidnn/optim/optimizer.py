@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 import numbers
 from typing import Any, Iterable
 
@@ -29,6 +30,7 @@ class Optimizer:
             raise ValueError("optimizer got an empty parameter list")
         for group in (params if isinstance(params[0], dict) else [{"params": params}]):
             self.add_param_group(group)
+        _live.add(self)
 
     def add_param_group(self, group: dict[str, Any]) -> None:
         if not isinstance(group, dict) or "params" not in group:
@@ -135,6 +137,15 @@ class Optimizer:
             self.state[p] = {k: _to_parameter_array(v, p) for k, v in values.items()}
         for saved, own in zip(groups, self.param_groups):
             own.update({k: v for k, v in saved.items() if k != "params"})
+
+
+# Every optimizer alive: a captured training step (minidnn.cuda.graphs) refreshes their device learning
+# rates before each replay, whichever of them the step uses.
+_live: "weakref.WeakSet[Optimizer]" = weakref.WeakSet()
+
+
+def live_optimizers() -> list[Optimizer]:
+    return list(_live)
 
 
 def contiguous_grad(p: Tensor) -> Any:
