@@ -1,0 +1,255 @@
+// The five Winograd transforms of the winograd_2x2 and winograd_4x4 algorithms (see winograd.py).
+//
+// Each is a "sandwich" out = L · in · Lᵀ with a small constant matrix L (Bᵀ, G, Aᵀ and, for the
+// filter gradient, their transposes A and Gᵀ). The matrices are constexpr and the loops fully
+// unrolled, so zero entries cost nothing and ±1 entries cost an addition: the compiler emits
+// the hand-written transforms. One thread per (channel, tile) or per (k, c), grid-stride loops.
+//
+// Transformed arrays are α²-major, V[ξ·α + ν][channel][tile], ready for the α² batched GEMMs.
+// Tiles are numbered (n, tile row, tile column), column fastest: consecutive threads take
+// consecutive tiles along W, so each of their α² stores is one coalesced row segment and their
+// loads of the image are m elements apart.
+
+#ifndef SCALAR
+#define SCALAR float
+#endif
+typedef SCALAR scalar_t;
+
+// The image a tile transform reads (input, gradient) or writes (output), and its tiling.
+struct TileShape {
+    int N, channels, height, width;
+    int origin_h, origin_w;  // where tile (0, 0) starts in the image: minus the padding (may be > 0)
+    int tiles_h, tiles_w;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The transform matrices (Lavin & Gray; wincnn), as types whose entries are compile-time constants
+// ---------------------------------------------------------------------------------------------
+#define MATRIX(NAME, ROWS, COLS, ...)                                                   \
+    struct NAME {                                                                       \
+        static constexpr int rows = ROWS, cols = COLS;                                  \
+        __device__ static constexpr scalar_t at(int i, int j) {                          \
+            constexpr scalar_t value[ROWS][COLS] = __VA_ARGS__;                          \
+            return value[i][j];                                                         \
+        }                                                                               \
+    };
+
+// F(2x2, 3x3): interpolation points 0, 1, -1 (α = 4).
+MATRIX(InputMatrix2, 4, 4, {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}})
+MATRIX(FilterMatrix2, 4, 3, {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}})
+MATRIX(OutputMatrix2, 2, 4, {{1, 1, 1, 0}, {0, 1, -1, -1}})
+
+// F(4x4, 3x3): interpolation points 0, 1, -1, 2, -2 (α = 6).
+MATRIX(InputMatrix4, 6, 6, {{4, 0, -5, 0, 1, 0}, {0, -4, -4, 1, 1, 0}, {0, 4, -4, -1, 1, 0},
+                            {0, -2, -1, 2, 1, 0}, {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1}})
+MATRIX(FilterMatrix4, 6, 3, {{1.0 / 4, 0, 0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                             {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}})
+MATRIX(OutputMatrix4, 4, 6, {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}})
+
+template <class L>
+struct Transposed {
+    static constexpr int rows = L::cols, cols = L::rows;
+    __device__ static constexpr scalar_t at(int i, int j) { return L::at(j, i); }
+};
+
+// One tile size: m outputs per side, α = m + 2 inputs per side, and its five transforms.
+template <int M, class InputMatrix, class FilterMatrix, class OutputMatrix>
+struct Tiling {
+    static constexpr int m = M, alpha = M + 2;
+    typedef InputMatrix Input;                     // Bᵀ: input tile -> V
+    typedef FilterMatrix Filter;                   // G: filter -> U
+    typedef OutputMatrix Output;                   // Aᵀ: M -> output tile
+    typedef Transposed<OutputMatrix> Gradient;     // A: output-gradient tile -> its transform
+    typedef Transposed<FilterMatrix> FilterGradient;  // Gᵀ: product -> filter gradient
+};
+typedef Tiling<2, InputMatrix2, FilterMatrix2, OutputMatrix2> Tiling2;
+typedef Tiling<4, InputMatrix4, FilterMatrix4, OutputMatrix4> Tiling4;
+
+// Row `row` of L times the vector v: the zero coefficients are skipped and the first term is a
+// product, not an addition to zero, so a ±1 coefficient leaves a plain copy, add or subtract.
+template <class L>
+__device__ __forceinline__ scalar_t row_times(int row, const scalar_t (&v)[L::cols]) {
+    scalar_t sum = 0;
+    bool empty = true;
+#pragma unroll
+    for (int k = 0; k < L::cols; ++k) {
+        const scalar_t coefficient = L::at(row, k);
+        if (coefficient != scalar_t(0)) {
+            sum = empty ? coefficient * v[k] : fma(coefficient, v[k], sum);
+            empty = false;
+        }
+    }
+    return sum;
+}
+
+// out = L · in · Lᵀ, computed as (L · in) then (· Lᵀ), the order the NumPy twin multiplies in.
+template <class L>
+__device__ __forceinline__ void sandwich(const scalar_t (&in)[L::cols][L::cols], scalar_t (&out)[L::rows][L::rows]) {
+    scalar_t left[L::rows][L::cols];
+#pragma unroll
+    for (int j = 0; j < L::cols; ++j) {
+        scalar_t column[L::cols];
+#pragma unroll
+        for (int k = 0; k < L::cols; ++k) column[k] = in[k][j];
+#pragma unroll
+        for (int i = 0; i < L::rows; ++i) left[i][j] = row_times<L>(i, column);
+    }
+#pragma unroll
+    for (int i = 0; i < L::rows; ++i)
+#pragma unroll
+        for (int j = 0; j < L::rows; ++j) out[i][j] = row_times<L>(j, left[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The transforms, one template each, instantiated per tile size below
+// ---------------------------------------------------------------------------------------------
+// U[ξν][k][c] = (G · g · Gᵀ)[ξ][ν] for the 3x3 filter g = w[k][c], rotated by 180° when `rotate`
+// (backward-data runs the forward algorithm on dy with the rotated filter). One thread per (k, c).
+template <class T>
+__device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __restrict__ U, int filters,
+                                 int rotate) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
+        scalar_t g[3][3];
+#pragma unroll
+        for (int tap = 0; tap < 9; ++tap) g[tap / 3][tap % 3] = w[i * 9 + (rotate ? 8 - tap : tap)];
+        scalar_t u[T::alpha][T::alpha];
+        sandwich<typename T::Filter>(g, u);
+#pragma unroll
+        for (int e = 0; e < T::alpha * T::alpha; ++e) U[e * filters + i] = u[e / T::alpha][e % T::alpha];
+    }
+}
+
+// V[ξν][c][tile] = (Bᵀ · d · B)[ξ][ν] for the α×α input patch d of each tile (zero outside the
+// image: the padding). Patches of neighbouring tiles overlap by 2. One thread per (c, tile).
+template <class T>
+__device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __restrict__ V, const TileShape shape) {
+    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
+    const int total = shape.channels * tiles;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int tile = i % tiles, c = i / tiles;
+        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
+        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
+        const int top = tile_h * T::m + shape.origin_h, left = tile_w * T::m + shape.origin_w;
+        const scalar_t* plane = x + (n * shape.channels + c) * shape.height * shape.width;
+        scalar_t d[T::alpha][T::alpha];
+#pragma unroll
+        for (int a = 0; a < T::alpha; ++a) {
+            const int h = top + a;
+#pragma unroll
+            for (int b = 0; b < T::alpha; ++b) {
+                const int w = left + b;
+                const bool inside = h >= 0 && h < shape.height && w >= 0 && w < shape.width;
+                d[a][b] = inside ? plane[h * shape.width + w] : scalar_t(0);
+            }
+        }
+        scalar_t v[T::alpha][T::alpha];
+        sandwich<typename T::Input>(d, v);
+#pragma unroll
+        for (int e = 0; e < T::alpha * T::alpha; ++e) V[e * total + i] = v[e / T::alpha][e % T::alpha];
+    }
+}
+
+// y tile = Aᵀ · M · A for each (k, tile), its m×m outputs cropped at the image's bottom and right
+// edges (the last row and column of tiles overhang when m does not divide the size).
+template <class T>
+__device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ y, const TileShape shape) {
+    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
+    const int total = shape.channels * tiles;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int tile = i % tiles, k = i / tiles;
+        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
+        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
+        scalar_t product[T::alpha][T::alpha];
+#pragma unroll
+        for (int e = 0; e < T::alpha * T::alpha; ++e) product[e / T::alpha][e % T::alpha] = M[e * total + i];
+        scalar_t out[T::m][T::m];
+        sandwich<typename T::Output>(product, out);
+        scalar_t* plane = y + (n * shape.channels + k) * shape.height * shape.width;
+#pragma unroll
+        for (int a = 0; a < T::m; ++a) {
+            const int h = tile_h * T::m + a;
+#pragma unroll
+            for (int b = 0; b < T::m; ++b) {
+                const int w = tile_w * T::m + b;
+                if (h < shape.height && w < shape.width) plane[h * shape.width + w] = out[a][b];
+            }
+        }
+    }
+}
+
+// E[ξν][k][tile] = (A · e · Aᵀ)[ξ][ν] for the m×m output-gradient tile e of each (k, tile), zero
+// beyond the image (backward-filter: the output gradient plays the filter's part).
+template <class T>
+__device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __restrict__ E, const TileShape shape) {
+    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
+    const int total = shape.channels * tiles;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const int tile = i % tiles, k = i / tiles;
+        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
+        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
+        const scalar_t* plane = dy + (n * shape.channels + k) * shape.height * shape.width;
+        scalar_t e[T::m][T::m];
+#pragma unroll
+        for (int a = 0; a < T::m; ++a) {
+            const int h = tile_h * T::m + a;
+#pragma unroll
+            for (int b = 0; b < T::m; ++b) {
+                const int w = tile_w * T::m + b;
+                e[a][b] = h < shape.height && w < shape.width ? plane[h * shape.width + w] : scalar_t(0);
+            }
+        }
+        scalar_t transformed[T::alpha][T::alpha];
+        sandwich<typename T::Gradient>(e, transformed);
+#pragma unroll
+        for (int f = 0; f < T::alpha * T::alpha; ++f) E[f * total + i] = transformed[f / T::alpha][f % T::alpha];
+    }
+}
+
+// dw[k][c] = Gᵀ · M · G (3x3) from the summed products M[ξν][k][c]; added to dw when `accumulate`.
+template <class T>
+__device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ dw, int filters,
+                                          int accumulate) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
+        scalar_t product[T::alpha][T::alpha];
+#pragma unroll
+        for (int e = 0; e < T::alpha * T::alpha; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
+        scalar_t g[3][3];
+        sandwich<typename T::FilterGradient>(product, g);
+#pragma unroll
+        for (int tap = 0; tap < 9; ++tap) {
+            const scalar_t value = g[tap / 3][tap % 3];
+            dw[i * 9 + tap] = accumulate ? dw[i * 9 + tap] + value : value;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels: the five transforms for F(2x2, 3x3) (suffix _2) and F(4x4, 3x3) (suffix _4)
+// ---------------------------------------------------------------------------------------------
+#define WINOGRAD_KERNELS(SUFFIX, T)                                                                              \
+    extern "C" __global__ void winograd_filter_transform##SUFFIX(const scalar_t* __restrict__ w,                 \
+                                                                 scalar_t* __restrict__ U, int filters,          \
+                                                                 int rotate) {                                   \
+        filter_transform<T>(w, U, filters, rotate);                                                              \
+    }                                                                                                            \
+    extern "C" __global__ void winograd_input_transform##SUFFIX(const scalar_t* __restrict__ x,                  \
+                                                                scalar_t* __restrict__ V, const TileShape shape) { \
+        input_transform<T>(x, V, shape);                                                                         \
+    }                                                                                                            \
+    extern "C" __global__ void winograd_output_transform##SUFFIX(const scalar_t* __restrict__ M,                 \
+                                                                 scalar_t* __restrict__ y, const TileShape shape) { \
+        output_transform<T>(M, y, shape);                                                                        \
+    }                                                                                                            \
+    extern "C" __global__ void winograd_gradient_transform##SUFFIX(const scalar_t* __restrict__ dy,              \
+                                                                   scalar_t* __restrict__ E,                     \
+                                                                   const TileShape shape) {                      \
+        gradient_transform<T>(dy, E, shape);                                                                     \
+    }                                                                                                            \
+    extern "C" __global__ void winograd_filter_gradient_transform##SUFFIX(const scalar_t* __restrict__ M,        \
+                                                                          scalar_t* __restrict__ dw,             \
+                                                                          int filters, int accumulate) {         \
+        filter_gradient_transform<T>(M, dw, filters, accumulate);                                                \
+    }
+
+WINOGRAD_KERNELS(_2, Tiling2)
+WINOGRAD_KERNELS(_4, Tiling4)

@@ -1,0 +1,262 @@
+"""The ``winograd_2x2`` and ``winograd_4x4`` algorithms: 3x3 stride-1 convolution with 2.25x or 4x fewer multiplications.
+
+Lavin & Gray's F(m×m, 3×3): cut the output into m×m tiles, each computed from an α×α input patch (α = m + 2);
+in the transformed space a patch's 3×3 correlation is an element-wise product, Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A,
+and summing over channels turns each of the α² element positions into one matrix product (a batched GEMM).
+
+    U[ξν] (K × C/G)     = G g Gᵀ          per filter (k, c)              filter transform
+    V[ξν] (C/G × tiles) = Bᵀ d B          per (channel, tile)            input transform
+    M[ξν] (K × tiles)   = U[ξν] · V[ξν]   α²·G GEMMs, one blas.gemm_batched call
+    y tile              = Aᵀ M A          per (k, tile), cropped at the edges     output transform
+
+Tiles cover the whole (micro-)batch: tiles = N·⌈P/m⌉·⌈Q/m⌉. Backward-data is the same algorithm on dy with the
+filter rotated 180° and C↔K swapped (U's transposed view), padding 2 − p. Backward-filter swaps the roles, F(3×3,
+m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles e, the
+sum over tiles being again α²·G GEMMs. All three directions need the same workspace:
+α²·(K·C/G + (C + K)·tiles) values (U, V and M), with tiles counted on the grid the output transform writes
+(dx's H×W for backward-data, P×Q otherwise).
+
+On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the functions below do the same
+transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs).
+
+Numerics (float32 against float64, relative error ‖got − exact‖/‖exact‖, random data, every 3x3 layer of
+CaffeNet, ResNet-18 and ResNet-50 at batch 1, measured on the CPU twin): F(2×2) ≤ 6.1e-7 in every direction,
+close to direct im2col + GEMM (≤ 3.9e-7); F(4×4) ≤ 3.7e-6, since its transforms have larger entries (Bᵀ up
+to 5, Aᵀ up to 8, G down to 1/24). tests/test_conv_winograd.py holds them to 3e-6 and 1.5e-5.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from .. import blas
+from .problem import ConvProblem
+from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
+
+# Transform matrices from wincnn (Lavin & Gray), in float64: Bᵀ (α×α), G (α×3), Aᵀ (m×α).
+TRANSFORMS = {
+    2: {  # points 0, 1, -1
+        "input": np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
+        "filter": np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]]),
+        "output": np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64),
+    },
+    4: {  # points 0, 1, -1, 2, -2
+        "input": np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                           [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], dtype=np.float64),
+        "filter": np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                            [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+        "output": np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+                           dtype=np.float64),
+    },
+}
+_SOURCE = "conv/winograd.cu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """m×m tiles covering an N-image batch of height × width outputs, numbered (n, row, column), column fastest."""
+
+    N: int
+    height: int
+    width: int
+    m: int
+
+    @property
+    def rows(self) -> int:
+        return -(-self.height // self.m)
+
+    @property
+    def columns(self) -> int:
+        return -(-self.width // self.m)
+
+    @property
+    def count(self) -> int:
+        return self.N * self.rows * self.columns
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+
+def sandwich(matrix: np.ndarray, blocks: Any) -> Any:
+    """matrix · block · matrixᵀ for every block of the last two axes, as (matrix · block) · matrixᵀ (the kernels' order)."""
+    xp = backend.get_array_module(blocks)
+    matrix = xp.asarray(matrix.astype(blocks.dtype))
+    return (matrix @ blocks) @ matrix.T
+
+
+def grouped(array: Any, groups: int) -> Any:
+    """(α², G·rows, columns) -> (α²·G, rows, columns): one matrix per (transform position, group), no copy."""
+    positions, rows, columns = array.shape
+    return array.reshape(positions * groups, rows // groups, columns)
+
+
+# ----------------------------------------------------------------------------------------------
+# The five transforms: a CUDA kernel each on the GPU, NumPy products on the CPU
+# ----------------------------------------------------------------------------------------------
+def filter_transform(w: Any, out: Any, m: int, rotate: bool) -> None:
+    """w (K, C/G, 3, 3) -> out (α², K, C/G): U = G g Gᵀ per filter; g rotated 180° when ``rotate``."""
+    K, Cg = w.shape[:2]
+    if backend.get_array_module(w) is not np:
+        _launch(f"winograd_filter_transform_{m}", K * Cg, (w, out, _i32(K * Cg), _i32(int(rotate))), w, out)
+        return
+    g = w[:, :, ::-1, ::-1] if rotate else w
+    alpha = m + 2
+    out.reshape(alpha, alpha, K, Cg)[...] = sandwich(TRANSFORMS[m]["filter"], g).transpose(2, 3, 0, 1)
+
+
+def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -> None:
+    """x (N, channels, H, W) -> out (α², channels, tiles): V = Bᵀ d B per α×α patch d.
+
+    Tile (row, column) reads x from (origin + m·(row, column)), zeros outside x (the padding):
+    ``origin`` is minus the padding, and may be positive (backward-data with padding above 2).
+    """
+    N, channels, height, width = x.shape
+    if backend.get_array_module(x) is not np:
+        shape = _tile_shape(N, channels, height, width, origin, tiling)
+        _launch(f"winograd_input_transform_{tiling.m}", channels * tiling.count, (x, out, shape), x, out)
+        return
+    m, alpha = tiling.m, tiling.alpha
+    region = np.zeros((N, channels, tiling.rows * m + 2, tiling.columns * m + 2), dtype=x.dtype)
+    rows = slice(max(origin[0], 0), min(origin[0] + region.shape[2], height))
+    cols = slice(max(origin[1], 0), min(origin[1] + region.shape[3], width))
+    region[:, :, rows.start - origin[0]:rows.stop - origin[0], cols.start - origin[1]:cols.stop - origin[1]] = \
+        x[:, :, rows, cols]
+    patches = np.lib.stride_tricks.sliding_window_view(region, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
+    transformed = sandwich(TRANSFORMS[m]["input"], patches)  # N, channels, rows, columns, α, α
+    out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
+
+
+def output_transform(products: Any, out: Any, tiling: Tiling) -> None:
+    """products (α², channels, tiles) -> out (N, channels, height, width): y tile = Aᵀ M A, overhang cropped."""
+    N, channels, height, width = out.shape
+    if backend.get_array_module(out) is not np:
+        shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
+        _launch(f"winograd_output_transform_{tiling.m}", channels * tiling.count, (products, out, shape), products,
+                out)
+        return
+    m, alpha = tiling.m, tiling.alpha
+    blocks = products.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns).transpose(3, 2, 4, 5, 0, 1)
+    tiles = sandwich(TRANSFORMS[m]["output"], blocks)  # N, channels, rows, columns, m, m
+    whole = tiles.transpose(0, 1, 2, 4, 3, 5).reshape(N, channels, tiling.rows * m, tiling.columns * m)
+    out[...] = whole[:, :, :height, :width]
+
+
+def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
+    """dy (N, K, P, Q) -> out (α², K, tiles): A e Aᵀ per m×m tile e of dy, zeros beyond dy's edges."""
+    N, channels, height, width = dy.shape
+    if backend.get_array_module(dy) is not np:
+        shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
+        _launch(f"winograd_gradient_transform_{tiling.m}", channels * tiling.count, (dy, out, shape), dy, out)
+        return
+    m, alpha = tiling.m, tiling.alpha
+    region = np.zeros((N, channels, tiling.rows * m, tiling.columns * m), dtype=dy.dtype)
+    region[:, :, :height, :width] = dy
+    tiles = region.reshape(N, channels, tiling.rows, m, tiling.columns, m).transpose(0, 1, 2, 4, 3, 5)
+    transformed = sandwich(TRANSFORMS[m]["output"].T, tiles)  # N, channels, rows, columns, α, α
+    out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
+
+
+def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool) -> None:
+    """products (α², K, C/G) -> out (K, C/G, 3, 3): dW = Gᵀ M G, added to out when ``accumulate``."""
+    K, Cg = out.shape[:2]
+    if backend.get_array_module(out) is not np:
+        _launch(f"winograd_filter_gradient_transform_{m}", K * Cg, (products, out, _i32(K * Cg), _i32(int(accumulate))),
+                products, out)
+        return
+    alpha = m + 2
+    blocks = products.reshape(alpha, alpha, K, Cg).transpose(2, 3, 0, 1)
+    store_filter_gradient(sandwich(TRANSFORMS[m]["filter"].T, blocks), out, accumulate)
+
+
+def _i32(value: int) -> np.int32:
+    from .. import _cuda  # noqa: PLC0415 - GPU only
+
+    return _cuda.i32(value)
+
+
+def _launch(kernel: str, count: int, args: tuple, *arrays: Any) -> None:
+    from .. import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(*arrays)
+    _cuda.launch(_cuda.function(_SOURCE, kernel, arrays[0].dtype), count, args)
+
+
+# The C struct TileShape of winograd.cu: eight ints, in this order.
+_TILE_SHAPE = np.dtype([(name, np.int32) for name in ("N", "channels", "height", "width", "origin_h", "origin_w",
+                                                       "tiles_h", "tiles_w")])
+
+
+@functools.lru_cache(maxsize=1024)
+def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[int, int], tiling: Tiling) -> np.void:
+    return np.array([(N, channels, height, width, *origin, tiling.rows, tiling.columns)], dtype=_TILE_SHAPE)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# The algorithm
+# ----------------------------------------------------------------------------------------------
+class Winograd(ConvAlgorithm):
+    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring."""
+
+    def __init__(self, m: int) -> None:
+        self.m = m
+        self.name = f"winograd_{m}x{m}"
+
+    def supports(self, problem: ConvProblem, direction: str) -> bool:
+        return (problem.R, problem.S, problem.stride, problem.dilation) == (3, 3, (1, 1), (1, 1))
+
+    def tiling(self, problem: ConvProblem, direction: str) -> Tiling:
+        """The tiles of the grid the last transform writes: dx's for backward-data, y's (= dy's) otherwise."""
+        if direction == "backward_data":
+            return Tiling(problem.N, problem.H, problem.W, self.m)
+        return Tiling(problem.N, problem.P, problem.Q, self.m)
+
+    def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        tiles = self.tiling(problem, direction).count
+        filters = problem.K * (problem.C // problem.groups)
+        return (self.m + 2) ** 2 * (filters + (problem.C + problem.K) * tiles) * problem.itemsize
+
+    def _buffers(self, workspace: Any, problem: ConvProblem, shapes: list[tuple[int, int]]) -> list[Any]:
+        """Consecutive (α², rows, columns) arrays carved from the workspace."""
+        positions, offset, arrays = (self.m + 2) ** 2, 0, []
+        for rows, columns in shapes:
+            arrays.append(workspace_array(workspace, (positions, rows, columns), problem.dtype, offset))
+            offset += arrays[-1].nbytes
+        return arrays
+
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        tiling, G, Cg = self.tiling(problem, "forward"), problem.groups, problem.C // problem.groups
+        U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
+                                                     (problem.K, tiling.count)])
+        filter_transform(w, U, self.m, rotate=False)
+        input_transform(x, V, tiling, (-problem.padding[0], -problem.padding[1]))
+        blas.gemm_batched(grouped(U, G), grouped(V, G), grouped(M, G))
+        output_transform(M, out, tiling)
+
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        tiling, G, Cg = self.tiling(problem, "backward_data"), problem.groups, problem.C // problem.groups
+        U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.K, tiling.count),
+                                                     (problem.C, tiling.count)])
+        filter_transform(w, U, self.m, rotate=True)
+        # dx = dy convolved with the rotated filter at padding 2 − p: dx's tiles start at (p − 2) in dy.
+        input_transform(dy, V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
+        blas.gemm_batched(grouped(U, G).transpose(0, 2, 1), grouped(V, G), grouped(M, G))
+        output_transform(M, out, tiling)
+
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
+        tiling, G, Cg = self.tiling(problem, "backward_filter"), problem.groups, problem.C // problem.groups
+        M, V, E = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
+                                                     (problem.K, tiling.count)])
+        input_transform(x, V, tiling, (-problem.padding[0], -problem.padding[1]))
+        gradient_transform(dy, E, tiling)
+        blas.gemm_batched(grouped(E, G), grouped(V, G).transpose(0, 2, 1), grouped(M, G))
+        filter_gradient_transform(M, out, self.m, accumulate)
+
+
+register(Winograd(2))
+register(Winograd(4))
