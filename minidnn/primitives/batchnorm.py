@@ -176,7 +176,6 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     y = max(BN(x), 0) (pass y as ``relu_output`` to the backward). The statistics are those of x either way.
     Raises ``ValueError`` when a channel has only one value (M = 1), as PyTorch does.
     """
-    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     channels = _check_input(x)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
@@ -185,6 +184,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     eps = _check_eps(eps)
     relu = check_bool(relu, "batch_norm: relu")
     count = _check_training_count(x)
+    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
         return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu)
 
@@ -212,7 +212,6 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,).
     Returns y of x's shape and dtype; ``relu``: y = max(that, 0). Any N (including 1) and any M are fine.
     """
-    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     channels = _check_input(x)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
@@ -220,6 +219,7 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
     relu = check_bool(relu, "batch_norm: relu")
+    xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
         return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps, relu)
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
@@ -246,7 +246,6 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
 
     The two subtracted terms are the paths through the batch mean and the batch variance.
     """
-    xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     channels = _check_input(x)
     _check_like_x(dy, x, "dy")
     _check_like_x(relu_output, x, "relu_output", optional=True)
@@ -254,6 +253,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     _check_channel_vector(mean, "mean", channels, x)
     _check_channel_vector(invstd, "invstd", channels, x)
     count = _check_nonempty_channels(x)
+    xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     if backend.is_cuda_array(x):
         return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output)
 
@@ -281,7 +281,6 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
 
         dx = dy·weight·invstd      dweight = Σ dy·(x − running_mean)·invstd      dbias = Σ dy
     """
-    xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     channels = _check_input(x)
     _check_like_x(dy, x, "dy")
     _check_like_x(relu_output, x, "relu_output", optional=True)
@@ -289,6 +288,7 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
+    xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     if backend.is_cuda_array(x):
         return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps, relu_output)
 
