@@ -26,11 +26,13 @@ def test_smooth_size_is_the_next_size_with_prime_factors_2_3_5_7():
     assert [fft.smooth_size(n) for n in (11, 13, 29, 31, 58, 97, 121)] == [12, 14, 30, 32, 60, 98, 125]
 
 
-def test_grid_holds_the_padded_input():
+def test_grid_is_the_smallest_without_wrap_around():
     problem = ConvProblem(2, 3, 27, 29, 4, 5, 5, (1, 1), (2, 1), (1, 1), 1, np.dtype(np.float32), "cpu")
     shape = fft.grid(problem)
-    assert (shape.height, shape.width) == (32, 32)  # 27 + 4 = 31 -> 32, 29 + 2 = 31 -> 32
-    assert (shape.half, shape.bins) == (17, 32 * 17)
+    assert (shape.height, shape.width) == (30, 30)  # 27 + 2 = 29 -> 30, 29 + 1 = 30
+    assert (shape.half, shape.bins) == (16, 30 * 16)
+    wide_padding = ConvProblem(1, 1, 4, 4, 1, 2, 3, (1, 1), (3, 0), (1, 1), 1, np.dtype(np.float32), "cpu")
+    assert (fft.grid(wide_padding).height, fft.grid(wide_padding).width) == (9, 4)  # P = 4 + 6 − 2 + 1 = 9 > 4 + 3
 
 
 @pytest.mark.parametrize("width", [8, 9])  # even: a Nyquist bin; odd: none
@@ -72,13 +74,19 @@ def test_cufft_plans_are_cached_and_bounded(rng):
     assert len(fft._plans) == fft.PLAN_CACHE_SIZE
 
 
+# Grids with no slack (each side already 7-smooth), so a result that wrapped around would land on real data:
+# sized by H + pad (8 = 6 + 2, 9 = 8 + 1, dilated filters), by P (pad 3 > the filter: P = 9 > 4 + 3), and one
+# whose 7-tap filter is longer than its 5-row grid (2 + 3).
+NO_SLACK = [(2, 3, 6, 8, 4, 3, 2, (2, 1), (2, 2), (8, 9)), (1, 2, 4, 5, 3, 2, 2, (3, 2), (1, 1), (9, 8)),
+            (2, 2, 2, 5, 3, 7, 3, (3, 1), (1, 2), (5, 6))]
+
+
+@pytest.mark.parametrize("case", NO_SLACK, ids=["by_input", "by_output", "filter_longer_than_grid"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-def test_no_wrap_around_when_the_grid_has_no_slack(xp, rng, direction):
-    # H + 2·pad = 8 and W + 2·pad = 12 are already 7-smooth: the grid is exactly the padded input, so a
-    # result that wrapped around would land on real data. Dilated 3x2 filter spanning 5x3.
-    N, C, H, W, K, R, S, padding, dilation = 2, 3, 6, 8, 4, 3, 2, (1, 2), (2, 2)
+def test_no_wrap_around_on_a_grid_without_slack(xp, rng, direction, case):
+    N, C, H, W, K, R, S, padding, dilation, expected_grid = case
     problem = ConvProblem(N, C, H, W, K, R, S, (1, 1), padding, dilation, 1, np.dtype(np.float64), "cpu")
-    assert (fft.grid(problem).height, fft.grid(problem).width) == (H + 2, W + 4)
+    assert (fft.grid(problem).height, fft.grid(problem).width) == expected_grid
     x, w = rng.standard_normal((N, C, H, W)), rng.standard_normal((K, C, R, S))
     y, backward_data, backward_filter = loop_reference(x, w, 1, padding, dilation, 1)
     dy = rng.standard_normal(y.shape)

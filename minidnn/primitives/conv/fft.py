@@ -8,9 +8,11 @@ followed by an inverse transform and a crop. The cost no longer grows with the f
     backward-data    dX[n,c,f] = Σ_k dY[n,k,f] · W[k,c,f]         convolution          dx = dX[p:p+H, p:p+W]
     backward-filter  dW[k,c,f] = Σ_n conj(dY[n,k,f]) · X[n,c,f]   cross-correlation    dw = dW[0:d·(R−1)+1:d, ...]
 
-x lies at (pad_h, pad_w) on its grid (the zeros around it are the padding), dy and the filter at (0, 0), the
-filter's taps d apart for dilation d. The grid is H + 2·pad (= P + d·(R − 1): no result wraps around), rounded
-up to a size whose prime factors are 2, 3, 5 and 7, which FFTs do fast.
+x lies at (pad_h, pad_w) on its grid, dy and the filter at (0, 0), the filter's taps d apart for dilation d.
+The transforms are circular, so the grid must be large enough that no result wraps onto another: H + pad
+rows suffice (what runs past the bottom wraps onto the zeros above x, so one band of zeros serves as both
+paddings), and at least P, to hold every output; each side is then rounded up to a size whose prime factors
+are 2, 3, 5 and 7, which FFTs do fast.
 
 * Data (x, dy, and the results y, dx) goes through 2-D real FFTs (cuFFT on the GPU, NumPy on the CPU), then, as
   in fbfft, a copy to frequency-major layout (bins, G, N, C/G) so that each bin's matrices are contiguous; the
@@ -83,8 +85,12 @@ class Grid:
 
 
 def grid(problem: ConvProblem) -> Grid:
-    """H + 2·pad_h by W + 2·pad_w, each rounded up to a 7-smooth size."""
-    return Grid(smooth_size(problem.H + 2 * problem.padding[0]), smooth_size(problem.W + 2 * problem.padding[1]))
+    """The smallest grid on which no result wraps onto another, each side rounded up to a 7-smooth size:
+    max(H + pad, P) rows (and likewise columns). x sits at offset pad, so whatever runs past the bottom wraps
+    onto the zeros above x; the outputs need P distinct rows. The filter needs no room of its own: its DFT is
+    taken tap by tap, and taps beyond the grid wrap harmlessly onto the same zeros."""
+    (ph, pw) = problem.padding
+    return Grid(smooth_size(max(problem.H + ph, problem.P)), smooth_size(max(problem.W + pw, problem.Q)))
 
 
 def _aligned(nbytes: int) -> int:
