@@ -68,7 +68,8 @@ def twin(function, *arrays_and_args):
 
 
 @pytest.mark.parametrize("m", SIZES)
-@pytest.mark.parametrize("origin", [(-1, -1), (-3, 0), (1, -2)])  # padding 1; padding 3 and 0; backward-data's p − 2 > 0
+# Tile origins: padding 1; paddings 3 and 0; backward-data's p − 2 > 0 (a padding of 3, rows start inside dy).
+@pytest.mark.parametrize("origin", [(-1, -1), (-3, 0), (1, -2)])
 def test_input_transform(xp, rng, m, origin):
     x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
     tiling, alpha = Tiling(2, 8, 6, m), m + 2

@@ -140,7 +140,8 @@ _plans: collections.OrderedDict = collections.OrderedDict()
 
 
 def _plan(array: Any, kind: str, grid_shape: tuple[int, int]) -> Any:
-    """A cuFFT plan for 2-D transforms of ``array``'s last two axes (``kind`` "R2C" or "C2R"), least recently used out."""
+    """A cuFFT plan for 2-D transforms of ``array``'s last two axes (``kind`` "R2C" or "C2R"); the cache drops
+    the least recently used."""
     cupy = backend.cupy()
     key = (array.shape, array.dtype.str, kind, tuple(grid_shape), cupy.cuda.Device().id)
     plan = _plans.pop(key, None)
@@ -166,8 +167,8 @@ def tap_dft(size: int, frequencies: int, taps: int, dilation: int) -> np.ndarray
 @functools.lru_cache(maxsize=256)
 def filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], conjugate: bool, dtype: np.dtype,
                device: backend.Device) -> tuple[Any, Any]:
-    """(E_h / (F1·F2), E_w): W = E_h · w · E_wᵀ is w's spectrum on the grid, scaled by the inverse FFT's 1/(F1·F2);
-    conjugated for cross-correlation. Shapes (F1, R) and (F2/2 + 1, S), on ``device``."""
+    """(E_h / (F1·F2), E_w): W = E_h · w · E_wᵀ is w's spectrum on the grid, scaled by the inverse FFT's
+    1/(F1·F2); conjugated for cross-correlation. Shapes (F1, R) and (F2/2 + 1, S), on ``device``."""
     rows = tap_dft(shape.height, shape.height, taps[0], dilation[0]) / shape.size
     cols = tap_dft(shape.width, shape.half, taps[1], dilation[1])
     if conjugate:
@@ -179,8 +180,8 @@ def filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], co
 def inverse_filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], dtype: np.dtype,
                        device: backend.Device) -> tuple[Any, Any]:
     """(D_h, D_w): the real inverse 2-D DFT of a half spectrum Z evaluated at the taps is Re(D_w · (D_h · Z)):
-    D_h[r, f] = exp(+2πi·f·r·d/F1) / (F1·F2); D_w[s, f] = exp(+2πi·f·s·d/F2) · (1 for f = 0 and the Nyquist bin,
-    2 for the others, whose mirror images the half spectrum leaves out). Shapes (R, F1) and (S, F2/2 + 1)."""
+    D_h[r, f] = exp(+2πi·f·r·d/F1) / (F1·F2); D_w[s, f] = exp(+2πi·f·s·d/F2) · (1 for f = 0 and the Nyquist
+    bin, 2 for the others, whose mirror images the half spectrum leaves out). Shapes (R, F1) and (S, F2/2 + 1)."""
     rows = tap_dft(shape.height, shape.height, taps[0], dilation[0]).conj().T / shape.size
     weights = np.full(shape.half, 2.0)
     weights[0] = 1.0
