@@ -8,9 +8,11 @@ followed by an inverse transform and a crop. The cost no longer grows with the f
     backward-data    dX[n,c,f] = Σ_k dY[n,k,f] · W[k,c,f]         convolution          dx = dX[p:p+H, p:p+W]
     backward-filter  dW[k,c,f] = Σ_n conj(dY[n,k,f]) · X[n,c,f]   cross-correlation    dw = dW[0:d·(R−1)+1:d, ...]
 
-x lies at (pad_h, pad_w) on its grid (the zeros around it are the padding), dy and the filter at (0, 0), the
-filter's taps d apart for dilation d. The grid is H + 2·pad (= P + d·(R − 1): no result wraps around), rounded
-up to a size whose prime factors are 2, 3, 5 and 7, which FFTs do fast.
+x lies at (pad_h, pad_w) on its grid, dy and the filter at (0, 0), the filter's taps d apart for dilation d.
+The transforms are circular, so the grid must be large enough that no result wraps onto another: H + pad
+rows suffice (what runs past the bottom wraps onto the zeros above x, so one band of zeros serves as both
+paddings), and at least P, to hold every output; each side is then rounded up to a size whose prime factors
+are 2, 3, 5 and 7, which FFTs do fast.
 
 * Data (x, dy, and the results y, dx) goes through 2-D real FFTs (cuFFT on the GPU, NumPy on the CPU), then, as
   in fbfft, a copy to frequency-major layout (bins, G, N, C/G) so that each bin's matrices are contiguous; the
@@ -29,7 +31,9 @@ complex values (the taps, the DFT along one axis, the frequency-major spectrum).
 live with its cached plans, as cuBLAS keeps its workspace.
 
 Numerics: float32 runs in complex64, float64 in complex128; the transforms' error grows like log(F1·F2), not
-with C·R·S. Measured on the model shapes, see tests/test_conv_fft.py.
+with R·S. Relative error against float64 on every stride-1 layer of CaffeNet, ResNet-18 and ResNet-50 at batch 1
+(random data, CPU): ≤ 4.1e-7 in every direction, as direct im2col + GEMM (≤ 3.9e-7); tests/test_conv_fft.py
+holds it to 2e-6.
 """
 from __future__ import annotations
 
@@ -83,8 +87,12 @@ class Grid:
 
 
 def grid(problem: ConvProblem) -> Grid:
-    """H + 2·pad_h by W + 2·pad_w, each rounded up to a 7-smooth size."""
-    return Grid(smooth_size(problem.H + 2 * problem.padding[0]), smooth_size(problem.W + 2 * problem.padding[1]))
+    """The smallest grid on which no result wraps onto another, each side rounded up to a 7-smooth size:
+    max(H + pad, P) rows (and likewise columns). x sits at offset pad, so whatever runs past the bottom wraps
+    onto the zeros above x; the outputs need P distinct rows. The filter needs no room of its own: its DFT is
+    taken tap by tap, and taps beyond the grid wrap harmlessly onto the same zeros."""
+    (ph, pw) = problem.padding
+    return Grid(smooth_size(max(problem.H + ph, problem.P)), smooth_size(max(problem.W + pw, problem.Q)))
 
 
 def _aligned(nbytes: int) -> int:
@@ -132,7 +140,8 @@ _plans: collections.OrderedDict = collections.OrderedDict()
 
 
 def _plan(array: Any, kind: str, grid_shape: tuple[int, int]) -> Any:
-    """A cuFFT plan for 2-D transforms of ``array``'s last two axes (``kind`` "R2C" or "C2R"), least recently used out."""
+    """A cuFFT plan for 2-D transforms of ``array``'s last two axes (``kind`` "R2C" or "C2R"); the cache drops
+    the least recently used."""
     cupy = backend.cupy()
     key = (array.shape, array.dtype.str, kind, tuple(grid_shape), cupy.cuda.Device().id)
     plan = _plans.pop(key, None)
@@ -158,8 +167,8 @@ def tap_dft(size: int, frequencies: int, taps: int, dilation: int) -> np.ndarray
 @functools.lru_cache(maxsize=256)
 def filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], conjugate: bool, dtype: np.dtype,
                device: backend.Device) -> tuple[Any, Any]:
-    """(E_h / (F1·F2), E_w): W = E_h · w · E_wᵀ is w's spectrum on the grid, scaled by the inverse FFT's 1/(F1·F2);
-    conjugated for cross-correlation. Shapes (F1, R) and (F2/2 + 1, S), on ``device``."""
+    """(E_h / (F1·F2), E_w): W = E_h · w · E_wᵀ is w's spectrum on the grid, scaled by the inverse FFT's
+    1/(F1·F2); conjugated for cross-correlation. Shapes (F1, R) and (F2/2 + 1, S), on ``device``."""
     rows = tap_dft(shape.height, shape.height, taps[0], dilation[0]) / shape.size
     cols = tap_dft(shape.width, shape.half, taps[1], dilation[1])
     if conjugate:
@@ -171,8 +180,8 @@ def filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], co
 def inverse_filter_dft(shape: Grid, taps: tuple[int, int], dilation: tuple[int, int], dtype: np.dtype,
                        device: backend.Device) -> tuple[Any, Any]:
     """(D_h, D_w): the real inverse 2-D DFT of a half spectrum Z evaluated at the taps is Re(D_w · (D_h · Z)):
-    D_h[r, f] = exp(+2πi·f·r·d/F1) / (F1·F2); D_w[s, f] = exp(+2πi·f·s·d/F2) · (1 for f = 0 and the Nyquist bin,
-    2 for the others, whose mirror images the half spectrum leaves out). Shapes (R, F1) and (S, F2/2 + 1)."""
+    D_h[r, f] = exp(+2πi·f·r·d/F1) / (F1·F2); D_w[s, f] = exp(+2πi·f·s·d/F2) · (1 for f = 0 and the Nyquist
+    bin, 2 for the others, whose mirror images the half spectrum leaves out). Shapes (R, F1) and (S, F2/2 + 1)."""
     rows = tap_dft(shape.height, shape.height, taps[0], dilation[0]).conj().T / shape.size
     weights = np.full(shape.half, 2.0)
     weights[0] = 1.0

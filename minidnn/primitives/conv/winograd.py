@@ -1,4 +1,4 @@
-"""The ``winograd_2x2`` and ``winograd_4x4`` algorithms: 3x3 stride-1 convolution with 2.25x or 4x fewer multiplications.
+"""The ``winograd_2x2`` and ``winograd_4x4`` algorithms: 3x3 stride-1 convolution, 2.25x or 4x fewer multiplies.
 
 Lavin & Gray's F(m×m, 3×3): cut the output into m×m tiles, each computed from an α×α input patch (α = m + 2);
 in the transformed space a patch's 3×3 correlation is an element-wise product, Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A,
@@ -10,9 +10,9 @@ and summing over channels turns each of the α² element positions into one matr
     y tile              = Aᵀ M A          per (k, tile), cropped at the edges     output transform
 
 Tiles cover the whole (micro-)batch: tiles = N·⌈P/m⌉·⌈Q/m⌉. Backward-data is the same algorithm on dy with the
-filter rotated 180° and C↔K swapped (U's transposed view), padding 2 − p. Backward-filter swaps the roles, F(3×3,
-m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles e, the
-sum over tiles being again α²·G GEMMs. All three directions need the same workspace:
+filter rotated 180° and C↔K swapped (U's transposed view), padding 2 − p. Backward-filter swaps the roles,
+F(3×3, m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles
+e, the sum over tiles being again α²·G GEMMs. All three directions need the same workspace:
 α²·(K·C/G + (C + K)·tiles) values (U, V and M), with tiles counted on the grid the output transform writes
 (dx's H×W for backward-data, P×Q otherwise).
 
@@ -83,7 +83,8 @@ class Tiling:
 
 
 def sandwich(matrix: np.ndarray, blocks: Any) -> Any:
-    """matrix · block · matrixᵀ for every block of the last two axes, as (matrix · block) · matrixᵀ (the kernels' order)."""
+    """matrix · block · matrixᵀ for every block of the last two axes, as (matrix · block) · matrixᵀ, the kernels'
+    order."""
     xp = backend.get_array_module(blocks)
     matrix = xp.asarray(matrix.astype(blocks.dtype))
     return (matrix @ blocks) @ matrix.T

@@ -1,0 +1,238 @@
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transform matrices, each transform (NumPy twin and CUDA kernel)
+against float64 loops, the float32 error on model shapes, the workspace formula, and the kernels' compilation.
+
+All three directions of both algorithms are also run against the loop reference by tests/test_primitives_conv.py.
+"""
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from minidnn.primitives import _cuda
+from minidnn.primitives.conv import registry, winograd
+from minidnn.primitives.conv.problem import ConvProblem
+from minidnn.primitives.conv.winograd import TRANSFORMS, Tiling
+from tests.helpers import assert_close, to_numpy
+from tests.test_primitives_conv import DIRECTIONS, call, relative_error
+
+SIZES = [2, 4]
+NVCC = shutil.which("nvcc")
+
+
+# ----------------------------------------------------------------------------------------------
+# The matrices: F(m, 3) computes a 1-D correlation exactly, and so does its transpose F(3, m)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m", SIZES)
+def test_the_transforms_compute_a_correlation_exactly_in_float64(rng, m):
+    BT, G, AT = TRANSFORMS[m]["input"], TRANSFORMS[m]["filter"], TRANSFORMS[m]["output"]
+    alpha = m + 2
+    assert BT.shape == (alpha, alpha) and G.shape == (alpha, 3) and AT.shape == (m, alpha)
+    for _ in range(5):
+        d, g, e = rng.standard_normal(alpha), rng.standard_normal(3), rng.standard_normal(m)
+        # F(m, 3): m outputs of the correlation of d with a 3-tap filter g.
+        assert_close(AT @ ((G @ g) * (BT @ d)), [d[i:i + 3] @ g for i in range(m)], rtol=1e-13, atol=1e-13)
+        # F(3, m), backward-filter's roles: 3 outputs of the correlation of d with an m-tap filter e.
+        assert_close(G.T @ ((AT.T @ e) * (BT @ d)), [d[j:j + m] @ e for j in range(3)], rtol=1e-13, atol=1e-13)
+    # Nested in 2-D: one α×α patch and a 3x3 filter give the m×m tile of their correlation.
+    d2, g2 = rng.standard_normal((alpha, alpha)), rng.standard_normal((3, 3))
+    tile = AT @ ((G @ g2 @ G.T) * (BT @ d2 @ BT.T)) @ AT.T
+    assert_close(tile, [[np.sum(d2[i:i + 3, j:j + 3] * g2) for j in range(m)] for i in range(m)], rtol=1e-12,
+                 atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# Each transform against float64 loops, on NumPy (the twin) and on the GPU (the kernel, and the twin)
+# ----------------------------------------------------------------------------------------------
+def patch(x, n, c, top, left, size):
+    """x[n, c] from (top, left), size × size, zeros outside x."""
+    out = np.zeros((size, size))
+    for a in range(size):
+        for b in range(size):
+            if 0 <= top + a < x.shape[2] and 0 <= left + b < x.shape[3]:
+                out[a, b] = x[n, c, top + a, left + b]
+    return out
+
+
+def float32_close(xp, got, want, name):
+    assert_close(got, want, rtol=2e-5, atol=2e-5 * float(np.max(np.abs(want))), name=name)
+
+
+def twin(function, *arrays_and_args):
+    """Run a transform on NumPy copies of the arrays (the twin); returns the NumPy output (the second argument)."""
+    values = [to_numpy(a).copy() if hasattr(a, "shape") else a for a in arrays_and_args]
+    function(*values)
+    return values[1]
+
+
+@pytest.mark.parametrize("m", SIZES)
+# Tile origins: padding 1; paddings 3 and 0; backward-data's p − 2 > 0 (a padding of 3, rows start inside dy).
+@pytest.mark.parametrize("origin", [(-1, -1), (-3, 0), (1, -2)])
+def test_input_transform(xp, rng, m, origin):
+    x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    tiling, alpha = Tiling(2, 8, 6, m), m + 2
+    BT = TRANSFORMS[m]["input"]
+    out = xp.full((alpha * alpha, 3, tiling.count), np.nan, dtype=np.float32)
+    winograd.input_transform(xp.asarray(x), out, tiling, origin)
+    want = np.zeros((alpha, alpha, 3, 2, tiling.rows, tiling.columns))
+    for n in range(2):
+        for c in range(3):
+            for row in range(tiling.rows):
+                for col in range(tiling.columns):
+                    d = patch(x, n, c, origin[0] + m * row, origin[1] + m * col, alpha)
+                    want[:, :, c, n, row, col] = BT @ d @ BT.T
+    float32_close(xp, out, want.reshape(out.shape), "input transform")
+    if xp is not np:
+        float32_close(xp, out, twin(winograd.input_transform, x, out, tiling, origin), "kernel against twin")
+
+
+@pytest.mark.parametrize("m", SIZES)
+def test_output_transform_crops_the_overhang(xp, rng, m):
+    tiling, alpha = Tiling(2, 7, 9, m), m + 2  # m divides neither 7 nor 9: the last tiles overhang
+    products = rng.standard_normal((alpha * alpha, 5, tiling.count)).astype(np.float32)
+    out = xp.full((2, 5, 7, 9), np.nan, dtype=np.float32)
+    winograd.output_transform(xp.asarray(products), out, tiling)
+    AT = TRANSFORMS[m]["output"]
+    blocks = products.reshape(alpha, alpha, 5, 2, tiling.rows, tiling.columns).astype(np.float64)
+    want = np.zeros((2, 5, tiling.rows * m, tiling.columns * m))
+    for n in range(2):
+        for k in range(5):
+            for row in range(tiling.rows):
+                for col in range(tiling.columns):
+                    want[n, k, row * m:(row + 1) * m, col * m:(col + 1) * m] = AT @ blocks[:, :, k, n, row, col] @ AT.T
+    float32_close(xp, out, want[:, :, :7, :9], "output transform")
+    if xp is not np:
+        float32_close(xp, out, twin(winograd.output_transform, products, out, tiling), "kernel against twin")
+
+
+@pytest.mark.parametrize("m", SIZES)
+def test_gradient_transform_treats_beyond_the_edge_as_zero(xp, rng, m):
+    dy = rng.standard_normal((2, 4, 7, 5)).astype(np.float32)
+    tiling, alpha = Tiling(2, 7, 5, m), m + 2
+    out = xp.full((alpha * alpha, 4, tiling.count), np.nan, dtype=np.float32)
+    winograd.gradient_transform(xp.asarray(dy), out, tiling)
+    A = TRANSFORMS[m]["output"].T
+    want = np.zeros((alpha, alpha, 4, 2, tiling.rows, tiling.columns))
+    for n in range(2):
+        for k in range(4):
+            for row in range(tiling.rows):
+                for col in range(tiling.columns):
+                    want[:, :, k, n, row, col] = A @ patch(dy, n, k, m * row, m * col, m) @ A.T
+    float32_close(xp, out, want.reshape(out.shape), "gradient transform")
+    if xp is not np:
+        float32_close(xp, out, twin(winograd.gradient_transform, dy, out, tiling), "kernel against twin")
+
+
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("rotate", [False, True])
+def test_filter_transform(xp, rng, m, rotate):
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    alpha, G = m + 2, TRANSFORMS[m]["filter"]
+    out = xp.full((alpha * alpha, 5, 3), np.nan, dtype=np.float32)
+    winograd.filter_transform(xp.asarray(w), out, m, rotate)
+    want = np.zeros((alpha, alpha, 5, 3))
+    for k in range(5):
+        for c in range(3):
+            g = np.rot90(w[k, c], 2) if rotate else w[k, c]
+            want[:, :, k, c] = G @ g @ G.T
+    float32_close(xp, out, want.reshape(out.shape), "filter transform")
+    if xp is not np:
+        float32_close(xp, out, twin(winograd.filter_transform, w, out, m, rotate), "kernel against twin")
+
+
+@pytest.mark.parametrize("m", SIZES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_filter_gradient_transform_writes_or_adds(xp, rng, m, accumulate):
+    alpha, G = m + 2, TRANSFORMS[m]["filter"]
+    products = rng.standard_normal((alpha * alpha, 5, 3)).astype(np.float32)
+    before = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    out = xp.asarray(before.copy())
+    winograd.filter_gradient_transform(xp.asarray(products), out, m, accumulate)
+    blocks = products.reshape(alpha, alpha, 5, 3).astype(np.float64)
+    want = np.stack([np.stack([G.T @ blocks[:, :, k, c] @ G for c in range(3)]) for k in range(5)])
+    float32_close(xp, out, want + (before if accumulate else 0), "filter-gradient transform")
+    if xp is not np:
+        expected = before.copy()
+        winograd.filter_gradient_transform(products, expected, m, accumulate)
+        float32_close(xp, out, expected, "kernel against twin")
+
+
+# ----------------------------------------------------------------------------------------------
+# float32 error against float64 on model shapes (the bounds the module docstring documents)
+# ----------------------------------------------------------------------------------------------
+MODEL_SHAPES = [  # (N, C, H, W, K): ResNet-18's 56² layer, CaffeNet's conv3 (the largest errors), ResNet's 7² layer
+    (1, 64, 56, 56, 64), (1, 256, 13, 13, 384), (1, 512, 7, 7, 512)]
+BOUNDS = {"winograd_2x2": 3e-6, "winograd_4x4": 1.5e-5}  # about 4x the largest measured: 6.1e-7, 3.7e-6
+
+
+@pytest.mark.parametrize("algo", sorted(BOUNDS))
+def test_float32_error_on_model_shapes(xp, rng, algo):
+    errors = []
+    for N, C, H, W, K in MODEL_SHAPES:
+        x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+        w = (rng.standard_normal((K, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+        dy = rng.standard_normal((N, K, H, W)).astype(np.float32)
+        inputs = {"forward": (x, w, None), "backward_data": (dy, w, x.shape), "backward_filter": (x, dy, w.shape)}
+        for direction, (first, second, shape) in inputs.items():
+            want = call(direction, first.astype(np.float64), second.astype(np.float64), shape, (1, 1, 1, 1),
+                        algo="reference")
+            got = call(direction, xp.asarray(first), xp.asarray(second), shape, (1, 1, 1, 1), algo=algo,
+                       workspace_limit=1 << 40)
+            errors.append((relative_error(got, want), direction, (N, C, H, W, K)))
+    assert max(errors)[0] < BOUNDS[algo], max(errors)
+
+
+# ----------------------------------------------------------------------------------------------
+# The workspace formula: exactly the bytes the algorithm carves, and enough (poisoned, it still works)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["winograd_2x2", "winograd_4x4"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo, direction, dtype):
+    device = "cpu" if xp is np else "cuda"
+    problem = ConvProblem(3, 4, 11, 9, 6, 3, 3, (1, 1), (2, 0), (1, 1), 2, np.dtype(dtype), device)
+    algorithm = registry.get(algo)
+    size = algorithm.workspace_bytes(problem, direction)
+    ends = []
+    carve = winograd.workspace_array
+
+    def recording(workspace, shape, array_dtype, offset=0):
+        array = carve(workspace, shape, array_dtype, offset)
+        ends.append(offset + array.nbytes)
+        return array
+
+    monkeypatch.setattr(winograd, "workspace_array", recording)
+    x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
+    dy = rng.standard_normal(problem.y_shape)
+    first, second, out_shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
+                                "backward_filter": (x, dy, problem.w_shape)}[direction]
+    workspace = xp.full(size, 255, dtype=np.uint8)  # every byte 0xFF: NaN in any float read before written
+    out = xp.full(out_shape, np.nan, dtype=dtype)
+    algorithm.run(direction, xp.asarray(first.astype(dtype)), xp.asarray(second.astype(dtype)), problem, out, False,
+                  workspace)
+    assert max(ends) == size
+    want = call(direction, first, second, None if direction == "forward" else out_shape, (1, (2, 0), 1, 2),
+                algo="reference")
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert_close(out, want, **tolerance)
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernels: every transform compiles for sm_90 with its matrices folded into constants
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_kernels_compile_without_spills_or_local_arrays(tmp_path):
+    result = subprocess.run(
+        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", "-DSCALAR=float", "-Xptxas", "-v",
+         "-o", os.fspath(tmp_path / "winograd.cubin"), _cuda.source_path("conv/winograd.cu")],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    kernels = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
+    assert sorted(kernels) == sorted(f"winograd_{name}_transform_{m}" for m in SIZES
+                                     for name in ("filter", "input", "output", "gradient", "filter_gradient"))
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
+    assert len(frames) == len(kernels)
+    # A stack frame would mean a transform matrix (or a tile) left in local memory instead of registers.
+    assert all(frame == ("0", "0", "0") for frame in frames), result.stderr
