@@ -381,9 +381,9 @@ def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint) -> None:
                 carried.append(f"{flag} {old}")
             setattr(args, name, old)
         elif new != old and name in FIXED:
-            raise ValueError(f"{flag} {new} differs from the checkpoint's {flag} {old}: a resumed run keeps the settings "
-                             f"that shape its schedule and data order; leave {flag} out to keep {old}, or start a new "
-                             f"run with another --out")
+            raise ValueError(f"{flag} {new} differs from the checkpoint's {flag} {old}: a resumed run keeps the "
+                             f"settings that shape its schedule and data order; leave {flag} out to keep {old}, or "
+                             f"start a new run with another --out")
         elif new != old:
             _warn(f"{flag} {new} replaces the checkpoint's {old}; it must give the same training images")
     print(f"train.py: {'evaluating' if args.eval_only else 'resuming'} {args.resume} at step {checkpoint.step}"
@@ -448,8 +448,8 @@ class Run:
         """Restore the model, optimizer, scheduler, RNG and position from ``checkpoint``."""
         saved_steps = checkpoint.extra.get("steps_per_epoch", len(self.train_loader))
         if saved_steps != len(self.train_loader):
-            raise ValueError(f"the training data gives {len(self.train_loader)} batches per epoch, the checkpoint's run "
-                             f"had {saved_steps}: its position means nothing here (is --data another data set?)")
+            raise ValueError(f"the training data gives {len(self.train_loader)} batches per epoch, the checkpoint's "
+                             f"run had {saved_steps}: its position means nothing here (is --data another data set?)")
         saved_images = checkpoint.extra.get("train_images", len(self.train_loader.dataset))
         if saved_images != len(self.train_loader.dataset):
             _warn(f"the training set has {len(self.train_loader.dataset)} images, the checkpoint's run had "
@@ -468,11 +468,16 @@ class Run:
             "no checkpoint was saved"
         return TrainingError(f"{what}; stopped without saving, {kept}; try a lower --lr")
 
-    def check_finite(self) -> None:
-        """A ``TrainingError`` if a loss since the last check, or a parameter or buffer, is not finite."""
+    def check_losses(self) -> None:
+        """A ``TrainingError`` naming the step if a training loss since the last check is not finite."""
         bad = self.watch.first_non_finite()
         if bad is not None:
             raise self.non_finite(f"the training loss is {bad[1]} at step {bad[0]}")
+
+    def check_finite(self) -> None:
+        """:meth:`check_losses`, and a ``TrainingError`` if a parameter or buffer is not finite (a step
+        with a finite loss can still overflow the weights): the check before anything is saved."""
+        self.check_losses()
         for name, value in self.model.state_dict().items():
             array = value.data if isinstance(value, minidnn.Tensor) else value
             if array.dtype.kind == "f" and not bool(backend.get_array_module(array).isfinite(array).all()):
@@ -605,7 +610,7 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                     now = time.perf_counter()
                     run.meter.seconds, tick = run.meter.seconds + now - tick, now
                     if run.step % args.log_every == 0 or run.step % steps_per_epoch == 0:
-                        run.check_finite()
+                        run.check_losses()
                         train_loss, train_accuracy = run.meter.read()
                         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
                                         lr=f"{run.scheduler.get_last_lr()[0]:.3g}",
@@ -616,7 +621,7 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                         return run.stopped(stop.signum)
                 bar.close()
             run.end_epoch(epoch)
-            if stop.signum and epoch + 1 < args.epochs:  # came during the evaluation: last.npz is saved
+            if stop.signum and epoch + 1 < args.epochs:  # came during the evaluation or saves: last.npz is done
                 return run.stopped(stop.signum)
     except UnreadableImageError as error:
         run.save("last.npz")  # the steps before the bad batch are kept

@@ -20,13 +20,15 @@ from minidnn.checkpoint import temporary_pattern
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny_cnn", "--train-size", "160", "--test-size", "60", "--batch-size", "16", "--workers", "0",
-        "--log-every", "2"]
+        "--log-every", "2", "--image-size", "16"]
 TWO_EPOCHS = TINY + ["--epochs", "2"]  # 10 steps per epoch
 
 
 @pytest.fixture(autouse=True)
-def data_cache(tmp_path_factory, monkeypatch):
+def data_cache_and_no_plots(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
+    # Plotting curves.png costs more than training these tiny runs; test_train.py checks the curves.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
+        patch.setitem(sys.modules, "matplotlib", None)
         train.main(TWO_EPOCHS + ["--out", str(out)])
     return out, rows(out)
 
@@ -190,7 +193,8 @@ def test_resume_carries_the_settings_over_and_says_so(tmp_path, capsys, straight
     capsys.readouterr()
     train.main(["--resume", str(out / "last.npz"), "--workers", "1"])  # --workers does not change the numbers
     said = capsys.readouterr().out
-    assert f"resuming {out / 'last.npz'} at step 7 with its settings --model tiny_cnn --epochs 2 --batch-size 16" in said
+    assert f"resuming {out / 'last.npz'} at step 7 with its settings --model tiny_cnn --epochs 2 " \
+           f"--batch-size 16" in said
     assert_same_parameters(out / "last.npz", straight[0] / "last.npz")
     assert rows(out)[-1]["lr"] == 0.0  # the cosine ends at 0 at the last step and never rises again
 
@@ -285,6 +289,37 @@ def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoin
     assert [row["epoch"] for row in rows(out)] == [1]
 
 
+def test_weights_that_overflowed_after_a_finite_loss_are_never_saved(tmp_path, monkeypatch):
+    out, calls, real_step = tmp_path / "run", [], minidnn.optim.SGD.step
+
+    def step_then_overflow(self):  # the loss of step 5 was finite; the update leaves an infinite weight
+        real_step(self)
+        calls.append(1)
+        if len(calls) == 5:
+            self.param_groups[0]["params"][0].data[...] = np.inf
+
+    monkeypatch.setattr(minidnn.optim.SGD, "step", step_then_overflow)
+    with pytest.raises(SystemExit, match=r"train.py: error: the model's features.0.weight is not finite after step 5; "
+                                         r"stopped without saving, no checkpoint was saved"):
+        train.main(TWO_EPOCHS + ["--out", str(out), "--max-steps", "5"])
+    assert not (out / "last.npz").exists() and temporaries(out) == []
+
+
+def test_a_failed_write_is_a_message_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    train.main(TWO_EPOCHS + ["--out", str(out), "--max-steps", "4"])
+    before = (out / "last.npz").read_bytes()
+
+    def disk_full(file, **arrays):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(minidnn.checkpoint.np, "savez", disk_full)
+    with pytest.raises(SystemExit, match=r"train.py: error: cannot write .*last.npz \(No space left on device\); "
+                                         r"the previous one, if any, is intact"):
+        train.main(["--resume", str(out / "last.npz"), "--max-steps", "6"])
+    assert (out / "last.npz").read_bytes() == before and temporaries(out) == []
+
+
 def test_the_optimizer_refuses_nan_hyperparameters_passed_around_the_cli():
     with pytest.raises(ValueError, match="lr must be a finite number >= 0, got nan"):
         minidnn.optim.SGD([minidnn.tensor([1.0], requires_grad=True)], lr=float("nan"))
@@ -375,7 +410,7 @@ os.replace = lambda *args: (time.sleep(0.015), replace(*args))[1]
 """ + NO_PLOTS
 
 
-def test_kill_9_during_saves_never_loses_a_checkpoint_or_leaves_temporaries(tmp_path, monkeypatch):
+def test_kill_9_during_saves_never_loses_a_checkpoint_or_leaves_temporaries(tmp_path):
     out, last, rng, kills, torn = tmp_path / "run", tmp_path / "run" / "last.npz", random.Random(9), 0, 0
     while kills < 16:
         start = ["--resume", str(last)] if last.exists() else KILLED_RUN + ["--out", str(out), "--overwrite"]
@@ -404,7 +439,6 @@ def test_kill_9_during_saves_never_loses_a_checkpoint_or_leaves_temporaries(tmp_
     assert finished.returncode == 0, finished.stderr
     assert temporaries(out) == []  # the next start removed what the kills left
     assert [row["epoch"] for row in rows(out)] == list(range(1, 31))  # every epoch recorded, once
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
     train.main(KILLED_RUN + ["--out", str(tmp_path / "never-killed")])
     assert_same_parameters(last, tmp_path / "never-killed" / "last.npz")  # bit for bit
     assert_same_parameters(out / "best.npz", tmp_path / "never-killed" / "best.npz")

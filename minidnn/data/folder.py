@@ -8,19 +8,19 @@ Class names are the sub-directory names, sorted, and class ``i`` is the ``i``-th
 ``classes=`` (another split's ``classes``), exactly those names in that order, so that a validation
 split missing a class (or holding an extra one) cannot shift the indices the model learned: a
 directory not in ``classes`` is a ``ValueError`` naming it, a class without a directory a warning
-naming it (its index stays reserved). Files are
-matched on their (case-insensitive) extension; hidden files and directories (a leading dot: macOS
-``._x.jpg`` resource forks, ``.ipynb_checkpoints``) are ignored, since they are never images of the
-class. Images are decoded by Pillow and converted to RGB, HWC uint8, before ``transform``.
+naming it (its index stays reserved). Files are matched on their (case-insensitive) extension;
+hidden files and directories (a leading dot: macOS ``._x.jpg`` resource forks,
+``.ipynb_checkpoints``) are ignored, since they are never images of the class. Images are decoded
+by Pillow and converted to RGB, HWC uint8, before ``transform``.
 
 Corrupt images: by default the listing opens no file, and a file Pillow cannot decode is an
-:class:`UnreadableImageError` (a ``ValueError``) naming it when its sample is read. With ``skip_corrupt=True`` the constructor
-decodes every image once (in a thread pool) and drops those that fail, with a warning naming each.
-Skipping is decided once, at construction, so ``len`` and the index of every sample stay fixed
-afterwards: the loader's shuffled order and each sample's augmentation generator (seeded from its
-index) are the same in every run over the same files, which substituting another sample at read
-time, or dropping it from a batch, would not give. A file that breaks after construction still
-raises.
+:class:`UnreadableImageError` (a ``ValueError``) naming it when its sample is read. With
+``skip_corrupt=True`` the constructor decodes every image once (in a thread pool) and drops those
+that fail, with a warning naming each. Skipping is decided once, at construction, so ``len`` and
+the index of every sample stay fixed afterwards: the loader's shuffled order and each sample's
+augmentation generator (seeded from its index) are the same in every run over the same files,
+which substituting another sample at read time, or dropping it from a batch, would not give. A
+file that breaks after construction still raises.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class ImageFolder(TransformedDataset):
     """``ImageFolder(root, transform=None, target_transform=None, seed=0, skip_corrupt=False, extensions=...,
     classes=None)``.
 
-    Attributes as torchvision's: ``classes`` (sorted sub-directory names), ``class_to_idx``,
+    Attributes as torchvision's: ``classes`` (sorted sub-directory names, or the given ``classes``), ``class_to_idx``,
     ``samples`` (a list of ``(path, class_index)``, classes in order, files sorted within each) and
     ``targets``; also ``skipped``, the ``(path, reason)`` of every file ``skip_corrupt`` dropped.
     ``dataset[i]`` is ``(transform(image, rng), target_transform(class_index))`` with ``image`` an
