@@ -6,16 +6,21 @@
     python train.py --resume runs/shapes_cnn/last.npz  # continue exactly where a run stopped
 
 Each epoch evaluates on the test split; --out gets metrics.jsonl (one JSON line per epoch),
-curves.png (loss and accuracy), last.npz and best.npz (checkpoints). Ctrl-C saves last.npz and
-exits; --resume continues from it, bit for bit as if the run had not stopped.
+curves.png (loss and accuracy), last.npz and best.npz (checkpoints). Ctrl-C or SIGTERM saves
+last.npz and exits with 130 or 143; --resume continues from it, bit for bit as if the run had not
+stopped, with the run's own settings. What a user can rely on is written down in docs/training.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
+import sys
+import tempfile
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,27 +29,47 @@ from tqdm import tqdm
 import minidnn
 import minidnn.functional as F
 import models
-from minidnn import data, optim
-from minidnn.checkpoint import atomic_write
+from minidnn import backend, data, optim
+from minidnn.checkpoint import Checkpoint, atomic_write, remove_orphans
 from minidnn.data import transforms as T
+from minidnn.data.folder import UnreadableImageError
+
+# The files a run writes in --out (their temporaries are <name>.minidnn-<hex>.tmp, see checkpoint.py).
+RUN_FILES = ("last.npz", "best.npz", "metrics.jsonl", "curves.png")
+
+# Settings that define what a run computes. A resumed run takes them from its checkpoint; given
+# again with another value they are refused, because they would change what the saved position
+# means: the learning-rate schedule spans all --epochs (more epochs would restart the cosine from
+# its end), and --batch-size, --seed and the data settings fix which images each step sees.
+FIXED = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule", "warmup",
+         "label_smoothing", "seed", "format", "image_size", "train_size", "test_size")
+# Taken from the checkpoint unless given: the data may have moved (to a node's local disk), and
+# skipping unreadable images may be switched on to get past a bad file.
+CARRIED = ("data", "skip_corrupt")
 
 
 # ----------------------------------------------------------------------------------------------
 # Arguments
 # ----------------------------------------------------------------------------------------------
-def _number(kind: type, low: float, inclusive: bool = True):
+def _number(kind: type, low: float, inclusive: bool = True, below: float | None = None):
+    """An argparse type: a ``kind`` (int or float) >= ``low`` (> if not ``inclusive``), < ``below``.
+    Floats must be finite: ``float("nan")`` parses, and NaN passes every ``<`` test."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value < low or (value == low and not inclusive):
-            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low}, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < low or (value == low and not inclusive) or (below is not None and value >= below):
+            bounds = f"{'>=' if inclusive else '>'} {low}" + ("" if below is None else f" and < {below}")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
         return value
     return parse
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, range-checked; ``args.given`` is the set of options given on the command line."""
     parser = argparse.ArgumentParser(
         prog="train.py", description="Train a CNN with minidnn (small CNN on built-in data by default).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -59,33 +84,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="input side in pixels (default: the model's own, e.g. 32, 224 or 227)")
     what.add_argument("--train-size", type=_number(int, 10), default=20000, help="shapes10 training images")
     what.add_argument("--test-size", type=_number(int, 10), default=4000, help="shapes10 test images")
+    what.add_argument("--skip-corrupt", action=argparse.BooleanOptionalAction, default=False,
+                      help="image folders: skip unreadable images (each named in a warning) instead of stopping")
     how = parser.add_argument_group("optimisation")
     how.add_argument("--epochs", type=_number(int, 1), default=3)
     how.add_argument("--batch-size", type=_number(int, 1), default=64)
     how.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
     how.add_argument("--lr", type=_number(float, 0.0, inclusive=False), default=None,
                      help="peak learning rate (default: 0.05 for sgd, 1e-3 for adam/adamw)")
-    how.add_argument("--momentum", type=_number(float, 0.0), default=0.9, help="SGD momentum")
+    how.add_argument("--momentum", type=_number(float, 0.0, below=1.0), default=0.9, help="SGD momentum")
     how.add_argument("--weight-decay", type=_number(float, 0.0), default=5e-4)
     how.add_argument("--schedule", default="cosine", choices=["cosine", "step", "constant"],
                      help="learning-rate schedule over all steps (step: x0.1 at 50%% and 75%%)")
-    how.add_argument("--warmup", type=_number(float, 0.0), default=0.0, help="linear warm-up, in epochs")
-    how.add_argument("--label-smoothing", type=_number(float, 0.0), default=0.0)
+    how.add_argument("--warmup", type=_number(float, 0.0), default=0.0,
+                     help="linear warm-up, in epochs (less than --epochs)")
+    how.add_argument("--label-smoothing", type=_number(float, 0.0, below=1.0), default=0.0)
     run = parser.add_argument_group("running")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument("--tf32", action="store_true", help="let float32 GEMMs use TF32 tensor cores (GPU)")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
     run.add_argument("--workers", type=_number(int, 0), default=2, help="threads decoding samples")
-    run.add_argument("--out", default=None, help="output directory (default: runs/<model>)")
-    run.add_argument("--resume", default=None, metavar="PATH", help="checkpoint to continue from")
-    run.add_argument("--eval-only", action="store_true", help="evaluate (the --resume checkpoint) and exit")
+    run.add_argument("--out", default=None,
+                     help="output directory (default: the --resume checkpoint's directory, else runs/<model>)")
+    run.add_argument("--overwrite", action="store_true", help="replace the run that --out holds")
+    run.add_argument("--resume", default=None, metavar="PATH",
+                     help="checkpoint to continue from, with its settings (see docs/training.md)")
+    run.add_argument("--eval-only", action="store_true", help="evaluate the --resume checkpoint and exit")
     run.add_argument("--max-steps", type=_number(int, 1), default=None,
                      help="stop after this many steps in total, saving a resumable checkpoint")
     run.add_argument("--log-every", type=_number(int, 1), default=20, help="steps between progress updates")
     args = parser.parse_args(argv)
+    if args.eval_only and not args.resume:
+        parser.error("--eval-only needs --resume PATH, the checkpoint to evaluate (without one the weights are random)")
+    # Which options were given (a resumed run takes the others from its checkpoint): parse again
+    # into a namespace filled with a marker; argparse writes defaults only where nothing is set.
+    unset = object()
+    probe = parser.parse_args(argv, argparse.Namespace(**{name: unset for name in vars(args)}))
+    args.given = {name for name, value in vars(probe).items() if value is not unset}
     if args.lr is None:
         args.lr = 0.05 if args.optimizer == "sgd" else 1e-3
-    args.out = args.out or os.path.join("runs", args.model)
     return args
 
 
@@ -142,8 +179,11 @@ def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any,
                          T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
     test_t = T.Compose([T.Resize(image_size), T.CenterCrop(image_size), T.ToTensor(),
                         T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    train = data.ImageFolder(folder[0], transform=train_t, seed=args.seed)
-    return train, data.ImageFolder(folder[1], transform=test_t), len(train.classes)
+    train = data.ImageFolder(folder[0], transform=train_t, seed=args.seed, skip_corrupt=args.skip_corrupt)
+    # val/ takes train/'s class indices: sorted on its own, a missing or an extra class would shift
+    # them, and every validation image would be scored against another class's label.
+    test = data.ImageFolder(folder[1], transform=test_t, skip_corrupt=args.skip_corrupt, classes=train.classes)
+    return train, test, len(train.classes)
 
 
 class _GrayToRGB:
@@ -185,11 +225,16 @@ def build_optimizer(args: argparse.Namespace, model: Any, steps_per_epoch: int):
 # ----------------------------------------------------------------------------------------------
 # Training and evaluation
 # ----------------------------------------------------------------------------------------------
+class TrainingError(Exception):
+    """Training cannot go on (a non-finite loss, an unreadable image); the message says what was saved."""
+
+
 class Meter:
-    """Sums of loss and correct predictions kept on the device: reading them is the only host sync."""
+    """Sums of loss and correct predictions kept on the device (reading them is a host sync), and the
+    epoch's training time, so that a resumed epoch reports the same numbers as one never stopped."""
 
     def __init__(self) -> None:
-        self.loss, self.correct, self.count = None, None, 0
+        self.loss, self.correct, self.count, self.seconds = None, None, 0, 0.0
 
     def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor) -> None:
         batch = labels.shape[0]
@@ -206,7 +251,8 @@ class Meter:
 
     def state(self) -> dict[str, float]:
         loss, accuracy = self.read()
-        return {"loss_sum": loss * self.count, "correct": accuracy * self.count, "count": self.count}
+        return {"loss_sum": loss * self.count, "correct": accuracy * self.count, "count": self.count,
+                "seconds": self.seconds}
 
     @classmethod
     def from_state(cls, state: dict[str, float]) -> "Meter":
@@ -214,36 +260,72 @@ class Meter:
         if state["count"]:
             meter.loss, meter.correct = minidnn.tensor(state["loss_sum"]), minidnn.tensor(state["correct"])
             meter.count = int(state["count"])
+        meter.seconds = float(state.get("seconds", 0.0))
         return meter
 
 
+class LossWatch:
+    """The training losses since the last check, left on the device. Reading a loss makes the host
+    wait for the GPU, so they are read together: where the progress bar reads the meter anyway, at
+    the end of an epoch and before anything is saved. A NaN is therefore found up to --log-every
+    steps late; the weights are lost by then anyway (NaN gradients), and they are never saved."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, minidnn.Tensor]] = []
+
+    def add(self, step: int, loss: minidnn.Tensor) -> None:
+        self.pending.append((step, loss.detach()))
+
+    def first_non_finite(self) -> tuple[int, float] | None:
+        """(step, loss) of the first non-finite loss since the last call, or None."""
+        if not self.pending:
+            return None
+        values = minidnn.stack([loss for _, loss in self.pending]).numpy()  # one transfer
+        steps, self.pending = [step for step, _ in self.pending], []
+        bad = np.flatnonzero(~np.isfinite(values))
+        return (steps[bad[0]], float(values[bad[0]])) if bad.size else None
+
+
 def evaluate(model: Any, loader: data.DataLoader, device: str) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over ``loader``, in eval mode (the train mode is restored)."""
     model.eval()
     meter = Meter()
-    with minidnn.no_grad():
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            logits = model(images)
-            meter.add(logits, labels, F.cross_entropy(logits, labels))
-    model.train()
+    try:
+        with minidnn.no_grad():
+            for images, labels in loader:
+                images, labels = images.to(device), labels.to(device)
+                logits = model(images)
+                meter.add(logits, labels, F.cross_entropy(logits, labels))
+    finally:
+        model.train()
     return meter.read()
 
 
 class StopRequest:
-    """First Ctrl-C: finish the current step, save, exit. A second one interrupts at once."""
+    """The first SIGINT (Ctrl-C) or SIGTERM (schedulers, ``docker stop``) asks to stop: the step in
+    flight finishes, last.npz is saved, and the run exits with 128 + the signal's number. A second
+    one exits at once with that code: the save in progress is abandoned, its temporary file removed
+    (an interrupted save never replaces last.npz, see minidnn/checkpoint.py)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self._handle)
+        self.signum: int | None = None
+        self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            signal.signal(signal.SIGINT, self.previous)
-            raise KeyboardInterrupt
-        self.requested = True
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            self.restore()
+            os.write(2, f"\ntrain.py: second {name}: stopping at once\n".encode())
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        # os.write, not print: a handler may interrupt a print (the progress bar's) on the same stream.
+        os.write(2, f"\ntrain.py: {name}: saving last.npz after this step ({name} again stops at once)\n".encode())
 
     def restore(self) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def write_metrics(out: str, history: list[dict[str, Any]]) -> None:
@@ -272,15 +354,210 @@ def write_metrics(out: str, history: list[dict[str, Any]]) -> None:
     pyplot.close(figure)
 
 
-def prepare(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything a run needs; a setting that makes no sense is a ``SystemExit`` with a one-line message."""
+# ----------------------------------------------------------------------------------------------
+# Setting up: everything that can be checked before the first step is
+# ----------------------------------------------------------------------------------------------
+def _warn(message: str) -> None:
+    print(f"train.py: warning: {message}", file=sys.stderr)
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint) -> None:
+    """Take the run's settings from its checkpoint: those not given are carried over (and named),
+    a FIXED one given with another value is a ``ValueError`` naming both values."""
+    saved = checkpoint.extra.get("args")
+    if not isinstance(saved, dict) or "history" not in checkpoint.extra:
+        raise ValueError(f"{args.resume!r} is a minidnn checkpoint, but not one of train.py (it holds no run settings)")
+    carried = []
+    for name in FIXED + CARRIED:
+        if name not in saved:  # a checkpoint of an older train.py
+            continue
+        flag, old, new = "--" + name.replace("_", "-"), saved[name], getattr(args, name)
+        if name not in args.given:
+            if new != old:
+                carried.append(f"{flag} {old}")
+            setattr(args, name, old)
+        elif new != old and name in FIXED:
+            raise ValueError(f"{flag} {new} differs from the checkpoint's {flag} {old}: a resumed run keeps the "
+                             f"settings that shape its schedule and data order; leave {flag} out to keep {old}, or "
+                             f"start a new run with another --out")
+        elif new != old:
+            _warn(f"{flag} {new} replaces the checkpoint's {old}; it must give the same training images")
+    print(f"train.py: {'evaluating' if args.eval_only else 'resuming'} {args.resume} at step {checkpoint.step}"
+          + (f" with its settings {' '.join(carried)}" if carried else ""))
+
+
+def check_out(args: argparse.Namespace) -> list[str]:
+    """Fail fast on --out: it must be a writable directory (created if need be), and it must not
+    hold another run unless --overwrite says to replace it. Removes the temporaries an earlier kill
+    left there. Returns the files of another run to delete when training starts (--overwrite)."""
+    out = args.out
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out!r} is a file, not a directory")
     try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # anonymous: a kill leaves nothing behind
+            pass
+    except OSError as error:
+        raise ValueError(f"--out {out!r} is not a writable directory ({error.strerror or error})") from None
+    last = os.path.join(out, "last.npz")
+    other = [] if _same_file(args.resume, last) else \
+        [name for name in RUN_FILES if os.path.exists(os.path.join(out, name))
+         and not _same_file(args.resume, os.path.join(out, name))]
+    if other and not args.overwrite:
+        if args.resume:
+            raise ValueError(f"--out {out!r} holds a run ({', '.join(other)}) that resuming {args.resume!r} there "
+                             f"would replace; choose another --out, or add --overwrite to replace it")
+        hint = f"continue it with --resume {last}, " if os.path.exists(last) else ""
+        raise ValueError(f"--out {out!r} already holds a run ({', '.join(other)}); {hint}start a new run with "
+                         f"another --out, or add --overwrite to replace it")
+    removed = remove_orphans(out, RUN_FILES)
+    if removed:
+        print(f"train.py: removed {len(removed)} temporary file(s) an interrupted save left: "
+              f"{', '.join(os.path.basename(path) for path in removed)}")
+    return [os.path.join(out, name) for name in other]
+
+
+def check_settings(args: argparse.Namespace, checkpoint: Checkpoint | None) -> None:
+    """The checks that involve more than one option (each option's own range is argparse's)."""
+    if args.warmup >= args.epochs:
+        raise ValueError(f"--warmup {args.warmup} must be less than --epochs {args.epochs}")
+    if checkpoint is not None and args.max_steps is not None and args.max_steps <= checkpoint.step:
+        raise ValueError(f"--max-steps {args.max_steps} is not beyond the checkpoint's step {checkpoint.step}")
+    if args.data != "shapes10" and not os.path.isdir(args.data):
+        raise FileNotFoundError(f"--data {args.data!r} is neither 'shapes10' nor an existing directory")
+
+
+class Run:
+    """A run's objects and its position: ``step`` (optimizer steps taken), ``history`` (one row per
+    evaluated epoch), ``best`` (the best test accuracy so far, None before the first evaluation),
+    ``meter`` (the current epoch's training sums) and ``saved_step`` (the step of --out/last.npz)."""
+
+    def __init__(self, args: argparse.Namespace, device: str, model: Any, optimizer: Any, scheduler: Any,
+                 train_loader: data.DataLoader, test_loader: data.DataLoader, replace: list[str]) -> None:
+        self.args, self.device, self.model, self.optimizer, self.scheduler = args, device, model, optimizer, scheduler
+        self.train_loader, self.test_loader, self.replace = train_loader, test_loader, replace
+        self.step, self.history, self.best, self.meter = 0, [], None, Meter()
+        self.saved_step: int | None = None
+        self.watch = LossWatch()
+
+    def resume(self, checkpoint: Checkpoint) -> None:
+        """Restore the model, optimizer, scheduler, RNG and position from ``checkpoint``."""
+        saved_steps = checkpoint.extra.get("steps_per_epoch", len(self.train_loader))
+        if saved_steps != len(self.train_loader):
+            raise ValueError(f"the training data gives {len(self.train_loader)} batches per epoch, the checkpoint's "
+                             f"run had {saved_steps}: its position means nothing here (is --data another data set?)")
+        saved_images = checkpoint.extra.get("train_images", len(self.train_loader.dataset))
+        if saved_images != len(self.train_loader.dataset):
+            _warn(f"the training set has {len(self.train_loader.dataset)} images, the checkpoint's run had "
+                  f"{saved_images}: the run goes on from step {checkpoint.step} in the new set's shuffled order, "
+                  f"so it is not bit for bit the run that never stopped")
+        minidnn.load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
+        extra = checkpoint.extra
+        self.step, self.history, self.best = checkpoint.step, extra["history"], extra["best"]
+        self.meter = Meter.from_state(extra["meter"])
+        if _same_file(checkpoint.path, os.path.join(self.args.out, "last.npz")):
+            self.saved_step = checkpoint.step
+
+    def non_finite(self, what: str) -> TrainingError:
+        last = os.path.join(self.args.out, "last.npz")
+        kept = f"{last} (step {self.saved_step}) is the last good checkpoint" if self.saved_step is not None else \
+            "no checkpoint was saved"
+        return TrainingError(f"{what}; stopped without saving, {kept}; try a lower --lr")
+
+    def check_losses(self) -> None:
+        """A ``TrainingError`` naming the step if a training loss since the last check is not finite."""
+        bad = self.watch.first_non_finite()
+        if bad is not None:
+            raise self.non_finite(f"the training loss is {bad[1]} at step {bad[0]}")
+
+    def check_finite(self) -> None:
+        """:meth:`check_losses`, and a ``TrainingError`` if a parameter or buffer is not finite (a step
+        with a finite loss can still overflow the weights): the check before anything is saved."""
+        self.check_losses()
+        for name, value in self.model.state_dict().items():
+            array = value.data if isinstance(value, minidnn.Tensor) else value
+            if array.dtype.kind == "f" and not bool(backend.get_array_module(array).isfinite(array).all()):
+                raise self.non_finite(f"the model's {name} is not finite after step {self.step}")
+
+    def save(self, name: str) -> None:
+        """Write --out/``name`` (a resumable checkpoint), never with non-finite weights."""
+        self.check_finite()
+        settings = {key: value for key, value in vars(self.args).items() if key != "given"}
+        extra = dict(model=self.args.model, history=self.history, best=self.best, meter=self.meter.state(),
+                     args=settings, steps_per_epoch=len(self.train_loader), train_images=len(self.train_loader.dataset))
+        path = os.path.join(self.args.out, name)
+        try:
+            minidnn.save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step, extra=extra)
+        except OSError as error:  # a full disk, a folder removed under the run: the old file is intact
+            raise TrainingError(f"cannot write {path} ({error.strerror or error}); the previous one, if any, is "
+                                f"intact") from None
+        if name == "last.npz":
+            self.saved_step = self.step
+
+    def end_epoch(self, epoch: int) -> None:
+        """Evaluate the epoch just trained, record it, save best.npz (if better) and last.npz, write
+        metrics.jsonl. best.npz goes first: a kill between the two leaves last.npz before this epoch,
+        so the epoch is trained, evaluated and (if better) saved as best again on resume."""
+        self.check_finite()
+        train_loss, train_accuracy = self.meter.read()
+        started = time.perf_counter()
+        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device)
+        if not math.isfinite(test_loss):
+            raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")
+        self.history.append({
+            "epoch": epoch + 1, "step": self.step, "train_loss": train_loss, "train_accuracy": train_accuracy,
+            "test_loss": test_loss, "test_accuracy": test_accuracy, "lr": self.scheduler.get_last_lr()[0],
+            "seconds": round(self.meter.seconds + time.perf_counter() - started, 2),
+            "images_per_second": round(self.meter.count / max(self.meter.seconds, 1e-9), 1)})
+        self.meter = Meter()
+        print(f"epoch {epoch + 1}: train loss {train_loss:.4f} acc {100 * train_accuracy:.2f}% | "
+              f"test loss {test_loss:.4f} acc {100 * test_accuracy:.2f}%")
+        if self.best is None or test_accuracy > self.best:
+            self.best = test_accuracy
+            self.save("best.npz")
+        self.save("last.npz")
+        write_metrics(self.args.out, self.history)
+
+    def stopped(self, signum: int | None) -> dict[str, Any]:
+        """Report a stop after last.npz was saved: a signal exits with 128 + its number, --max-steps returns."""
+        path = os.path.join(self.args.out, "last.npz")
+        how = f"stopped by {signal.Signals(signum).name}" if signum else f"stopped at --max-steps {self.args.max_steps}"
+        print(f"train.py: {how} after step {self.step}; saved {path}; continue with: python train.py --resume {path}",
+              file=sys.stderr if signum else sys.stdout)
+        if signum:
+            raise SystemExit(128 + signum)
+        return {"step": self.step, "stopped": True}
+
+
+def prepare(args: argparse.Namespace) -> Run:
+    """Everything a run needs, checked before the first step; a setting that makes no sense (or a
+    checkpoint that does not fit it) is a ``SystemExit`` with a one-line message."""
+    try:
+        checkpoint = None
+        if args.resume:
+            checkpoint = minidnn.read_checkpoint(args.resume)
+            resume_settings(args, checkpoint)
+        if args.out is None:  # a resumed run goes on in its own folder
+            args.out = (os.path.dirname(args.resume) or ".") if args.resume else os.path.join("runs", args.model)
+        check_settings(args, checkpoint)
         device = str(minidnn.device(args.device))
         if device.startswith("cuda") and not minidnn.cuda.is_available():
             raise RuntimeError("--device cuda: CUDA is not available on this machine (a GPU and a CUDA build of "
                                "CuPy are needed: pip install -e '.[cuda13]')")
+        replace = [] if args.eval_only else check_out(args)  # before the data: loading it can take long
         minidnn.backend.set_allow_tf32(args.tf32)
-        train_set, test_set, num_classes = build_datasets(args, args.image_size or models.input_size(args.model))
+        with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
+            warnings.simplefilter("always")
+            train_set, test_set, num_classes = build_datasets(args, args.image_size or models.input_size(args.model))
+        for warning in caught:
+            _warn(str(warning.message))
+        for split, dataset in (("training", train_set), ("test", test_set)):
+            if getattr(dataset, "skipped", None):
+                _warn(f"--skip-corrupt: skipped {len(dataset.skipped)} unreadable image(s) of the {split} split")
         minidnn.manual_seed(args.seed)
         model = models.create(args.model, num_classes=num_classes).to(device)
         train_loader = data.DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, seed=args.seed,
@@ -289,88 +566,92 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--batch-size {args.batch_size} is larger than the training set ({len(train_set)} images)")
         test_loader = data.DataLoader(test_set, max(args.batch_size, 128), num_workers=args.workers)
         optimizer, scheduler = build_optimizer(args, model, len(train_loader))
-        run = dict(device=device, model=model, train_loader=train_loader, test_loader=test_loader,
-                   optimizer=optimizer, scheduler=scheduler, step=0, history=[], best=0.0, meter=Meter())
-        if args.resume:
-            checkpoint = minidnn.load_checkpoint(args.resume, model, optimizer, scheduler)
-            if checkpoint.extra.get("model") != args.model:
-                raise ValueError(f"checkpoint {args.resume!r} is of model {checkpoint.extra.get('model')!r}, "
-                                 f"not --model {args.model}")
-            run.update(step=checkpoint.step, history=checkpoint.extra["history"], best=checkpoint.extra["best"],
-                       meter=Meter.from_state(checkpoint.extra["meter"]))
+        run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace)
+        if checkpoint is not None:
+            run.resume(checkpoint)
         return run
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError) as error:
         raise SystemExit(f"train.py: error: {error}") from None
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    run = prepare(args)
-    device, model, optimizer, scheduler = run["device"], run["model"], run["optimizer"], run["scheduler"]
-    train_loader, test_loader = run["train_loader"], run["test_loader"]
-    step, history, best, meter = run["step"], run["history"], run["best"], run["meter"]
-    if args.eval_only:
-        loss, accuracy = evaluate(model, test_loader, device)
-        print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(test_loader.dataset)} images)")
-        return {"test_loss": loss, "test_accuracy": accuracy}
-
-    os.makedirs(args.out, exist_ok=True)
-    steps_per_epoch = len(train_loader)
-
-    def save(name: str) -> None:
-        minidnn.save_checkpoint(os.path.join(args.out, name), model, optimizer, scheduler, step,
-                                extra=dict(model=args.model, history=history, best=best, meter=meter.state(),
-                                           args=vars(args)))
-
+def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
+    """The training loop from ``run``'s position to the end (or a stop); see docs/training.md."""
+    for path in run.replace:  # --overwrite: the other run's files go only now that this one can start
+        os.remove(path)
+    if run.replace:
+        print(f"train.py: --overwrite: removed {', '.join(os.path.basename(p) for p in run.replace)}")
+    if run.history:  # repairs metrics.jsonl after a kill between last.npz and it
+        write_metrics(args.out, run.history)
+    steps_per_epoch = len(run.train_loader)
+    total = args.epochs * steps_per_epoch
     stop = StopRequest()
     try:
-        for epoch in range(step // steps_per_epoch, args.epochs):
-            train_loader.set_epoch(epoch)
-            first = step - epoch * steps_per_epoch
-            started, images_seen = time.perf_counter(), 0
-            bar = tqdm(train_loader.iterate(first), total=steps_per_epoch, initial=first, unit="step",
-                       desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True)
-            for images, labels in bar:
-                images, labels = images.to(device), labels.to(device)
-                logits = model(images)
-                loss = F.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                meter.add(logits, labels, loss)
-                step += 1
-                images_seen += labels.shape[0]
-                if step % args.log_every == 0 or step % steps_per_epoch == 0:
-                    train_loss, train_accuracy = meter.read()
-                    rate = images_seen / (time.perf_counter() - started)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
-                                    lr=f"{scheduler.get_last_lr()[0]:.3g}", img_s=f"{rate:.0f}")
-                if stop.requested or (args.max_steps is not None and step >= args.max_steps):
-                    bar.close()
-                    save("last.npz")
-                    print(f"stopped after step {step}; resume with --resume {os.path.join(args.out, 'last.npz')}")
-                    return {"step": step, "stopped": True}
-            bar.close()
-            train_loss, train_accuracy = meter.read()
-            test_loss, test_accuracy = evaluate(model, test_loader, device)
-            history.append({"epoch": epoch + 1, "step": step, "train_loss": train_loss,
-                            "train_accuracy": train_accuracy, "test_loss": test_loss, "test_accuracy": test_accuracy,
-                            "lr": scheduler.get_last_lr()[0], "seconds": round(time.perf_counter() - started, 2),
-                            "images_per_second": round(images_seen / (time.perf_counter() - started), 1)})
-            meter = Meter()
-            write_metrics(args.out, history)
-            print(f"epoch {epoch + 1}: train loss {train_loss:.4f} acc {100 * train_accuracy:.2f}% | "
-                  f"test loss {test_loss:.4f} acc {100 * test_accuracy:.2f}%")
-            if test_accuracy > best:
-                best = test_accuracy
-                save("best.npz")
-            save("last.npz")
+        # An epoch is recorded when it is evaluated, so the first unrecorded one is where to go on.
+        # A run stopped on an epoch's last step resumes with that epoch fully trained (first ==
+        # steps_per_epoch): it is evaluated and recorded, once, before the next one starts.
+        for epoch in range(len(run.history), args.epochs):
+            first = run.step - epoch * steps_per_epoch
+            if first < steps_per_epoch:
+                run.train_loader.set_epoch(epoch)
+                bar = tqdm(run.train_loader.iterate(first), total=steps_per_epoch, initial=first, unit="step",
+                           desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True)
+                tick = time.perf_counter()
+                for images, labels in bar:
+                    images, labels = images.to(run.device), labels.to(run.device)
+                    logits = run.model(images)
+                    loss = F.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
+                    run.optimizer.zero_grad()
+                    loss.backward()
+                    run.optimizer.step()
+                    run.scheduler.step()
+                    run.meter.add(logits, labels, loss)
+                    run.step += 1
+                    run.watch.add(run.step, loss)
+                    now = time.perf_counter()
+                    run.meter.seconds, tick = run.meter.seconds + now - tick, now
+                    if run.step % args.log_every == 0 or run.step % steps_per_epoch == 0:
+                        run.check_losses()
+                        train_loss, train_accuracy = run.meter.read()
+                        bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
+                                        lr=f"{run.scheduler.get_last_lr()[0]:.3g}",
+                                        img_s=f"{run.meter.count / max(run.meter.seconds, 1e-9):.0f}")
+                    if stop.signum or (args.max_steps is not None and args.max_steps <= run.step < total):
+                        bar.close()
+                        run.save("last.npz")
+                        return run.stopped(stop.signum)
+                bar.close()
+            run.end_epoch(epoch)
+            if stop.signum and epoch + 1 < args.epochs:  # came during the evaluation or saves: last.npz is done
+                return run.stopped(stop.signum)
+    except UnreadableImageError as error:
+        run.save("last.npz")  # the steps before the bad batch are kept
+        last = os.path.join(args.out, "last.npz")
+        raise TrainingError(f"{error}; saved {last} at step {run.step}: remove or replace the file and continue "
+                            f"with --resume {last}, or continue with --resume {last} --skip-corrupt") from None
     finally:
         stop.restore()
-    print(f"best test accuracy {100 * best:.2f}%; metrics, curves and checkpoints in {args.out}")
-    return {"step": step, "best_test_accuracy": best, "history": history}
+    best = "none" if run.best is None else f"{100 * run.best:.2f}%"
+    print(f"best test accuracy {best}; metrics, curves and checkpoints in {args.out}")
+    return {"step": run.step, "best_test_accuracy": run.best, "history": run.history}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run train.py with ``argv``; errors are ``SystemExit`` (a message, or 128 + a signal's number)."""
+    args = parse_args(argv)
+    run = prepare(args)
+    if args.eval_only:
+        loss, accuracy = evaluate(run.model, run.test_loader, run.device)
+        print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(run.test_loader.dataset)} images)")
+        return {"test_loss": loss, "test_accuracy": accuracy}
+    try:
+        return train(args, run)
+    except TrainingError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C while setting up, before there is anything to save
+        print("\ntrain.py: interrupted", file=sys.stderr)
+        sys.exit(130)

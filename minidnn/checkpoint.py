@@ -3,16 +3,21 @@
 Arrays are stored as named ``.npz`` members (``model/layer1.0.conv1.weight``,
 ``optimizer/state/3/momentum_buffer``); everything else (hyper-parameters, counters, RNG state,
 user extras) is one JSON document in the member ``metadata``. Files are written to a temporary
-file and renamed, so a crash never leaves half a checkpoint, and read with
-``allow_pickle=False``, so loading can never run code.
+file beside the target, flushed to the disk and renamed over it, so a crash never leaves half a
+checkpoint, and read with ``allow_pickle=False``, so loading can never run code.
+
+A process killed during a save (``kill -9``, a power cut) leaves its temporary file behind. Those
+are named ``<target>.minidnn-<8 hex digits>.tmp`` so that :func:`remove_orphans` can find and
+delete exactly them on the next start, and nothing else.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import re
+import secrets
 import zipfile
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -32,20 +37,54 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, (Tensor, np.ndarray)) or backend.is_cuda_array(value)
 
 
-def atomic_write(path: str | os.PathLike, write: Any, suffix: str = ".tmp") -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it onto ``path``."""
+def temporary_pattern(name: str) -> re.Pattern:
+    """The names :func:`atomic_write` gives its temporary files for the target file ``name``."""
+    return re.compile(re.escape(name) + r"\.minidnn-[0-9a-f]{8}\.tmp")
+
+
+def atomic_write(path: str | os.PathLike, write: Any) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it onto ``path``.
+
+    Readers see the old file or the new one, never a part: ``os.replace`` is atomic, and the fsync
+    before it makes sure the new name cannot point at data still in the page cache after a crash.
+    Any exception (also ``KeyboardInterrupt`` or ``SystemExit`` from a signal) removes the temporary.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=suffix)
+    temporary = os.path.join(directory, f"{os.path.basename(path)}.minidnn-{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(handle, "wb") as file:
+        # O_EXCL: never write into a file that is already there; 0o666 & umask, like open(..., "w").
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
             write(file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+    if os.name == "posix":  # make the rename itself durable: fsync the directory entry
+        handle = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+
+def remove_orphans(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
+    """Delete the temporary files that an interrupted :func:`atomic_write` of ``directory/name``
+    left (for each of ``names``); returns their paths. Other files, and temporaries of other
+    targets, are left alone. Call it only when no other process is writing those targets."""
+    directory = os.fspath(directory)
+    patterns = [temporary_pattern(name) for name in names]
+    removed = []
+    for entry in sorted(os.listdir(directory)):
+        path = os.path.join(directory, entry)
+        if any(p.fullmatch(entry) for p in patterns) and os.path.isfile(path):
+            os.remove(path)
+            removed.append(path)
+    return removed
 
 
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, scheduler: Any = None,
@@ -116,10 +155,12 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return Checkpoint(path, arrays, metadata)
 
 
-def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, scheduler: Any = None,
+def load_checkpoint(path: str | os.PathLike | Checkpoint, model: Any, optimizer: Any = None, scheduler: Any = None,
                     restore_rng: bool = True, strict: bool = True) -> Checkpoint:
-    """Restore a checkpoint into ``model`` (and the optimizer, scheduler and global RNG); returns it."""
-    checkpoint = read_checkpoint(path)
+    """Restore a checkpoint into ``model`` (and the optimizer, scheduler and global RNG); returns it.
+
+    ``path`` may also be a :class:`Checkpoint` already read (to look at its extras first)."""
+    checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     try:
         model.load_state_dict(checkpoint.model_state, strict=strict)
         if optimizer is not None:

@@ -105,3 +105,37 @@ def test_extras_must_be_json(tmp_path):
     with pytest.raises(TypeError, match="JSON"):
         minidnn.save_checkpoint(tmp_path / "x.npz", nn.Linear(1, 1), extra={"object": object()})
     assert not any(tmp_path.iterdir())
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "last.npz"
+    minidnn.save_checkpoint(path, nn.Linear(2, 2), step=1)
+    before = path.read_bytes()
+
+    def half_then_interrupted(file):
+        file.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # a signal in the middle of the write
+
+    with pytest.raises(KeyboardInterrupt):
+        minidnn.checkpoint.atomic_write(path, half_then_interrupted)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["last.npz"]
+
+
+def test_temporaries_have_a_recognisable_name_and_only_orphans_are_removed(tmp_path, monkeypatch):
+    seen = []
+    real_replace = os.replace
+    monkeypatch.setattr(minidnn.checkpoint.os, "replace", lambda a, b: (seen.append(os.path.basename(a)),
+                                                                          real_replace(a, b))[1])
+    minidnn.save_checkpoint(tmp_path / "last.npz", nn.Linear(2, 2))
+    assert len(seen) == 1 and minidnn.checkpoint.temporary_pattern("last.npz").fullmatch(seen[0])
+    monkeypatch.undo()
+    # What a kill -9 in the middle of saves leaves behind, and files that merely look alike.
+    orphans = ["last.npz.minidnn-0a1b2c3d.tmp", "best.npz.minidnn-ffffffff.tmp"]
+    others = ["last.npz", "last.npz.tmp", "other.npz.minidnn-0a1b2c3d.tmp", "last.npz.minidnn-0a1b2c3d.tmp.keep",
+              "last.npz.minidnn-XYZ.tmp"]
+    for name in orphans + others[1:]:
+        (tmp_path / name).write_bytes(b"partial")
+    (tmp_path / "best.npz.minidnn-12345678.tmp").mkdir()  # not a file: left alone
+    removed = minidnn.checkpoint.remove_orphans(tmp_path, ["last.npz", "best.npz"])
+    assert sorted(os.path.basename(p) for p in removed) == sorted(orphans)
+    assert sorted(os.listdir(tmp_path)) == sorted(others + ["best.npz.minidnn-12345678.tmp"])

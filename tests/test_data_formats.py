@@ -499,3 +499,30 @@ def test_image_folder_bad_roots_and_arguments(tmp_path):
         ImageFolder(tmp_path / "noimages", extensions=("png",))
     with pytest.raises(TypeError, match="root must be a path"):
         ImageFolder(3)
+
+
+def test_image_folder_splits_share_the_training_class_indices(tmp_path):
+    # val/ lacks "ant": sorted on their own its classes would be cat=0, dog=1, while the model
+    # learned ant=0, cat=1, dog=2, and every validation image would be scored against a wrong label.
+    for relative in ("train/ant/1.png", "train/cat/2.png", "train/dog/3.png", "val/cat/4.png", "val/dog/5.png"):
+        save_image(tmp_path / relative, np.zeros((2, 2, 3), np.uint8))
+    train = ImageFolder(tmp_path / "train")
+    with pytest.warns(UserWarning, match=r"no directory for the classes: ant \(their indices stay reserved\)"):
+        val = ImageFolder(tmp_path / "val", classes=train.classes)
+    assert val.classes == train.classes and val.class_to_idx == train.class_to_idx
+    assert val.targets == [1, 2] and [label for _, label in (val[0], val[1])] == [1, 2]
+    save_image(tmp_path / "val" / "eel" / "6.png", np.zeros((2, 2, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"val' has class directories that are not among the given classes: eel "
+                                         r"\(the classes are: ant, cat, dog\)"):
+        ImageFolder(tmp_path / "val", classes=train.classes)
+    with pytest.raises(ValueError, match="classes must be a non-empty sequence of distinct"):
+        ImageFolder(tmp_path / "train", classes=("ant", "ant", "cat", "dog"))
+
+
+def test_image_folder_unreadable_image_error_is_a_value_error_with_the_path(tmp_path, rng):
+    from minidnn.data.folder import UnreadableImageError
+
+    root, _ = corrupt_tree(tmp_path, rng)
+    with pytest.raises(UnreadableImageError) as info:
+        ImageFolder(root)[2]
+    assert isinstance(info.value, ValueError) and info.value.path.endswith("3-garbage.jpg")

@@ -4,19 +4,23 @@
     root/ant/more/0002.png      (files in nested directories belong to their top-level class)
     root/bee/a.jpeg
 
-Class names are the sub-directory names, sorted, and class ``i`` is the ``i``-th of them. Files are
-matched on their (case-insensitive) extension; hidden files and directories (a leading dot: macOS
-``._x.jpg`` resource forks, ``.ipynb_checkpoints``) are ignored, since they are never images of the
-class. Images are decoded by Pillow and converted to RGB, HWC uint8, before ``transform``.
+Class names are the sub-directory names, sorted, and class ``i`` is the ``i``-th of them; or, with
+``classes=`` (another split's ``classes``), exactly those names in that order, so that a validation
+split missing a class (or holding an extra one) cannot shift the indices the model learned: a
+directory not in ``classes`` is a ``ValueError`` naming it, a class without a directory a warning
+naming it (its index stays reserved). Files are matched on their (case-insensitive) extension;
+hidden files and directories (a leading dot: macOS ``._x.jpg`` resource forks,
+``.ipynb_checkpoints``) are ignored, since they are never images of the class. Images are decoded
+by Pillow and converted to RGB, HWC uint8, before ``transform``.
 
-Corrupt images: by default the listing opens no file, and a file Pillow cannot decode is a
-``ValueError`` naming it when its sample is read. With ``skip_corrupt=True`` the constructor
-decodes every image once (in a thread pool) and drops those that fail, with a warning naming each.
-Skipping is decided once, at construction, so ``len`` and the index of every sample stay fixed
-afterwards: the loader's shuffled order and each sample's augmentation generator (seeded from its
-index) are the same in every run over the same files, which substituting another sample at read
-time, or dropping it from a batch, would not give. A file that breaks after construction still
-raises.
+Corrupt images: by default the listing opens no file, and a file Pillow cannot decode is an
+:class:`UnreadableImageError` (a ``ValueError``) naming it when its sample is read. With
+``skip_corrupt=True`` the constructor decodes every image once (in a thread pool) and drops those
+that fail, with a warning naming each. Skipping is decided once, at construction, so ``len`` and
+the index of every sample stay fixed afterwards: the loader's shuffled order and each sample's
+augmentation generator (seeded from its index) are the same in every run over the same files,
+which substituting another sample at read time, or dropping it from a batch, would not give. A
+file that breaks after construction still raises.
 """
 from __future__ import annotations
 
@@ -50,14 +54,23 @@ def _problem(path: str) -> str | None:
     return None
 
 
+class UnreadableImageError(ValueError):
+    """An image file that Pillow cannot decode; ``path`` names it. A type of its own so that a
+    training script can tell a bad file (save, report, maybe skip) from a bug (a traceback)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cannot read image {path!r}: {reason}")
+        self.path = path
+
+
 def read_image(path: str) -> np.ndarray:
-    """The image at ``path`` as RGB, HWC uint8; an unreadable file is a ``ValueError`` naming it."""
+    """The image at ``path`` as RGB, HWC uint8; an unreadable file is an :class:`UnreadableImageError`."""
     try:
         return _decode(path)
     except MemoryError:
         raise
     except Exception as error:  # see _problem
-        raise ValueError(f"cannot read image {path!r}: {type(error).__name__}: {error}") from None
+        raise UnreadableImageError(path, f"{type(error).__name__}: {error}") from None
 
 
 def _extensions(extensions: Any) -> tuple[str, ...]:
@@ -73,10 +86,18 @@ def _extensions(extensions: Any) -> tuple[str, ...]:
     return tuple(v.lower() for v in values)
 
 
-class ImageFolder(TransformedDataset):
-    """``ImageFolder(root, transform=None, target_transform=None, seed=0, skip_corrupt=False, extensions=...)``.
+def _class_names(classes: Any) -> tuple[str, ...]:
+    names = (classes,) if isinstance(classes, str) else tuple(classes)
+    if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"classes must be a non-empty sequence of distinct directory names, got {classes!r}")
+    return names
 
-    Attributes as torchvision's: ``classes`` (sorted sub-directory names), ``class_to_idx``,
+
+class ImageFolder(TransformedDataset):
+    """``ImageFolder(root, transform=None, target_transform=None, seed=0, skip_corrupt=False, extensions=...,
+    classes=None)``.
+
+    Attributes as torchvision's: ``classes`` (sorted sub-directory names, or the given ``classes``), ``class_to_idx``,
     ``samples`` (a list of ``(path, class_index)``, classes in order, files sorted within each) and
     ``targets``; also ``skipped``, the ``(path, reason)`` of every file ``skip_corrupt`` dropped.
     ``dataset[i]`` is ``(transform(image, rng), target_transform(class_index))`` with ``image`` an
@@ -85,7 +106,7 @@ class ImageFolder(TransformedDataset):
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, seed: int = 0, skip_corrupt: bool = False,
-                 extensions: Sequence[str] = IMG_EXTENSIONS) -> None:
+                 extensions: Sequence[str] = IMG_EXTENSIONS, classes: Sequence[str] | None = None) -> None:
         super().__init__(transform, target_transform, seed)
         try:
             root = os.fspath(root)
@@ -98,12 +119,21 @@ class ImageFolder(TransformedDataset):
         self.root = root
         self.extensions = _extensions(extensions)
         with os.scandir(root) as entries:
-            self.classes = tuple(sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(".")))
-        if not self.classes:
+            found = tuple(sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(".")))
+        if not found:
             raise FileNotFoundError(f"ImageFolder root {root!r} has no class sub-directories "
                                     f"(expected root/<class name>/<image files>)")
+        self.classes = found if classes is None else _class_names(classes)
+        unknown = [name for name in found if name not in self.classes]
+        if unknown:  # a sample of it would get no index, or another class's
+            raise ValueError(f"ImageFolder root {root!r} has class directories that are not among the given "
+                             f"classes: {', '.join(unknown)} (the classes are: {', '.join(self.classes)})")
+        missing = [name for name in self.classes if name not in found]
+        if missing:
+            warnings.warn(f"ImageFolder root {root!r} has no directory for the classes: {', '.join(missing)} "
+                          f"(their indices stay reserved)", stacklevel=2)
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
-        samples = [(path, index) for index, name in enumerate(self.classes)
+        samples = [(path, index) for index, name in enumerate(self.classes) if name in found
                    for path in self._list_images(os.path.join(root, name))]
         if not samples:
             raise FileNotFoundError(f"ImageFolder found no images with extensions {', '.join(self.extensions)} "
@@ -122,7 +152,7 @@ class ImageFolder(TransformedDataset):
             if not samples:
                 raise ValueError(f"none of the {len(self.skipped)} images under {root!r} can be read; "
                                  f"the first, {self.skipped[0][0]!r}: {self.skipped[0][1]}")
-        empty = sorted(set(self.classes) - {self.classes[index] for _, index in samples})
+        empty = sorted(set(found) - {self.classes[index] for _, index in samples})
         if empty:  # kept, so the class indices still follow the directory names
             warnings.warn(f"ImageFolder classes without {'readable ' if skip_corrupt else ''}images in {root!r}: "
                           f"{', '.join(empty)}", stacklevel=2)

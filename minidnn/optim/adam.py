@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from .. import backend
 from ..autograd import no_grad
 from ..engine import P
-from .optimizer import Optimizer, contiguous_grad
+from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
 
 def _capturing() -> bool:
@@ -29,13 +29,12 @@ class Adam(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False) -> None:
-        if not isinstance(lr, (int, float)) or lr < 0:
-            raise ValueError(f"lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
+        lr, eps, weight_decay = (check_hyperparameter(name, value) for name, value in (
+            ("lr", lr), ("eps", eps), ("weight_decay", weight_decay)))
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise ValueError(f"betas must be a pair of numbers in [0, 1), got {betas!r}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError(f"eps and weight_decay must be >= 0, got eps={eps!r}, weight_decay={weight_decay!r}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+        betas = tuple(check_hyperparameter(f"betas[{i}]", b, below=1.0) for i, b in enumerate(betas))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize))
 
     def step(self) -> None:

@@ -12,6 +12,20 @@ from .. import backend
 from ..tensor import Tensor
 
 
+def check_hyperparameter(name: str, value: Any, low: float = 0.0, below: float | None = None) -> float:
+    """``value`` as a float if it is a real, finite number in [low, below) (or >= low when ``below`` is
+    None); anything else (NaN, inf, a negative number, a bool, a string) is a ``ValueError`` naming
+    ``name`` and the expected form. NaN must be caught here: ``nan < 0`` is False, so a plain range
+    test lets it through and the optimizer trains on NaN without a word."""
+    expected = f"a finite number >= {low:g}" + ("" if below is None else f" and < {below:g}")
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or (below is not None and value >= below):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
 class Optimizer:
     """Holds ``param_groups`` (dicts with ``"params"`` and hyper-parameters) and ``state`` per parameter.
 
@@ -43,11 +57,19 @@ class Optimizer:
                 raise TypeError(f"optimizer can only optimize Tensors, got {type(p).__name__}")
             if not p.is_leaf:
                 raise ValueError("can't optimize a non-leaf Tensor")
+        # A parameter listed twice would be updated twice per step (twice the learning rate, and
+        # two momentum buffers for one tensor in a state dict): refuse it, within a group or across.
+        if len({id(p) for p in group["params"]}) != len(group["params"]):
+            raise ValueError("a parameter appears more than once in a parameter group; pass each tensor once")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in group["params"]):
             raise ValueError("some parameters appear in more than one parameter group")
         for key, value in self.defaults.items():
             group.setdefault(key, value)
+            # A group's own numeric hyper-parameters (lr=..., momentum=...) obey the same rule as the
+            # constructor's: finite and >= 0. Flags (bools) and tuples (Adam's betas) are checked there.
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                group[key] = check_hyperparameter(key, group[key])
         self.param_groups.append(group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from .. import backend
 from ..autograd import no_grad
 from ..engine import P
-from .optimizer import Optimizer, contiguous_grad
+from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
 
 class SGD(Optimizer):
@@ -26,9 +26,8 @@ class SGD(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False) -> None:
-        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        lr, momentum, dampening, weight_decay = (check_hyperparameter(name, value) for name, value in (
+            ("lr", lr), ("momentum", momentum), ("dampening", dampening), ("weight_decay", weight_decay)))
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("nesterov momentum requires a momentum > 0 and zero dampening")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
