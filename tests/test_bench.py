@@ -81,7 +81,8 @@ def test_layer_tables_leave_out_the_first_layers_backward_data(smoke):
         by_hand = sum(timing["ms"] for row in rows for timing in row["times"].values())
         assert report.conv_sum(rows) == pytest.approx(by_hand)
     minidnn_rows = engine_records(result)["minidnn"]["layers"]
-    assert minidnn_rows[1]["times"]["forward"]["plan"]["segments"] == [[3, "gemm"]]
+    ((images, algorithm),) = minidnn_rows[1]["times"]["forward"]["plan"]["segments"]  # one call, the whole batch
+    assert images == 3 and algorithm in minidnn.primitives.conv.algorithms()
     assert set(minidnn_rows[1]["menu"]["forward"]) == set(minidnn.primitives.conv.algorithms())
     assert minidnn_rows[1]["menu"]["forward"]["gemm_1x1"] == {"skipped": "unsupported"}
 
