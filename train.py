@@ -31,6 +31,9 @@ import minidnn.functional as F
 import models
 from minidnn import backend, data, optim
 from minidnn.checkpoint import Checkpoint, atomic_write, remove_orphans
+from minidnn.cuda import graphs
+from minidnn.primitives import conv as conv_settings
+from minidnn.primitives.conv import planner
 from minidnn.data import transforms as T
 from minidnn.data.folder import UnreadableImageError
 
@@ -68,6 +71,13 @@ def _number(kind: type, low: float, inclusive: bool = True, below: float | None 
     return parse
 
 
+def _size(text: str) -> int:
+    try:
+        return conv_settings.parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, range-checked; ``args.given`` is the set of options given on the command line."""
     parser = argparse.ArgumentParser(
@@ -102,6 +112,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run = parser.add_argument_group("running")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument("--tf32", action="store_true", help="let float32 GEMMs use TF32 tensor cores (GPU)")
+    run.add_argument("--cuda-graph", action="store_true",
+                     help="capture the training step as one CUDA graph after its first step and replay it (GPU)")
+    conv = parser.add_argument_group("convolution algorithms (docs/convolution.md, docs/microbatching.md)")
+    conv.add_argument("--workspace-limit", type=_size, default=None,
+                      help="workspace bytes one convolution may use, e.g. 8MiB, 64MiB, 512MiB (default 64MiB)")
+    conv.add_argument("--microbatch", default="off", choices=["off", "wr", "wd"],
+                      help="split a convolution's batch to fit faster algorithms: per layer (wr) or under one "
+                           "budget for the network (wd, budget = limit x convolution calls per step)")
+    conv.add_argument("--batch-policy", default="powers_of_two", choices=["undivided", "powers_of_two", "all"],
+                      help="micro-batch sizes wr and wd may use")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
     run.add_argument("--workers", type=_number(int, 0), default=2, help="threads decoding samples")
     run.add_argument("--out", default=None,
@@ -274,7 +294,8 @@ class LossWatch:
         self.pending: list[tuple[int, minidnn.Tensor]] = []
 
     def add(self, step: int, loss: minidnn.Tensor) -> None:
-        self.pending.append((step, loss.detach()))
+        # A copy: a replayed CUDA graph writes each step's loss into the same array.
+        self.pending.append((step, minidnn.tensor(loss.detach())))
 
     def first_non_finite(self) -> tuple[int, float] | None:
         """(step, loss) of the first non-finite loss since the last call, or None."""
@@ -443,6 +464,38 @@ class Run:
         self.step, self.history, self.best, self.meter = 0, [], None, Meter()
         self.saved_step: int | None = None
         self.watch = LossWatch()
+        self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the first step
+        self.solved = False  # whether this process has run its first step (where wd plans are made)
+
+    def eager_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
+        """Forward, loss, backward and the optimizer's update; returns (logits, loss)."""
+        logits = self.model(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return logits, loss
+
+    def train_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
+        """One training step: eager, or with --cuda-graph a replay of the step captured after the first
+        (which ran eagerly inside the capture's warm-up). Every step trains on its own batch."""
+        if not self.args.cuda_graph:
+            return self.eager_step(images, labels)
+        if self.captured is None:
+            self.captured = graphs.capture(self.eager_step, (images, labels), warmup=1)
+            return self.captured.warmup_outputs
+        return self.captured(images, labels)
+
+    def first_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
+        """The run's first step; with --microbatch wd it also solves the whole network's plan (μ-cuDNN's
+        WD needs every convolution of the step before it can share one budget among them)."""
+        if self.args.microbatch != "wd":
+            return self.train_step(images, labels)
+        outputs: list = []
+        budget = planner.solve_step(lambda: outputs.extend(self.eager_step(images, labels)),
+                                    conv_settings.workspace_limit())
+        print(f"train.py: --microbatch wd: one plan for the network's convolutions within {budget / 2**20:.0f} MiB")
+        return outputs[0], outputs[1]
 
     def resume(self, checkpoint: Checkpoint) -> None:
         """Restore the model, optimizer, scheduler, RNG and position from ``checkpoint``."""
@@ -550,6 +603,11 @@ def prepare(args: argparse.Namespace) -> Run:
                                "CuPy are needed: pip install -e '.[cuda13]')")
         replace = [] if args.eval_only else check_out(args)  # before the data: loading it can take long
         minidnn.backend.set_allow_tf32(args.tf32)
+        if args.cuda_graph and not device.startswith("cuda"):
+            raise ValueError("--cuda-graph needs --device cuda")
+        if args.workspace_limit is not None:
+            conv_settings.set_workspace_limit(args.workspace_limit)
+        conv_settings.set_microbatch(args.microbatch, args.batch_policy)
         with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
             warnings.simplefilter("always")
             train_set, test_set, num_classes = build_datasets(args, args.image_size or models.input_size(args.model))
@@ -598,11 +656,8 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                 tick = time.perf_counter()
                 for images, labels in bar:
                     images, labels = images.to(run.device), labels.to(run.device)
-                    logits = run.model(images)
-                    loss = F.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
-                    run.optimizer.zero_grad()
-                    loss.backward()
-                    run.optimizer.step()
+                    logits, loss = (run.train_step if run.solved else run.first_step)(images, labels)
+                    run.solved = True
                     run.scheduler.step()
                     run.meter.add(logits, labels, loss)
                     run.step += 1

@@ -58,6 +58,9 @@ def test_eval_only(tmp_path, capsys):
     (["--lr", "-0.1"], "must be > 0.0"),
     (["--model", "vgg99"], "invalid choice"),
     (["--epochs", "0"], "must be >= 1"),
+    (["--workspace-limit", "8 MB"], "workspace size must be a whole number"),
+    (["--workspace-limit", "-1"], "workspace size must be a whole number"),
+    (["--microbatch", "greedy"], "invalid choice"),
 ])
 def test_bad_arguments_are_one_line_errors(arguments, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -115,3 +118,28 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_exits_130(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finished = train.main(options + ["--resume", str(tmp_path / "last.npz")])
     assert finished["step"] == 30
+
+
+def test_convolution_settings_reach_the_primitives(tmp_path, capsys):
+    from minidnn.primitives.conv import planner, registry
+    before = dict(registry._defaults)
+    try:
+        train.main(TINY + ["--epochs", "1", "--max-steps", "2", "--workspace-limit", "1MiB", "--microbatch", "wr",
+                           "--batch-policy", "all", "--out", str(tmp_path)])
+        assert registry.workspace_limit() == 1 << 20
+        assert (registry.microbatch_mode(), registry.batch_policy()) == ("wr", "all")
+    finally:
+        registry._defaults.clear()
+        registry._defaults.update(before)
+    planner.reset_network()
+    try:
+        train.main(TINY + ["--epochs", "1", "--max-steps", "2", "--microbatch", "wd", "--workspace-limit", "1MiB",
+                           "--out", str(tmp_path / "wd")])
+        assert planner._solved  # one plan per convolution kernel of the step, from one shared budget
+    finally:
+        registry._defaults.clear()
+        registry._defaults.update(before)
+        planner.reset_network()
+    assert "--microbatch wd: one plan for the network's convolutions" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--cuda-graph needs --device cuda"):
+        train.main(TINY + ["--cuda-graph", "--out", str(tmp_path / "graph")])

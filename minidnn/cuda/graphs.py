@@ -70,8 +70,8 @@ def _refresh_optimizers() -> None:
 class EagerStep:
     """The fallback: the same call interface, running the step eagerly."""
 
-    def __init__(self, step_fn: Callable[..., Any], reason: str) -> None:
-        self.step_fn, self.reason = step_fn, reason
+    def __init__(self, step_fn: Callable[..., Any], reason: str, warmup_outputs: Any) -> None:
+        self.step_fn, self.reason, self.warmup_outputs = step_fn, reason, warmup_outputs
 
     def __call__(self, *batch: Tensor) -> Any:
         return self.step_fn(*batch)
@@ -81,9 +81,9 @@ class CapturedStep:
     """A captured step: call it with a batch of the example's shapes to replay the graph."""
 
     def __init__(self, graph: Any, inputs: tuple[Tensor, ...], outputs: Any, pool: Any, start: Any,
-                 draws: int) -> None:
+                 draws: int, warmup_outputs: Any) -> None:
         self.graph, self.inputs, self.outputs, self.pool = graph, inputs, outputs, pool
-        self.start, self.draws = start, draws
+        self.start, self.draws, self.warmup_outputs = start, draws, warmup_outputs
 
     def __call__(self, *batch: Tensor) -> Any:
         batch = _batch(batch)
@@ -121,7 +121,8 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
     buffers every replay reads. The step first runs ``warmup`` times eagerly on the example batch
     (real training steps: kernels compile, convolution plans are made, optimizer state is created),
     then once under capture (recorded, not run). Returns a :class:`CapturedStep`, or an
-    :class:`EagerStep` with a warning when the step cannot be captured.
+    :class:`EagerStep` with a warning when the step cannot be captured; either keeps what the last
+    warm-up step returned as ``warmup_outputs``.
     """
     cupy = backend.cupy()
     batch = _batch(example_batch)
@@ -131,7 +132,7 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
         raise ValueError(f"capture: warmup must be an int >= 1 (the first step creates optimizer state), got {warmup!r}")
     inputs = tuple(Tensor(t.data.copy()) for t in batch)
     for _ in range(warmup):
-        step_fn(*inputs)
+        warmup_outputs = step_fn(*inputs)
     _refresh_optimizers()
     cupy.cuda.Device().synchronize()
 
@@ -157,11 +158,11 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
             _warned.add(operation)
             warnings.warn(f"the training step cannot be captured as a CUDA graph ({operation}: {error}); "
                           f"running it eagerly", RuntimeWarning, stacklevel=2)
-        return EagerStep(step_fn, f"{operation}: {error}")
+        return EagerStep(step_fn, f"{operation}: {error}", warmup_outputs)
     finally:
         cupy.cuda.set_allocator(allocator)
         draws = generator.offset - offset_before
         generator.offset = offset_before  # the capture ran nothing: its draws happen at each replay
     graph.upload(stream)
     stream.synchronize()
-    return CapturedStep(graph, inputs, outputs, pool, start, draws)
+    return CapturedStep(graph, inputs, outputs, pool, start, draws, warmup_outputs)

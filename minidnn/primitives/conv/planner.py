@@ -23,7 +23,7 @@ import bisect
 import dataclasses
 import math
 import warnings
-from typing import Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -301,6 +301,29 @@ def solve_network(budget: int, counts: dict[Kernel, int] | None = None) -> dict[
     _warned.clear()
     api._plans.clear()  # made before the solve: drop them so every call asks plan() again
     return dict(zip(kernels, chosen))
+
+
+def solve_step(step: Callable[[], object], limit: int) -> int:
+    """Run ``step()`` (one training step, in "wd" mode) while counting its convolution calls per
+    (problem, direction), then :func:`solve_network` with the budget μ-cuDNN's comparison uses: the
+    per-call ``limit`` times the number of calls, so every WR plan under ``limit`` stays affordable.
+    Returns the budget."""
+    calls: dict[Kernel, int] = {}
+    observer = api.call_observer
+
+    def count(direction: str, problem: ConvProblem, plan: api.Plan) -> None:
+        calls[problem, direction] = calls.get((problem, direction), 0) + 1
+        if observer is not None:
+            observer(direction, problem, plan)
+
+    api.call_observer = count
+    try:
+        step()
+    finally:
+        api.call_observer = observer
+    budget = limit * sum(calls.values())
+    solve_network(budget, calls)
+    return budget
 
 
 def reset_network() -> None:
