@@ -332,9 +332,14 @@ def test_fused_relu_backward_finite_differences(xp, rng, shape, training):
             return to_numpy(batch_norm_forward_training(*on(xp, x_, w_, b_), None, None, relu=relu)[0])
         return to_numpy(batch_norm_forward_inference(*on(xp, x_, w_, b_, running_mean, running_var), relu=relu))
 
-    # Shift each channel's bias so that about half of its outputs are clipped, none near the kink.
-    before = np.moveaxis(f(x, weight, bias, relu=False), 1, 0).reshape(shape[1], -1)
-    bias = bias - np.median(before, axis=1) - 0.01
+    # Shift each channel's bias so that its kink falls in the middle of the widest gap between its
+    # sorted middle outputs: a third to two thirds of them are clipped, none is near the kink.
+    before = np.sort(np.moveaxis(f(x, weight, bias, relu=False), 1, 0).reshape(shape[1], -1), axis=1)
+    low, high = before.shape[1] // 3, 2 * before.shape[1] // 3
+    gaps = np.diff(before[:, low - 1:high + 1], axis=1)
+    widest = low - 1 + np.argmax(gaps, axis=1)
+    rows = np.arange(shape[1])
+    bias = bias - (before[rows, widest] + before[rows, widest + 1]) / 2
     y = f(x, weight, bias)
     assert 0.2 < np.mean(y == 0) < 0.8 and np.min(np.abs(f(x, weight, bias, relu=False))) > 1e-3, \
         "outputs near the kink spoil the finite differences"
