@@ -553,7 +553,7 @@ def solve_whole_network(limit: int, calls: Counter) -> int:
     except (ImportError, AttributeError) as error:
         raise RuntimeError("--microbatch wd needs minidnn.primitives.conv.planner.solve_network, which this "
                            f"checkout does not have ({error})") from error
-    budget = limit * sum(calls.values())  # as planner.solve_step, from the calls already counted
+    budget = planner.network_budget(limit, calls)
     solve(budget, dict(calls))
     return budget
 

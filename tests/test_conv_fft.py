@@ -10,7 +10,7 @@ from minidnn import backend
 from minidnn.primitives.conv import fft, registry
 from minidnn.primitives.conv.problem import ConvProblem
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import DIRECTIONS, call, loop_reference, relative_error
+from tests.test_primitives_conv import DIRECTIONS, call, run_on_a_poisoned_workspace, loop_reference, relative_error
 
 
 def test_smooth_size_is_the_next_size_with_prime_factors_2_3_5_7():
@@ -129,26 +129,8 @@ def test_workspace_formula_is_what_is_carved(xp, rng, monkeypatch, direction, dt
     device = "cpu" if xp is np else "cuda"
     problem = ConvProblem(3, 4, 11, 9, 6, 3, 2, (1, 1), (2, 0), (1, 2), 2, np.dtype(dtype), device)
     algorithm = registry.get("fft")
-    size = algorithm.workspace_bytes(problem, direction)
-    ends = []
-    carve = fft.workspace_array
-
-    def recording(workspace, shape, array_dtype, offset=0):
-        array = carve(workspace, shape, array_dtype, offset)
-        ends.append(offset + array.nbytes)
-        return array
-
-    monkeypatch.setattr(fft, "workspace_array", recording)
-    x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
-    dy = rng.standard_normal(problem.y_shape)
-    first, second, out_shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
-                                "backward_filter": (x, dy, problem.w_shape)}[direction]
-    workspace = xp.full(size, 255, dtype=np.uint8)  # every byte 0xFF: NaN in any float read before written
-    out = xp.full(out_shape, np.nan, dtype=dtype)
-    algorithm.run(direction, xp.asarray(first.astype(dtype)), xp.asarray(second.astype(dtype)), problem, out, False,
-                  workspace)
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, fft, algorithm, problem,
+                                                        direction)
     assert size - fft.ALIGNMENT < max(ends) <= size
-    want = call(direction, first, second, None if direction == "forward" else out_shape, (1, (2, 0), (1, 2), 2),
-                algo="reference")
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
     assert_close(out, want, **tolerance)

@@ -16,7 +16,7 @@ from minidnn.primitives.conv import registry, winograd
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.winograd import TRANSFORMS, Tiling
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import DIRECTIONS, call, relative_error
+from tests.test_primitives_conv import DIRECTIONS, call, run_on_a_poisoned_workspace, relative_error
 
 SIZES = [2, 4]
 NVCC = shutil.which("nvcc")
@@ -194,27 +194,9 @@ def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo,
     device = "cpu" if xp is np else "cuda"
     problem = ConvProblem(3, 4, 11, 9, 6, 3, 3, (1, 1), (2, 0), (1, 1), 2, np.dtype(dtype), device)
     algorithm = registry.get(algo)
-    size = algorithm.workspace_bytes(problem, direction)
-    ends = []
-    carve = winograd.workspace_array
-
-    def recording(workspace, shape, array_dtype, offset=0):
-        array = carve(workspace, shape, array_dtype, offset)
-        ends.append(offset + array.nbytes)
-        return array
-
-    monkeypatch.setattr(winograd, "workspace_array", recording)
-    x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
-    dy = rng.standard_normal(problem.y_shape)
-    first, second, out_shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
-                                "backward_filter": (x, dy, problem.w_shape)}[direction]
-    workspace = xp.full(size, 255, dtype=np.uint8)  # every byte 0xFF: NaN in any float read before written
-    out = xp.full(out_shape, np.nan, dtype=dtype)
-    algorithm.run(direction, xp.asarray(first.astype(dtype)), xp.asarray(second.astype(dtype)), problem, out, False,
-                  workspace)
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, winograd, algorithm, problem,
+                                                        direction)
     assert max(ends) == size
-    want = call(direction, first, second, None if direction == "forward" else out_shape, (1, (2, 0), 1, 2),
-                algo="reference")
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
     assert_close(out, want, **tolerance)
 

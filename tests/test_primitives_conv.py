@@ -107,6 +107,34 @@ def device_of(xp):
     return "cpu" if xp is np else "cuda"
 
 
+def run_on_a_poisoned_workspace(xp, rng, monkeypatch, module, algorithm, problem, direction):
+    """Run ``algorithm`` on a workspace of exactly ``workspace_bytes`` bytes, all 0xFF (NaN in any float
+    read before it is written), recording where each array ``module`` carves from it ends.
+
+    Returns (the ends, the workspace size, the output, the float64 reference's output).
+    """
+    ends = []
+    carve = module.workspace_array
+
+    def recording(workspace, shape, array_dtype, offset=0):
+        array = carve(workspace, shape, array_dtype, offset)
+        ends.append(offset + array.nbytes)
+        return array
+
+    monkeypatch.setattr(module, "workspace_array", recording)
+    size = algorithm.workspace_bytes(problem, direction)
+    x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
+    dy = rng.standard_normal(problem.y_shape)
+    first, second, out_shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
+                                "backward_filter": (x, dy, problem.w_shape)}[direction]
+    out = xp.full(out_shape, np.nan, dtype=problem.dtype)
+    algorithm.run(direction, xp.asarray(first.astype(problem.dtype)), xp.asarray(second.astype(problem.dtype)),
+                  problem, out, False, xp.full(size, 255, dtype=np.uint8))
+    args = (problem.stride, problem.padding, problem.dilation, problem.groups)
+    want = call(direction, first, second, None if direction == "forward" else out_shape, args, algo="reference")
+    return ends, size, out, want
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS)
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_all_directions_match_loop_reference_float64(xp, rng, algo, case):

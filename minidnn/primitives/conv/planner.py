@@ -305,9 +305,7 @@ def solve_network(budget: int, counts: dict[Kernel, int] | None = None) -> dict[
 
 def solve_step(step: Callable[[], object], limit: int) -> int:
     """Run ``step()`` (one training step, in "wd" mode) while counting its convolution calls per
-    (problem, direction), then :func:`solve_network` with the budget μ-cuDNN's comparison uses: the
-    per-call ``limit`` times the number of calls, so every WR plan under ``limit`` stays affordable.
-    Returns the budget."""
+    (problem, direction), then :func:`solve_network` within :func:`network_budget`. Returns the budget."""
     calls: dict[Kernel, int] = {}
     observer = api.call_observer
 
@@ -321,9 +319,15 @@ def solve_step(step: Callable[[], object], limit: int) -> int:
         step()
     finally:
         api.call_observer = observer
-    budget = limit * sum(calls.values())
+    budget = network_budget(limit, calls)
     solve_network(budget, calls)
     return budget
+
+
+def network_budget(limit: int, counts: dict[Kernel, int]) -> int:
+    """The WD budget that keeps every WR plan under ``limit`` affordable: the per-call limit times the
+    number of convolution calls a step makes (``counts``: calls per (problem, direction))."""
+    return limit * sum(counts.values())
 
 
 def reset_network() -> None:
