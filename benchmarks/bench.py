@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"comma-separated: {', '.join(registry.BATCH_POLICIES)}")
     parser.add_argument("--no-layers", action="store_true", help="skip the per-layer convolution tables")
     parser.add_argument("--layers-only", action="store_true", help="only the per-layer convolution tables")
+    parser.add_argument("--no-menu", action="store_true", help="no algorithm menu (every algorithm forced on every "
+                        "layer) in minidnn's first setting; its own choices are still timed")
     parser.add_argument("--budget-seconds", type=float, default=None, help="skip the cells left once this much "
                         "time has passed (a running one is stopped); each skipped cell is recorded")
     parser.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU smoke run)")
@@ -191,7 +193,7 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for index, setting in enumerate(grid):
                         cells.append({"kind": "engine", **shape, **common, "engine": engine, "tf32": tf32,
                                       "setting": setting, "layer_table": not args.no_layers and engine != "minidnn-graph",
-                                      "menu": engine == "minidnn" and index == 0})
+                                      "menu": engine == "minidnn" and index == 0 and not args.no_menu})
     return cells
 
 

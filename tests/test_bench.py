@@ -192,6 +192,8 @@ def test_settings_grid_runs_minidnn_per_setting_and_the_other_engines_once(monke
     assert settings == [("minidnn", "8MiB off", True), ("minidnn", "8MiB wd all", False),
                         ("minidnn", "1GiB off", False), ("minidnn", "1GiB wd all", False), ("naive", "-", False)]
     assert any("limit times the number of convolution kernels" in note for note in args.notes)
+    args = bench.parse_args(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn", "--no-menu"])
+    assert [c["menu"] for c in bench.plan_cells(args) if c["kind"] == "engine"] == [False]
     monkeypatch.setattr(bench, "_available", lambda module: module != "minidnn.primitives.conv.planner")
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--microbatch", "wr"])
