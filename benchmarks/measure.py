@@ -64,6 +64,8 @@ def measurement_state(engine: str, tf32: bool) -> Iterator[None]:
     PyTorch's matmul and cuDNN ones when PyTorch is loaded); put all of them back on exit, also
     after an exception. fp32 means TF32 off everywhere, whatever the environment said."""
     torch = sys.modules.get("torch")
+    if torch is None and engine == "torch":
+        import torch  # noqa: PLC0415 - loaded now, or its TF32 switches would keep their defaults (on for cuDNN)
     saved_engine, saved_tf32 = minidnn.get_engine(), backend.allow_tf32()
     saved_torch = None if torch is None else _torch_flags(torch)
     try:

@@ -328,14 +328,23 @@ def test_find_times_every_algorithm_that_fits_and_sorts_them(find_cache):
     problem = problem_of((2, 4, 9, 9, 6, 3, 3, 1, 1, 1, 1), np.float32)
     results = conv.find(problem, "forward", 1 << 30)
     names = [r.algorithm for r in results]
-    supported = [n for n, a in registry.algorithms().items() if a.supports(problem, "forward")]
+    supported = [n for n, a in registry.algorithms().items() if a.supports(problem, "forward") and a.automatic]
     assert sorted(names) == sorted(supported)
+    assert "reference" not in names  # float64 and unbounded temporaries: only by name
     assert [r.time_ms for r in results] == sorted(r.time_ms for r in results)
     assert all(r.time_ms > 0 for r in results)
     assert {r.algorithm: r.workspace_bytes for r in results} == {
         n: registry.get(n).workspace_bytes(problem, "forward") for n in names}
     tight = conv.find(problem, "forward", 0)  # only the zero-workspace algorithms
     assert tight and all(r.workspace_bytes == 0 for r in tight)
+
+
+def test_find_offers_the_reference_only_when_nothing_else_can_run(find_cache, monkeypatch):
+    problem = problem_of((2, 4, 9, 9, 6, 3, 3, 2, 1, 1, 1), np.float32)  # strided: no Winograd, FFT, 1x1
+    only = {name: registry.get(name) for name in ("gemm", "reference")}
+    monkeypatch.setattr(registry, "algorithms", lambda: only)
+    assert [r.algorithm for r in conv.find(problem, "forward", 1 << 30)] == ["gemm"]
+    assert [r.algorithm for r in conv.find(problem, "forward", 0)] == ["reference"]  # gemm's columns do not fit
 
 
 def test_find_cache_survives_a_restart_and_shrugs_off_a_corrupt_file(find_cache, monkeypatch):

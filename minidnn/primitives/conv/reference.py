@@ -3,7 +3,11 @@
 Vectorised over pixels with a sliding-window view of the padded input (N, C, P, Q, R, S) and
 ``einsum``; only the backward-data scatter loops, over the R·S filter taps. It computes in float64
 whatever the input dtype and rounds once at the end, so for float64 inputs it is exact up to the
-order of summation. It needs no workspace and supports every problem: the last-resort choice.
+order of summation. It supports every problem and declares no workspace, but it is no
+workspace-bounded algorithm: its float64 copies and window matrix, (N, C, P, Q, R, S) doubles,
+are its own temporaries (800 MiB for CaffeNet's conv3 at batch 256). So it runs only when asked
+for by name, or when nothing else supports a problem: ``find`` leaves it out (on an H200 its
+float64 tensor-core GEMMs outran some fp32 kernels, and picking it cost that memory).
 Works on NumPy and CuPy arrays alike.
 """
 from __future__ import annotations
@@ -46,6 +50,7 @@ def _grouped(array: Any, groups: int) -> Any:
 
 class Reference(ConvAlgorithm):
     name = "reference"
+    automatic = False  # the ground truth, not a fast path: see the module docstring
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True

@@ -34,7 +34,8 @@ class ConvAlgorithm:
     """Base class: one convolution algorithm, all three directions.
 
     Subclasses set ``name`` (and ``deterministic``: False when results may change from run to
-    run, e.g. with atomic additions), and implement ``supports``, ``workspace_bytes`` and the
+    run, e.g. with atomic additions; ``automatic``: False for an algorithm that runs only when
+    asked for by name, which ``find`` offers only when nothing else can run), and implement ``supports``, ``workspace_bytes`` and the
     directions they support, on arrays of one (micro-)batch:
 
     * ``forward(x, w, problem, out, workspace)``: y into ``out`` (N, K, P, Q);
@@ -51,6 +52,7 @@ class ConvAlgorithm:
 
     name = "abstract"
     deterministic = True
+    automatic = True
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError

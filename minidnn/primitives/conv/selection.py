@@ -5,7 +5,8 @@
   workspace limit.
 * :func:`find` (``cudnnFindConvolution*Algorithm``): runs every supported algorithm whose workspace
   fits the limit on random data of the problem's shape, and returns them sorted by time, each
-  with its time and workspace bytes.
+  with its time and workspace bytes. Algorithms marked ``automatic = False`` (the float64
+  reference) are left out unless nothing else can run.
 
 ``find`` results are cached per (direction, problem, math mode) in memory, and on disk in one
 JSON file per user (``$MINIDNN_CACHE_DIR/conv_find.json``, default ``~/.cache/minidnn``) whose
@@ -96,13 +97,16 @@ def math_mode(problem: ConvProblem) -> str:
 
 
 def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: int = 3) -> list[AlgoPerf]:
-    """Every supported algorithm within ``workspace_limit``, fastest first (measured once, then cached)."""
+    """Every supported automatic algorithm within ``workspace_limit``, fastest first (measured once, then
+    cached); the others (the reference) only when no automatic one fits."""
     registry.check_direction(direction)
     key = (direction, problem, math_mode(problem))
     measured = _measured.get(key)
     if measured is None:
         measured = _measured[key] = _disk_cache(problem.device).lookup(key)
-    candidates = [a for a in registry.algorithms().values() if registry.fits(a, problem, direction, workspace_limit)]
+    fitting = [a for a in registry.algorithms().values() if registry.fits(a, problem, direction, workspace_limit)]
+    # Algorithms that run only by name (the float64 reference) are offered only as a last resort.
+    candidates = [a for a in fitting if a.automatic] or fitting
     missing = [a for a in candidates if a.name not in measured]
     if missing:
         measured.update(_measure(missing, problem, direction, repeats))
