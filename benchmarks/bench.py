@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"comma-separated: {', '.join(registry.BATCH_POLICIES)}")
     parser.add_argument("--no-layers", action="store_true", help="skip the per-layer convolution tables")
     parser.add_argument("--layers-only", action="store_true", help="only the per-layer convolution tables")
+    parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check (loss and gradients "
+                        "of the engines on the same weights and batch), e.g. when re-measuring timings only")
     parser.add_argument("--no-menu", action="store_true", help="no algorithm menu (every algorithm forced on every "
                         "layer) in minidnn's first setting; its own choices are still timed")
     parser.add_argument("--budget-seconds", type=float, default=None, help="skip the cells left once this much "
@@ -183,7 +185,7 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
             shape = {"model": key, "architecture": architecture, "image_size": image, "batch": batch,
                      "num_classes": 1000 if image > 32 else 10}
             compared = [engine for engine in ("naive", "torch") if engine in args.engines]
-            if compared and not args.layers_only:
+            if compared and not args.layers_only and not args.no_agreement:
                 cells.append({"kind": "agreement", **shape, "device": args.device, "engines": compared, "tf32": False})
             for tf32 in args.modes:
                 for engine in args.engines:

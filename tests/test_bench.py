@@ -194,6 +194,10 @@ def test_settings_grid_runs_minidnn_per_setting_and_the_other_engines_once(monke
     assert any("limit times the number of convolution kernels" in note for note in args.notes)
     args = bench.parse_args(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn", "--no-menu"])
     assert [c["menu"] for c in bench.plan_cells(args) if c["kind"] == "engine"] == [False]
+    args = bench.parse_args(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn,naive"])
+    assert [c["kind"] for c in bench.plan_cells(args)] == ["agreement", "engine", "engine"]
+    args = bench.parse_args(["--device", "cpu", "--quick", "--models", "tiny", "--engines", "minidnn,naive", "--no-agreement"])
+    assert [c["kind"] for c in bench.plan_cells(args)] == ["engine", "engine"]
     monkeypatch.setattr(bench, "_available", lambda module: module != "minidnn.primitives.conv.planner")
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--microbatch", "wr"])
