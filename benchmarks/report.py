@@ -58,11 +58,14 @@ def _engine_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "engine"]
 
 
-def _find(records: list[dict[str, Any]], model: str, batch: int, engine: str, tf32: bool) -> dict[str, Any] | None:
-    """The measured record of an engine that runs once per mode (naive, torch)."""
+def _find(records: list[dict[str, Any]], model: str, batch: int, engine: str, tf32: bool,
+          needs: str | None = None) -> dict[str, Any] | None:
+    """The measured record of an engine that runs once per mode (naive, torch): the first one, or the
+    first holding ``needs`` ("layers", "wall_ms"), since merged runs can hold a layers-only record and a
+    whole-step one of the same engine."""
     for record in _engine_records(records):
         if (record["model"], record["batch"], record["engine"], record["tf32"]) == (model, batch, engine, tf32) \
-                and "error" not in record and "skipped" not in record:
+                and "error" not in record and "skipped" not in record and (needs is None or record.get(needs)):
             return record
     return None
 
@@ -98,8 +101,9 @@ def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict
     """Sums over the layers training runs for one minidnn record, against cuDNN's and the naive
     engine's (wall and kernel time), the slowest layer-direction against cuDNN (by kernel time
     where profiled), the step against PyTorch's, and the step time outside the convolutions."""
-    torch = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"])
-    naive = _find(records, ours["model"], ours["batch"], "naive", ours["tf32"])
+    torch = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"], "layers")
+    naive = _find(records, ours["model"], ours["batch"], "naive", ours["tf32"], "layers")
+    torch_step = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"], "wall_ms")
     result: dict[str, Any] = {}
     for name, record in (("minidnn", ours), ("cudnn", torch), ("naive", naive)):
         if record and record.get("layers"):
@@ -122,13 +126,13 @@ def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict
             result["slowest_basis"] = "GPU" if key == "gpu_ms" else "wall"
     # The step outside its convolutions: wall time, and the GPU's active time (kernel overlaps
     # counted once, as in the layers' GPU times).
-    for name, record, conv in (("minidnn", ours, "minidnn"), ("torch", torch, "cudnn")):
+    for name, record, conv in (("minidnn", ours, "minidnn"), ("torch", torch_step, "cudnn")):
         if record and record.get("wall_ms") is not None and result.get(f"{conv}_ms") is not None:
             result[f"{name}_outside_wall_ms"] = record["wall_ms"] - result[f"{conv}_ms"]
             if record.get("gpu_active_ms") is not None and result.get(f"{conv}_gpu_ms") is not None:
                 result[f"{name}_outside_busy_ms"] = record["gpu_active_ms"] - result[f"{conv}_gpu_ms"]
-    if torch and ours.get("wall_ms") and torch.get("wall_ms"):
-        result["step_ratio"] = ours["wall_ms"] / torch["wall_ms"]
+    if torch_step and ours.get("wall_ms"):
+        result["step_ratio"] = ours["wall_ms"] / torch_step["wall_ms"]
     return result
 
 
@@ -164,8 +168,8 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             if record.get("wall_ms") is None:
                 continue  # a layers-only record
-            naive = _find(records, model, batch, "naive", record["tf32"])
-            torch = _find(records, model, batch, "torch", record["tf32"])
+            naive = _find(records, model, batch, "naive", record["tf32"], "wall_ms")
+            torch = _find(records, model, batch, "torch", record["tf32"], "wall_ms")
             compared = record["engine"] in ("minidnn", "minidnn-graph")
             copies = (f"{record['memcpy_per_step']:.0f} / {record['memset_per_step']:.0f}"
                       if "memcpy_per_step" in record else "-")
@@ -243,8 +247,8 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
                      f"{_number(sums.get('minidnn_outside_busy_ms'))} / {_number(sums.get('torch_outside_busy_ms'))} |")
     for record in sorted(ours, key=lambda r: r["tf32"]):
         mode = mode_name(record["tf32"])
-        torch = _find(records, model, batch, "torch", record["tf32"])
-        naive = _find(records, model, batch, "naive", record["tf32"])
+        torch = _find(records, model, batch, "torch", record["tf32"], "layers")
+        naive = _find(records, model, batch, "naive", record["tf32"], "layers")
         theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
         naive_rows = {row["shape"]: row for row in (naive or {}).get("layers") or []}
         lines += ["", f"#### {model}, batch {batch}, {mode}, setting {setting_label(record.get('setting'))}: "

@@ -96,6 +96,18 @@ def test_conv_sum_counts_each_direction_by_the_layers_that_run_it():
     assert report.conv_sum([shared, alone]) == 2 * 1.0 + 10.0 + 2 * 100.0 + 0.5 + 0.25
 
 
+def test_a_merged_report_pairs_minidnn_with_the_torch_records_that_hold_each_figure():
+    row = {"shape": "s", "layers": ["conv"], "runs": {"forward": 1, "backward_data": 0, "backward_filter": 0}}
+    key = {"kind": "engine", "model": "m", "batch": 2, "tf32": False}
+    step_only = {**key, "engine": "torch", "wall_ms": 8.0}  # a whole-step run, no layer table
+    layers_only = {**key, "engine": "torch", "layers": [{**row, "times": {"forward": {"ms": 2.0}}}]}
+    ours = {**key, "engine": "minidnn", "wall_ms": 10.0, "layers": [{**row, "times": {"forward": {"ms": 3.0}}}]}
+    for records in ([step_only, layers_only, ours], [layers_only, step_only, ours]):
+        sums = report.conv_comparison(records, ours)
+        assert sums["cudnn_ms"] == 2.0 and sums["ratio"] == 1.5 and sums["step_ratio"] == 10.0 / 8.0
+        assert sums["torch_outside_wall_ms"] == 8.0 - 2.0
+
+
 def test_distinct_shapes_count_backward_data_only_where_the_input_needs_a_gradient():
     problem = minidnn.primitives.conv.problem.make_problem((1, 4, 9, 9), (4, 4, 3, 3), 1, 1, 1, 1, np.float32, "cpu")
     layers = [{"name": "conv1", "problem": problem, "input_needs_grad": False},
