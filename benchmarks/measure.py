@@ -680,7 +680,7 @@ def measure_machine(spec: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": platform.python_version(),
                             "numpy": np.__version__, "platform": platform.platform(), "host_cpu": host_cpu(),
                             "host_cores": os.cpu_count(), "device": spec["device"], "minidnn": minidnn.__version__,
-                            "commit": _command_output(["git", "rev-parse", "--short", "HEAD"], checkout)}
+                            "commit": _command_output(["git", "describe", "--always", "--dirty"], checkout)}
     if spec["device"].startswith("cuda"):
         cupy = backend.cupy()  # without CUDA: a RuntimeError saying why
         properties = cupy.cuda.runtime.getDeviceProperties(0)

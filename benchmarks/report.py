@@ -346,3 +346,75 @@ def chart(report: dict[str, Any], path: str) -> bool:
     figure.savefig(path, dpi=110, format="png")
     pyplot.close(figure)
     return True
+
+
+def menu_chart(report: dict[str, Any], model: str, batch: int, tf32: bool, path: str) -> bool:
+    """Every algorithm's kernel time (GPU ms per call) on each layer-direction of one model, from the
+    algorithm menu of minidnn's record, with cuDNN's time on the same problem as a black bar:
+    where each algorithm wins, measured. False when matplotlib or the records are missing."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot  # noqa: PLC0415
+    except ImportError:
+        return False
+    records = report["records"]
+    ours = next((r for r in _engine_records(records) if (r["model"], r["batch"], r["engine"], r["tf32"])
+                 == (model, batch, "minidnn", tf32) and any("menu" in row for row in r.get("layers") or [])), None)
+    if ours is None:
+        return False
+    torch = _find(records, model, batch, "torch", tf32, "layers")
+    theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
+    names = sorted({name for row in ours["layers"] for menu in row["menu"].values() for name in menu})
+    groups_, timings = [], []
+    for row in ours["layers"]:
+        for direction, menu in row["menu"].items():
+            groups_.append(f"{row['layers'][0]}\n{SHORT[direction]}")
+            cudnn = theirs.get(row["shape"], {}).get("times", {}).get(direction, {})
+            timings.append(({name: menu[name].get("gpu_ms") for name in names if name in menu}, cudnn.get("gpu_ms")))
+    width = 0.85 / (len(names) + 1)
+    figure, axes = pyplot.subplots(figsize=(min(22.0, 4.0 + 0.55 * len(groups_)), 6.0))
+    for index, name in enumerate(names):
+        axes.bar([g + index * width for g in range(len(groups_))],
+                 [times.get(name) or 0 for times, _ in timings], width, label=name)
+    axes.bar([g + len(names) * width for g in range(len(groups_))], [cudnn or 0 for _, cudnn in timings], width,
+             color="black", label=f"cuDNN ({mode_name(tf32)}, PyTorch's choice)")
+    axes.set_xticks([g + width * len(names) / 2 for g in range(len(groups_))])
+    axes.set_xticklabels(groups_, fontsize=7, rotation=90)
+    axes.set_yscale("log")
+    axes.set_ylabel("GPU ms per call (kernel time, log scale)")
+    axes.set_xlabel("no bar: the algorithm does not support the problem, or its workspace exceeds the menu's limit",
+                    fontsize=8)
+    axes.set_title(f"{model}, batch {batch}, {mode_name(tf32)}: every convolution algorithm on every layer-direction")
+    axes.legend(fontsize=7, ncol=4)
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, format="png")
+    pyplot.close(figure)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.report REPORT.json MODEL BATCH fp32|tf32 OUT.png``: the algorithm-menu chart."""
+    import argparse  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description=menu_chart.__doc__.split("\n\n")[0])
+    parser.add_argument("report")
+    parser.add_argument("model")
+    parser.add_argument("batch", type=int)
+    parser.add_argument("mode", choices=("fp32", "tf32"))
+    parser.add_argument("out")
+    args = parser.parse_args(argv)
+    with open(args.report) as file:
+        report = json.load(file)
+    if not menu_chart(report, args.model, args.batch, args.mode == "tf32", args.out + ".tmp"):
+        parser.error(f"no algorithm menu for {args.model} batch {args.batch} {args.mode} in {args.report} "
+                     "(or matplotlib is missing)")
+    os.replace(args.out + ".tmp", args.out)
+
+
+if __name__ == "__main__":
+    main()

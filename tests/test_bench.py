@@ -305,3 +305,24 @@ def test_torch_twin_computes_what_minidnn_computes():
     theirs = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), theirs[name].grad.numpy(), rtol=1e-8, atol=1e-12, err_msg=name)
+
+
+def test_the_menu_chart_draws_each_algorithm_beside_cudnn(tmp_path):
+    pytest.importorskip("matplotlib")
+    key = {"kind": "engine", "model": "m", "batch": 2, "tf32": False}
+    row = {"shape": "s", "layers": ["conv"], "runs": {"forward": 1, "backward_data": 0, "backward_filter": 0},
+           "times": {"forward": {"ms": 1.0, "gpu_ms": 0.9}}}
+    menu = {"forward": {"gemm": {"ms": 1.0, "gpu_ms": 0.9}, "fft": {"skipped": "unsupported"}}}
+    torch_record = {**key, "engine": "torch", "layers": [row]}
+    without = {"records": [{**key, "engine": "minidnn", "layers": [row]}, torch_record]}
+    assert not report.menu_chart(without, "m", 2, False, str(tmp_path / "none.png"))
+    with_menu = {"records": [{**key, "engine": "minidnn", "layers": [{**row, "menu": menu}]}, torch_record]}
+    report.main([_write(tmp_path / "r.json", with_menu), "m", "2", "fp32", str(tmp_path / "menu.png")])
+    assert (tmp_path / "menu.png").read_bytes()[:4] == b"\x89PNG" and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "r.json"), "m", "2", "tf32", str(tmp_path / "tf32.png")])
+
+
+def _write(path, content) -> str:
+    path.write_text(json.dumps(content))
+    return str(path)
