@@ -7,6 +7,9 @@ once per mode.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 from typing import Any
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -397,10 +400,6 @@ def menu_chart(report: dict[str, Any], model: str, batch: int, tf32: bool, path:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.report REPORT.json MODEL BATCH fp32|tf32 OUT.png``: the algorithm-menu chart."""
-    import argparse  # noqa: PLC0415
-    import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(description=menu_chart.__doc__.split("\n\n")[0])
     parser.add_argument("report")
     parser.add_argument("model")

@@ -35,8 +35,9 @@ class ConvAlgorithm:
 
     Subclasses set ``name`` (and ``deterministic``: False when results may change from run to
     run, e.g. with atomic additions; ``automatic``: False for an algorithm that runs only when
-    asked for by name, which ``find`` offers only when nothing else can run), and implement ``supports``, ``workspace_bytes`` and the
-    directions they support, on arrays of one (micro-)batch:
+    asked for by name, which ``find`` offers only when nothing else fits), and implement
+    ``supports``, ``workspace_bytes`` and the directions they support, on arrays of one
+    (micro-)batch:
 
     * ``forward(x, w, problem, out, workspace)``: y into ``out`` (N, K, P, Q);
     * ``backward_data(dy, w, problem, out, workspace)``: dx into ``out`` (N, C, H, W);

@@ -9,8 +9,8 @@
   reference) are left out unless nothing else can run.
 
 ``find`` results are cached per (direction, problem, math mode) in memory, and on disk in one
-JSON file per user (``$MINIDNN_CACHE_DIR/conv_find.json``, default ``~/.cache/minidnn``) whose
-header names the GPU and the minidnn version: a file made on another GPU or by another version,
+JSON file per device (``$MINIDNN_CACHE_DIR/conv_find_<device>.json``, default
+``~/.cache/minidnn``) whose header names the GPU and the minidnn version: a file made on another GPU or by another version,
 or one that does not parse, is ignored with a warning, and the file is always replaced atomically.
 Set ``MINIDNN_CACHE_DIR=""`` to keep results in memory only.
 """
