@@ -76,8 +76,8 @@ def get(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.
         algorithm = available.get(name)
         if algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit):
             return algorithm
-    for algorithm in available.values():  # an algorithm the rules do not know yet
-        if registry.fits(algorithm, problem, direction, workspace_limit):
+    for algorithm in available.values():  # an automatic algorithm the rules do not know yet
+        if algorithm.automatic and registry.fits(algorithm, problem, direction, workspace_limit):
             return algorithm
     raise ValueError(f"no convolution algorithm supports {direction} of {problem.describe()} "
                      f"within a workspace limit of {workspace_limit} bytes")

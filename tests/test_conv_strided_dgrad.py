@@ -1,0 +1,104 @@
+"""strided_dgrad: backward-data of a strided convolution as stride-1 phases.
+
+Every direction of every registered algorithm is also run against the loop reference and on every model
+shape by tests/test_primitives_conv.py; here, what is particular to the phases.
+"""
+import numpy as np
+import pytest
+
+from minidnn.primitives.conv import api, registry, selection, strided_dgrad
+from minidnn.primitives.conv.problem import ConvProblem
+from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
+from tests.helpers import assert_close, to_numpy
+from tests.test_primitives_conv import call, run_on_a_poisoned_workspace
+
+ALGORITHM = registry.get("strided_dgrad")
+
+
+def problem(N=2, C=4, H=9, W=8, K=6, R=3, S=3, stride=(2, 2), padding=(1, 1), groups=2, dtype=np.float64,
+            device="cpu"):
+    return ConvProblem(N, C, H, W, K, R, S, stride, padding, (1, 1), groups, np.dtype(dtype), device)
+
+
+@pytest.mark.parametrize("size, stride", [(3, 2), (7, 2), (5, 4), (1, 2), (2, 3), (3, 3)])
+def test_the_phases_share_out_every_filter_tap_once(size, stride):
+    taps = [list(range(phase, size, stride)) for phase in range(stride)]
+    assert [phase_taps(size, stride, phase) for phase in range(stride)] == [len(t) for t in taps]
+    assert sorted(tap for phase in taps for tap in phase) == list(range(size))
+
+
+@pytest.mark.parametrize("extent, padding, stride", [(9, 1, 2), (10, 3, 4), (7, 0, 2), (6, 2, 3), (5, 0, 3)])
+def test_the_phases_cover_every_input_row_once(extent, padding, stride):
+    rows = []
+    for phase in range(stride):
+        first, stop, start = phase_span(extent, padding, stride, phase, length=10 ** 6)
+        phase_rows = [start + stride * (h - first) for h in range(first, stop)]
+        assert all((h + padding) % stride == phase for h in phase_rows)
+        rows += phase_rows
+    assert sorted(rows) == list(range(extent))
+
+
+def test_a_phase_is_a_stride_1_unpadded_convolution_whose_output_is_dy():
+    whole = problem(H=11, W=9, R=3, S=5, stride=(2, 3), padding=(1, 2))
+    for a in range(2):
+        for b in range(3):
+            phase = phase_problem(whole, a, b)
+            assert (phase.stride, phase.padding, phase.dilation) == ((1, 1), (0, 0), (1, 1))
+            assert (phase.R, phase.S) == (phase_taps(3, 2, a), phase_taps(5, 3, b))
+            assert phase.y_shape == whole.y_shape
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, dtype):
+    device = "cpu" if xp is np else "cuda"
+    case = problem(N=3, C=4, H=11, W=9, K=6, stride=(2, 2), padding=(2, 0), dtype=dtype, device=device)
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, strided_dgrad, ALGORITHM, case,
+                                                        "backward_data")
+    assert max(ends) == size
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert_close(out, want, **tolerance)
+
+
+def test_only_strided_undilated_backward_data_is_supported():
+    assert ALGORITHM.supports(problem(), "backward_data")
+    assert not ALGORITHM.supports(problem(), "forward")
+    assert not ALGORITHM.supports(problem(), "backward_filter")
+    assert not ALGORITHM.supports(problem(stride=(1, 1)), "backward_data")
+    assert not ALGORITHM.supports(ConvProblem(2, 4, 9, 9, 6, 3, 3, (2, 2), (1, 1), (2, 2), 1, np.dtype(np.float64),
+                                              "cpu"), "backward_data")
+
+
+def test_a_stride_wider_than_the_filter_leaves_the_unreached_pixels_zero(xp, rng):
+    # A 1x1 stride-2 shortcut: three of the four phases have no taps.
+    dy = rng.standard_normal((2, 6, 4, 4))
+    w = rng.standard_normal((6, 3, 1, 1))
+    out_shape = (2, 3, 8, 7)
+    got = call("backward_data", xp.asarray(dy), xp.asarray(w), out_shape, (2, 0, 1, 1), algo="strided_dgrad")
+    want = call("backward_data", dy, w, out_shape, (2, 0, 1, 1), algo="reference")
+    assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not np.any(to_numpy(got)[:, :, 1::2]) and not np.any(to_numpy(got)[:, :, :, 1::2])
+
+
+def test_micro_batches_of_the_phases_equal_the_whole_batch(xp, rng):
+    case = problem(N=7)
+    dy = rng.standard_normal(case.y_shape)
+    w = rng.standard_normal(case.w_shape)
+    limit = ALGORITHM.workspace_bytes(case.with_batch(2), "backward_data")
+    seen = []
+    api.call_observer = lambda direction, p, plan: seen.append(plan)
+    try:
+        got = call("backward_data", xp.asarray(dy), xp.asarray(w), case.x_shape, (2, 1, 1, 2), algo="strided_dgrad",
+                   workspace_limit=limit)
+    finally:
+        api.call_observer = None
+    assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
+    assert_close(got, call("backward_data", dy, w, case.x_shape, (2, 1, 1, 2), algo="reference"))
+
+
+def test_get_and_find_leave_it_to_be_asked_for_by_name(monkeypatch):
+    case = problem()
+    assert not ALGORITHM.automatic
+    assert "strided_dgrad" not in [perf.algorithm for perf in selection.find(case, "backward_data", 1 << 30)]
+    monkeypatch.setattr(registry, "algorithms", lambda: {"strided_dgrad": ALGORITHM})
+    with pytest.raises(ValueError, match="no convolution algorithm supports"):
+        selection.get(case, "backward_data", 1 << 30)
