@@ -175,9 +175,25 @@ class Engine:
     table lists (for PyTorch, the CPU model its twin copied)."""
 
     name = "engine"
+    # Set by each library's engine: its cross-entropy and its no-grad context.
+    cross_entropy: Callable[[Any, Any], Any]
+    no_grad: Callable[[], Any]
 
     def step(self) -> None:
         self.train_step(self.x, self.y)
+
+    def train_step(self, x: Any, y: Any) -> Any:
+        loss = self.cross_entropy(self.model(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def forward(self) -> None:
+        self.model.eval()
+        with self.no_grad():
+            self.model(self.x)
+        self.model.train()
 
     def prepare(self) -> None:
         """Runs once after the warm-up steps (a captured engine captures here)."""
@@ -189,6 +205,9 @@ class Engine:
 
 class MinidnnEngine(Engine):
     """minidnn's model; the library computing it (primitives or naive) is minidnn's current engine."""
+
+    cross_entropy = staticmethod(F.cross_entropy)
+    no_grad = staticmethod(minidnn.no_grad)
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name, self.device = spec["engine"], spec["device"]
@@ -203,19 +222,6 @@ class MinidnnEngine(Engine):
             self.clock = Clock(cupy.cuda.Event, cupy.cuda.get_elapsed_time)
         else:
             self.clock = Clock()
-
-    def train_step(self, x: Any, y: Any) -> Any:
-        loss = F.cross_entropy(self.model(x), y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def forward(self) -> None:
-        self.model.eval()
-        with minidnn.no_grad():
-            self.model(self.x)
-        self.model.train()
 
     def synchronize(self) -> None:
         if self.gpu:
@@ -273,6 +279,7 @@ class TorchEngine(Engine):
         from benchmarks.torch_twins import torch_twin  # noqa: PLC0415
 
         self.torch, self.device = torch, spec["device"]
+        self.cross_entropy, self.no_grad = torch.nn.functional.cross_entropy, torch.no_grad
         self.gpu = self.device.startswith("cuda")
         torch.backends.cudnn.benchmark = True
         self.minidnn_model, self.minidnn_device = minidnn_model(spec), "cpu"
@@ -284,19 +291,6 @@ class TorchEngine(Engine):
             self.clock = Clock(lambda: torch.cuda.Event(enable_timing=True), lambda a, b: a.elapsed_time(b))
         else:
             self.clock = Clock()
-
-    def train_step(self, x: Any, y: Any) -> Any:
-        loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def forward(self) -> None:
-        self.model.eval()
-        with self.torch.no_grad():
-            self.model(self.x)
-        self.model.train()
 
     def synchronize(self) -> None:
         if self.gpu:

@@ -367,23 +367,25 @@ class TanhFunction(_ActivationFunction):
     primitive = "tanh"
 
 
-class SoftmaxFunction(Function):
+class _SoftmaxFunction(Function):
+    """y = (log-)softmax(x) along ``axis``; like the activations, the backward needs only y, and
+    ``primitive`` names the engine's pair, looked up at each call."""
+
+    primitive = ""
+
     def forward(self, x, axis):
         self.axis = axis
-        y = P.softmax_forward(x, axis)
+        y = getattr(P, f"{self.primitive}_forward")(x, axis)
         self.save_for_backward(y)
         return y
 
     def backward(self, dy):
-        return P.softmax_backward(dy, self.saved[0], self.axis)
+        return getattr(P, f"{self.primitive}_backward")(dy, self.saved[0], self.axis)
 
 
-class LogSoftmaxFunction(Function):
-    def forward(self, x, axis):
-        self.axis = axis
-        y = P.log_softmax_forward(x, axis)
-        self.save_for_backward(y)
-        return y
+class SoftmaxFunction(_SoftmaxFunction):
+    primitive = "softmax"
 
-    def backward(self, dy):
-        return P.log_softmax_backward(dy, self.saved[0], self.axis)
+
+class LogSoftmaxFunction(_SoftmaxFunction):
+    primitive = "log_softmax"

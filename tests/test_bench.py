@@ -136,6 +136,22 @@ def test_measurement_state_is_restored_after_an_exception(monkeypatch):
     assert fake_torch.backends.cudnn.allow_tf32 is True
 
 
+def test_the_torch_engine_loads_pytorch_before_setting_its_switches(tmp_path, monkeypatch):
+    # PyTorch not imported yet: measurement_state must import it, or cuDNN's TF32 default (on) would stay.
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import types\n"
+        "backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)),\n"
+        "                                 cudnn=types.SimpleNamespace(allow_tf32=True))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    with measure.measurement_state("torch", False):
+        assert sys.modules["torch"].backends.cudnn.allow_tf32 is False
+    assert sys.modules["torch"].backends.cudnn.allow_tf32 is True
+    del sys.modules["torch"]  # the fake; monkeypatch puts back a real one that was loaded before
+
+
 TINY_CELL = {"kind": "engine", "model": "tiny", "architecture": "tiny_cnn", "image_size": 8, "batch": 2,
              "num_classes": 3, "device": "cpu", "tf32": False, "setting": None, "warmup": 2, "steps": 3,
              "profile_steps": 0, "layer_repeats": 1, "measure_step": True, "layer_table": False}

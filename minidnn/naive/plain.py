@@ -16,7 +16,9 @@ BatchNorm, Scale and an in-place ReLU as three layers); backward, ReLU's backwar
 normalisation's.
 
 Arguments are checked by the primitives' helpers (:mod:`minidnn.primitives.batchnorm`,
-``softmax``, ``dropout``), so both engines refuse the same inputs with the same errors.
+``softmax``, ``dropout``), so both engines refuse the same inputs with the same errors; the losses'
+row arithmetic (the picked cost, the reduction, the per-row gradient scale) is the primitives'
+NumPy code too, run as array expressions on either device.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .. import backend
 from ..primitives import batchnorm as bn_checks
 from ..primitives import dropout as dropout_checks
 from ..primitives import softmax as softmax_checks
+from ..primitives.softmax import _picked_cost, _reduce, _row_scale
 from ..primitives._checks import (check_bool, check_float, check_int, check_like, check_same_dtype,
                                   normalise_axis)
 from ..primitives.dropout import _keep_scale, keep_mask
@@ -181,35 +184,6 @@ def _rows(target: Any, weight: Any, ignore_index: int, num_classes: int, dtype: 
     return kept, safe, row_weight
 
 
-def _picked_cost(log_probs: Any, kept: Any, safe: Any, row_weight: Any) -> Any:
-    """w[t_i]·(−log_probs[i, t_i]) on kept rows, 0 on ignored ones (masked before the product: 0·(−inf))."""
-    xp = backend.get_array_module(log_probs)
-    picked = xp.where(kept, -log_probs[xp.arange(log_probs.shape[0]), safe], 0)
-    return row_weight * picked
-
-
-def _mean_or_nan(total: Any, denominator: Any) -> Any:
-    """total / denominator, NaN where the denominator is 0 (PyTorch's mean over no rows), without a warning."""
-    xp = backend.get_array_module(total, denominator)
-    nonzero = denominator != 0
-    return xp.where(nonzero, total / xp.where(nonzero, denominator, 1), xp.nan)
-
-
-def _reduce(losses: Any, row_weight: Any, reduction: str) -> Any:
-    if reduction == "none":
-        return losses
-    xp = backend.get_array_module(losses)
-    total = losses.sum()
-    return xp.asarray(total if reduction == "sum" else _mean_or_nan(total, row_weight.sum()), dtype=losses.dtype)
-
-
-def _row_scale(grad_loss: Any, kept: Any, row_weight: Any, reduction: str) -> Any:
-    """∂loss/∂(row loss i) times grad_loss, 0 on ignored rows."""
-    xp = backend.get_array_module(grad_loss)
-    scale = _mean_or_nan(grad_loss, row_weight.sum()) if reduction == "mean" else grad_loss
-    return xp.where(kept, scale, 0).astype(grad_loss.dtype)
-
-
 def nll_loss_forward(log_probs: Any, target: Any, weight: Any = None, ignore_index: int = -100,
                      reduction: str = "mean") -> Any:
     batch, num_classes = softmax_checks._check_scores(log_probs, "log_probs")
@@ -218,7 +192,7 @@ def nll_loss_forward(log_probs: Any, target: Any, weight: Any = None, ignore_ind
     target = softmax_checks._check_target(target, batch, num_classes, ignore_index)
     softmax_checks._check_weight(weight, num_classes, log_probs.dtype, "log_probs")
     kept, safe, row_weight = _rows(target, weight, ignore_index, num_classes, log_probs.dtype)
-    return _reduce(_picked_cost(log_probs, kept, safe, row_weight), row_weight, reduction)
+    return _reduce(row_weight * _picked_cost(log_probs, kept, safe), row_weight, reduction)
 
 
 def nll_loss_backward(grad_loss: Any, target: Any, num_classes_shape: Any, weight: Any = None,
@@ -246,7 +220,7 @@ def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_i
     epsilon = softmax_checks.check_label_smoothing(label_smoothing)
     log_probs = log_softmax_forward(logits, axis=1)
     kept, safe, row_weight = _rows(target, weight, ignore_index, num_classes, logits.dtype)
-    losses = _picked_cost(log_probs, kept, safe, row_weight)
+    losses = row_weight * _picked_cost(log_probs, kept, safe)
     if epsilon > 0:  # skipped, not multiplied by 0, when off: a log-probability of −inf would give NaN
         weighted = log_probs if weight is None else log_probs * weight
         uniform = xp.where(kept, -weighted.sum(axis=1), 0).astype(logits.dtype)
