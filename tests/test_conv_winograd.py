@@ -3,6 +3,7 @@ against float64 loops, the float32 error on model shapes, the workspace formula,
 
 All three directions of both algorithms are also run against the loop reference by tests/test_primitives_conv.py.
 """
+import dataclasses
 import os
 import re
 import shutil
@@ -16,7 +17,7 @@ from minidnn.primitives.conv import registry, winograd
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.winograd import TRANSFORMS, Tiling
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import DIRECTIONS, call, run_on_a_poisoned_workspace, relative_error
+from tests.test_primitives_conv import DIRECTIONS, call, model_problems, relative_error, run_on_a_poisoned_workspace
 
 SIZES = [2, 4]
 NVCC = shutil.which("nvcc")
@@ -187,7 +188,7 @@ def test_float32_error_on_model_shapes(xp, rng, algo):
 # ----------------------------------------------------------------------------------------------
 # The workspace formula: exactly the bytes the algorithm carves, and enough (poisoned, it still works)
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["winograd_2x2", "winograd_4x4"])
+@pytest.mark.parametrize("algo", ["winograd_2x2", "winograd_4x4", "winograd_4x4_chunked"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo, direction, dtype):
@@ -199,6 +200,54 @@ def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo,
     assert max(ends) == size
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
     assert_close(out, want, **tolerance)
+
+
+# ----------------------------------------------------------------------------------------------
+# The chunked variant: several chunks give the whole batch's answer; the workspace stays bounded
+# ----------------------------------------------------------------------------------------------
+def two_images_a_chunk(problem, direction):
+    """A chunked F(4x4) whose chunks hold two images of ``problem`` (so 5 images run as 2 + 2 + 1)."""
+    alpha2, tiles = 36, winograd.Winograd(4).tiling(problem, direction, 1).count
+    return winograd.Winograd(4, chunk_bytes=2 * alpha2 * (problem.C + problem.K) * tiles * problem.itemsize)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_chunks_of_the_batch_give_the_whole_batch_answer(xp, rng, monkeypatch, direction, dtype):
+    problem = ConvProblem(5, 4, 10, 7, 6, 3, 3, (1, 1), (1, 2), (1, 1), 2, np.dtype(dtype),
+                          "cpu" if xp is np else "cuda")
+    algorithm = two_images_a_chunk(problem, direction)
+    assert algorithm.chunks(problem, direction) == [(0, 2), (2, 4), (4, 5)]
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, winograd, algorithm, problem,
+                                                        direction)
+    assert max(ends) == size < registry.get("winograd_4x4").workspace_bytes(problem, direction)
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert_close(out, want, **tolerance)
+
+
+def test_chunked_backward_filter_adds_to_the_gradient_given(xp, rng):
+    problem = ConvProblem(5, 3, 9, 9, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, np.dtype(np.float64),
+                          "cpu" if xp is np else "cuda")
+    algorithm = two_images_a_chunk(problem, "backward_filter")
+    x, dy = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.y_shape)
+    before = rng.standard_normal(problem.w_shape)
+    out = xp.asarray(before.copy())
+    workspace = xp.zeros(algorithm.workspace_bytes(problem, "backward_filter"), dtype=np.uint8)
+    algorithm.run("backward_filter", xp.asarray(x), xp.asarray(dy), problem, out, True, workspace)
+    want = call("backward_filter", x, dy, problem.w_shape, (1, 1, 1, 1), algo="reference")
+    assert_close(out, before + want, rtol=1e-10, atol=1e-10)
+
+
+def test_chunked_workspace_does_not_grow_with_the_batch_and_fits_64_mib_on_the_models():
+    chunked = registry.get("winograd_4x4_chunked")
+    for model, image in [("alexnet_caffe", 227), ("resnet18", 224), ("resnet50", 224)]:
+        for problem in model_problems(model, image, 64, "cuda"):
+            if not chunked.supports(problem, "forward"):
+                continue
+            for direction in DIRECTIONS:
+                sizes = {chunked.workspace_bytes(dataclasses.replace(problem, N=batch, dtype=np.dtype(np.float32)),
+                                                 direction) for batch in (64, 128, 256)}
+                assert len(sizes) == 1 and max(sizes) <= 64 << 20, (model, problem.describe(), direction, sizes)
 
 
 # ----------------------------------------------------------------------------------------------

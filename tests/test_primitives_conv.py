@@ -311,6 +311,9 @@ def test_get_follows_the_shape_rules_and_the_limit():
     expected = next(n for n in ("winograd_4x4", "winograd_2x2", "gemm") if n in available)
     assert selection.get(three, "forward", 1 << 30).name == expected
     assert selection.get(strided, "forward", 1 << 30).name == "gemm"
+    # ResNet-18's 56² layer at batch 64: whole-batch F(4x4) needs 221 MiB; in chunks it fits 64 MiB.
+    large = problem_of((64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1), np.float32)
+    assert selection.get(large, "forward", 64 << 20).name == "winograd_4x4_chunked"
     zero = selection.get(strided, "forward", 0)  # nothing with workspace fits
     assert zero.workspace_bytes(strided, "forward") == 0
     assert zero.name == ("implicit_gemm" if "implicit_gemm" in available else "reference")

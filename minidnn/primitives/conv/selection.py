@@ -61,7 +61,9 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     if problem.is_1x1:
         names.append("gemm_1x1")
     if stride_1 and (problem.R, problem.S) == (3, 3):
-        names += ["winograd_4x4", "winograd_2x2"] if min(problem.H, problem.W) >= 16 else ["winograd_2x2"]
+        # F(4x4) over the whole batch, else in chunks of images (its workspace bounded), else F(2x2).
+        names += (["winograd_4x4", "winograd_4x4_chunked", "winograd_2x2"] if min(problem.H, problem.W) >= 16
+                  else ["winograd_2x2"])
     if stride_1 and min(problem.R, problem.S) >= 5 and min(problem.H, problem.W) >= 16:
         names.append("fft")
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" else ["gemm", "implicit_gemm"]

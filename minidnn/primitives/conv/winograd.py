@@ -16,6 +16,13 @@ e, the sum over tiles being again α²·G GEMMs. All three directions need the s
 α²·(K·C/G + (C + K)·tiles) values (U, V and M), with tiles counted on the grid the output transform writes
 (dx's H×W for backward-data, P×Q otherwise).
 
+That workspace grows with the batch (221 MiB for ResNet-18's 56² layers at batch 64, F(4×4)), so under the
+default 64 MiB limit the whole-batch algorithms rarely fit. ``winograd_4x4_chunked`` takes the batch a chunk
+of images at a time instead, like cuDNN's FFT_TILING bounds FFT's: U is transformed once, then each chunk is
+transformed, multiplied and transformed back (backward-filter adds the chunks' products into M with beta = 1),
+with V and M sized for one chunk of at most ``CHUNK_BYTES``. Its workspace is α²·(K·C/G + (C + K)·tiles of a
+chunk) values, whatever the batch.
+
 On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the functions below do the same
 transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs).
 
@@ -201,23 +208,40 @@ def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[in
 # The algorithm
 # ----------------------------------------------------------------------------------------------
 class Winograd(ConvAlgorithm):
-    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring."""
+    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring. With ``chunk_bytes``, the
+    batch is taken a chunk of images at a time (V and M for one chunk within ``chunk_bytes``), so the
+    workspace no longer grows with the batch; U is transformed once per call."""
 
-    def __init__(self, m: int) -> None:
+    def __init__(self, m: int, chunk_bytes: int | None = None) -> None:
         self.m = m
-        self.name = f"winograd_{m}x{m}"
+        self.chunk_bytes = chunk_bytes
+        self.name = f"winograd_{m}x{m}" + ("_chunked" if chunk_bytes is not None else "")
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return (problem.R, problem.S, problem.stride, problem.dilation) == (3, 3, (1, 1), (1, 1))
 
-    def tiling(self, problem: ConvProblem, direction: str) -> Tiling:
-        """The tiles of the grid the last transform writes: dx's for backward-data, y's (= dy's) otherwise."""
+    def tiling(self, problem: ConvProblem, direction: str, N: int | None = None) -> Tiling:
+        """The tiles of the grid the last transform writes: dx's for backward-data, y's (= dy's) otherwise;
+        for ``N`` images (default: the whole batch)."""
+        N = problem.N if N is None else N
         if direction == "backward_data":
-            return Tiling(problem.N, problem.H, problem.W, self.m)
-        return Tiling(problem.N, problem.P, problem.Q, self.m)
+            return Tiling(N, problem.H, problem.W, self.m)
+        return Tiling(N, problem.P, problem.Q, self.m)
+
+    def images_per_chunk(self, problem: ConvProblem, direction: str) -> int:
+        """Images whose V and M fit ``chunk_bytes`` (at least one); the whole batch when not chunked."""
+        if self.chunk_bytes is None:
+            return problem.N
+        per_image = (self.m + 2) ** 2 * (problem.C + problem.K) * self.tiling(problem, direction, 1).count
+        return max(1, min(problem.N, self.chunk_bytes // (per_image * problem.itemsize)))
+
+    def chunks(self, problem: ConvProblem, direction: str) -> list[tuple[int, int]]:
+        """The (first, stop) image ranges taken one after another."""
+        size = self.images_per_chunk(problem, direction)
+        return [(first, min(first + size, problem.N)) for first in range(0, problem.N, size)]
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        tiles = self.tiling(problem, direction).count
+        tiles = self.tiling(problem, direction, self.images_per_chunk(problem, direction)).count
         filters = problem.K * (problem.C // problem.groups)
         return (self.m + 2) ** 2 * (filters + (problem.C + problem.K) * tiles) * problem.itemsize
 
@@ -230,34 +254,50 @@ class Winograd(ConvAlgorithm):
         return arrays
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        tiling, G, Cg = self.tiling(problem, "forward"), problem.groups, problem.C // problem.groups
-        U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
-                                                     (problem.K, tiling.count)])
-        filter_transform(w, U, self.m, rotate=False)
-        input_transform(x, V, tiling, (-problem.padding[0], -problem.padding[1]))
-        blas.gemm_batched(grouped(U, G), grouped(V, G), grouped(M, G))
-        output_transform(M, out, tiling)
+        G, Cg = problem.groups, problem.C // problem.groups
+        for first, stop in self.chunks(problem, "forward"):
+            tiling = self.tiling(problem, "forward", stop - first)
+            U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
+                                                         (problem.K, tiling.count)])
+            if first == 0:
+                filter_transform(w, U, self.m, rotate=False)
+            input_transform(x[first:stop], V, tiling, (-problem.padding[0], -problem.padding[1]))
+            blas.gemm_batched(grouped(U, G), grouped(V, G), grouped(M, G))
+            output_transform(M, out[first:stop], tiling)
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        tiling, G, Cg = self.tiling(problem, "backward_data"), problem.groups, problem.C // problem.groups
-        U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.K, tiling.count),
-                                                     (problem.C, tiling.count)])
-        filter_transform(w, U, self.m, rotate=True)
-        # dx = dy convolved with the rotated filter at padding 2 − p: dx's tiles start at (p − 2) in dy.
-        input_transform(dy, V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
-        blas.gemm_batched(grouped(U, G).transpose(0, 2, 1), grouped(V, G), grouped(M, G))
-        output_transform(M, out, tiling)
+        G, Cg = problem.groups, problem.C // problem.groups
+        for first, stop in self.chunks(problem, "backward_data"):
+            tiling = self.tiling(problem, "backward_data", stop - first)
+            U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.K, tiling.count),
+                                                         (problem.C, tiling.count)])
+            if first == 0:
+                filter_transform(w, U, self.m, rotate=True)
+            # dx = dy convolved with the rotated filter at padding 2 − p: dx's tiles start at (p − 2) in dy.
+            input_transform(dy[first:stop], V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
+            blas.gemm_batched(grouped(U, G).transpose(0, 2, 1), grouped(V, G), grouped(M, G))
+            output_transform(M, out[first:stop], tiling)
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
-        tiling, G, Cg = self.tiling(problem, "backward_filter"), problem.groups, problem.C // problem.groups
-        M, V, E = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
-                                                     (problem.K, tiling.count)])
-        input_transform(x, V, tiling, (-problem.padding[0], -problem.padding[1]))
-        gradient_transform(dy, E, tiling)
-        blas.gemm_batched(grouped(E, G), grouped(V, G).transpose(0, 2, 1), grouped(M, G))
+        G, Cg = problem.groups, problem.C // problem.groups
+        for first, stop in self.chunks(problem, "backward_filter"):
+            tiling = self.tiling(problem, "backward_filter", stop - first)
+            M, V, E = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
+                                                         (problem.K, tiling.count)])
+            input_transform(x[first:stop], V, tiling, (-problem.padding[0], -problem.padding[1]))
+            gradient_transform(dy[first:stop], E, tiling)
+            # The chunks' products add up in M (beta = 1 after the first), transformed back once.
+            blas.gemm_batched(grouped(E, G), grouped(V, G).transpose(0, 2, 1), grouped(M, G),
+                              beta=0.0 if first == 0 else 1.0)
         filter_gradient_transform(M, out, self.m, accumulate)
 
 
+# The chunked variant's V and M per chunk: large enough that one chunk's GEMMs fill an H200, small
+# enough that U + a chunk stays under the default 64 MiB limit on every 3x3 layer of the reference
+# models (U is largest on ResNet's 512-channel layers: 36·512·512·4 bytes = 36 MiB).
+CHUNK_BYTES = 24 << 20
+
 register(Winograd(2))
 register(Winograd(4))
+register(Winograd(4, chunk_bytes=CHUNK_BYTES))
