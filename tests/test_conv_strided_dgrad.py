@@ -95,13 +95,14 @@ def test_micro_batches_of_the_phases_equal_the_whole_batch(xp, rng):
     assert_close(got, call("backward_data", dy, w, case.x_shape, (2, 1, 1, 2), algo="reference"))
 
 
-def test_get_and_find_leave_it_to_be_asked_for_by_name(monkeypatch):
+def test_find_and_get_offer_it_for_strided_backward_data_only(monkeypatch):
     case = problem()
     monkeypatch.setenv("MINIDNN_CACHE_DIR", "")  # find's times stay in memory
     selection.clear_cache()
-    assert not ALGORITHM.automatic
-    assert "strided_dgrad" not in [perf.algorithm for perf in selection.find(case, "backward_data", 1 << 30)]
-    monkeypatch.setattr(registry, "algorithms", lambda: {"strided_dgrad": ALGORITHM})
-    with pytest.raises(ValueError, match="no convolution algorithm supports"):
-        selection.get(case, "backward_data", 1 << 30)
+    assert "strided_dgrad" in [perf.algorithm for perf in selection.find(case, "backward_data", 1 << 30)]
+    assert "strided_dgrad" not in [perf.algorithm for perf in selection.find(case, "forward", 1 << 30)]
     selection.clear_cache()
+    on_gpu = problem(device="cuda")
+    assert selection.get(on_gpu, "backward_data", 1 << 30).name == "strided_dgrad"
+    assert selection.get(on_gpu, "backward_data", 0).name == "implicit_gemm"  # no room for its sub-filters
+    assert selection.get(problem(stride=(1, 1), device="cuda"), "backward_data", 1 << 30).name != "strided_dgrad"

@@ -205,10 +205,13 @@ def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo,
 # ----------------------------------------------------------------------------------------------
 # The chunked variant: several chunks give the whole batch's answer; the workspace stays bounded
 # ----------------------------------------------------------------------------------------------
-def two_images_a_chunk(problem, direction):
-    """A chunked F(4x4) whose chunks hold two images of ``problem`` (so 5 images run as 2 + 2 + 1)."""
+def two_images_a_chunk(monkeypatch, problem, direction):
+    """The chunked F(4x4), its workspace cap set so that a chunk holds two images of ``problem``."""
     alpha2, tiles = 36, winograd.Winograd(4).tiling(problem, direction, 1).count
-    return winograd.Winograd(4, chunk_bytes=2 * alpha2 * (problem.C + problem.K) * tiles * problem.itemsize)
+    filters = alpha2 * problem.K * (problem.C // problem.groups)
+    monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE",
+                        (filters + 2 * alpha2 * (problem.C + problem.K) * tiles) * problem.itemsize)
+    return registry.get("winograd_4x4_chunked")
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
@@ -216,7 +219,7 @@ def two_images_a_chunk(problem, direction):
 def test_chunks_of_the_batch_give_the_whole_batch_answer(xp, rng, monkeypatch, direction, dtype):
     problem = ConvProblem(5, 4, 10, 7, 6, 3, 3, (1, 1), (1, 2), (1, 1), 2, np.dtype(dtype),
                           "cpu" if xp is np else "cuda")
-    algorithm = two_images_a_chunk(problem, direction)
+    algorithm = two_images_a_chunk(monkeypatch, problem, direction)
     assert algorithm.chunks(problem, direction) == [(0, 2), (2, 4), (4, 5)]
     ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, winograd, algorithm, problem,
                                                         direction)
@@ -225,10 +228,11 @@ def test_chunks_of_the_batch_give_the_whole_batch_answer(xp, rng, monkeypatch, d
     assert_close(out, want, **tolerance)
 
 
-def test_chunked_backward_filter_adds_to_the_gradient_given(xp, rng):
+def test_chunked_backward_filter_adds_to_the_gradient_given(xp, rng, monkeypatch):
     problem = ConvProblem(5, 3, 9, 9, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, np.dtype(np.float64),
                           "cpu" if xp is np else "cuda")
-    algorithm = two_images_a_chunk(problem, "backward_filter")
+    algorithm = two_images_a_chunk(monkeypatch, problem, "backward_filter")
+    assert len(algorithm.chunks(problem, "backward_filter")) == 3
     x, dy = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.y_shape)
     before = rng.standard_normal(problem.w_shape)
     out = xp.asarray(before.copy())

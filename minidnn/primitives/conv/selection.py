@@ -66,6 +66,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
                   else ["winograd_2x2"])
     if stride_1 and min(problem.R, problem.S) >= 5 and min(problem.H, problem.W) >= 16:
         names.append("fft")
+    if problem.device == "cuda" and direction == "backward_data" and not stride_1 and problem.dilation == (1, 1):
+        names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 

@@ -20,8 +20,8 @@ That workspace grows with the batch (221 MiB for ResNet-18's 56² layers at batc
 default 64 MiB limit the whole-batch algorithms rarely fit. ``winograd_4x4_chunked`` takes the batch a chunk
 of images at a time instead, like cuDNN's FFT_TILING bounds FFT's: U is transformed once, then each chunk is
 transformed, multiplied and transformed back (backward-filter adds the chunks' products into M with beta = 1),
-with V and M sized for one chunk of at most ``CHUNK_BYTES``. Its workspace is α²·(K·C/G + (C + K)·tiles of a
-chunk) values, whatever the batch.
+with the chunk as many images as keep the whole workspace, α²·(K·C/G + (C + K)·tiles of a chunk) values,
+within ``CHUNKED_WORKSPACE`` (60 MiB), whatever the batch.
 
 On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the functions below do the same
 transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs).
@@ -208,14 +208,14 @@ def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[in
 # The algorithm
 # ----------------------------------------------------------------------------------------------
 class Winograd(ConvAlgorithm):
-    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring. With ``chunk_bytes``, the
-    batch is taken a chunk of images at a time (V and M for one chunk within ``chunk_bytes``), so the
-    workspace no longer grows with the batch; U is transformed once per call."""
+    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring. With ``chunked``, the batch
+    is taken a chunk of images at a time, as many as keep U, V and M within ``CHUNKED_WORKSPACE``
+    bytes (at least one), so the workspace no longer grows with the batch; U is transformed once."""
 
-    def __init__(self, m: int, chunk_bytes: int | None = None) -> None:
+    def __init__(self, m: int, chunked: bool = False) -> None:
         self.m = m
-        self.chunk_bytes = chunk_bytes
-        self.name = f"winograd_{m}x{m}" + ("_chunked" if chunk_bytes is not None else "")
+        self.chunked = chunked
+        self.name = f"winograd_{m}x{m}" + ("_chunked" if chunked else "")
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return (problem.R, problem.S, problem.stride, problem.dilation) == (3, 3, (1, 1), (1, 1))
@@ -228,12 +228,19 @@ class Winograd(ConvAlgorithm):
             return Tiling(N, problem.H, problem.W, self.m)
         return Tiling(N, problem.P, problem.Q, self.m)
 
+    def _values(self, problem: ConvProblem, direction: str, images: int) -> tuple[int, int]:
+        """(U's values, V's and M's values for ``images`` images)."""
+        positions = (self.m + 2) ** 2
+        tiles = self.tiling(problem, direction, images).count
+        return positions * problem.K * (problem.C // problem.groups), positions * (problem.C + problem.K) * tiles
+
     def images_per_chunk(self, problem: ConvProblem, direction: str) -> int:
-        """Images whose V and M fit ``chunk_bytes`` (at least one); the whole batch when not chunked."""
-        if self.chunk_bytes is None:
+        """The whole batch, or (chunked) the most images whose workspace stays within CHUNKED_WORKSPACE."""
+        if not self.chunked:
             return problem.N
-        per_image = (self.m + 2) ** 2 * (problem.C + problem.K) * self.tiling(problem, direction, 1).count
-        return max(1, min(problem.N, self.chunk_bytes // (per_image * problem.itemsize)))
+        filters, per_image = self._values(problem, direction, 1)
+        room = CHUNKED_WORKSPACE // problem.itemsize - filters
+        return max(1, min(problem.N, room // per_image))
 
     def chunks(self, problem: ConvProblem, direction: str) -> list[tuple[int, int]]:
         """The (first, stop) image ranges taken one after another."""
@@ -241,63 +248,68 @@ class Winograd(ConvAlgorithm):
         return [(first, min(first + size, problem.N)) for first in range(0, problem.N, size)]
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        tiles = self.tiling(problem, direction, self.images_per_chunk(problem, direction)).count
-        filters = problem.K * (problem.C // problem.groups)
-        return (self.m + 2) ** 2 * (filters + (problem.C + problem.K) * tiles) * problem.itemsize
+        filters, data = self._values(problem, direction, self.images_per_chunk(problem, direction))
+        return (filters + data) * problem.itemsize
 
-    def _buffers(self, workspace: Any, problem: ConvProblem, shapes: list[tuple[int, int]]) -> list[Any]:
-        """Consecutive (α², rows, columns) arrays carved from the workspace."""
-        positions, offset, arrays = (self.m + 2) ** 2, 0, []
-        for rows, columns in shapes:
-            arrays.append(workspace_array(workspace, (positions, rows, columns), problem.dtype, offset))
-            offset += arrays[-1].nbytes
-        return arrays
+    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str, rows: tuple[int, int, int]):
+        """For each chunk: (first, stop, its tiling, the (α², rows, columns) arrays, the same as per-group
+        matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
+        then (rows[1], tiles) and (rows[2], tiles); each chunk size's are carved once, so the first array
+        (U, or backward-filter's M) is the same memory in every chunk."""
+        positions, G, carved = (self.m + 2) ** 2, problem.groups, {}
+        for first, stop in self.chunks(problem, direction):
+            if stop - first not in carved:
+                tiling = self.tiling(problem, direction, stop - first)
+                offset, arrays = 0, []
+                for height, width in zip(rows, (problem.C // G, tiling.count, tiling.count)):
+                    arrays.append(workspace_array(workspace, (positions, height, width), problem.dtype, offset))
+                    offset += arrays[-1].nbytes
+                carved[stop - first] = tiling, arrays, [grouped(array, G) for array in arrays]
+            yield (first, stop, *carved[stop - first])
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        G, Cg = problem.groups, problem.C // problem.groups
-        for first, stop in self.chunks(problem, "forward"):
-            tiling = self.tiling(problem, "forward", stop - first)
-            U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
-                                                         (problem.K, tiling.count)])
+        rows = (problem.K, problem.C, problem.K)
+        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "forward", rows):
             if first == 0:
                 filter_transform(w, U, self.m, rotate=False)
-            input_transform(x[first:stop], V, tiling, (-problem.padding[0], -problem.padding[1]))
-            blas.gemm_batched(grouped(U, G), grouped(V, G), grouped(M, G))
-            output_transform(M, out[first:stop], tiling)
+            input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
+            blas.gemm_batched(Ug, Vg, Mg)
+            output_transform(M, images(out, first, stop), tiling)
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        G, Cg = problem.groups, problem.C // problem.groups
-        for first, stop in self.chunks(problem, "backward_data"):
-            tiling = self.tiling(problem, "backward_data", stop - first)
-            U, V, M = self._buffers(workspace, problem, [(problem.K, Cg), (problem.K, tiling.count),
-                                                         (problem.C, tiling.count)])
+        rows = (problem.K, problem.K, problem.C)
+        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "backward_data",
+                                                                                 rows):
             if first == 0:
                 filter_transform(w, U, self.m, rotate=True)
             # dx = dy convolved with the rotated filter at padding 2 − p: dx's tiles start at (p − 2) in dy.
-            input_transform(dy[first:stop], V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
-            blas.gemm_batched(grouped(U, G).transpose(0, 2, 1), grouped(V, G), grouped(M, G))
-            output_transform(M, out[first:stop], tiling)
+            input_transform(images(dy, first, stop), V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
+            blas.gemm_batched(Ug.transpose(0, 2, 1), Vg, Mg)
+            output_transform(M, images(out, first, stop), tiling)
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
-        G, Cg = problem.groups, problem.C // problem.groups
-        for first, stop in self.chunks(problem, "backward_filter"):
-            tiling = self.tiling(problem, "backward_filter", stop - first)
-            M, V, E = self._buffers(workspace, problem, [(problem.K, Cg), (problem.C, tiling.count),
-                                                         (problem.K, tiling.count)])
-            input_transform(x[first:stop], V, tiling, (-problem.padding[0], -problem.padding[1]))
-            gradient_transform(dy[first:stop], E, tiling)
+        rows = (problem.K, problem.C, problem.K)
+        for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
+                                                                                 "backward_filter", rows):
+            input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
+            gradient_transform(images(dy, first, stop), E, tiling)
             # The chunks' products add up in M (beta = 1 after the first), transformed back once.
-            blas.gemm_batched(grouped(E, G), grouped(V, G).transpose(0, 2, 1), grouped(M, G),
-                              beta=0.0 if first == 0 else 1.0)
+            blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), Mg, beta=0.0 if first == 0 else 1.0)
         filter_gradient_transform(M, out, self.m, accumulate)
 
 
-# The chunked variant's V and M per chunk: large enough that one chunk's GEMMs fill an H200, small
-# enough that U + a chunk stays under the default 64 MiB limit on every 3x3 layer of the reference
-# models (U is largest on ResNet's 512-channel layers: 36·512·512·4 bytes = 36 MiB).
-CHUNK_BYTES = 24 << 20
+def images(array: Any, first: int, stop: int) -> Any:
+    """Images first..stop-1 of an (N, ...) array; the array itself when that is all of it (no view to make)."""
+    return array if first == 0 and stop == array.shape[0] else array[first:stop]
+
+
+# The chunked variant's whole workspace: just under the default 64 MiB limit, so that it fits there on
+# every 3x3 layer of the reference models (U is largest on ResNet's 512-channel layers, 36·512·512·4
+# bytes = 36 MiB, leaving 24 MiB of chunks), with chunks as large as that allows: each chunk costs a
+# few kernel launches and a cuBLAS call of host time, about 0.1 ms from Python.
+CHUNKED_WORKSPACE = 60 << 20
 
 register(Winograd(2))
 register(Winograd(4))
-register(Winograd(4, chunk_bytes=CHUNK_BYTES))
+register(Winograd(4, chunked=True))
