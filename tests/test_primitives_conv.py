@@ -8,6 +8,7 @@ convolution shape of CaffeNet, ResNet-18 and ResNet-50 is checked in float32 aga
 import dataclasses
 import functools
 import json
+import time
 import warnings
 
 import numpy as np
@@ -340,6 +341,24 @@ def test_find_times_every_algorithm_that_fits_and_sorts_them(find_cache):
         n: registry.get(n).workspace_bytes(problem, "forward") for n in names}
     tight = conv.find(problem, "forward", 0)  # only the zero-workspace algorithms
     assert tight and all(r.workspace_bytes == 0 for r in tight)
+
+
+@pytest.mark.gpu
+def test_find_times_the_gpu_not_the_hosts_launches():
+    cupy = minidnn.backend.cupy()
+    data = cupy.zeros(1 << 16, dtype=np.float32)
+
+    def slow_to_launch():  # 5 ms of host time in front of a few microseconds of GPU work
+        time.sleep(0.005)
+        data.fill(1)
+
+    assert max(selection._time(slow_to_launch, cupy, 3)) < 1.0
+
+    def waits_for_the_gpu():  # cannot be queued ahead of the GPU: still timed, behind the longest hold
+        data.fill(2)
+        cupy.cuda.Device().synchronize()
+
+    assert 0 <= selection._time(waits_for_the_gpu, cupy, 1)[0] < 1.0
 
 
 def test_find_offers_the_reference_only_when_nothing_else_can_run(find_cache, monkeypatch):

@@ -116,6 +116,13 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
 
 
+def hold_stream(milliseconds: float) -> None:
+    """Keep the current stream busy for ``milliseconds`` (hold.cu), so that what is queued next runs
+    back to back however slowly the host queues it."""
+    kernel = function("hold.cu", "hold_stream", np.float32)
+    kernel((1,), (1,), (np.int64(milliseconds * 1e6),))
+
+
 # Per-channel reductions split each channel's values over several blocks so that even a layer with
 # few channels fills the GPU: about TARGET_BLOCKS blocks in all, none with fewer than a minimum.
 TARGET_BLOCKS = 132 * 8
