@@ -129,18 +129,22 @@ def get_array_module(*arrays: Any) -> ModuleType:
 
     ``None`` entries and Python scalars are ignored.
     """
-    found: Device | None = None
+    # Every primitive calls this, several times a layer: devices are compared as plain integers
+    # (-1 for the CPU, else the GPU's index), and a Device is built only for the error message.
+    found = None
     for array in arrays:
         if array is None or isinstance(array, (int, float, bool, np.generic)):
             continue
-        where = device_of(array)
+        where = array.data.device_id if is_cuda_array(array) else -1
         if found is None:
             found = where
         elif where != found:
-            raise ValueError(f"expected all arrays on one device, got {found} and {where}")
-    if found is None or found.type == "cpu":
-        return np
-    return cupy()
+            raise ValueError(f"expected all arrays on one device, got {_device_at(found)} and {_device_at(where)}")
+    return np if found is None or found == -1 else cupy()
+
+
+def _device_at(index: int) -> Device:
+    return CPU if index == -1 else Device("cuda", index)
 
 
 def to_device(array: Any, target: "str | Device") -> Any:

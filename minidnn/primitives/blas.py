@@ -31,22 +31,23 @@ __all__ = ["gemm", "gemm_batched", "prepare_capture"]
 # ----------------------------------------------------------------------------------------------
 # Operand layout: a row-major matrix (lead = row stride) or the transpose of one
 # ----------------------------------------------------------------------------------------------
-def _matrix(a: Any, name: str) -> tuple[bool, int]:
-    """(transposed, leading dimension in elements) of a 2-D operand, or a clear error.
+def _matrix(a: Any, name: str, batched: bool = False) -> tuple[bool, int]:
+    """(transposed, leading dimension in elements) of a 2-D operand (of each matrix of a 3-D one when
+    ``batched``), or a clear error.
 
     ``transposed`` means ``a`` is the transpose of a row-major matrix stored at ``a``'s pointer.
     """
-    if a.ndim != 2:
+    if a.ndim != 2 + batched:
         raise ValueError(f"gemm: {name} must be 2-D, got shape {tuple(a.shape)}")
     item = a.itemsize
-    row, col = a.strides
-    rows, cols = a.shape
+    row, col = a.strides[batched:]  # read off the array: indexing a CuPy array costs microseconds
+    rows, cols = a.shape[batched:]
     if (col == item or cols == 1) and row >= max(cols, 1) * item and row % item == 0:
         return False, max(row // item, cols, 1)
     if (row == item or rows == 1) and col >= max(rows, 1) * item and col % item == 0:
         return True, max(col // item, rows, 1)
-    raise ValueError(f"gemm: {name} must be a row-major matrix or the transpose of one, got strides {a.strides} "
-                     f"for shape {tuple(a.shape)} (make it contiguous first)")
+    raise ValueError(f"gemm: {name} must be a row-major matrix or the transpose of one, got strides "
+                     f"{a.strides[batched:]} for shape {tuple(a.shape[batched:])} (make it contiguous first)")
 
 
 def _check(a: Any, b: Any, out: Any, batched: bool) -> tuple[int, int, int]:
@@ -108,9 +109,9 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
         return out
     if out.shape[0] == 0:
         return out
-    a_t, lda = _matrix(a[0], "a")
-    b_t, ldb = _matrix(b[0], "b")
-    out_transposed, ldc = _matrix(out[0], "out")
+    a_t, lda = _matrix(a, "a", batched=True)
+    b_t, ldb = _matrix(b, "b", batched=True)
+    out_transposed, ldc = _matrix(out, "out", batched=True)
     if out_transposed:
         raise ValueError("gemm_batched: out must hold row-major matrices, not transposed views")
     strides = [array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b, out)]
@@ -186,10 +187,7 @@ class _Cublas:
             compute = _COMPUTE_64F
         else:
             compute = _COMPUTE_32F_FAST_TF32 if backend.allow_tf32() else _COMPUTE_32F
-        # alpha and beta in the compute type's scalar type, read from host memory during the call.
-        scalars = np.array([alpha, beta], dtype=np.complex64 if dtype == np.complex64 else dtype)
-        alpha_p = scalars[:1].ctypes.data_as(ctypes.c_void_p)
-        beta_p = scalars[1:].ctypes.data_as(ctypes.c_void_p)
+        scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
             self.call(self._gemm, self.handle, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
@@ -206,6 +204,14 @@ class _Cublas:
             status = self._set_workspace(self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
             if status != 0:
                 raise RuntimeError(f"cuBLAS cublasSetWorkspace_v2 failed with status {status}")
+
+
+@functools.lru_cache(maxsize=64)  # a few (dtype, alpha, beta) in practice: 1 and 0, or 1 and 1
+def _scalars(dtype: np.dtype, alpha: float, beta: float) -> tuple[np.ndarray, int, int]:
+    """alpha and beta in the compute type's scalar type, with their host addresses, which cuBLAS reads
+    during the call (the caller holds the buffer until then). Cached: building it cost more than the call."""
+    buffer = np.array([alpha, beta], dtype=np.complex64 if dtype == np.complex64 else dtype)
+    return buffer, buffer.ctypes.data, buffer.ctypes.data + buffer.itemsize
 
 
 def _loaded_library(stem: str) -> str:
@@ -225,7 +231,7 @@ def _cublas_for_device(device_id: int) -> _Cublas:
 
 
 def _cublas() -> _Cublas:
-    return _cublas_for_device(backend.cupy().cuda.Device().id)
+    return _cublas_for_device(backend.cupy().cuda.runtime.getDevice())
 
 
 def prepare_capture() -> None:

@@ -22,6 +22,7 @@ eighth of its workspace or less (docs/convolution.md).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from . import implicit_gemm  # noqa: F401 - registers the algorithm each phase runs
@@ -71,25 +72,32 @@ class StridedDgrad(ConvAlgorithm):
         return _aligned(data) + taps
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        (u, v), (pad_h, pad_w) = problem.stride, problem.padding
+        (u, v) = problem.stride
         out.fill(0)  # phases without taps, and rows no dy sample reaches, stay zero
-        for a in range(u):
-            for b in range(v):
-                phase = phase_problem(problem, a, b)
-                if phase.R == 0 or phase.S == 0:
-                    continue
-                rows = phase_span(problem.H, pad_h, u, a, phase.H)
-                cols = phase_span(problem.W, pad_w, v, b, phase.W)
-                if rows[0] >= rows[1] or cols[0] >= cols[1]:
-                    continue
-                dx = workspace_array(workspace, phase.x_shape, problem.dtype)
-                taps = workspace_array(workspace, phase.w_shape, problem.dtype,
-                                       offset=_aligned(dx.nbytes))
-                taps[...] = w[:, :, a::u, b::v]
-                get("implicit_gemm").backward_data(dy, taps, phase, dx, None)
-                (first_h, stop_h, start_h), (first_w, stop_w, start_w) = rows, cols
-                out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
-                    dx[:, :, first_h:stop_h, first_w:stop_w]
+        for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in phases(problem):
+            dx = workspace_array(workspace, phase.x_shape, problem.dtype)
+            taps = workspace_array(workspace, phase.w_shape, problem.dtype, offset=_aligned(dx.nbytes))
+            taps[...] = w[:, :, a::u, b::v]
+            get("implicit_gemm").backward_data(dy, taps, phase, dx, None)
+            out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
+                dx[:, :, first_h:stop_h, first_w:stop_w]
+
+
+@functools.lru_cache(maxsize=256)  # worked out once per problem: the host's time per call is the copies'
+def phases(problem: ConvProblem) -> list[tuple[int, int, ConvProblem, tuple[int, int, int], tuple[int, int, int]]]:
+    """(a, b, the phase's problem, its row span, its column span) of every phase that reaches dx."""
+    (u, v), (pad_h, pad_w) = problem.stride, problem.padding
+    found = []
+    for a in range(u):
+        for b in range(v):
+            phase = phase_problem(problem, a, b)
+            if phase.R == 0 or phase.S == 0:
+                continue
+            rows = phase_span(problem.H, pad_h, u, a, phase.H)
+            cols = phase_span(problem.W, pad_w, v, b, phase.W)
+            if rows[0] < rows[1] and cols[0] < cols[1]:
+                found.append((a, b, phase, rows, cols))
+    return found
 
 
 register(StridedDgrad())
