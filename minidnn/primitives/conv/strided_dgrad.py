@@ -17,8 +17,8 @@ without taps (u > R) leaves its pixels zero. Every multiply-add is one the answe
 Workspace: the largest phase's dx_ab and its sub-filter, contiguous (the kernels read C-contiguous
 arrays), 256-byte aligned. Numerics: the same products as the direct backward-data, summed in
 another order. Stride-1 and dilated problems are left to the other algorithms. On the H200 it runs
-ResNet's strided backward-data about twice as fast as ``implicit_gemm``, as fast as ``gemm`` in an
-eighth of its workspace or less (docs/convolution.md).
+ResNet's strided backward-data about twice as fast as ``implicit_gemm``, as fast as ``gemm`` in about an
+eighth of its workspace on 3x3 layers (docs/convolution.md).
 """
 from __future__ import annotations
 
