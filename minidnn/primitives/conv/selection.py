@@ -177,10 +177,11 @@ def _gpu_milliseconds(call: Any, cupy: Any) -> float:
     (primitives/hold.cu) so that its kernels run back to back.
 
     Without the hold, events would also count the gaps in which the GPU waits for the host to launch
-    the next kernel (from Python, 10-50 µs a launch): find would then prefer algorithms of few launches
-    to faster ones, although in a training step the host runs ahead and those gaps vanish. Timing the
-    GPU alone is what cuDNN's find measures. When the hold has ended before the host finished queuing
-    the call, the sample is taken again behind a hold four times as long.
+    the next kernel (from Python, 6 µs for a bare launch, 24 µs for a cuBLAS call on the H200's host):
+    find would then prefer algorithms of few launches to faster ones, although those gaps vanish where
+    the host runs ahead of the GPU (a captured step, the larger models' eager steps). Timing the GPU
+    alone is what cuDNN's find measures. When the hold has ended before the host finished queuing the
+    call, the sample is taken again behind a hold four times as long.
     """
     from .. import _cuda  # noqa: PLC0415 - GPU only
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -251,7 +251,8 @@ class Winograd(ConvAlgorithm):
         filters, data = self._values(problem, direction, self.images_per_chunk(problem, direction))
         return (filters + data) * problem.itemsize
 
-    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str, rows: tuple[int, int, int]):
+    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str,
+                       rows: tuple[int, int, int]) -> Iterator[tuple]:
         """For each chunk: (first, stop, its tiling, the (α², rows, columns) arrays, the same as per-group
         matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
         then (rows[1], tiles) and (rows[2], tiles); each chunk size's are carved once, so the first array
