@@ -234,7 +234,8 @@ def test_needs_no_workspace_and_says_it_is_not_deterministic():
 # The kernels' resources, from nvcc's report (no GPU needed)
 # ----------------------------------------------------------------------------------------------
 NVCC = shutil.which("nvcc")
-KERNELS = ["implicit_gemm_forward", "implicit_gemm_backward_data", "implicit_gemm_backward_filter"]
+KERNELS = ["implicit_gemm_forward", "implicit_gemm_backward_data", "implicit_gemm_backward_filter",
+           "implicit_gemm_backward_data_by_phase"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

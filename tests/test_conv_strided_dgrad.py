@@ -6,11 +6,11 @@ shape by tests/test_primitives_conv.py; here, what is particular to the phases.
 import numpy as np
 import pytest
 
-from minidnn.primitives.conv import api, registry, selection, strided_dgrad
+from minidnn.primitives.conv import registry, selection, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import call, run_on_a_poisoned_workspace
+from tests.test_primitives_conv import call
 
 ALGORITHM = registry.get("strided_dgrad")
 
@@ -49,14 +49,31 @@ def test_a_phase_is_a_stride_1_unpadded_convolution_whose_output_is_dy():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, dtype):
-    device = "cpu" if xp is np else "cuda"
-    case = problem(N=3, C=4, H=11, W=9, K=6, stride=(2, 2), padding=(2, 0), dtype=dtype, device=device)
-    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, strided_dgrad, ALGORITHM, case,
-                                                        "backward_data")
-    assert max(ends) == size
+@pytest.mark.parametrize("stride, padding, R", [((2, 2), (2, 0), 3), ((3, 2), (1, 1), 5), ((2, 3), (0, 0), 1)])
+def test_needs_no_workspace_and_writes_every_pixel(xp, rng, dtype, stride, padding, R):
+    # out starts as NaN: on the GPU nothing clears it, so each pixel must be written by its phase (zero
+    # for a phase without taps, as with the 1x1 filter under stride 2 and 3).
+    case = problem(N=3, C=4, H=11, W=9, K=6, R=R, S=R, stride=stride, padding=padding, dtype=dtype,
+                   device="cpu" if xp is np else "cuda")
+    assert ALGORITHM.workspace_bytes(case, "backward_data") == 0
+    dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
+    out = xp.full(case.x_shape, np.nan, dtype=dtype)
+    ALGORITHM.run("backward_data", xp.asarray(dy.astype(dtype)), xp.asarray(w.astype(dtype)), case, out, False, None)
+    want = call("backward_data", dy, w, case.x_shape, (stride, padding, 1, case.groups), algo="reference")
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
     assert_close(out, want, **tolerance)
+
+
+def test_the_grid_covers_the_largest_phase():
+    # Phases differ by a row or a column: (H + pad − a) / u rounds differently for each a.
+    for H, pad, u in [(11, 2, 2), (9, 1, 3), (7, 0, 2), (8, 3, 4)]:
+        case = problem(N=2, H=H, W=H, stride=(u, u), padding=(pad, pad))
+        sizes = []
+        for a in range(u):
+            first, stop, _ = phase_span(H, pad, u, a, length=10 ** 6)
+            sizes.append(stop - first)
+        assert sum(sizes) == H  # each dx row in exactly one phase
+        assert strided_dgrad.largest_phase(case) == 2 * max(sizes) ** 2
 
 
 def test_only_strided_undilated_backward_data_is_supported():
@@ -79,22 +96,6 @@ def test_a_stride_wider_than_the_filter_leaves_the_unreached_pixels_zero(xp, rng
     assert not np.any(to_numpy(got)[:, :, 1::2]) and not np.any(to_numpy(got)[:, :, :, 1::2])
 
 
-def test_micro_batches_of_the_phases_equal_the_whole_batch(xp, rng):
-    case = problem(N=7)
-    dy = rng.standard_normal(case.y_shape)
-    w = rng.standard_normal(case.w_shape)
-    limit = ALGORITHM.workspace_bytes(case.with_batch(2), "backward_data")
-    seen = []
-    api.call_observer = lambda direction, p, plan: seen.append(plan)
-    try:
-        got = call("backward_data", xp.asarray(dy), xp.asarray(w), case.x_shape, (2, 1, 1, 2), algo="strided_dgrad",
-                   workspace_limit=limit)
-    finally:
-        api.call_observer = None
-    assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
-    assert_close(got, call("backward_data", dy, w, case.x_shape, (2, 1, 1, 2), algo="reference"))
-
-
 def test_find_and_get_offer_it_for_strided_backward_data_only(monkeypatch):
     case = problem()
     monkeypatch.setenv("MINIDNN_CACHE_DIR", "")  # find's times stay in memory
@@ -104,5 +105,5 @@ def test_find_and_get_offer_it_for_strided_backward_data_only(monkeypatch):
     selection.clear_cache()
     on_gpu = problem(device="cuda")
     assert selection.get(on_gpu, "backward_data", 1 << 30).name == "strided_dgrad"
-    assert selection.get(on_gpu, "backward_data", 0).name == "implicit_gemm"  # no room for its sub-filters
+    assert selection.get(on_gpu, "backward_data", 0).name == "strided_dgrad"  # it needs no workspace
     assert selection.get(problem(stride=(1, 1), device="cuda"), "backward_data", 1 << 30).name != "strided_dgrad"

@@ -7,6 +7,7 @@
 //   forward          N·P·Q          K/G         C/G·R·S          x             w     y
 //   backward-data    N·H·W          C/G         K/G·R·S          dy            w     dx
 //   backward-filter  C/G·R·S        K/G         N·P·Q, split     x             dy    dwᵀ, atomicAdd
+//   bwd-data, phase  N·H_a·W_b      C/G         K/G·R_a·S_b      dy            w     dx (one phase's pixels)
 //
 // (Backward-filter is computed transposed, dwᵀ = xᵀ-gather · dy, so that K/G, 64..512 in the
 // benchmark models, lies along the 64-wide N side of the tile as in the other two directions.)
@@ -55,7 +56,35 @@ constexpr int LDB = TILE_N + 8;
 constexpr int A_LOADS = TILE_K * TILE_M / THREADS;  // elements of A each thread stages per step
 constexpr int B_LOADS = TILE_K * TILE_N / THREADS;
 
-enum Direction { FORWARD, BACKWARD_DATA, BACKWARD_FILTER };
+enum Direction { FORWARD, BACKWARD_DATA, BACKWARD_FILTER, BACKWARD_DATA_BY_PHASE };
+
+// Backward-data by stride phases (strided_dgrad.py), one phase per blockIdx.z. With stride u, dx row h
+// receives gradient only from the filter rows r ≡ h + pad_h (mod u), so phase (a, b) is the dx pixels
+// h = u·h' + a − pad_h, w = v·w' + b − pad_w with the taps r = a + u·i, s = b + v·j alone: a GEMM whose
+// reduction is K/G·R_a·S_b instead of K/G·R·S (plain BACKWARD_DATA gathers every tap and masks the
+// ones that fall between dy's samples). Every dx pixel lies in exactly one phase, and a phase without
+// taps writes zeros, so every pixel of dx is written once.
+struct Phase {
+    int a, b;             // the phase: its first filter row and column
+    int taps_h, taps_w;   // R_a = ⌈(R − a)/u⌉ and S_b = ⌈(S − b)/v⌉ (0 when the stride exceeds the filter)
+    int first_h, first_w; // the first h' (and w') whose dx row is 0 or more: ⌈(pad_h − a)/u⌉, at least 0
+    int count_h, count_w; // how many h' (and w') land inside dx
+};
+
+__device__ __forceinline__ int floor_div(int x, int d) { return x >= 0 ? x / d : -((d - 1 - x) / d); }
+
+__device__ __forceinline__ Phase phase_of(const ImplicitGemmShape& s, int index) {
+    Phase ph;
+    ph.a = index / s.stride_w;
+    ph.b = index % s.stride_w;
+    ph.taps_h = (s.R - ph.a + s.stride_h - 1) / s.stride_h;  // R − a + u − 1 ≥ 1: no negative division
+    ph.taps_w = (s.S - ph.b + s.stride_w - 1) / s.stride_w;
+    ph.first_h = max(0, -floor_div(ph.a - s.pad_h, s.stride_h));
+    ph.first_w = max(0, -floor_div(ph.b - s.pad_w, s.stride_w));
+    ph.count_h = max(0, floor_div(s.H - 1 + s.pad_h - ph.a, s.stride_h) + 1 - ph.first_h);
+    ph.count_w = max(0, floor_div(s.W - 1 + s.pad_w - ph.b, s.stride_w) + 1 - ph.first_w);
+    return ph;
+}
 
 // One half of a gathered element's coordinates. A's element (row, k) reads
 // source[row.offset + k.offset] at (h, w) = (row.h + k.h, row.w + k.w) when that lies inside the
@@ -83,10 +112,11 @@ struct GemmSize {
     int rows, columns, reduction;
 };
 
-__device__ __forceinline__ GemmSize gemm_size(const Direction direction, const ImplicitGemmShape& s) {
+__device__ __forceinline__ GemmSize gemm_size(const Direction direction, const ImplicitGemmShape& s, const Phase& ph) {
     const int Cg = s.C / s.groups, Kg = s.K / s.groups;
     if (direction == FORWARD) return {s.N * s.P * s.Q, Kg, Cg * s.R * s.S};
     if (direction == BACKWARD_DATA) return {s.N * s.H * s.W, Cg, Kg * s.R * s.S};
+    if (direction == BACKWARD_DATA_BY_PHASE) return {s.N * ph.count_h * ph.count_w, Cg, Kg * ph.taps_h * ph.taps_w};
     return {Cg * s.R * s.S, Kg, s.N * s.P * s.Q};
 }
 
@@ -95,8 +125,8 @@ __device__ __forceinline__ GemmSize gemm_size(const Direction direction, const I
 // reduction index per step.
 // ---------------------------------------------------------------------------------------------
 // Row `row` of A (and of C) for `group`.
-__device__ __forceinline__ void decode_row(const Direction direction, const ImplicitGemmShape& s, int group, int row,
-                                           Coordinates& a, int& c) {
+__device__ __forceinline__ void decode_row(const Direction direction, const ImplicitGemmShape& s, const Phase& ph,
+                                           int group, int row, Coordinates& a, int& c) {
     const int Cg = s.C / s.groups, Kg = s.K / s.groups, HW = s.H * s.W, PQ = s.P * s.Q;
     if (direction == FORWARD) {  // output pixel (n, p, q)
         const int n = row / PQ, pq = row % PQ, p = pq / s.Q, q = pq % s.Q;
@@ -109,6 +139,12 @@ __device__ __forceinline__ void decode_row(const Direction direction, const Impl
         const int hq = h / s.stride_h, wq = w / s.stride_w;
         a = {n * s.K * PQ + group * Kg * PQ + hq * s.Q + wq, hq, wq, (h % s.stride_h) * s.stride_w + w % s.stride_w};
         c = n * s.C * HW + hw;
+    } else if (direction == BACKWARD_DATA_BY_PHASE) {  // the phase's pixel (n, h', w'): dy row p = h' − i for tap i
+        const int per_image = ph.count_h * ph.count_w, n = row / per_image, rest = row % per_image;
+        const int hq = ph.first_h + rest / ph.count_w, wq = ph.first_w + rest % ph.count_w;
+        const int h = hq * s.stride_h + ph.a - s.pad_h, w = wq * s.stride_w + ph.b - s.pad_w;
+        a = {n * s.K * PQ + group * Kg * PQ + hq * s.Q + wq, hq, wq, 0};
+        c = n * s.C * HW + h * s.W + w;
     } else {  // filter tap (c, r, s) of the transposed weight gradient
         const int RS = s.R * s.S, channel = row / RS, rs = row % RS;
         const int dh = rs / s.S * s.dilation_h, dw = rs % s.S * s.dilation_w;
@@ -124,7 +160,7 @@ __device__ __forceinline__ void decode_column(const Direction direction, const I
     if (direction == FORWARD) {  // filter k = group·Kg + column
         b = (group * Kg + column) * Cg * s.R * s.S;
         c = (group * Kg + column) * s.P * s.Q;
-    } else if (direction == BACKWARD_DATA) {  // input channel group·Cg + column
+    } else if (direction == BACKWARD_DATA || direction == BACKWARD_DATA_BY_PHASE) {  // input channel group·Cg + column
         b = column * s.R * s.S;
         c = (group * Cg + column) * s.H * s.W;
     } else {  // filter k = group·Kg + column
@@ -134,8 +170,8 @@ __device__ __forceinline__ void decode_column(const Direction direction, const I
 }
 
 // Reduction index `k` of A and B for `group`.
-__device__ __forceinline__ void decode_reduction(const Direction direction, const ImplicitGemmShape& s, int group,
-                                                 int k, Coordinates& a, int& b) {
+__device__ __forceinline__ void decode_reduction(const Direction direction, const ImplicitGemmShape& s,
+                                                 const Phase& ph, int group, int k, Coordinates& a, int& b) {
     const int Kg = s.K / s.groups, RS = s.R * s.S, PQ = s.P * s.Q;
     if (direction == FORWARD) {  // tap (c, r, s)
         const int channel = k / RS, rs = k % RS;
@@ -148,6 +184,11 @@ __device__ __forceinline__ void decode_reduction(const Direction direction, cons
         const int hq = dh / s.stride_h, wq = dw / s.stride_w;
         a = {channel * PQ - hq * s.Q - wq, -hq, -wq, (dh % s.stride_h) * s.stride_w + dw % s.stride_w};
         b = (group * Kg + channel) * (s.C / s.groups) * RS + rs;
+    } else if (direction == BACKWARD_DATA_BY_PHASE) {  // output channel and the phase's tap (i, j): r = a + u·i
+        const int taps = ph.taps_h * ph.taps_w, channel = k / taps, tap = k % taps;
+        const int i = tap / ph.taps_w, j = tap % ph.taps_w;
+        a = {channel * PQ - i * s.Q - j, -i, -j, 0};
+        b = (group * Kg + channel) * (s.C / s.groups) * RS + (ph.a + s.stride_h * i) * s.S + ph.b + s.stride_w * j;
     } else {  // output pixel (n, p, q)
         const int n = k / PQ, pq = k % PQ;
         const int h0 = pq / s.Q * s.stride_h - s.pad_h, w0 = pq % s.Q * s.stride_w - s.pad_w;
@@ -158,14 +199,14 @@ __device__ __forceinline__ void decode_reduction(const Direction direction, cons
 
 // The CTA's row and column tables (threads 0..TILE_M-1 the rows, the next TILE_N the columns).
 __device__ __forceinline__ void build_row_tables(const Direction direction, const ImplicitGemmShape& s,
-                                                 const GemmSize& size, int group, int tile_m, int tile_n,
-                                                 SharedTiles& tiles) {
+                                                 const Phase& ph, const GemmSize& size, int group, int tile_m,
+                                                 int tile_n, SharedTiles& tiles) {
     const int i = threadIdx.x;
     if (i < TILE_M) {
         const int row = tile_m * TILE_M + i;
         Coordinates a = {0, 0, 0, ROW_OUTSIDE};
         int c = -1;
-        if (row < size.rows) decode_row(direction, s, group, row, a, c);
+        if (row < size.rows) decode_row(direction, s, ph, group, row, a, c);
         tiles.a_rows[i] = a;
         tiles.c_rows[i] = c;
     } else if (i - TILE_M < TILE_N) {
@@ -179,14 +220,14 @@ __device__ __forceinline__ void build_row_tables(const Direction direction, cons
 
 // Reduction table `buffer` for step `step` (threads 0..TILE_K-1).
 __device__ __forceinline__ void build_reduction_table(const Direction direction, const ImplicitGemmShape& s,
-                                                      const GemmSize& size, int group, int step, int buffer,
-                                                      SharedTiles& tiles) {
+                                                      const Phase& ph, const GemmSize& size, int group, int step,
+                                                      int buffer, SharedTiles& tiles) {
     const int i = threadIdx.x;
     if (i < TILE_K) {
         const int k = step * TILE_K + i;
         Coordinates a = {0, 0, 0, REDUCTION_OUTSIDE};
         int b = -1;
-        if (k < size.reduction) decode_reduction(direction, s, group, k, a, b);
+        if (k < size.reduction) decode_reduction(direction, s, ph, group, k, a, b);
         tiles.a_reduction[buffer][i] = a;
         tiles.b_reduction[buffer][i] = b;
     }
@@ -365,15 +406,20 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
                                               const scalar_t* __restrict__ bias, bool relu,
                                               const ImplicitGemmShape& shape, int steps_per_split) {
     __shared__ __align__(16) SharedTiles tiles;
-    const GemmSize size = gemm_size(direction, shape);
+    const Phase ph = direction == BACKWARD_DATA_BY_PHASE ? phase_of(shape, blockIdx.z) : Phase{};
+    const GemmSize size = gemm_size(direction, shape, ph);
     const bool a_rows_fastest = direction != BACKWARD_FILTER;
-    const int height = direction == BACKWARD_DATA ? shape.P : shape.H;
-    const int width = direction == BACKWARD_DATA ? shape.Q : shape.W;
+    const bool gathers_dy = direction == BACKWARD_DATA || direction == BACKWARD_DATA_BY_PHASE;
+    const int height = gathers_dy ? shape.P : shape.H;
+    const int width = gathers_dy ? shape.Q : shape.W;
     const int n_tiles = (size.columns + TILE_N - 1) / TILE_N;
     const int steps = (size.reduction + TILE_K - 1) / TILE_K;
     const int per_split = steps_per_split > 0 ? steps_per_split : steps;
     const int jobs = shape.groups * ((steps + per_split - 1) / per_split);
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    // The grid covers the largest phase: a CTA past its own phase's rows has nothing to do (the whole
+    // CTA leaves together, before any barrier).
+    if (tile_m * TILE_M >= size.rows) return;
 
     for (int job = blockIdx.y; job < jobs; job += gridDim.y) {
         const int group = job % shape.groups, split = job / shape.groups;
@@ -382,12 +428,12 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
         float mma[2][4][4] = {};
         Staged staged;
 
-        build_row_tables(direction, shape, size, group, tile_m, tile_n, tiles);
-        build_reduction_table(direction, shape, size, group, first, 0, tiles);
+        build_row_tables(direction, shape, ph, size, group, tile_m, tile_n, tiles);
+        build_reduction_table(direction, shape, ph, size, group, first, 0, tiles);
         __syncthreads();
         load_step(staged, tiles, 0, a_source, b_source, a_rows_fastest, height, width);
         store_step(staged, tiles, 0, a_rows_fastest, tensor_cores);
-        if (first + 1 < last) build_reduction_table(direction, shape, size, group, first + 1, 1, tiles);
+        if (first + 1 < last) build_reduction_table(direction, shape, ph, size, group, first + 1, 1, tiles);
         __syncthreads();
 
         // Step t computes from buffer (t - first) % 2 while step t + 1's loads are in flight; the
@@ -401,7 +447,7 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
                 compute_simt(simt, tiles.a[current], tiles.b[current]);
             }
             if (step + 1 < last) store_step(staged, tiles, next, a_rows_fastest, tensor_cores);
-            if (step + 2 < last) build_reduction_table(direction, shape, size, group, step + 2, current, tiles);
+            if (step + 2 < last) build_reduction_table(direction, shape, ph, size, group, step + 2, current, tiles);
             __syncthreads();
         }
 
@@ -445,6 +491,14 @@ implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __r
     implicit_gemm(BACKWARD_DATA, false, dy, w, dx, nullptr, false, shape, 0);
 }
 
+// dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W), stride phase blockIdx.z (of stride_h·stride_w); the
+// grid's rows cover the largest phase. Every pixel of dx is written (dilation 1 only: strided_dgrad.py).
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_data_by_phase(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
+                                     scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
+    implicit_gemm(BACKWARD_DATA_BY_PHASE, false, dy, w, dx, nullptr, false, shape, 0);
+}
+
 // x (N, C, H, W), dy (N, K, P, Q) -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd:
 // dw must hold zeros, or the gradient to add to).
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
@@ -465,6 +519,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_backward_data_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
                                  scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
     implicit_gemm(BACKWARD_DATA, true, dy, w, dx, nullptr, false, shape, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_backward_data_by_phase_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
+                                          scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
+    implicit_gemm(BACKWARD_DATA_BY_PHASE, true, dy, w, dx, nullptr, false, shape, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)

@@ -189,16 +189,29 @@ def _numpy_backward_filter(x: np.ndarray, dy: np.ndarray, problem: ConvProblem) 
 # ----------------------------------------------------------------------------------------------
 # CUDA
 # ----------------------------------------------------------------------------------------------
-def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = None, relu: bool = False) -> None:
+def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows: int) -> None:
+    """dx = backward-data of a strided problem into ``out``, every stride phase in one launch
+    (implicit_gemm.cu's BACKWARD_DATA_BY_PHASE, blockIdx.z the phase; strided_dgrad.py's idea): each
+    phase gathers only the filter taps that reach its pixels. ``rows``: the largest phase's pixels,
+    N·H_a·W_b, which the grid's row tiles cover. GPU only; every pixel of ``out`` is written."""
+    _launch("backward_data_by_phase", (dy, w, out), problem, rows=rows, phases=problem.stride[0] * problem.stride[1])
+
+
+def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = None, relu: bool = False,
+            rows: int | None = None, phases: int = 1) -> None:
     """One launch of ``direction``'s kernel: the SIMT one, or the TF32 tensor-core one for float32
-    when TF32 is allowed. ``arrays`` are (first input, second input, out) as the kernel takes them."""
+    when TF32 is allowed. ``arrays`` are (first input, second input, out) as the kernel takes them;
+    backward-data by phase gives its largest phase's ``rows`` and the ``phases`` (the grid's z)."""
     from .. import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(*arrays)
     tensor_cores = problem.dtype == np.float32 and backend.allow_tf32()
     kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
                             problem.dtype)
-    rows, columns, reduction = gemm_shape(problem, direction)
+    if direction == "backward_data_by_phase":
+        _, columns, reduction = gemm_shape(problem, "backward_data")
+    else:
+        rows, columns, reduction = gemm_shape(problem, direction)
     steps = -(-reduction // TILE_K[problem.dtype])
     splits, extra = 1, ()
     if direction == "backward_filter":
@@ -210,7 +223,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         bias = backend.get_array_module(bias).ascontiguousarray(bias) if has_bias else out  # out: an unread pointer
         arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
     tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N)
-    grid = (tiles, min(problem.groups * splits, MAX_GRID_Y))  # the kernel loops over further (group, split) jobs
+    grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
     _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
 
 

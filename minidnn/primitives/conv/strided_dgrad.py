@@ -10,30 +10,29 @@ backward-data of dy with the sub-filter w[:, :, a::u, b::v]:
     dx[n, c, u·h' + a − pad_h, v·w' + b − pad_w] = Σ_k Σ_i Σ_j w[k, c, a + u·i, b + v·j] · dy[n, k, h' − i, w' − j]
 
 that is, dx_ab (N, C, P + R_a − 1, Q + S_b − 1) = backward-data of a stride-1 convolution whose filter
-has R_a = ⌈(R − a)/u⌉ × S_b = ⌈(S − b)/v⌉ taps and whose output is dy. Each phase runs as one
-``implicit_gemm`` call (no workspace of its own) and is copied onto its strided slice of dx; a phase
-without taps (u > R) leaves its pixels zero. Every multiply-add is one the answer needs.
+has R_a = ⌈(R − a)/u⌉ × S_b = ⌈(S − b)/v⌉ taps and whose output is dy. Every dx pixel lies in exactly
+one phase; a phase without taps (u > R) has zero gradient. Every multiply-add is one the answer needs.
 
-Workspace: the largest phase's dx_ab and its sub-filter, contiguous (the kernels read C-contiguous
-arrays), 256-byte aligned. Numerics: the same products as the direct backward-data, summed in
-another order. Stride-1 and dilated problems are left to the other algorithms. On the H200 it runs
-ResNet's strided backward-data about twice as fast as ``implicit_gemm``, as fast as ``gemm`` in about an
-eighth of its workspace on 3x3 layers (docs/convolution.md).
+On the GPU all u·v phases run in one launch of implicit_gemm.cu's phase kernel (blockIdx.z the phase):
+each phase's rows are its dx pixels, its reduction K/G·R_a·S_b, and each pixel is written once, in
+place, zeros for a phase without taps; no workspace, no copies. On the CPU the NumPy twin runs the
+phases one by one, each as ``implicit_gemm``'s NumPy backward-data on the sub-filter, and copies each
+onto its strided slice of dx.
+
+Workspace: none. Numerics: the same products as the direct backward-data, summed in another order.
+Stride-1 and dilated problems are left to the other algorithms.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from . import implicit_gemm  # noqa: F401 - registers the algorithm each phase runs
+import numpy as np
+
+from ... import backend
+from . import implicit_gemm
 from .problem import ConvProblem
-from .registry import ConvAlgorithm, get, register, workspace_array
-
-ALIGNMENT = 256  # bytes between the two arrays carved from the workspace
-
-
-def _aligned(size: int) -> int:
-    return -(-size // ALIGNMENT) * ALIGNMENT
+from .registry import ConvAlgorithm, get, register
 
 
 def phase_taps(size: int, stride: int, phase: int) -> int:
@@ -57,35 +56,47 @@ def phase_span(extent: int, padding: int, stride: int, phase: int, length: int) 
     return first, stop, stride * first + phase - padding
 
 
+@functools.lru_cache(maxsize=256)
+def largest_phase(problem: ConvProblem) -> int:
+    """The most dx pixels of any phase, N·(rows)·(columns), as the kernel counts them (every h' whose
+    dx row lies inside dx): the grid's row tiles cover it."""
+    (u, v), (pad_h, pad_w) = problem.stride, problem.padding
+
+    def inside(extent: int, padding: int, stride: int, phase: int) -> int:
+        first, stop, _ = phase_span(extent, padding, stride, phase, length=extent + padding + 1)
+        return max(0, stop - first)
+
+    return problem.N * max(inside(problem.H, pad_h, u, a) for a in range(u)) * \
+        max(inside(problem.W, pad_w, v, b) for b in range(v))
+
+
 class StridedDgrad(ConvAlgorithm):
     name = "strided_dgrad"
-    deterministic = True  # implicit GEMM's backward-data writes each output once
+    deterministic = True  # each dx pixel is written once, by one CTA
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
-        largest = phase_problem(problem, 0, 0)
-        data = largest.N * largest.C * largest.H * largest.W * problem.itemsize
-        taps = largest.K * (largest.C // largest.groups) * largest.R * largest.S * problem.itemsize
-        return _aligned(data) + taps
+        return 0
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        if backend.is_cuda_array(dy):
+            implicit_gemm.backward_data_by_phase(dy, w, problem, out, largest_phase(problem))
+            return
         (u, v) = problem.stride
         out.fill(0)  # phases without taps, and rows no dy sample reaches, stay zero
         for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in phases(problem):
-            dx = workspace_array(workspace, phase.x_shape, problem.dtype)
-            taps = workspace_array(workspace, phase.w_shape, problem.dtype, offset=_aligned(dx.nbytes))
-            taps[...] = w[:, :, a::u, b::v]
+            taps = np.ascontiguousarray(w[:, :, a::u, b::v])
+            dx = np.empty(phase.x_shape, dtype=problem.dtype)
             get("implicit_gemm").backward_data(dy, taps, phase, dx, None)
             out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
                 dx[:, :, first_h:stop_h, first_w:stop_w]
 
 
-@functools.lru_cache(maxsize=256)  # worked out once per problem: the host's time per call is the copies'
+@functools.lru_cache(maxsize=256)  # worked out once per problem
 def phases(problem: ConvProblem) -> list[tuple[int, int, ConvProblem, tuple[int, int, int], tuple[int, int, int]]]:
-    """(a, b, the phase's problem, its row span, its column span) of every phase that reaches dx."""
+    """(a, b, the phase's problem, its row span, its column span) of every phase with taps that reaches dx."""
     (u, v), (pad_h, pad_w) = problem.stride, problem.padding
     found = []
     for a in range(u):
