@@ -6,11 +6,11 @@ shape by tests/test_primitives_conv.py; here, what is particular to the phases.
 import numpy as np
 import pytest
 
-from minidnn.primitives.conv import registry, selection, strided_dgrad
+from minidnn.primitives.conv import api, implicit_gemm, registry, selection, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import call
+from tests.test_primitives_conv import call, run_on_a_poisoned_workspace
 
 ALGORITHM = registry.get("strided_dgrad")
 
@@ -50,18 +50,26 @@ def test_a_phase_is_a_stride_1_unpadded_convolution_whose_output_is_dy():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("stride, padding, R", [((2, 2), (2, 0), 3), ((3, 2), (1, 1), 5), ((2, 3), (0, 0), 1)])
-def test_needs_no_workspace_and_writes_every_pixel(xp, rng, dtype, stride, padding, R):
-    # out starts as NaN: on the GPU nothing clears it, so each pixel must be written by its phase (zero
-    # for a phase without taps, as with the 1x1 filter under stride 2 and 3).
+def test_every_pixel_is_written_and_the_workspace_is_exactly_what_is_carved(xp, rng, monkeypatch, dtype, stride,
+                                                                           padding, R):
+    # out starts as NaN and the workspace as 0xFF: the one-launch kernel clears nothing, so each pixel
+    # must be written by its phase; the phase-by-phase route carves exactly its declared workspace.
     case = problem(N=3, C=4, H=11, W=9, K=6, R=R, S=R, stride=stride, padding=padding, dtype=dtype,
                    device="cpu" if xp is np else "cuda")
-    assert ALGORITHM.workspace_bytes(case, "backward_data") == 0
-    dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
-    out = xp.full(case.x_shape, np.nan, dtype=dtype)
-    ALGORITHM.run("backward_data", xp.asarray(dy.astype(dtype)), xp.asarray(w.astype(dtype)), case, out, False, None)
-    want = call("backward_data", dy, w, case.x_shape, (stride, padding, 1, case.groups), algo="reference")
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, strided_dgrad, ALGORITHM, case,
+                                                        "backward_data")
+    assert max(ends, default=0) == size
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
     assert_close(out, want, **tolerance)
+
+
+def test_the_gpu_runs_the_phases_in_one_launch_when_each_has_taps():
+    three, one = problem(device="cuda"), problem(R=1, S=1, device="cuda")
+    assert strided_dgrad.in_one_launch(three) and ALGORITHM.workspace_bytes(three, "backward_data") == 0
+    assert not strided_dgrad.in_one_launch(one) and ALGORITHM.workspace_bytes(one, "backward_data") > 0
+    assert ALGORITHM.workspace_bytes(problem(), "backward_data") > 0  # the NumPy twin goes phase by phase
+    with pytest.raises(ValueError, match="at least as large as the stride"):
+        implicit_gemm.backward_data_by_phase(None, None, one, None, 1)
 
 
 def test_the_grid_covers_the_largest_phase():
@@ -94,6 +102,22 @@ def test_a_stride_wider_than_the_filter_leaves_the_unreached_pixels_zero(xp, rng
     want = call("backward_data", dy, w, out_shape, (2, 0, 1, 1), algo="reference")
     assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert not np.any(to_numpy(got)[:, :, 1::2]) and not np.any(to_numpy(got)[:, :, :, 1::2])
+
+
+def test_micro_batches_of_the_phases_equal_the_whole_batch(xp, rng):
+    case = problem(N=7, R=1, S=1, padding=(0, 0))  # phase by phase on both devices: it has a workspace
+    dy = rng.standard_normal(case.y_shape)
+    w = rng.standard_normal(case.w_shape)
+    limit = ALGORITHM.workspace_bytes(case.with_batch(2), "backward_data")
+    seen = []
+    api.call_observer = lambda direction, p, plan: seen.append(plan)
+    try:
+        got = call("backward_data", xp.asarray(dy), xp.asarray(w), case.x_shape, (2, 0, 1, 2), algo="strided_dgrad",
+                   workspace_limit=limit)
+    finally:
+        api.call_observer = None
+    assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
+    assert_close(got, call("backward_data", dy, w, case.x_shape, (2, 0, 1, 2), algo="reference"))
 
 
 def test_find_and_get_offer_it_for_strided_backward_data_only(monkeypatch):

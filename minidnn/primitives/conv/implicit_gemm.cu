@@ -62,8 +62,9 @@ enum Direction { FORWARD, BACKWARD_DATA, BACKWARD_FILTER, BACKWARD_DATA_BY_PHASE
 // receives gradient only from the filter rows r ≡ h + pad_h (mod u), so phase (a, b) is the dx pixels
 // h = u·h' + a − pad_h, w = v·w' + b − pad_w with the taps r = a + u·i, s = b + v·j alone: a GEMM whose
 // reduction is K/G·R_a·S_b instead of K/G·R·S (plain BACKWARD_DATA gathers every tap and masks the
-// ones that fall between dy's samples). Every dx pixel lies in exactly one phase, and a phase without
-// taps writes zeros, so every pixel of dx is written once.
+// ones that fall between dy's samples). Every dx pixel lies in exactly one phase and is written once.
+// Every phase must have taps (R ≥ u, S ≥ v; implicit_gemm.py refuses others): an empty reduction
+// would make the job count below divide by zero.
 struct Phase {
     int a, b;             // the phase: its first filter row and column
     int taps_h, taps_w;   // R_a = ⌈(R − a)/u⌉ and S_b = ⌈(S − b)/v⌉ (0 when the stride exceeds the filter)
@@ -414,7 +415,7 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
     const int width = gathers_dy ? shape.Q : shape.W;
     const int n_tiles = (size.columns + TILE_N - 1) / TILE_N;
     const int steps = (size.reduction + TILE_K - 1) / TILE_K;
-    const int per_split = steps_per_split > 0 ? steps_per_split : steps;
+    const int per_split = steps_per_split > 0 ? steps_per_split : steps;  // steps ≥ 1: reduction ≥ 1
     const int jobs = shape.groups * ((steps + per_split - 1) / per_split);
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     // The grid covers the largest phase: a CTA past its own phase's rows has nothing to do (the whole

@@ -193,7 +193,13 @@ def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows
     """dx = backward-data of a strided problem into ``out``, every stride phase in one launch
     (implicit_gemm.cu's BACKWARD_DATA_BY_PHASE, blockIdx.z the phase; strided_dgrad.py's idea): each
     phase gathers only the filter taps that reach its pixels. ``rows``: the largest phase's pixels,
-    N·H_a·W_b, which the grid's row tiles cover. GPU only; every pixel of ``out`` is written."""
+    N·H_a·W_b, which the grid's row tiles cover. GPU only; every pixel of ``out`` is written.
+
+    Every phase must have taps (R ≥ u, S ≥ v): a phase without any would give its CTAs an empty
+    reduction, a case the kernel has not been run on."""
+    if problem.R < problem.stride[0] or problem.S < problem.stride[1]:
+        raise ValueError(f"backward_data_by_phase needs a filter at least as large as the stride, got "
+                         f"{problem.R}x{problem.S} with stride {problem.stride}")
     _launch("backward_data_by_phase", (dy, w, out), problem, rows=rows, phases=problem.stride[0] * problem.stride[1])
 
 

@@ -13,26 +13,28 @@ that is, dx_ab (N, C, P + R_a − 1, Q + S_b − 1) = backward-data of a stride-
 has R_a = ⌈(R − a)/u⌉ × S_b = ⌈(S − b)/v⌉ taps and whose output is dy. Every dx pixel lies in exactly
 one phase; a phase without taps (u > R) has zero gradient. Every multiply-add is one the answer needs.
 
-On the GPU all u·v phases run in one launch of implicit_gemm.cu's phase kernel (blockIdx.z the phase):
-each phase's rows are its dx pixels, its reduction K/G·R_a·S_b, and each pixel is written once, in
-place, zeros for a phase without taps; no workspace, no copies. On the CPU the NumPy twin runs the
-phases one by one, each as ``implicit_gemm``'s NumPy backward-data on the sub-filter, and copies each
-onto its strided slice of dx.
+Two ways to run the phases:
 
-Workspace: none. Numerics: the same products as the direct backward-data, summed in another order.
-Stride-1 and dilated problems are left to the other algorithms.
+* **In one launch** (GPU, when every phase has taps, as on every strided 3×3 and 7×7 layer):
+  implicit_gemm.cu's phase kernel, blockIdx.z the phase, each phase's rows its own dx pixels and its
+  reduction K/G·R_a·S_b; every pixel is written once, in place. No workspace, no copies.
+* **One after another** (the NumPy twin; and on the GPU a stride wider than the filter, the 1×1
+  stride-2 shortcuts, whose phases without taps the one-launch kernel has not been run on): dx is
+  zeroed, then each phase with taps runs as one ``implicit_gemm`` backward-data call on a contiguous
+  copy of its sub-filter, into dx_ab in the workspace, and is copied onto its strided slice of dx.
+  Workspace: the largest phase's dx_ab and sub-filter, 256-byte aligned.
+
+Numerics: the same products as the direct backward-data, summed in another order. Stride-1 and
+dilated problems are left to the other algorithms.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-import numpy as np
-
-from ... import backend
 from . import implicit_gemm
 from .problem import ConvProblem
-from .registry import ConvAlgorithm, get, register
+from .registry import ConvAlgorithm, get, register, workspace_array
 
 
 def phase_taps(size: int, stride: int, phase: int) -> int:
@@ -70,25 +72,49 @@ def largest_phase(problem: ConvProblem) -> int:
         max(inside(problem.W, pad_w, v, b) for b in range(v))
 
 
+def every_phase_has_taps(problem: ConvProblem) -> bool:
+    """True when the stride is no wider than the filter (R ≥ u and S ≥ v): no phase is all zeros."""
+    return problem.R >= problem.stride[0] and problem.S >= problem.stride[1]
+
+
+def in_one_launch(problem: ConvProblem) -> bool:
+    """Whether ``problem`` runs as the GPU's one-launch phase kernel (else phase by phase)."""
+    return problem.device == "cuda" and every_phase_has_taps(problem)
+
+
+ALIGNMENT = 256  # bytes between the two arrays carved from the workspace, phase by phase
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
 class StridedDgrad(ConvAlgorithm):
     name = "strided_dgrad"
-    deterministic = True  # each dx pixel is written once, by one CTA
+    deterministic = True  # each dx pixel is written once (by one CTA, or by one phase's copy)
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        return 0
+        if in_one_launch(problem):
+            return 0
+        # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
+        largest = phase_problem(problem, 0, 0)
+        data = largest.N * largest.C * largest.H * largest.W * problem.itemsize
+        taps = largest.K * (largest.C // largest.groups) * largest.R * largest.S * problem.itemsize
+        return _aligned(data) + taps
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        if backend.is_cuda_array(dy):
+        if in_one_launch(problem):
             implicit_gemm.backward_data_by_phase(dy, w, problem, out, largest_phase(problem))
             return
         (u, v) = problem.stride
         out.fill(0)  # phases without taps, and rows no dy sample reaches, stay zero
         for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in phases(problem):
-            taps = np.ascontiguousarray(w[:, :, a::u, b::v])
-            dx = np.empty(phase.x_shape, dtype=problem.dtype)
+            dx = workspace_array(workspace, phase.x_shape, problem.dtype)
+            taps = workspace_array(workspace, phase.w_shape, problem.dtype, offset=_aligned(dx.nbytes))
+            taps[...] = w[:, :, a::u, b::v]
             get("implicit_gemm").backward_data(dy, taps, phase, dx, None)
             out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
                 dx[:, :, first_h:stop_h, first_w:stop_w]
