@@ -6,11 +6,13 @@ shape by tests/test_primitives_conv.py; here, what is particular to the phases.
 import numpy as np
 import pytest
 
+from minidnn import backend
+
 from minidnn.primitives.conv import api, implicit_gemm, registry, selection, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
 from tests.helpers import assert_close, to_numpy
-from tests.test_primitives_conv import call, run_on_a_poisoned_workspace
+from tests.test_primitives_conv import call, relative_error, run_on_a_poisoned_workspace
 
 ALGORITHM = registry.get("strided_dgrad")
 
@@ -131,3 +133,32 @@ def test_find_and_get_offer_it_for_strided_backward_data_only(monkeypatch):
     assert selection.get(on_gpu, "backward_data", 1 << 30).name == "strided_dgrad"
     assert selection.get(on_gpu, "backward_data", 0).name == "strided_dgrad"  # it needs no workspace
     assert selection.get(problem(stride=(1, 1), device="cuda"), "backward_data", 1 << 30).name != "strided_dgrad"
+
+
+@pytest.mark.gpu
+def test_one_launch_across_tiles_groups_and_math_modes(rng):
+    # 5 images of 23x23 under stride 2: phases of 12x12, 12x11, 11x12 and 11x11 pixels, 720 rows at most,
+    # six row tiles for the largest phase (the others' last CTAs leave early); 72 channels per group: two
+    # column tiles, the second partial.
+    cupy = backend.cupy()
+    case = problem(N=5, C=144, H=23, W=23, K=80, stride=(2, 2), padding=(1, 1), groups=2, device="cuda")
+    assert strided_dgrad.in_one_launch(case)
+    dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
+    want = call("backward_data", dy, w, case.x_shape, (2, 1, 1, 2), algo="reference")
+
+    def on_gpu(dtype):
+        out = cupy.full(case.x_shape, np.nan, dtype=dtype)
+        gpu_case = problem(N=5, C=144, H=23, W=23, K=80, stride=(2, 2), padding=(1, 1), groups=2, dtype=dtype,
+                           device="cuda")
+        ALGORITHM.run("backward_data", cupy.asarray(dy.astype(dtype)), cupy.asarray(w.astype(dtype)), gpu_case, out,
+                      False, None)
+        return out
+
+    assert_close(on_gpu(np.float64), want, rtol=1e-10, atol=1e-10)
+    with backend.tf32(False):
+        fp32 = relative_error(on_gpu(np.float32), want)
+    with backend.tf32(True):
+        tf32 = relative_error(on_gpu(np.float32), want)
+    assert fp32 < 2e-5, f"fp32: relative error {fp32:.2e}"
+    assert tf32 < 2e-3, f"TF32: relative error {tf32:.2e}"  # 10 mantissa bits, as implicit_gemm's TF32 test
+    assert tf32 > 20 * fp32, f"TF32 ({tf32:.2e}) is not coarser than fp32 ({fp32:.2e}): no tensor cores?"
