@@ -195,8 +195,9 @@ def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows
     phase gathers only the filter taps that reach its pixels. ``rows``: the largest phase's pixels,
     N·H_a·W_b, which the grid's row tiles cover. GPU only; every pixel of ``out`` is written.
 
-    Every phase must have taps (R ≥ u, S ≥ v): a phase without any would give its CTAs an empty
-    reduction, a case the kernel has not been run on."""
+    Every phase must have taps (R ≥ u, S ≥ v): a phase without any has an empty reduction, which the
+    kernel does not handle (its job count divides by the reduction's steps; its first GPU run left
+    such phases unwritten). strided_dgrad runs those problems phase by phase."""
     if problem.R < problem.stride[0] or problem.S < problem.stride[1]:
         raise ValueError(f"backward_data_by_phase needs a filter at least as large as the stride, got "
                          f"{problem.R}x{problem.S} with stride {problem.stride}")
