@@ -3,6 +3,8 @@
 Every direction of every registered algorithm is also run against the loop reference and on every model
 shape by tests/test_primitives_conv.py; here, what is particular to the phases.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -148,10 +150,8 @@ def test_one_launch_across_tiles_groups_and_math_modes(rng):
 
     def on_gpu(dtype):
         out = cupy.full(case.x_shape, np.nan, dtype=dtype)
-        gpu_case = problem(N=5, C=144, H=23, W=23, K=80, stride=(2, 2), padding=(1, 1), groups=2, dtype=dtype,
-                           device="cuda")
-        ALGORITHM.run("backward_data", cupy.asarray(dy.astype(dtype)), cupy.asarray(w.astype(dtype)), gpu_case, out,
-                      False, None)
+        ALGORITHM.run("backward_data", cupy.asarray(dy.astype(dtype)), cupy.asarray(w.astype(dtype)),
+                      dataclasses.replace(case, dtype=np.dtype(dtype)), out, False, None)
         return out
 
     assert_close(on_gpu(np.float64), want, rtol=1e-10, atol=1e-10)

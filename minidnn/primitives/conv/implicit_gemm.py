@@ -189,6 +189,11 @@ def _numpy_backward_filter(x: np.ndarray, dy: np.ndarray, problem: ConvProblem) 
 # ----------------------------------------------------------------------------------------------
 # CUDA
 # ----------------------------------------------------------------------------------------------
+def every_phase_has_taps(problem: ConvProblem) -> bool:
+    """True when the stride is no wider than the filter (R ≥ u and S ≥ v): no stride phase is all zeros."""
+    return problem.R >= problem.stride[0] and problem.S >= problem.stride[1]
+
+
 def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows: int) -> None:
     """dx = backward-data of a strided problem into ``out``, every stride phase in one launch
     (implicit_gemm.cu's BACKWARD_DATA_BY_PHASE, blockIdx.z the phase; strided_dgrad.py's idea): each
@@ -198,7 +203,7 @@ def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows
     Every phase must have taps (R ≥ u, S ≥ v): a phase without any has an empty reduction, which the
     kernel does not handle (its job count divides by the reduction's steps; its first GPU run left
     such phases unwritten). strided_dgrad runs those problems phase by phase."""
-    if problem.R < problem.stride[0] or problem.S < problem.stride[1]:
+    if not every_phase_has_taps(problem):
         raise ValueError(f"backward_data_by_phase needs a filter at least as large as the stride, got "
                          f"{problem.R}x{problem.S} with stride {problem.stride}")
     _launch("backward_data_by_phase", (dy, w, out), problem, rows=rows, phases=problem.stride[0] * problem.stride[1])

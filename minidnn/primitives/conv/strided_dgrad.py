@@ -72,14 +72,9 @@ def largest_phase(problem: ConvProblem) -> int:
         max(inside(problem.W, pad_w, v, b) for b in range(v))
 
 
-def every_phase_has_taps(problem: ConvProblem) -> bool:
-    """True when the stride is no wider than the filter (R ≥ u and S ≥ v): no phase is all zeros."""
-    return problem.R >= problem.stride[0] and problem.S >= problem.stride[1]
-
-
 def in_one_launch(problem: ConvProblem) -> bool:
     """Whether ``problem`` runs as the GPU's one-launch phase kernel (else phase by phase)."""
-    return problem.device == "cuda" and every_phase_has_taps(problem)
+    return problem.device == "cuda" and implicit_gemm.every_phase_has_taps(problem)
 
 
 ALIGNMENT = 256  # bytes between the two arrays carved from the workspace, phase by phase
