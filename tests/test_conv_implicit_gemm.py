@@ -259,3 +259,52 @@ def test_kernels_fit_two_ctas_per_sm_without_spills(scalar, tmp_path):
         assert registers <= 128, f"{name}: {registers} registers, over 128 (two CTAs of 256 threads per SM)"
         assert spills == [0, 0, 0], f"{name}: stack frame and spills {spills} bytes"
         assert shared <= 48 * 1024, f"{name}: {shared} bytes of static shared memory"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_three_cta_build_fits_80_registers(tmp_path):
+    """The second build (CTAS_PER_SM=3) must leave room for three CTAs of 256 threads: 65536 / 768 registers,
+    rounded down to the allocation unit of 8, is 80."""
+    result = subprocess.run(
+        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", "-DSCALAR=float", "-DCTAS_PER_SM=3", "-Xptxas", "-v",
+         "-o", os.fspath(tmp_path / "out.cubin"), _cuda.source_path("conv/implicit_gemm.cu")],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    registers = [int(n) for n in re.findall(r"Used (\d+) registers", result.stderr)]
+    assert len(registers) == 2 * len(KERNELS) and max(registers) <= 80, registers
+
+
+# ----------------------------------------------------------------------------------------------
+# Two CTAs per SM or three: the wave model that picks the build
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ctas, expected", [
+    (200, 2),   # one partial wave either way: the default build, which spills nothing
+    (264, 2),   # exactly one wave of two on 132 SMs
+    (392, 3),   # 1.5 waves of two, one wave of three (ResNet-50 layer3.0.conv2 forward)
+    (400, 2),   # two waves either way, the second of three nearly empty
+    (784, 3),   # three waves of two, two of three
+    (1014, 2),  # four waves of two against three of three: a tie at 0.9, the default stays
+])
+def test_build_follows_the_waves(ctas, expected):
+    assert implicit_gemm.ctas_per_sm_for("forward", ctas, 132) == expected
+    assert implicit_gemm.ctas_per_sm_for("backward_data_by_phase", ctas, 132) == expected
+    assert implicit_gemm.ctas_per_sm_for("backward_filter", ctas, 132) == 3  # always: measured faster on every layer
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_both_builds_give_the_same_results(rng, direction, monkeypatch):
+    """The three-CTA build is the same arithmetic in the same order: forward and backward-data agree bit for
+    bit with the default build; backward-filter's atomics reorder its sums, so it agrees to float64 rounding."""
+    case = TILE_EDGE_CASES["many_tiles_and_splits"]
+    x, w, dy = random_inputs(rng, case)
+    results = {}
+    for per_sm in (2, 3):
+        monkeypatch.setattr(implicit_gemm, "ctas_per_sm_for", lambda direction, ctas, sms, per_sm=per_sm: per_sm)
+        results[per_sm] = to_numpy(on_gpu(direction, x, w, dy, case, np.float64))
+    if direction == "backward_filter":
+        assert_close(results[3], results[2], rtol=1e-12, atol=1e-12)
+    else:
+        assert np.array_equal(results[3], results[2])
+    want = run(direction, *operands(direction, x, w, dy), case, algo="reference")
+    assert_close(results[3], want, rtol=1e-10, atol=1e-10)

@@ -68,16 +68,18 @@ def read_source(relative: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _module(relative: str, scalar: str) -> Any:
-    return backend.cupy().RawModule(code=read_source(relative), options=("--std=c++17", f"-DSCALAR={scalar}"))
+def _module(relative: str, scalar: str, defines: tuple[tuple[str, int], ...]) -> Any:
+    options = ("--std=c++17", f"-DSCALAR={scalar}", *(f"-D{name}={value}" for name, value in defines))
+    return backend.cupy().RawModule(code=read_source(relative), options=options)
 
 
-def function(relative: str, name: str, dtype: Any) -> Any:
-    """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64)."""
+def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> Any:
+    """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64);
+    ``defines`` ((macro, value), ...) select a further build of the same source, cached apart."""
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
-    return _module(relative, DTYPES[dtype]).get_function(name)
+    return _module(relative, DTYPES[dtype], defines).get_function(name)
 
 
 def i32(value: int) -> np.int32:

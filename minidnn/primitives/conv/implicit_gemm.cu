@@ -41,6 +41,14 @@ struct ImplicitGemmShape {
     int groups;
 };
 
+// Each kernel is compiled to fit CTAS_PER_SM CTAs on one SM, i.e. at most 65536 / (256 · CTAS_PER_SM)
+// registers a thread: 128 for the default two. implicit_gemm.py builds a second copy with three (80
+// registers, a few spilled) for SIMT grids longer than one wave of two per SM, whose last wave would
+// otherwise leave SMs idle (392 CTAs on 132 SMs: 1.5 waves of two, one wave of three).
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM 2
+#endif
+
 constexpr int THREADS = 256;
 constexpr bool FLOAT = sizeof(scalar_t) == sizeof(float);
 // A double takes two registers: the double build halves the rows (each thread 4 × 4 instead of
@@ -478,7 +486,7 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
 // Kernels: one per direction, SIMT (float and double) and tensor cores (float only)
 // ---------------------------------------------------------------------------------------------
 // x (N, C, H, W), w (K, C/G, R, S) -> y (N, K, P, Q) = x ⋆ w (+ bias[k]) (then max(·, 0) if relu).
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_forward(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
                       const scalar_t* __restrict__ bias, scalar_t* __restrict__ y, const ImplicitGemmShape shape,
                       int has_bias, int relu) {
@@ -486,7 +494,7 @@ implicit_gemm_forward(const scalar_t* __restrict__ x, const scalar_t* __restrict
 }
 
 // dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W).
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
                             scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
     implicit_gemm(BACKWARD_DATA, false, dy, w, dx, nullptr, false, shape, 0);
@@ -494,7 +502,7 @@ implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __r
 
 // dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W), stride phase blockIdx.z (of stride_h·stride_w); the
 // grid's rows cover the largest phase. Every pixel of dx is written (dilation 1 only: strided_dgrad.py).
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_data_by_phase(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
                                      scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
     implicit_gemm(BACKWARD_DATA_BY_PHASE, false, dy, w, dx, nullptr, false, shape, 0);
@@ -502,33 +510,33 @@ implicit_gemm_backward_data_by_phase(const scalar_t* __restrict__ dy, const scal
 
 // x (N, C, H, W), dy (N, K, P, Q) -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd:
 // dw must hold zeros, or the gradient to add to).
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_filter(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
                               scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
     implicit_gemm(BACKWARD_FILTER, false, x, dy, dw, nullptr, false, shape, steps_per_split);
 }
 
 #if IS_FLOAT(SCALAR)
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_forward_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
                            const scalar_t* __restrict__ bias, scalar_t* __restrict__ y,
                            const ImplicitGemmShape shape, int has_bias, int relu) {
     implicit_gemm(FORWARD, true, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_data_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
                                  scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
     implicit_gemm(BACKWARD_DATA, true, dy, w, dx, nullptr, false, shape, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_data_by_phase_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
                                           scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
     implicit_gemm(BACKWARD_DATA_BY_PHASE, true, dy, w, dx, nullptr, false, shape, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 implicit_gemm_backward_filter_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
                                    scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
     implicit_gemm(BACKWARD_FILTER, true, x, dy, dw, nullptr, false, shape, steps_per_split);

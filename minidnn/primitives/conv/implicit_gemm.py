@@ -49,6 +49,14 @@ TILE_K = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
 TARGET_CTAS = 132 * 2 * 4
 MIN_STEPS_PER_SPLIT = 16
 MAX_GRID_Y = 65535
+# CTAs per SM the kernels are compiled for (implicit_gemm.cu's CTAS_PER_SM): two, and a second build
+# with three for SIMT grids longer than one wave of two per SM.
+DEFAULT_CTAS_PER_SM = 2
+WIDE_GRID_CTAS_PER_SM = 3
+# An SM's time per CTA with two or three resident, relative to two: with three, latency hides better
+# than the few spilled registers cost (measured on the H200: 1.02-1.13x faster on grids of many waves,
+# benchmarks/results/2026-12-01-h200-ctas-per-sm.md).
+RELATIVE_CTA_COST = {DEFAULT_CTAS_PER_SM: 1.0, WIDE_GRID_CTAS_PER_SM: 0.9}
 
 
 def gemm_shape(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
@@ -218,8 +226,6 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
 
     _cuda.check_int32(*arrays)
     tensor_cores = problem.dtype == np.float32 and backend.allow_tf32()
-    kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
-                            problem.dtype)
     if direction == "backward_data_by_phase":
         _, columns, reduction = gemm_shape(problem, "backward_data")
     else:
@@ -236,7 +242,36 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
     tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N)
     grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
+    ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _sm_count())
+    build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)
+    kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
+                            problem.dtype, build)
     _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
+
+
+def ctas_per_sm_for(direction: str, ctas: int, sms: int) -> int:
+    """Which build of the kernels runs a grid of ``ctas`` CTAs on ``sms`` SMs: two CTAs per SM or three.
+
+    A grid runs in waves of (CTAs per SM × SMs); the last wave may be nearly empty, yet costs a whole
+    wave. Estimate each build's time as waves × CTAs per SM × its relative cost per CTA, and take the
+    cheaper. Backward-filter always takes three: it sizes its split-K grid to several waves, and the
+    three-CTA build ran it 1.05-1.13x faster on every measured layer."""
+    if direction == "backward_filter":
+        return WIDE_GRID_CTAS_PER_SM
+
+    def cost(per_sm: int) -> float:
+        return -(-ctas // (per_sm * sms)) * per_sm * RELATIVE_CTA_COST[per_sm]
+
+    return WIDE_GRID_CTAS_PER_SM if cost(WIDE_GRID_CTAS_PER_SM) < cost(DEFAULT_CTAS_PER_SM) else DEFAULT_CTAS_PER_SM
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_id: int) -> int:
+    return backend.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+def _sm_count() -> int:
+    return _sm_count_of(backend.cupy().cuda.runtime.getDevice())
 
 
 @functools.lru_cache(maxsize=1024)
