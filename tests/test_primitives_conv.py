@@ -32,7 +32,8 @@ CASES = [
     (1, 3, 4, 4, 2, 4, 4, 1, 0, 1, 1),         # kernel as large as the input
     (3, 5, 13, 11, 7, 3, 3, 1, 1, 1, 1),       # 3x3 stride 1, odd sizes (Winograd's tiles overhang)
     (2, 6, 12, 9, 4, 3, 3, 1, (0, 2), 1, 2),   # 3x3 stride 1, grouped, uneven padding
-    (2, 3, 17, 14, 5, 5, 5, 1, 2, 1, 1),       # 5x5 stride 1 (FFT's home)
+    (2, 3, 17, 14, 5, 5, 5, 1, 2, 1, 1),       # 5x5 stride 1 (FFT's and F(4x4, 5x5)'s home)
+    (2, 4, 11, 10, 6, 5, 5, 1, (1, 3), 1, 2),  # 5x5 stride 1, grouped, uneven padding
     (3, 7, 6, 5, 9, 1, 1, 1, 0, 1, 1),         # 1x1, odd channel counts
     (2, 4, 9, 9, 6, 7, 7, 1, 3, 2, 2),         # large dilated grouped filter
 ]

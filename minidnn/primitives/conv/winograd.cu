@@ -1,4 +1,4 @@
-// The five Winograd transforms of the winograd_2x2 and winograd_4x4 algorithms (see winograd.py).
+// The five Winograd transforms of the winograd_2x2, winograd_4x4 and winograd_4x4_5x5 algorithms (see winograd.py).
 //
 // Each is a "sandwich" out = L · in · Lᵀ with a small constant matrix L (Bᵀ, G, Aᵀ and, for the
 // filter gradient, their transposes A and Gᵀ). The matrices are constexpr and the loops fully
@@ -46,24 +46,47 @@ MATRIX(FilterMatrix4, 6, 3, {{1.0 / 4, 0, 0}, {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-
                              {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}})
 MATRIX(OutputMatrix4, 4, 6, {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}})
 
+// F(4x4, 5x5): interpolation points 0, 1, -1, 2, -2, 1/2, -1/2 (α = 8).
+MATRIX(InputMatrix4x5, 8, 8, {{1, 0, -21.0 / 4, 0, 21.0 / 4, 0, -1, 0},
+                              {0, 1, 1, -17.0 / 4, -17.0 / 4, 1, 1, 0},
+                              {0, -1, 1, 17.0 / 4, -17.0 / 4, -1, 1, 0},
+                              {0, 0.5, 0.25, -2.5, -1.25, 2, 1, 0},
+                              {0, -0.5, 0.25, 2.5, -1.25, -2, 1, 0},
+                              {0, 2, 4, -2.5, -5, 0.5, 1, 0},
+                              {0, -2, 4, 2.5, -5, -0.5, 1, 0},
+                              {0, -1, 0, 21.0 / 4, 0, -21.0 / 4, 0, 1}})
+MATRIX(FilterMatrix4x5, 8, 5, {{1, 0, 0, 0, 0},
+                               {-2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9},
+                               {-2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9},
+                               {1.0 / 90, 1.0 / 45, 2.0 / 45, 4.0 / 45, 8.0 / 45},
+                               {1.0 / 90, -1.0 / 45, 2.0 / 45, -4.0 / 45, 8.0 / 45},
+                               {32.0 / 45, 16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45},
+                               {32.0 / 45, -16.0 / 45, 8.0 / 45, -4.0 / 45, 2.0 / 45},
+                               {0, 0, 0, 0, 1}})
+MATRIX(OutputMatrix4x5, 4, 8, {{1, 1, 1, 1, 1, 1, 1, 0},
+                               {0, 1, -1, 2, -2, 0.5, -0.5, 0},
+                               {0, 1, 1, 4, 4, 0.25, 0.25, 0},
+                               {0, 1, -1, 8, -8, 0.125, -0.125, 1}})
+
 template <class L>
 struct Transposed {
     static constexpr int rows = L::cols, cols = L::rows;
     __device__ static constexpr scalar_t at(int i, int j) { return L::at(j, i); }
 };
 
-// One tile size: m outputs per side, α = m + 2 inputs per side, and its five transforms.
-template <int M, class InputMatrix, class FilterMatrix, class OutputMatrix>
+// One tile size: m outputs per side for an r×r filter, α = m + r − 1 inputs per side, and its five transforms.
+template <int M, int R, class InputMatrix, class FilterMatrix, class OutputMatrix>
 struct Tiling {
-    static constexpr int m = M, alpha = M + 2;
+    static constexpr int m = M, r = R, alpha = M + R - 1;
     typedef InputMatrix Input;                     // Bᵀ: input tile -> V
     typedef FilterMatrix Filter;                   // G: filter -> U
     typedef OutputMatrix Output;                   // Aᵀ: M -> output tile
     typedef Transposed<OutputMatrix> Gradient;     // A: output-gradient tile -> its transform
     typedef Transposed<FilterMatrix> FilterGradient;  // Gᵀ: product -> filter gradient
 };
-typedef Tiling<2, InputMatrix2, FilterMatrix2, OutputMatrix2> Tiling2;
-typedef Tiling<4, InputMatrix4, FilterMatrix4, OutputMatrix4> Tiling4;
+typedef Tiling<2, 3, InputMatrix2, FilterMatrix2, OutputMatrix2> Tiling2;
+typedef Tiling<4, 3, InputMatrix4, FilterMatrix4, OutputMatrix4> Tiling4;
+typedef Tiling<4, 5, InputMatrix4x5, FilterMatrix4x5, OutputMatrix4x5> Tiling4x5;
 
 // Row `row` of L times the vector v: the zero coefficients are skipped and the first term is a
 // product, not an addition to zero, so a ±1 coefficient leaves a plain copy, add or subtract.
@@ -103,15 +126,16 @@ __device__ __forceinline__ void sandwich(const scalar_t (&in)[L::cols][L::cols],
 // ---------------------------------------------------------------------------------------------
 // The transforms, one template each, instantiated per tile size below
 // ---------------------------------------------------------------------------------------------
-// U[ξν][k][c] = (G · g · Gᵀ)[ξ][ν] for the 3x3 filter g = w[k][c], rotated by 180° when `rotate`
+// U[ξν][k][c] = (G · g · Gᵀ)[ξ][ν] for the r×r filter g = w[k][c], rotated by 180° when `rotate`
 // (backward-data runs the forward algorithm on dy with the rotated filter). One thread per (k, c).
 template <class T>
 __device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __restrict__ U, int filters,
                                  int rotate) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
-        scalar_t g[3][3];
+        constexpr int taps = T::r * T::r;
+        scalar_t g[T::r][T::r];
 #pragma unroll
-        for (int tap = 0; tap < 9; ++tap) g[tap / 3][tap % 3] = w[i * 9 + (rotate ? 8 - tap : tap)];
+        for (int tap = 0; tap < taps; ++tap) g[tap / T::r][tap % T::r] = w[i * taps + (rotate ? taps - 1 - tap : tap)];
         scalar_t u[T::alpha][T::alpha];
         sandwich<typename T::Filter>(g, u);
 #pragma unroll
@@ -120,7 +144,7 @@ __device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __res
 }
 
 // V[ξν][c][tile] = (Bᵀ · d · B)[ξ][ν] for the α×α input patch d of each tile (zero outside the
-// image: the padding). Patches of neighbouring tiles overlap by 2. One thread per (c, tile).
+// image: the padding). Patches of neighbouring tiles overlap by r − 1. One thread per (c, tile).
 template <class T>
 __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __restrict__ V, const TileShape shape) {
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
@@ -205,7 +229,7 @@ __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __
     }
 }
 
-// dw[k][c] = Gᵀ · M · G (3x3) from the summed products M[ξν][k][c]; added to dw when `accumulate`.
+// dw[k][c] = Gᵀ · M · G (r×r) from the summed products M[ξν][k][c]; added to dw when `accumulate`.
 template <class T>
 __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ dw, int filters,
                                           int accumulate) {
@@ -213,18 +237,19 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
         scalar_t product[T::alpha][T::alpha];
 #pragma unroll
         for (int e = 0; e < T::alpha * T::alpha; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
-        scalar_t g[3][3];
+        constexpr int taps = T::r * T::r;
+        scalar_t g[T::r][T::r];
         sandwich<typename T::FilterGradient>(product, g);
 #pragma unroll
-        for (int tap = 0; tap < 9; ++tap) {
-            const scalar_t value = g[tap / 3][tap % 3];
-            dw[i * 9 + tap] = accumulate ? dw[i * 9 + tap] + value : value;
+        for (int tap = 0; tap < taps; ++tap) {
+            const scalar_t value = g[tap / T::r][tap % T::r];
+            dw[i * taps + tap] = accumulate ? dw[i * taps + tap] + value : value;
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernels: the five transforms for F(2x2, 3x3) (suffix _2) and F(4x4, 3x3) (suffix _4)
+// Kernels: the five transforms for F(2x2, 3x3) (suffix _2), F(4x4, 3x3) (suffix _4) and F(4x4, 5x5) (_4_5x5)
 // ---------------------------------------------------------------------------------------------
 #define WINOGRAD_KERNELS(SUFFIX, T)                                                                              \
     extern "C" __global__ void winograd_filter_transform##SUFFIX(const scalar_t* __restrict__ w,                 \
@@ -253,3 +278,4 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
 
 WINOGRAD_KERNELS(_2, Tiling2)
 WINOGRAD_KERNELS(_4, Tiling4)
+WINOGRAD_KERNELS(_4_5x5, Tiling4x5)

@@ -44,14 +44,18 @@ from .. import blas
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
 
-# Transform matrices from wincnn (Lavin & Gray), in float64: Bᵀ (α×α), G (α×3), Aᵀ (m×α).
+# Transform matrices of F(m, r), keyed (m, r), in float64: Bᵀ (α×α), G (α×r), Aᵀ (m×α), α = m + r − 1.
+# Cook-Toom with the fractions in G, as wincnn (Lavin & Gray) builds them: for the finite points a_j,
+# Aᵀ[i, j] = a_j^i, G[j, k] = a_j^k / Π_{l≠j}(a_j − a_l), the point at infinity adding a last column of Aᵀ
+# and a last row of G that pick the highest power; Bᵀ is then the one matrix that makes
+# Aᵀ[(G g) ⊙ (Bᵀ d)] the correlation of d with g (tests/test_conv_winograd.py checks all three in float64).
 TRANSFORMS = {
-    2: {  # points 0, 1, -1
+    (2, 3): {  # points 0, 1, -1
         "input": np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
         "filter": np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]]),
         "output": np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64),
     },
-    4: {  # points 0, 1, -1, 2, -2
+    (4, 3): {  # points 0, 1, -1, 2, -2
         "input": np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
                            [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], dtype=np.float64),
         "filter": np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
@@ -59,18 +63,42 @@ TRANSFORMS = {
         "output": np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
                            dtype=np.float64),
     },
+    (4, 5): {  # points 0, 1, -1, 2, -2, 1/2, -1/2 (α = 8; the first row of Bᵀ and of G negated, so G starts at 1)
+        "input": np.array([[1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0],
+                           [0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0],
+                           [0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0],
+                           [0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0],
+                           [0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0],
+                           [0, 2, 4, -5 / 2, -5, 1 / 2, 1, 0],
+                           [0, -2, 4, 5 / 2, -5, -1 / 2, 1, 0],
+                           [0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1]]),
+        "filter": np.array([[1, 0, 0, 0, 0],
+                            [-2 / 9, -2 / 9, -2 / 9, -2 / 9, -2 / 9],
+                            [-2 / 9, 2 / 9, -2 / 9, 2 / 9, -2 / 9],
+                            [1 / 90, 1 / 45, 2 / 45, 4 / 45, 8 / 45],
+                            [1 / 90, -1 / 45, 2 / 45, -4 / 45, 8 / 45],
+                            [32 / 45, 16 / 45, 8 / 45, 4 / 45, 2 / 45],
+                            [32 / 45, -16 / 45, 8 / 45, -4 / 45, 2 / 45],
+                            [0, 0, 0, 0, 1]]),
+        "output": np.array([[1, 1, 1, 1, 1, 1, 1, 0],
+                            [0, 1, -1, 2, -2, 1 / 2, -1 / 2, 0],
+                            [0, 1, 1, 4, 4, 1 / 4, 1 / 4, 0],
+                            [0, 1, -1, 8, -8, 1 / 8, -1 / 8, 1]]),
+    },
 }
 _SOURCE = "conv/winograd.cu"
 
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
-    """m×m tiles covering an N-image batch of height × width outputs, numbered (n, row, column), column fastest."""
+    """m×m tiles covering an N-image batch of height × width outputs, numbered (n, row, column), column fastest,
+    for an r×r filter: F(m×m, r×r)."""
 
     N: int
     height: int
     width: int
     m: int
+    r: int = 3
 
     @property
     def rows(self) -> int:
@@ -86,7 +114,16 @@ class Tiling:
 
     @property
     def alpha(self) -> int:
-        return self.m + 2
+        return self.m + self.r - 1
+
+    @property
+    def transforms(self) -> dict[str, np.ndarray]:
+        return TRANSFORMS[self.m, self.r]
+
+
+def kernel_suffix(m: int, r: int) -> str:
+    """winograd.cu's kernel-name suffix for F(m×m, r×r): ``_4`` for F(4×4, 3×3), ``_4_5x5`` for F(4×4, 5×5)."""
+    return f"_{m}" if r == 3 else f"_{m}_{r}x{r}"
 
 
 def sandwich(matrix: np.ndarray, blocks: Any) -> Any:
@@ -107,14 +144,15 @@ def grouped(array: Any, groups: int) -> Any:
 # The five transforms: a CUDA kernel each on the GPU, NumPy products on the CPU
 # ----------------------------------------------------------------------------------------------
 def filter_transform(w: Any, out: Any, m: int, rotate: bool) -> None:
-    """w (K, C/G, 3, 3) -> out (α², K, C/G): U = G g Gᵀ per filter; g rotated 180° when ``rotate``."""
-    K, Cg = w.shape[:2]
+    """w (K, C/G, r, r) -> out (α², K, C/G): U = G g Gᵀ per filter; g rotated 180° when ``rotate``."""
+    K, Cg, r = w.shape[:3]
     if backend.get_array_module(w) is not np:
-        _launch(f"winograd_filter_transform_{m}", K * Cg, (w, out, _i32(K * Cg), _i32(int(rotate))), w, out)
+        _launch(f"winograd_filter_transform{kernel_suffix(m, r)}", K * Cg, (w, out, _i32(K * Cg), _i32(int(rotate))),
+                w, out)
         return
     g = w[:, :, ::-1, ::-1] if rotate else w
-    alpha = m + 2
-    out.reshape(alpha, alpha, K, Cg)[...] = sandwich(TRANSFORMS[m]["filter"], g).transpose(2, 3, 0, 1)
+    alpha = m + r - 1
+    out.reshape(alpha, alpha, K, Cg)[...] = sandwich(TRANSFORMS[m, r]["filter"], g).transpose(2, 3, 0, 1)
 
 
 def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -> None:
@@ -126,16 +164,17 @@ def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -
     N, channels, height, width = x.shape
     if backend.get_array_module(x) is not np:
         shape = _tile_shape(N, channels, height, width, origin, tiling)
-        _launch(f"winograd_input_transform_{tiling.m}", channels * tiling.count, (x, out, shape), x, out)
+        _launch(f"winograd_input_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
+                (x, out, shape), x, out)
         return
-    m, alpha = tiling.m, tiling.alpha
-    region = np.zeros((N, channels, tiling.rows * m + 2, tiling.columns * m + 2), dtype=x.dtype)
+    m, alpha, overlap = tiling.m, tiling.alpha, tiling.r - 1
+    region = np.zeros((N, channels, tiling.rows * m + overlap, tiling.columns * m + overlap), dtype=x.dtype)
     rows = slice(max(origin[0], 0), min(origin[0] + region.shape[2], height))
     cols = slice(max(origin[1], 0), min(origin[1] + region.shape[3], width))
     region[:, :, rows.start - origin[0]:rows.stop - origin[0], cols.start - origin[1]:cols.stop - origin[1]] = \
         x[:, :, rows, cols]
     patches = np.lib.stride_tricks.sliding_window_view(region, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
-    transformed = sandwich(TRANSFORMS[m]["input"], patches)  # N, channels, rows, columns, α, α
+    transformed = sandwich(tiling.transforms["input"], patches)  # N, channels, rows, columns, α, α
     out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
 
 
@@ -144,12 +183,12 @@ def output_transform(products: Any, out: Any, tiling: Tiling) -> None:
     N, channels, height, width = out.shape
     if backend.get_array_module(out) is not np:
         shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
-        _launch(f"winograd_output_transform_{tiling.m}", channels * tiling.count, (products, out, shape), products,
-                out)
+        _launch(f"winograd_output_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
+                (products, out, shape), products, out)
         return
     m, alpha = tiling.m, tiling.alpha
     blocks = products.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns).transpose(3, 2, 4, 5, 0, 1)
-    tiles = sandwich(TRANSFORMS[m]["output"], blocks)  # N, channels, rows, columns, m, m
+    tiles = sandwich(tiling.transforms["output"], blocks)  # N, channels, rows, columns, m, m
     whole = tiles.transpose(0, 1, 2, 4, 3, 5).reshape(N, channels, tiling.rows * m, tiling.columns * m)
     out[...] = whole[:, :, :height, :width]
 
@@ -159,26 +198,27 @@ def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
     N, channels, height, width = dy.shape
     if backend.get_array_module(dy) is not np:
         shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
-        _launch(f"winograd_gradient_transform_{tiling.m}", channels * tiling.count, (dy, out, shape), dy, out)
+        _launch(f"winograd_gradient_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
+                (dy, out, shape), dy, out)
         return
     m, alpha = tiling.m, tiling.alpha
     region = np.zeros((N, channels, tiling.rows * m, tiling.columns * m), dtype=dy.dtype)
     region[:, :, :height, :width] = dy
     tiles = region.reshape(N, channels, tiling.rows, m, tiling.columns, m).transpose(0, 1, 2, 4, 3, 5)
-    transformed = sandwich(TRANSFORMS[m]["output"].T, tiles)  # N, channels, rows, columns, α, α
+    transformed = sandwich(tiling.transforms["output"].T, tiles)  # N, channels, rows, columns, α, α
     out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
 
 
 def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool) -> None:
-    """products (α², K, C/G) -> out (K, C/G, 3, 3): dW = Gᵀ M G, added to out when ``accumulate``."""
-    K, Cg = out.shape[:2]
+    """products (α², K, C/G) -> out (K, C/G, r, r): dW = Gᵀ M G, added to out when ``accumulate``."""
+    K, Cg, r = out.shape[:3]
     if backend.get_array_module(out) is not np:
-        _launch(f"winograd_filter_gradient_transform_{m}", K * Cg, (products, out, _i32(K * Cg), _i32(int(accumulate))),
-                products, out)
+        _launch(f"winograd_filter_gradient_transform{kernel_suffix(m, r)}", K * Cg,
+                (products, out, _i32(K * Cg), _i32(int(accumulate))), products, out)
         return
-    alpha = m + 2
+    alpha = m + r - 1
     blocks = products.reshape(alpha, alpha, K, Cg).transpose(2, 3, 0, 1)
-    store_filter_gradient(sandwich(TRANSFORMS[m]["filter"].T, blocks), out, accumulate)
+    store_filter_gradient(sandwich(TRANSFORMS[m, r]["filter"].T, blocks), out, accumulate)
 
 
 def _i32(value: int) -> np.int32:
@@ -208,29 +248,32 @@ def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[in
 # The algorithm
 # ----------------------------------------------------------------------------------------------
 class Winograd(ConvAlgorithm):
-    """F(m×m, 3×3) for one tile size m (2 or 4); see the module docstring. With ``chunked``, the batch
-    is taken a chunk of images at a time, as many as keep U, V and M within ``CHUNKED_WORKSPACE``
-    bytes (at least one), so the workspace no longer grows with the batch; U is transformed once."""
+    """F(m×m, r×r) for one tile size m and filter size r (F(2×2, 3×3), F(4×4, 3×3), F(4×4, 5×5)); see the
+    module docstring. With ``chunked``, the batch is taken a chunk of images at a time, as many as keep U, V
+    and M within ``CHUNKED_WORKSPACE`` bytes (at least one), so the workspace no longer grows with the batch;
+    U is transformed once."""
 
-    def __init__(self, m: int, chunked: bool = False) -> None:
-        self.m = m
+    def __init__(self, m: int, r: int = 3, chunked: bool = False) -> None:
+        if (m, r) not in TRANSFORMS:
+            raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) has no transforms; known: {sorted(TRANSFORMS)}")
+        self.m, self.r = m, r
         self.chunked = chunked
-        self.name = f"winograd_{m}x{m}" + ("_chunked" if chunked else "")
+        self.name = f"winograd_{m}x{m}" + ("" if r == 3 else f"_{r}x{r}") + ("_chunked" if chunked else "")
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
-        return (problem.R, problem.S, problem.stride, problem.dilation) == (3, 3, (1, 1), (1, 1))
+        return (problem.R, problem.S, problem.stride, problem.dilation) == (self.r, self.r, (1, 1), (1, 1))
 
     def tiling(self, problem: ConvProblem, direction: str, N: int | None = None) -> Tiling:
         """The tiles of the grid the last transform writes: dx's for backward-data, y's (= dy's) otherwise;
         for ``N`` images (default: the whole batch)."""
         N = problem.N if N is None else N
         if direction == "backward_data":
-            return Tiling(N, problem.H, problem.W, self.m)
-        return Tiling(N, problem.P, problem.Q, self.m)
+            return Tiling(N, problem.H, problem.W, self.m, self.r)
+        return Tiling(N, problem.P, problem.Q, self.m, self.r)
 
     def _values(self, problem: ConvProblem, direction: str, images: int) -> tuple[int, int]:
         """(U's values, V's and M's values for ``images`` images)."""
-        positions = (self.m + 2) ** 2
+        positions = (self.m + self.r - 1) ** 2
         tiles = self.tiling(problem, direction, images).count
         return positions * problem.K * (problem.C // problem.groups), positions * (problem.C + problem.K) * tiles
 
@@ -257,7 +300,7 @@ class Winograd(ConvAlgorithm):
         matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
         then (rows[1], tiles) and (rows[2], tiles); each chunk size's are carved once, so the first array
         (U, or backward-filter's M) is the same memory in every chunk."""
-        positions, G, carved = (self.m + 2) ** 2, problem.groups, {}
+        positions, G, carved = (self.m + self.r - 1) ** 2, problem.groups, {}
         for first, stop in self.chunks(problem, direction):
             if stop - first not in carved:
                 tiling = self.tiling(problem, direction, stop - first)
@@ -283,8 +326,10 @@ class Winograd(ConvAlgorithm):
                                                                                  rows):
             if first == 0:
                 filter_transform(w, U, self.m, rotate=True)
-            # dx = dy convolved with the rotated filter at padding 2 − p: dx's tiles start at (p − 2) in dy.
-            input_transform(images(dy, first, stop), V, tiling, (problem.padding[0] - 2, problem.padding[1] - 2))
+            # dx = dy convolved with the rotated filter at padding r − 1 − p: dx's tiles start at (p − r + 1) in dy.
+            overlap = self.r - 1
+            input_transform(images(dy, first, stop), V, tiling,
+                            (problem.padding[0] - overlap, problem.padding[1] - overlap))
             blas.gemm_batched(Ug.transpose(0, 2, 1), Vg, Mg)
             output_transform(M, images(out, first, stop), tiling)
 
@@ -314,3 +359,5 @@ CHUNKED_WORKSPACE = 60 << 20
 register(Winograd(2))
 register(Winograd(4))
 register(Winograd(4, chunked=True))
+register(Winograd(4, 5))
+register(Winograd(4, 5, chunked=True))
