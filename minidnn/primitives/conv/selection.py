@@ -51,7 +51,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     """Algorithm names in the order ``get`` tries them for this problem.
 
     The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM;
-    Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)); FFT's cost
+    Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and a 5x5
+    layer's 6.25x on the GPU (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images;
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU, where
     one large NumPy matmul beats a loop of small ones. The float64 reference comes last.
@@ -64,6 +65,10 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         # F(4x4) over the whole batch, else in chunks of images (its workspace bounded), else F(2x2).
         names += (["winograd_4x4", "winograd_4x4_chunked", "winograd_2x2"] if min(problem.H, problem.W) >= 16
                   else ["winograd_2x2"])
+    if stride_1 and (problem.R, problem.S) == (5, 5) and problem.device == "cuda" and min(problem.H, problem.W) >= 16:
+        # F(4x4, 5x5) cuts the multiplications 6.25x (CaffeNet conv2 on the H200: 2.7x cuDNN's forward). On the
+        # CPU one large im2col matmul still beats its transforms and batched GEMMs.
+        names += ["winograd_4x4_5x5", "winograd_4x4_5x5_chunked"]
     if stride_1 and min(problem.R, problem.S) >= 5 and min(problem.H, problem.W) >= 16:
         names.append("fft")
     if problem.device == "cuda" and direction == "backward_data" and not stride_1 and problem.dilation == (1, 1):
