@@ -43,9 +43,10 @@ THREADS = 256
 TILE_N = 64
 TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
 TILE_K = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
-# Backward-filter's split-K: aim for about four waves of two CTAs on each of an H200's 132 SMs,
-# but give each CTA at least this many reduction steps, so its atomicAdd of one 128 × 64 tile
-# stays a small fraction of its 128·64·16·steps multiply-adds.
+# Backward-filter's split-K: aim for about four waves of two CTAs on each of an H200's 132 SMs
+# (2.7 waves of the three-CTA build it runs on), but give each CTA at least this many reduction
+# steps, so its atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps
+# multiply-adds.
 TARGET_CTAS = 132 * 2 * 4
 MIN_STEPS_PER_SPLIT = 16
 MAX_GRID_Y = 65535
