@@ -284,3 +284,17 @@ def test_kernels_compile_without_spills_or_local_arrays(tmp_path):
     assert len(frames) == len(kernels)
     # A stack frame would mean a transform matrix (or a tile) left in local memory instead of registers.
     assert all(frame == ("0", "0", "0") for frame in frames), result.stderr
+
+
+def test_the_kernels_matrices_are_the_twins_matrices():
+    """winograd.cu spells every matrix as a constant; on the CPU nothing else would notice a typo there."""
+    source = open(_cuda.source_path("conv/winograd.cu"), encoding="utf-8").read()
+    names = {(2, 3): "2", (4, 3): "4", (4, 5): "4x5"}
+    for (m, r), suffix in names.items():
+        for kind, prefix in (("input", "InputMatrix"), ("filter", "FilterMatrix"), ("output", "OutputMatrix")):
+            match = re.search(rf"MATRIX\({prefix}{suffix}, (\d+), (\d+), (\{{.*?\}})\)\n", source, re.S)
+            assert match, f"{prefix}{suffix} not found in winograd.cu"
+            rows = re.findall(r"\{([^{}]*)\}", match.group(3))
+            values = np.array([[eval(v, {}) for v in row.split(",")] for row in rows], dtype=np.float64)  # noqa: S307
+            assert values.shape == (int(match.group(1)), int(match.group(2)))
+            np.testing.assert_array_equal(values, TRANSFORMS[m, r][kind], err_msg=f"{prefix}{suffix}")
