@@ -298,3 +298,41 @@ def test_the_kernels_matrices_are_the_twins_matrices():
             values = np.array([[eval(v, {}) for v in row.split(",")] for row in rows], dtype=np.float64)  # noqa: S307
             assert values.shape == (int(match.group(1)), int(match.group(2)))
             np.testing.assert_array_equal(values, TRANSFORMS[m, r][kind], err_msg=f"{prefix}{suffix}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The weight gradient in slabs of tiles: more, shorter products, the same answer
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["winograd_4x4", "winograd_4x4_chunked", "winograd_4x4_5x5", "winograd_4x4_5x5_chunked"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_gradient_in_slabs_gives_the_whole_answer(xp, rng, monkeypatch, algo, dtype):
+    algorithm = registry.get(algo)
+    r = algorithm.r
+    problem = ConvProblem(5, 4, 10, 7, 6, r, r, (1, 1), (1, 2), (1, 1), 2, np.dtype(dtype),
+                          "cpu" if xp is np else "cuda")
+    # 7 slabs of 45 (3x3) or 20 (5x5) tiles: the last slab of every chunk is padded with zero tiles.
+    monkeypatch.setattr(winograd.Winograd, "slabs", lambda self, problem, direction: 7 if direction == "backward_filter"
+                        else 1)
+    if algorithm.chunked:  # room for two images' slabs: (0, 2), (2, 4), (4, 5), or three where the padding allows
+        monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE", algorithm._values(problem, "backward_filter", 2)
+                            * problem.itemsize)
+        assert len(algorithm.chunks(problem, "backward_filter")) > 1
+    tiling = algorithm.tiling(problem, "backward_filter")
+    assert tiling.slabs == 7 and tiling.padded > tiling.count
+    ends, size, out, want = run_on_a_poisoned_workspace(xp, rng, monkeypatch, winograd, algorithm, problem,
+                                                        "backward_filter")
+    assert max(ends) == size
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert_close(out, want, **tolerance)
+
+
+def test_slabs_fill_the_gpu_only_where_the_products_are_few():
+    conv2 = ConvProblem(128, 96, 27, 27, 256, 5, 5, (1, 1), (2, 2), (1, 1), 2, np.dtype(np.float32), "cuda")
+    for algo in ("winograd_4x4_5x5", "winograd_4x4_5x5_chunked"):
+        algorithm = registry.get(algo)
+        assert algorithm.slabs(conv2, "backward_filter") == 4  # 128 products of 128 x 48: 512 with 4 slabs
+        assert algorithm.slabs(conv2, "forward") == algorithm.slabs(conv2, "backward_data") == 1
+        assert algorithm.workspace_bytes(conv2, "backward_filter") <= (64 << 20 if algorithm.chunked else 1 << 40)
+    wide = ConvProblem(64, 512, 7, 7, 512, 3, 3, (1, 1), (1, 1), (1, 1), 1, np.dtype(np.float32), "cuda")
+    assert registry.get("winograd_4x4_chunked").slabs(wide, "backward_filter") == 1  # 36 x 16 products already
+    assert registry.get("winograd_4x4_5x5").slabs(dataclasses.replace(conv2, device="cpu"), "backward_filter") == 1
