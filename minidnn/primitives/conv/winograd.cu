@@ -5,9 +5,7 @@
 // unrolled, so zero entries cost nothing and ±1 entries cost an addition: the compiler emits
 // the hand-written transforms. One thread per (channel, tile) or per (k, c), grid-stride loops.
 //
-// Transformed arrays are α²-major, V[ξ·α + ν][channel][tile], ready for the α² batched GEMMs. The
-// weight gradient may cut the tiles into slabs of slab_tiles, V[slab][ξ·α + ν][channel][tile in slab],
-// the last slab padded with zero tiles, so that each slab is one more batch of GEMMs (see winograd.py).
+// Transformed arrays are α²-major, V[ξ·α + ν][channel][tile], ready for the α² batched GEMMs.
 // Tiles are numbered (n, tile row, tile column), column fastest: consecutive threads take
 // consecutive tiles along W, so each of their α² stores is one coalesced row segment and their
 // loads of the image are m elements apart.
@@ -22,21 +20,7 @@ struct TileShape {
     int N, channels, height, width;
     int origin_h, origin_w;  // where tile (0, 0) starts in the image: minus the padding (may be > 0)
     int tiles_h, tiles_w;
-    int slab_tiles;  // tiles per slab of the input and gradient transforms' output (all of them: one slab)
 };
-
-// The slabs of a transform's output: threads walk (channel, tile) over the tiles padded to whole slabs, so
-// consecutive threads store consecutive tiles (coalesced); value e of (channel, tile) lies at
-// first_value(...) + e · channels · slab_tiles.
-__device__ __forceinline__ int padded_tiles(const TileShape& shape) {
-    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
-    return (tiles + shape.slab_tiles - 1) / shape.slab_tiles * shape.slab_tiles;
-}
-
-__device__ __forceinline__ int first_value(const TileShape& shape, int positions, int c, int tile) {
-    const int slab = tile / shape.slab_tiles;
-    return (slab * positions * shape.channels + c) * shape.slab_tiles + tile % shape.slab_tiles;
-}
 
 // ---------------------------------------------------------------------------------------------
 // The transform matrices (Lavin & Gray; wincnn), as types whose entries are compile-time constants
@@ -163,17 +147,10 @@ __device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __res
 // image: the padding). Patches of neighbouring tiles overlap by r − 1. One thread per (c, tile).
 template <class T>
 __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __restrict__ V, const TileShape shape) {
-    constexpr int positions = T::alpha * T::alpha;
-    const int tiles = shape.N * shape.tiles_h * shape.tiles_w, padded = padded_tiles(shape);
-    const int total = shape.channels * padded, stride = shape.channels * shape.slab_tiles;
+    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
+    const int total = shape.channels * tiles;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int tile = i % padded, c = i / padded;
-        scalar_t* out = V + first_value(shape, positions, c, tile);
-        if (tile >= tiles) {  // the last slab's padding: zero tiles add nothing to the products
-#pragma unroll
-            for (int e = 0; e < positions; ++e) out[e * stride] = scalar_t(0);
-            continue;
-        }
+        const int tile = i % tiles, c = i / tiles;
         const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
         const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
         const int top = tile_h * T::m + shape.origin_h, left = tile_w * T::m + shape.origin_w;
@@ -192,7 +169,7 @@ __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __rest
         scalar_t v[T::alpha][T::alpha];
         sandwich<typename T::Input>(d, v);
 #pragma unroll
-        for (int e = 0; e < positions; ++e) out[e * stride] = v[e / T::alpha][e % T::alpha];
+        for (int e = 0; e < T::alpha * T::alpha; ++e) V[e * total + i] = v[e / T::alpha][e % T::alpha];
     }
 }
 
@@ -228,17 +205,10 @@ __device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __res
 // beyond the image (backward-filter: the output gradient plays the filter's part).
 template <class T>
 __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __restrict__ E, const TileShape shape) {
-    constexpr int positions = T::alpha * T::alpha;
-    const int tiles = shape.N * shape.tiles_h * shape.tiles_w, padded = padded_tiles(shape);
-    const int total = shape.channels * padded, stride = shape.channels * shape.slab_tiles;
+    const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
+    const int total = shape.channels * tiles;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int tile = i % padded, k = i / padded;
-        scalar_t* out = E + first_value(shape, positions, k, tile);
-        if (tile >= tiles) {
-#pragma unroll
-            for (int f = 0; f < positions; ++f) out[f * stride] = scalar_t(0);
-            continue;
-        }
+        const int tile = i % tiles, k = i / tiles;
         const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
         const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
         const scalar_t* plane = dy + (n * shape.channels + k) * shape.height * shape.width;
@@ -255,7 +225,7 @@ __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __
         scalar_t transformed[T::alpha][T::alpha];
         sandwich<typename T::Gradient>(e, transformed);
 #pragma unroll
-        for (int f = 0; f < positions; ++f) out[f * stride] = transformed[f / T::alpha][f % T::alpha];
+        for (int f = 0; f < T::alpha * T::alpha; ++f) E[f * total + i] = transformed[f / T::alpha][f % T::alpha];
     }
 }
 

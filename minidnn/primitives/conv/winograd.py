@@ -92,15 +92,13 @@ _SOURCE = "conv/winograd.cu"
 @dataclasses.dataclass(frozen=True)
 class Tiling:
     """m×m tiles covering an N-image batch of height × width outputs, numbered (n, row, column), column fastest,
-    for an r×r filter: F(m×m, r×r). The input and gradient transforms write the tiles in ``slabs`` slabs of
-    ``slab_tiles`` (the last padded with zero tiles): (slabs·α², channels, slab_tiles), one slab by default."""
+    for an r×r filter: F(m×m, r×r)."""
 
     N: int
     height: int
     width: int
     m: int
     r: int = 3
-    slabs: int = 1
 
     @property
     def rows(self) -> int:
@@ -117,15 +115,6 @@ class Tiling:
     @property
     def alpha(self) -> int:
         return self.m + self.r - 1
-
-    @property
-    def slab_tiles(self) -> int:
-        return -(-self.count // self.slabs)
-
-    @property
-    def padded(self) -> int:
-        """Tiles in all slabs, the padding of the last included."""
-        return self.slabs * self.slab_tiles
 
     @property
     def transforms(self) -> dict[str, np.ndarray]:
@@ -167,7 +156,7 @@ def filter_transform(w: Any, out: Any, m: int, rotate: bool) -> None:
 
 
 def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -> None:
-    """x (N, channels, H, W) -> out (slabs·α², channels, slab_tiles): V = Bᵀ d B per α×α patch d.
+    """x (N, channels, H, W) -> out (α², channels, tiles): V = Bᵀ d B per α×α patch d.
 
     Tile (row, column) reads x from (origin + m·(row, column)), zeros outside x (the padding):
     ``origin`` is minus the padding, and may be positive (backward-data with padding above 2).
@@ -175,7 +164,7 @@ def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -
     N, channels, height, width = x.shape
     if backend.get_array_module(x) is not np:
         shape = _tile_shape(N, channels, height, width, origin, tiling)
-        _launch(f"winograd_input_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.padded,
+        _launch(f"winograd_input_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
                 (x, out, shape), x, out)
         return
     m, alpha, overlap = tiling.m, tiling.alpha, tiling.r - 1
@@ -186,16 +175,7 @@ def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -
         x[:, :, rows, cols]
     patches = np.lib.stride_tricks.sliding_window_view(region, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
     transformed = sandwich(tiling.transforms["input"], patches)  # N, channels, rows, columns, α, α
-    store_slabs(transformed.transpose(4, 5, 1, 0, 2, 3).reshape(alpha * alpha, channels, tiling.count), out, tiling)
-
-
-def store_slabs(values: np.ndarray, out: np.ndarray, tiling: Tiling) -> None:
-    """values (α², channels, tiles) -> out (slabs·α², channels, slab_tiles), slab-major, zeros after the last tile."""
-    positions, channels, tiles = values.shape
-    padded = np.zeros((positions, channels, tiling.padded), dtype=values.dtype)
-    padded[:, :, :tiles] = values
-    slabs = padded.reshape(positions, channels, tiling.slabs, tiling.slab_tiles).transpose(2, 0, 1, 3)
-    out.reshape(tiling.slabs, positions, channels, tiling.slab_tiles)[...] = slabs
+    out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
 
 
 def output_transform(products: Any, out: Any, tiling: Tiling) -> None:
@@ -214,11 +194,11 @@ def output_transform(products: Any, out: Any, tiling: Tiling) -> None:
 
 
 def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
-    """dy (N, K, P, Q) -> out (slabs·α², K, slab_tiles): A e Aᵀ per m×m tile e of dy, zeros beyond dy's edges."""
+    """dy (N, K, P, Q) -> out (α², K, tiles): A e Aᵀ per m×m tile e of dy, zeros beyond dy's edges."""
     N, channels, height, width = dy.shape
     if backend.get_array_module(dy) is not np:
         shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
-        _launch(f"winograd_gradient_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.padded,
+        _launch(f"winograd_gradient_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
                 (dy, out, shape), dy, out)
         return
     m, alpha = tiling.m, tiling.alpha
@@ -226,7 +206,7 @@ def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
     region[:, :, :height, :width] = dy
     tiles = region.reshape(N, channels, tiling.rows, m, tiling.columns, m).transpose(0, 1, 2, 4, 3, 5)
     transformed = sandwich(tiling.transforms["output"].T, tiles)  # N, channels, rows, columns, α, α
-    store_slabs(transformed.transpose(4, 5, 1, 0, 2, 3).reshape(alpha * alpha, channels, tiling.count), out, tiling)
+    out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
 
 
 def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool) -> None:
@@ -254,15 +234,14 @@ def _launch(kernel: str, count: int, args: tuple, *arrays: Any) -> None:
     _cuda.launch(_cuda.function(_SOURCE, kernel, arrays[0].dtype), count, args)
 
 
-# The C struct TileShape of winograd.cu: nine ints, in this order.
+# The C struct TileShape of winograd.cu: eight ints, in this order.
 _TILE_SHAPE = np.dtype([(name, np.int32) for name in ("N", "channels", "height", "width", "origin_h", "origin_w",
-                                                       "tiles_h", "tiles_w", "slab_tiles")])
+                                                       "tiles_h", "tiles_w")])
 
 
 @functools.lru_cache(maxsize=1024)
 def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[int, int], tiling: Tiling) -> np.void:
-    return np.array([(N, channels, height, width, *origin, tiling.rows, tiling.columns, tiling.slab_tiles)],
-                    dtype=_TILE_SHAPE)[0]
+    return np.array([(N, channels, height, width, *origin, tiling.rows, tiling.columns)], dtype=_TILE_SHAPE)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,62 +265,25 @@ class Winograd(ConvAlgorithm):
 
     def tiling(self, problem: ConvProblem, direction: str, N: int | None = None) -> Tiling:
         """The tiles of the grid the last transform writes: dx's for backward-data, y's (= dy's) otherwise;
-        for ``N`` images (default: the whole batch), in this direction's slabs."""
+        for ``N`` images (default: the whole batch)."""
         N = problem.N if N is None else N
         if direction == "backward_data":
             return Tiling(N, problem.H, problem.W, self.m, self.r)
-        return Tiling(N, problem.P, problem.Q, self.m, self.r, self.slabs(problem, direction))
+        return Tiling(N, problem.P, problem.Q, self.m, self.r)
 
-    def slabs(self, problem: ConvProblem, direction: str) -> int:
-        """Slabs the weight gradient cuts its tiles into (1 elsewhere, and on the CPU).
-
-        Its α²·G products are only K/G × C/G each, however long their sum over the tiles, and cuBLAS runs one
-        or two CTAs per product: CaffeNet conv2's 128 products of 128 × 48 kept the H200 at 22-26 TFLOP/s
-        (results/2026-12-01-h200-winograd-5x5.md). Each slab of tiles is one more batch of products, to
-        about WGRAD_PRODUCTS in all; their partial sums cost (slabs + 1)·α²·K·C/G values of workspace, at most
-        half of a chunked variant's, and each slab keeps at least MIN_SLAB_TILES tiles of the batch."""
-        if direction != "backward_filter" or problem.device != "cuda":
-            return 1
-        positions, G = (self.m + self.r - 1) ** 2, problem.groups
-        Kg, Cg = problem.K // G, problem.C // G
-        products = positions * G * -(-Kg // 128) * -(-Cg // 128)
-        tiles = Tiling(problem.N, problem.P, problem.Q, self.m, self.r).count
-        slabs = max(1, min(-(-WGRAD_PRODUCTS // products), MAX_SLABS, tiles // MIN_SLAB_TILES))
-        filters = positions * problem.K * Cg * problem.itemsize
-        while slabs > 1 and self.chunked and (slabs + 1) * filters > CHUNKED_WORKSPACE // 2:
-            slabs -= 1
-        return slabs
-
-    def arrays(self, problem: ConvProblem, direction: str, tiling: Tiling) -> list[tuple[int, int, int]]:
-        """The (positions, rows, columns) arrays a chunk of ``tiling`` carves, in order; the first ones do not
-        depend on the chunk (U, or backward-filter's M and its slabs' partial sums)."""
-        positions, slab_positions = (self.m + self.r - 1) ** 2, (self.m + self.r - 1) ** 2 * tiling.slabs
-        K, C, Cg = problem.K, problem.C, problem.C // problem.groups
-        if direction == "forward":
-            return [(positions, K, Cg), (positions, C, tiling.count), (positions, K, tiling.count)]
-        if direction == "backward_data":
-            return [(positions, K, Cg), (positions, K, tiling.count), (positions, C, tiling.count)]
-        partial_sums = [(slab_positions, K, Cg)] if tiling.slabs > 1 else []
-        return [(positions, K, Cg), *partial_sums, (slab_positions, C, tiling.slab_tiles),
-                (slab_positions, K, tiling.slab_tiles)]
-
-    def _values(self, problem: ConvProblem, direction: str, images: int) -> int:
-        """Values of the whole workspace for a chunk of ``images`` images."""
-        shapes = self.arrays(problem, direction, self.tiling(problem, direction, images))
-        return sum(positions * rows * columns for positions, rows, columns in shapes)
+    def _values(self, problem: ConvProblem, direction: str, images: int) -> tuple[int, int]:
+        """(U's values, V's and M's values for ``images`` images)."""
+        positions = (self.m + self.r - 1) ** 2
+        tiles = self.tiling(problem, direction, images).count
+        return positions * problem.K * (problem.C // problem.groups), positions * (problem.C + problem.K) * tiles
 
     def images_per_chunk(self, problem: ConvProblem, direction: str) -> int:
         """The whole batch, or (chunked) the most images whose workspace stays within CHUNKED_WORKSPACE."""
         if not self.chunked:
             return problem.N
-        room = CHUNKED_WORKSPACE // problem.itemsize
-        # At most this many (V and the product, or E, hold (C + K) values per position and tile), fewer where the
-        # last slab's padding does not fit.
-        per_image = (self.m + self.r - 1) ** 2 * (problem.C + problem.K) * self.tiling(problem, direction, 1).count
-        images = max(1, min(problem.N, (room - self._values(problem, direction, 0)) // per_image))
-        while images > 1 and self._values(problem, direction, images) > room:
-            images -= 1
-        return images
+        filters, per_image = self._values(problem, direction, 1)
+        room = CHUNKED_WORKSPACE // problem.itemsize - filters
+        return max(1, min(problem.N, room // per_image))
 
     def chunks(self, problem: ConvProblem, direction: str) -> list[tuple[int, int]]:
         """The (first, stop) image ranges taken one after another."""
@@ -349,25 +291,29 @@ class Winograd(ConvAlgorithm):
         return [(first, min(first + size, problem.N)) for first in range(0, problem.N, size)]
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        return self._values(problem, direction, self.images_per_chunk(problem, direction)) * problem.itemsize
+        filters, data = self._values(problem, direction, self.images_per_chunk(problem, direction))
+        return (filters + data) * problem.itemsize
 
-    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str) -> Iterator[tuple]:
-        """For each chunk: (first, stop, its tiling, its arrays (see ``arrays``), the same as per-group matrices
-        (positions·G, rows/G, columns)). The arrays lie one after another in the workspace, each chunk size's
-        carved once, so the first ones are the same memory in every chunk."""
-        G, carved = problem.groups, {}
+    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str,
+                       rows: tuple[int, int, int]) -> Iterator[tuple]:
+        """For each chunk: (first, stop, its tiling, the (α², rows, columns) arrays, the same as per-group
+        matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
+        then (rows[1], tiles) and (rows[2], tiles); each chunk size's are carved once, so the first array
+        (U, or backward-filter's M) is the same memory in every chunk."""
+        positions, G, carved = (self.m + self.r - 1) ** 2, problem.groups, {}
         for first, stop in self.chunks(problem, direction):
             if stop - first not in carved:
                 tiling = self.tiling(problem, direction, stop - first)
                 offset, arrays = 0, []
-                for shape in self.arrays(problem, direction, tiling):
-                    arrays.append(workspace_array(workspace, shape, problem.dtype, offset))
+                for height, width in zip(rows, (problem.C // G, tiling.count, tiling.count)):
+                    arrays.append(workspace_array(workspace, (positions, height, width), problem.dtype, offset))
                     offset += arrays[-1].nbytes
                 carved[stop - first] = tiling, arrays, [grouped(array, G) for array in arrays]
             yield (first, stop, *carved[stop - first])
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "forward"):
+        rows = (problem.K, problem.C, problem.K)
+        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "forward", rows):
             if first == 0:
                 filter_transform(w, U, self.m, rotate=False)
             input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
@@ -375,7 +321,9 @@ class Winograd(ConvAlgorithm):
             output_transform(M, images(out, first, stop), tiling)
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "backward_data"):
+        rows = (problem.K, problem.K, problem.C)
+        for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "backward_data",
+                                                                                 rows):
             if first == 0:
                 filter_transform(w, U, self.m, rotate=True)
             # dx = dy convolved with the rotated filter at padding r − 1 − p: dx's tiles start at (p − r + 1) in dy.
@@ -387,27 +335,14 @@ class Winograd(ConvAlgorithm):
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
-        for first, stop, tiling, arrays, matrices in self._chunk_buffers(workspace, problem, "backward_filter"):
-            M, V, E = arrays[0], arrays[-2], arrays[-1]
+        rows = (problem.K, problem.C, problem.K)
+        for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
+                                                                                 "backward_filter", rows):
             input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
             gradient_transform(images(dy, first, stop), E, tiling)
             # The chunks' products add up in M (beta = 1 after the first), transformed back once.
-            beta = 0.0 if first == 0 else 1.0
-            if tiling.slabs == 1:
-                blas.gemm_batched(matrices[-1], matrices[-2].transpose(0, 2, 1), matrices[0], beta=beta)
-            else:
-                # One product per (slab, position, group), then M (+)= the slabs' sum: a row of ones times them.
-                partial = arrays[1]
-                blas.gemm_batched(matrices[-1], matrices[-2].transpose(0, 2, 1), matrices[1])
-                blas.gemm(_ones(tiling.slabs, problem.dtype, backend.device_of(M)),
-                          partial.reshape(tiling.slabs, -1), M.reshape(1, -1), beta=beta)
+            blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), Mg, beta=0.0 if first == 0 else 1.0)
         filter_gradient_transform(M, out, self.m, accumulate)
-
-
-@functools.lru_cache(maxsize=64)
-def _ones(count: int, dtype: np.dtype, device: backend.Device) -> Any:
-    """A (1, count) row of ones on ``device``: summing a stack of matrices is one GEMM."""
-    return backend.to_device(np.ones((1, count), dtype=dtype), device)
 
 
 def images(array: Any, first: int, stop: int) -> Any:
@@ -420,11 +355,6 @@ def images(array: Any, first: int, stop: int) -> Any:
 # bytes = 36 MiB, leaving 24 MiB of chunks), with chunks as large as that allows: each chunk costs a
 # few kernel launches and a cuBLAS call of host time, about 0.1 ms from Python.
 CHUNKED_WORKSPACE = 60 << 20
-# The weight gradient's slabs (``Winograd.slabs``): about four products per SM of an H200 in one batched
-# GEMM, at most 16 slabs, each at least 256 tiles of the batch long.
-WGRAD_PRODUCTS = 512
-MAX_SLABS = 16
-MIN_SLAB_TILES = 256
 
 register(Winograd(2))
 register(Winograd(4))
