@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 import cupy as cp
+from benchmarks.gpu_timing import gpu_ms
 from minidnn import backend
-from minidnn.primitives import _cuda
 from minidnn.primitives.conv import api, implicit_gemm
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -24,14 +24,6 @@ OUT = arguments.out
 os.makedirs(OUT, exist_ok=True)
 results = []
 
-def gpu_ms(fn, repeats=7, hold=5):
-    times = []
-    for _ in range(repeats + 2):
-        _cuda.hold_stream(hold)
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(); fn(); b.record(); b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times[2:]))
 
 shapes = {  # N, C, H, K, R, stride, pad, groups
     "r18 conv1-like layer1": (64, 64, 56, 64, 3, 1, 1, 1),

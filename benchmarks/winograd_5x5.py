@@ -13,8 +13,9 @@ import numpy as np
 import cupy as cp
 import torch
 
+from benchmarks import gpu_timing
 from minidnn import backend
-from minidnn.primitives import _cuda, blas
+from minidnn.primitives import blas
 from minidnn.primitives.conv import api, winograd
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -24,15 +25,8 @@ os.makedirs(OUT, exist_ok=True)
 rows = []
 
 
-def gpu_ms(fn, repeats=7, hold=20):
-    """GPU ms of fn(): median of ``repeats``, each queued behind a hold kernel so that launch gaps do not count."""
-    times = []
-    for _ in range(repeats + 2):
-        _cuda.hold_stream(hold)
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(); fn(); b.record(); b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times[2:]))
+def gpu_ms(call):
+    return gpu_timing.gpu_ms(call, hold=20)  # the chunked calls queue up to ~2 ms of launches from Python
 
 
 # ---- every direction, four algorithms and cuDNN ----
