@@ -1,7 +1,9 @@
-"""The ``winograd_2x2`` and ``winograd_4x4`` algorithms: 3x3 stride-1 convolution, 2.25x or 4x fewer multiplies.
+"""The Winograd algorithms: ``winograd_2x2`` and ``winograd_4x4`` for 3x3 stride-1 convolution (2.25x or 4x fewer
+multiplies), ``winograd_4x4_5x5`` for 5x5 (6.25x fewer), each also ``_chunked`` where 4x4.
 
-Lavin & Gray's F(m×m, 3×3): cut the output into m×m tiles, each computed from an α×α input patch (α = m + 2);
-in the transformed space a patch's 3×3 correlation is an element-wise product, Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A,
+Lavin & Gray's F(m×m, r×r): cut the output into m×m tiles, each computed from an α×α input patch
+(α = m + r − 1); in the transformed space a patch's r×r correlation is an element-wise product,
+Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A,
 and summing over channels turns each of the α² element positions into one matrix product (a batched GEMM).
 
     U[ξν] (K × C/G)     = G g Gᵀ          per filter (k, c)              filter transform
@@ -10,14 +12,14 @@ and summing over channels turns each of the α² element positions into one matr
     y tile              = Aᵀ M A          per (k, tile), cropped at the edges     output transform
 
 Tiles cover the whole (micro-)batch: tiles = N·⌈P/m⌉·⌈Q/m⌉. Backward-data is the same algorithm on dy with the
-filter rotated 180° and C↔K swapped (U's transposed view), padding 2 − p. Backward-filter swaps the roles,
-F(3×3, m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles
+filter rotated 180° and C↔K swapped (U's transposed view), padding r − 1 − p. Backward-filter swaps the roles,
+F(r×r, m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles
 e, the sum over tiles being again α²·G GEMMs. All three directions need the same workspace:
 α²·(K·C/G + (C + K)·tiles) values (U, V and M), with tiles counted on the grid the output transform writes
 (dx's H×W for backward-data, P×Q otherwise).
 
 That workspace grows with the batch (221 MiB for ResNet-18's 56² layers at batch 64, F(4×4)), so under the
-default 64 MiB limit the whole-batch algorithms rarely fit. ``winograd_4x4_chunked`` takes the batch a chunk
+default 64 MiB limit the whole-batch algorithms rarely fit. The ``_chunked`` variants take the batch a chunk
 of images at a time instead, like cuDNN's FFT_TILING bounds FFT's: U is transformed once, then each chunk is
 transformed, multiplied and transformed back (backward-filter adds the chunks' products into M with beta = 1),
 with the chunk as many images as keep the whole workspace, α²·(K·C/G + (C + K)·tiles of a chunk) values,
@@ -29,7 +31,11 @@ transforms with NumPy matrix products (the kernels' "twin": same matrices, same 
 Numerics (float32 against float64, relative error ‖got − exact‖/‖exact‖, random data, every 3x3 layer of
 CaffeNet, ResNet-18 and ResNet-50 at batch 1, measured on the CPU twin): F(2×2) ≤ 6.1e-7 in every direction,
 close to direct im2col + GEMM (≤ 3.9e-7); F(4×4) ≤ 3.7e-6, since its transforms have larger entries (Bᵀ up
-to 5, Aᵀ up to 8, G down to 1/24). tests/test_conv_winograd.py holds them to 3e-6 and 1.5e-5.
+to 5, Aᵀ up to 8, G down to 1/24). tests/test_conv_winograd.py holds them to 3e-6 and 1.5e-5. F(4×4, 5×5) on
+CaffeNet's conv2: ≤ 4.2e-6 (Bᵀ up to 21/4, G down to 1/90), held to 1.5e-5; its weight gradient's error grows
+with the batch summed in one GEMM (2.7e-5 over 128 images on the H200). With TF32 GEMMs the transforms magnify
+TF32's rounding to 3.1e-3 (F(4×4)) and 5.7e-3 (F(4×4, 5×5)), against 2.9e-4 for a direct GEMM
+(benchmarks/winograd_tf32_error.py; docs/convolution.md).
 """
 from __future__ import annotations
 
@@ -47,8 +53,9 @@ from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_
 # Transform matrices of F(m, r), keyed (m, r), in float64: Bᵀ (α×α), G (α×r), Aᵀ (m×α), α = m + r − 1.
 # Cook-Toom with the fractions in G, as wincnn (Lavin & Gray) builds them: for the finite points a_j,
 # Aᵀ[i, j] = a_j^i, G[j, k] = a_j^k / Π_{l≠j}(a_j − a_l), the point at infinity adding a last column of Aᵀ
-# and a last row of G that pick the highest power; Bᵀ is then the one matrix that makes
-# Aᵀ[(G g) ⊙ (Bᵀ d)] the correlation of d with g (tests/test_conv_winograd.py checks all three in float64).
+# and a last row of G that pick the highest power (a row of G may be negated with the same row of Bᵀ);
+# Bᵀ is then the one matrix that makes Aᵀ[(G g) ⊙ (Bᵀ d)] the correlation of d with g
+# (tests/test_conv_winograd.py checks all three in float64).
 TRANSFORMS = {
     (2, 3): {  # points 0, 1, -1
         "input": np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
