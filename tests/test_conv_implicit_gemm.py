@@ -283,7 +283,7 @@ def test_three_cta_build_fits_80_registers(tmp_path):
     (392, 3),   # 1.5 waves of two, one wave of three (ResNet-50 layer3.0.conv2 forward)
     (400, 2),   # two waves either way, the second of three nearly empty
     (784, 3),   # three waves of two, two of three
-    (1014, 2),  # four waves of two against three of three: a tie at 0.9, the default stays
+    (1014, 2),  # four waves of two (cost 8) against three of three (3 x 3 x 0.9 = 8.1): the default stays
 ])
 def test_build_follows_the_waves(ctas, expected):
     assert implicit_gemm.ctas_per_sm_for("forward", ctas, 132) == expected
