@@ -53,7 +53,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM;
     Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and a 5x5
     layer's 6.25x on the GPU (F(4x4, 5x5)); FFT's cost
-    does not grow with the filter, so it pays for 5x5 and larger filters on larger images;
+    does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU, where
     one large NumPy matmul beats a loop of small ones. The float64 reference comes last.
     """
@@ -69,7 +69,10 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         # F(4x4, 5x5) cuts the multiplications 6.25x (CaffeNet conv2 on the H200: 2.7x cuDNN's forward). On the
         # CPU one large im2col matmul still beats its transforms and batched GEMMs.
         names += ["winograd_4x4_5x5", "winograd_4x4_5x5_chunked"]
-    if stride_1 and min(problem.R, problem.S) >= 5 and min(problem.H, problem.W) >= 16:
+    # FFT from 5x5 filters on the GPU; on the CPU NumPy's FFTs beat one im2col matmul only from 7x7
+    # (benchmarks/results/2026-12-01-cpu-fft-vs-gemm.txt: 5x5 1.2-10x slower, 7x7 and 9x9 1.2-2.6x faster in sum).
+    smallest_fft_filter = 5 if problem.device == "cuda" else 7
+    if stride_1 and min(problem.R, problem.S) >= smallest_fft_filter and min(problem.H, problem.W) >= 16:
         names.append("fft")
     if problem.device == "cuda" and direction == "backward_data" and not stride_1 and problem.dilation == (1, 1):
         names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
