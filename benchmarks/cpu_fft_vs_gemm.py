@@ -1,5 +1,6 @@
-"""On the CPU, `fft` against `gemm` (im2col + one BLAS call) for stride-1 filters of 5x5 to 9x9, every direction:
-the evidence behind `get`'s CPU rule (fft only from 7x7 filters). Milliseconds per call, mean of two after a warm-up:
+"""On the CPU, `fft` (and on 5x5 filters `winograd_4x4_5x5`) against `gemm` (im2col + one BLAS call) for stride-1
+filters of 5x5 to 9x9, every direction: the evidence behind `get`'s CPU rules (fft only from 7x7 filters, no
+F(4x4, 5x5) on the CPU). Milliseconds per call, mean of two after a warm-up:
 
     PYTHONPATH=. python benchmarks/cpu_fft_vs_gemm.py
 """
@@ -37,7 +38,7 @@ def main() -> None:
         dy = rng.standard_normal((N, K, H, H)).astype(np.float32)
         args, limit = (1, R // 2, 1, G), 1 << 40
         times = {}
-        for algo in ("gemm", "fft"):
+        for algo in ("gemm", "fft") + (("winograd_4x4_5x5",) if R == 5 else ()):
             times[algo] = [milliseconds(lambda: conv.conv2d_forward(x, w, *args, algo=algo, workspace_limit=limit)),
                            milliseconds(lambda: conv.conv2d_backward_data(dy, w, x.shape, *args, algo=algo,
                                                                           workspace_limit=limit)),
