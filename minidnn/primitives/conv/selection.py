@@ -71,7 +71,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names += ["winograd_4x4_5x5", "winograd_4x4_5x5_chunked"]
     # FFT from 5x5 filters on the GPU; on the CPU NumPy's FFTs beat one im2col matmul only from 7x7
     # (benchmarks/results/2026-12-01-cpu-fft-vs-gemm.txt, summed over the three directions: 5x5 1.3-8.6x slower,
-    # 7x7 and 9x9 1.4-3.0x faster; F(4x4, 5x5) 1.6-7.2x slower than im2col).
+    # 7x7 and 9x9 1.4-3.0x faster; F(4x4, 5x5) 1.5-8.5x slower than im2col).
     smallest_fft_filter = 5 if problem.device == "cuda" else 7
     if stride_1 and min(problem.R, problem.S) >= smallest_fft_filter and min(problem.H, problem.W) >= 16:
         names.append("fft")
