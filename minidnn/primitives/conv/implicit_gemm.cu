@@ -485,60 +485,37 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
 // ---------------------------------------------------------------------------------------------
 // Kernels: one per direction, SIMT (float and double) and tensor cores (float only)
 // ---------------------------------------------------------------------------------------------
-// x (N, C, H, W), w (K, C/G, R, S) -> y (N, K, P, Q) = x ⋆ w (+ bias[k]) (then max(·, 0) if relu).
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_forward(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
-                      const scalar_t* __restrict__ bias, scalar_t* __restrict__ y, const ImplicitGemmShape shape,
-                      int has_bias, int relu) {
-    implicit_gemm(FORWARD, false, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);
-}
+// Each takes its operands as implicit_gemm() does; SUFFIX names the consumer ("" SIMT, _tf32 tensor cores).
+//   forward                 x (N, C, H, W), w (K, C/G, R, S) -> y (N, K, P, Q) = x ⋆ w (+ bias[k]) (then max(·, 0)
+//                           if relu).
+//   backward_data           dy (N, K, P, Q), w -> dx (N, C, H, W).
+//   backward_data_by_phase  dy, w -> dx, stride phase blockIdx.z (of stride_h·stride_w); the grid's rows cover the
+//                           largest phase. Every pixel of dx is written (dilation 1 only: strided_dgrad.py).
+//   backward_filter         x, dy -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd: dw must hold zeros,
+//                           or the gradient to add to).
+#define IMPLICIT_GEMM_KERNELS(SUFFIX, TENSOR_CORES)                                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_forward##SUFFIX(              \
+        const scalar_t* __restrict__ x, const scalar_t* __restrict__ w, const scalar_t* __restrict__ bias,          \
+        scalar_t* __restrict__ y, const ImplicitGemmShape shape, int has_bias, int relu) {                          \
+        implicit_gemm(FORWARD, TENSOR_CORES, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);              \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_backward_data##SUFFIX(        \
+        const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w, scalar_t* __restrict__ dx,                 \
+        const ImplicitGemmShape shape) {                                                                            \
+        implicit_gemm(BACKWARD_DATA, TENSOR_CORES, dy, w, dx, nullptr, false, shape, 0);                            \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_backward_data_by_phase##SUFFIX( \
+        const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w, scalar_t* __restrict__ dx,                 \
+        const ImplicitGemmShape shape) {                                                                            \
+        implicit_gemm(BACKWARD_DATA_BY_PHASE, TENSOR_CORES, dy, w, dx, nullptr, false, shape, 0);                   \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_backward_filter##SUFFIX(      \
+        const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy, scalar_t* __restrict__ dw,                 \
+        const ImplicitGemmShape shape, int steps_per_split) {                                                       \
+        implicit_gemm(BACKWARD_FILTER, TENSOR_CORES, x, dy, dw, nullptr, false, shape, steps_per_split);            \
+    }
 
-// dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W).
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_data(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
-                            scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
-    implicit_gemm(BACKWARD_DATA, false, dy, w, dx, nullptr, false, shape, 0);
-}
-
-// dy (N, K, P, Q), w (K, C/G, R, S) -> dx (N, C, H, W), stride phase blockIdx.z (of stride_h·stride_w); the
-// grid's rows cover the largest phase. Every pixel of dx is written (dilation 1 only: strided_dgrad.py).
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_data_by_phase(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
-                                     scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
-    implicit_gemm(BACKWARD_DATA_BY_PHASE, false, dy, w, dx, nullptr, false, shape, 0);
-}
-
-// x (N, C, H, W), dy (N, K, P, Q) -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd:
-// dw must hold zeros, or the gradient to add to).
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_filter(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
-                              scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
-    implicit_gemm(BACKWARD_FILTER, false, x, dy, dw, nullptr, false, shape, steps_per_split);
-}
-
+IMPLICIT_GEMM_KERNELS(, false)
 #if IS_FLOAT(SCALAR)
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_forward_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ w,
-                           const scalar_t* __restrict__ bias, scalar_t* __restrict__ y,
-                           const ImplicitGemmShape shape, int has_bias, int relu) {
-    implicit_gemm(FORWARD, true, x, w, y, has_bias ? bias : nullptr, relu != 0, shape, 0);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_data_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
-                                 scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
-    implicit_gemm(BACKWARD_DATA, true, dy, w, dx, nullptr, false, shape, 0);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_data_by_phase_tf32(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ w,
-                                          scalar_t* __restrict__ dx, const ImplicitGemmShape shape) {
-    implicit_gemm(BACKWARD_DATA_BY_PHASE, true, dy, w, dx, nullptr, false, shape, 0);
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
-implicit_gemm_backward_filter_tf32(const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy,
-                                   scalar_t* __restrict__ dw, const ImplicitGemmShape shape, int steps_per_split) {
-    implicit_gemm(BACKWARD_FILTER, true, x, dy, dw, nullptr, false, shape, steps_per_split);
-}
+IMPLICIT_GEMM_KERNELS(_tf32, true)
 #endif
