@@ -118,6 +118,16 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_id: int) -> int:
+    return backend.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+def sm_count() -> int:
+    """The current device's number of SMs (queried once per device): how many CTAs make a wave."""
+    return _sm_count_of(backend.cupy().cuda.runtime.getDevice())
+
+
 def hold_stream(milliseconds: float) -> None:
     """Keep the current stream busy for ``milliseconds`` (hold.cu), so that what is queued next runs
     back to back however slowly the host queues it."""

@@ -243,7 +243,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
     tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N)
     grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
-    ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _sm_count())
+    ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _cuda.sm_count())
     build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)
     kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
                             problem.dtype, build)
@@ -264,15 +264,6 @@ def ctas_per_sm_for(direction: str, ctas: int, sms: int) -> int:
         return -(-ctas // (per_sm * sms)) * per_sm * RELATIVE_CTA_COST[per_sm]
 
     return WIDE_GRID_CTAS_PER_SM if cost(WIDE_GRID_CTAS_PER_SM) < cost(DEFAULT_CTAS_PER_SM) else DEFAULT_CTAS_PER_SM
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count_of(device_id: int) -> int:
-    return backend.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"]
-
-
-def _sm_count() -> int:
-    return _sm_count_of(backend.cupy().cuda.runtime.getDevice())
 
 
 @functools.lru_cache(maxsize=1024)
