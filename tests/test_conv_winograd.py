@@ -215,8 +215,11 @@ def test_workspace_formula_is_exactly_what_is_carved(xp, rng, monkeypatch, algo,
 # ----------------------------------------------------------------------------------------------
 def two_images_a_chunk(monkeypatch, problem, direction, r=3):
     """The chunked F(4x4, r×r), its workspace cap set so that a chunk holds two images of ``problem``."""
-    alpha2, tiles = (4 + r - 1) ** 2, winograd.Winograd(4, r).tiling(problem, direction, 1).count
+    whole_batch = winograd.Winograd(4, r)
+    alpha2, tiles = (4 + r - 1) ** 2, whole_batch.tiling(problem, direction, 1).count
     filters = alpha2 * problem.K * (problem.C // problem.groups)
+    if direction == "backward_filter":  # one partial product per split of the reduction
+        filters *= whole_batch.weight_gradient_splits(problem)
     monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE",
                         (filters + 2 * alpha2 * (problem.C + problem.K) * tiles) * problem.itemsize)
     return registry.get("winograd_4x4_chunked" if r == 3 else f"winograd_4x4_{r}x{r}_chunked")

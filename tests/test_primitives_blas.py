@@ -4,7 +4,7 @@ import pytest
 
 from minidnn import backend
 from minidnn.primitives import blas
-from tests.helpers import assert_close
+from tests.helpers import assert_close, to_numpy
 
 
 def operand(xp, rng, shape, transposed, dtype):
@@ -89,3 +89,77 @@ def test_bad_operands_are_clear_errors(a, b, out, error, match):
         return
     with pytest.raises(error, match=match):
         blas.gemm(a, b, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# gemm_batched_split_k: partial products over ranges of the reduction (split_k_gemm.cu on the GPU)
+# ----------------------------------------------------------------------------------------------
+def reduction_contiguous(xp, rng, batch, rows, reduction, columns, dtype):
+    """a (batch, rows, L) row-major and b (batch, L, columns) as transposes of row-major (columns, L)
+    matrices: the layout Winograd's transforms write."""
+    a = xp.asarray(rng.standard_normal((batch, rows, reduction)).astype(dtype))
+    b = xp.asarray(rng.standard_normal((batch, columns, reduction)).astype(dtype)).transpose(0, 2, 1)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, columns, reduction, splits", [
+    (131, 50, 77, 3),   # a row tile and a column tile past the edge, a short last range
+    (7, 97, 300, 7),    # several column tiles, ranges of 48
+    (129, 5, 33, 5),    # 33 in ranges of 16: the last two splits get nothing and must be written as zeros
+    (64, 48, 16, 1),    # one exact tile, one step
+])
+def test_split_k_partials_sum_to_the_float64_product(xp, rng, dtype, rows, columns, reduction, splits):
+    a, b = reduction_contiguous(xp, rng, 3, rows, reduction, columns, dtype)
+    out = xp.asarray(rng.standard_normal((splits, 3, rows, columns)).astype(dtype))  # garbage to overwrite
+    blas.gemm_batched_split_k(a, b, out)
+    a64, b64 = to_numpy(a).astype(np.float64), to_numpy(b).astype(np.float64)
+    per = blas.split_length(reduction, splits)
+    assert per % 16 == 0 and per * splits >= reduction
+    for split in range(splits):  # each partial is its own range's product, exactly that range
+        reduction_range = slice(split * per, (split + 1) * per)
+        want = a64[:, :, reduction_range] @ b64[:, reduction_range, :]
+        tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else {}
+        assert_close(out[split], want, **tolerance, name=f"split {split}")
+    # beta = 1 adds a second product (another chunk of a batch) onto the partials
+    before = to_numpy(out).astype(np.float64)
+    blas.gemm_batched_split_k(a, b, out, beta=1.0)
+    assert_close(out, 2 * before, **(dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else {}))
+
+
+def test_split_k_with_one_shared_matrix_and_rows_of_a_larger_array(xp, rng):
+    a, b = reduction_contiguous(xp, rng, 1, 9, 40, 6, np.float64)
+    tiles = xp.asarray(rng.standard_normal((2, 4, 6, 41)))  # b's matrices: (6, 40) views of a wider array
+    b = tiles[1, :, :, :40].transpose(0, 2, 1)
+    shared = xp.broadcast_to(a[0], (4, 9, 40))
+    out = xp.zeros((2, 4, 9, 6))
+    blas.gemm_batched_split_k(shared, b, out)
+    want = to_numpy(a[0]) @ to_numpy(b)
+    assert_close(out.sum(axis=0), want)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(out_shape=(4, 9, 6)), ValueError, "4-D"),
+    (dict(a_transposed=True), ValueError, "row-major matrices and b transposes"),
+    (dict(beta=0.5), ValueError, "beta must be 0 or 1"),
+    (dict(dtype=np.complex64), TypeError, "float32 or float64"),
+])
+def test_split_k_bad_operands_are_clear_errors(xp, change, error, match):
+    dtype = change.get("dtype", np.float64)
+    a = xp.ones((4, 40, 9), dtype=dtype).transpose(0, 2, 1) if change.get("a_transposed") else \
+        xp.ones((4, 9, 40), dtype=dtype)
+    b = xp.ones((4, 6, 40), dtype=dtype).transpose(0, 2, 1)
+    out = xp.zeros(change.get("out_shape", (2, 4, 9, 6)), dtype=dtype)
+    if change.get("a_transposed") and xp is np:
+        pytest.skip("NumPy multiplies any layout; only the kernel needs reduction-contiguous operands")
+    with pytest.raises(error, match=match):
+        blas.gemm_batched_split_k(a, b, out, beta=change.get("beta", 0.0))
+
+
+def test_split_length_rounds_to_whole_kernel_steps():
+    assert blas.split_length(6272, 8) == 784
+    assert blas.split_length(637, 8) == 80
+    assert blas.split_length(33, 5) == 16
+    assert blas.split_length(5, 1) == 16
+    with pytest.raises(ValueError, match="splits must be at least 1"):
+        blas.split_length(10, 0)

@@ -2,6 +2,9 @@
 
     gemm(a, b, out)          out = alpha · op(a) · op(b) + beta · out          2-D
     gemm_batched(a, b, out)  the same for each of G matrices                   (G, M, K) · (G, K, N)
+    gemm_batched_split_k(a, b, out)   the same, the reduction cut into S ranges, one partial product each
+                                      (S, G, M, N): our own kernel (split_k_gemm.cu), for small outputs
+                                      with long reductions, which cuBLAS leaves to too few CTAs
 
 Arrays are row-major (C order) matrices or plain transposes of them (``w.T``): a transposed view
 is passed to BLAS as the original storage with the "transpose" flag, so no copy is made. float32,
@@ -25,7 +28,7 @@ import numpy as np
 
 from .. import backend
 
-__all__ = ["gemm", "gemm_batched", "prepare_capture"]
+__all__ = ["gemm", "gemm_batched", "gemm_batched_split_k", "split_length", "prepare_capture"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,6 +121,81 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
     _cublas().gemm(b_t, a_t, N, M, K, alpha, b, ldb, strides[1], a, lda, strides[0], beta, out, ldc, strides[2],
                    out.shape[0])
     return out
+
+
+# split_k_gemm.cu's tile: TILE_M rows (128 for float, 64 for double) × 48 columns, 128 threads; every
+# split is a whole number of its reduction steps (16 floats, 8 doubles).
+SPLIT_K_TILE_N = 48
+SPLIT_K_THREADS = 128
+SPLIT_K_STEP = 16
+SPLIT_K_BUILD: tuple = ()  # split_k_gemm.cu's build defines: its defaults (benchmarks/split_k_gemm.py tries others)
+
+
+def split_k_tiles(M: int, N: int, dtype: Any) -> int:
+    """CTAs split_k_gemm.cu gives one M × N product per split: its 128 × 48 (64 × 48 for double) tiles."""
+    tile_m = 128 if np.dtype(dtype) == np.float32 else 64
+    return -(-M // tile_m) * -(-N // SPLIT_K_TILE_N)
+
+
+def split_length(reduction: int, splits: int) -> int:
+    """Reduction indices per split when ``reduction`` is cut into ``splits`` ranges: ⌈reduction/splits⌉
+    rounded up to a multiple of 16, so that the last ranges may be short or empty."""
+    if splits < 1:
+        raise ValueError(f"split_length: splits must be at least 1, got {splits}")
+    per = -(-reduction // splits)
+    return max(SPLIT_K_STEP, -(-per // SPLIT_K_STEP) * SPLIT_K_STEP)
+
+
+def gemm_batched_split_k(a: Any, b: Any, out: Any, *, beta: float = 0.0) -> Any:
+    """out[s, g] = a[g][:, range s] · b[g][range s, :] + beta · out[s, g]: the partial products of the S ranges
+    of ``split_length(L, S)`` consecutive reduction indices, whose sum over s is a[g] · b[g]; returns out.
+
+    a (G, M, L) row-major matrices and b (G, L, N) transposes of row-major ones (both contiguous along the
+    reduction L, as Winograd's transformed tiles lie; each operand's matrices a fixed stride apart), out
+    (S, G, M, N) C-contiguous; ``beta`` 0 or 1. On the GPU our own kernel, in plain float arithmetic (never
+    TF32: the caller picks cuBLAS when TF32 is wanted); on the CPU NumPy's matmul per range.
+    """
+    xp = backend.get_array_module(a, b, out)
+    if out.ndim != 4:
+        raise ValueError(f"gemm_batched_split_k: out must be 4-D (splits, G, M, N), got shape {tuple(out.shape)}")
+    M, N, L = _check(a, b, out[0], batched=True)
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"gemm_batched_split_k: beta must be 0 or 1, got {beta}")
+    if np.dtype(a.dtype) not in (np.float32, np.float64):
+        raise TypeError(f"gemm_batched_split_k: float32 or float64 operands, got {a.dtype}")
+    splits = out.shape[0]
+    per = split_length(L, splits)
+    if xp is np:
+        for split in range(splits):
+            reduction = slice(split * per, (split + 1) * per)
+            _numpy_gemm(a[:, :, reduction], b[:, reduction, :], out[split], 1.0, beta)
+        return out
+    a_t, lda = _matrix(a, "a", batched=True)
+    b_t, ldb = _matrix(b, "b", batched=True)
+    if a_t or not b_t:
+        raise ValueError("gemm_batched_split_k: a must hold row-major matrices and b transposes of row-major ones "
+                         "(both contiguous along the reduction)")
+    if not out.flags.c_contiguous:
+        raise ValueError("gemm_batched_split_k: out must be C-contiguous")
+    if 0 in out.shape:
+        return out
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(a, b, out)
+    batch_strides = [array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b)]
+    shape = np.array([(M, N, L, lda, ldb, *batch_strides, a.shape[0], per, int(beta))], dtype=_SPLIT_K_SHAPE)[0]
+    tile_m = 128 if a.dtype == np.float32 else 64
+    grid = (-(-N // SPLIT_K_TILE_N), -(-M // tile_m), a.shape[0] * splits)
+    if grid[2] > 65535:
+        raise ValueError(f"gemm_batched_split_k: {a.shape[0]} matrices × {splits} splits exceed the grid's 65535")
+    kernel = _cuda.function("split_k_gemm.cu", "split_k_gemm", a.dtype, SPLIT_K_BUILD)
+    _cuda.launch_blocks(kernel, grid, SPLIT_K_THREADS, (a, b, out, shape))
+    return out
+
+
+# The C struct SplitKShape of split_k_gemm.cu: ten ints, in this order.
+_SPLIT_K_SHAPE = np.dtype([(name, np.int32) for name in ("M", "N", "L", "lda", "ldb", "batch_a", "batch_b", "batch",
+                                                          "per_split", "accumulate")])
 
 
 def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:

@@ -230,13 +230,19 @@ __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __
 }
 
 // dw[k][c] = Gᵀ · M · G (r×r) from the summed products M[ξν][k][c]; added to dw when `accumulate`.
+// M is the sum of `splits` partial products M[s][ξν][k][c] (split-K's), added in order s = 0, 1, ...
 template <class T>
 __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ dw, int filters,
-                                          int accumulate) {
+                                          int accumulate, int splits) {
+    constexpr int positions = T::alpha * T::alpha;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
         scalar_t product[T::alpha][T::alpha];
 #pragma unroll
-        for (int e = 0; e < T::alpha * T::alpha; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
+        for (int e = 0; e < positions; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
+        for (int s = 1; s < splits; ++s)
+#pragma unroll
+            for (int e = 0; e < positions; ++e)
+                product[e / T::alpha][e % T::alpha] += M[(s * positions + e) * filters + i];
         constexpr int taps = T::r * T::r;
         scalar_t g[T::r][T::r];
         sandwich<typename T::FilterGradient>(product, g);
@@ -272,8 +278,9 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
     }                                                                                                            \
     extern "C" __global__ void winograd_filter_gradient_transform##SUFFIX(const scalar_t* __restrict__ M,        \
                                                                           scalar_t* __restrict__ dw,             \
-                                                                          int filters, int accumulate) {         \
-        filter_gradient_transform<T>(M, dw, filters, accumulate);                                                \
+                                                                          int filters, int accumulate,           \
+                                                                          int splits) {                          \
+        filter_gradient_transform<T>(M, dw, filters, accumulate, splits);                                        \
     }
 
 WINOGRAD_KERNELS(_2, Tiling2)

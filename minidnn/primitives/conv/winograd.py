@@ -216,16 +216,20 @@ def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
     out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
 
 
-def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool) -> None:
-    """products (α², K, C/G) -> out (K, C/G, r, r): dW = Gᵀ M G, added to out when ``accumulate``."""
+def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool, splits: int = 1) -> None:
+    """products (splits·α², K, C/G) -> out (K, C/G, r, r): dW = Gᵀ M G with M the sum of the first ``splits``
+    partial products (split-K's, in order), added to out when ``accumulate``."""
     K, Cg, r = out.shape[:3]
     if backend.get_array_module(out) is not np:
         _launch(f"winograd_filter_gradient_transform{kernel_suffix(m, r)}", K * Cg,
-                (products, out, _i32(K * Cg), _i32(int(accumulate))), products, out)
+                (products, out, _i32(K * Cg), _i32(int(accumulate)), _i32(splits)), products, out)
         return
     alpha = m + r - 1
-    blocks = products.reshape(alpha, alpha, K, Cg).transpose(2, 3, 0, 1)
-    store_filter_gradient(sandwich(TRANSFORMS[m, r]["filter"].T, blocks), out, accumulate)
+    partials = products.reshape(-1, alpha, alpha, K, Cg)[:splits]
+    total = partials[0].copy()
+    for partial in partials[1:]:  # one after another, the kernel's order
+        total += partial
+    store_filter_gradient(sandwich(TRANSFORMS[m, r]["filter"].T, total.transpose(2, 3, 0, 1)), out, accumulate)
 
 
 def _i32(value: int) -> np.int32:
@@ -278,11 +282,36 @@ class Winograd(ConvAlgorithm):
             return Tiling(N, problem.H, problem.W, self.m, self.r)
         return Tiling(N, problem.P, problem.Q, self.m, self.r)
 
+    def weight_gradient_splits(self, problem: ConvProblem) -> int:
+        """How many partial products backward-filter's GEMMs write (blas.gemm_batched_split_k), 1 meaning one
+        cuBLAS call over the whole reduction.
+
+        Its α²·G products make ``ctas`` CTAs of split_k_gemm.cu per split. 1 when they fill every SM twice
+        over (cuBLAS is faster there). Otherwise at least two CTAs per SM, as many splits (up to MAX_SPLITS)
+        as make the fewest waves per split: the kernel is issue-bound, so an SM given one CTA more than
+        the others sets the time (72 CTAs in 4 splits, 288 on 132 SMs, take 3 waves of a quarter
+        each; in 7, 4 waves of a seventh). The chunked variant keeps its partial products within
+        SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (1 if one split would not fit).
+        """
+        positions, Kg, Cg = (self.m + self.r - 1) ** 2, problem.K // problem.groups, problem.C // problem.groups
+        ctas = positions * problem.groups * blas.split_k_tiles(Kg, Cg, problem.dtype)
+        if ctas >= 2 * SPLIT_K_SMS:
+            return 1
+        fewest = min(MAX_SPLITS, -(-2 * SPLIT_K_SMS // ctas))
+        splits = min(range(fewest, MAX_SPLITS + 1), key=lambda s: (-(-ctas * s // SPLIT_K_SMS) / s, s))
+        if self.chunked:
+            splits = min(splits, SPLIT_K_CHUNKED_BYTES // (positions * problem.K * Cg * problem.itemsize))
+        return max(1, splits)
+
     def _values(self, problem: ConvProblem, direction: str, images: int) -> tuple[int, int]:
-        """(U's values, V's and M's values for ``images`` images)."""
+        """(U's values, or backward-filter's partial products M; V's and M's (E's) values for ``images``
+        images)."""
         positions = (self.m + self.r - 1) ** 2
         tiles = self.tiling(problem, direction, images).count
-        return positions * problem.K * (problem.C // problem.groups), positions * (problem.C + problem.K) * tiles
+        filters = positions * problem.K * (problem.C // problem.groups)
+        if direction == "backward_filter":
+            filters *= self.weight_gradient_splits(problem)
+        return filters, positions * (problem.C + problem.K) * tiles
 
     def images_per_chunk(self, problem: ConvProblem, direction: str) -> int:
         """The whole batch, or (chunked) the most images whose workspace stays within CHUNKED_WORKSPACE."""
@@ -301,19 +330,21 @@ class Winograd(ConvAlgorithm):
         filters, data = self._values(problem, direction, self.images_per_chunk(problem, direction))
         return (filters + data) * problem.itemsize
 
-    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str,
-                       rows: tuple[int, int, int]) -> Iterator[tuple]:
+    def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str, rows: tuple[int, int, int],
+                       copies: int = 1) -> Iterator[tuple]:
         """For each chunk: (first, stop, its tiling, the (α², rows, columns) arrays, the same as per-group
         matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
-        then (rows[1], tiles) and (rows[2], tiles); each chunk size's are carved once, so the first array
-        (U, or backward-filter's M) is the same memory in every chunk."""
+        ``copies`` times over (backward-filter's split-K partial products), then (rows[1], tiles) and
+        (rows[2], tiles); each chunk size's are carved once, so the first array (U, or backward-filter's M)
+        is the same memory in every chunk."""
         positions, G, carved = (self.m + self.r - 1) ** 2, problem.groups, {}
         for first, stop in self.chunks(problem, direction):
             if stop - first not in carved:
                 tiling = self.tiling(problem, direction, stop - first)
                 offset, arrays = 0, []
-                for height, width in zip(rows, (problem.C // G, tiling.count, tiling.count)):
-                    arrays.append(workspace_array(workspace, (positions, height, width), problem.dtype, offset))
+                for count, height, width in zip((copies * positions, positions, positions), rows,
+                                                (problem.C // G, tiling.count, tiling.count)):
+                    arrays.append(workspace_array(workspace, (count, height, width), problem.dtype, offset))
                     offset += arrays[-1].nbytes
                 carved[stop - first] = tiling, arrays, [grouped(array, G) for array in arrays]
             yield (first, stop, *carved[stop - first])
@@ -343,13 +374,21 @@ class Winograd(ConvAlgorithm):
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
         rows = (problem.K, problem.C, problem.K)
+        splits = self.weight_gradient_splits(problem)
+        # cuBLAS where the products alone fill the GPU (one split), and for TF32 (its tensor cores; over the
+        # whole reduction, into the first partial product).
+        split_k = splits > 1 and not (backend.allow_tf32() and problem.dtype == np.float32)
         for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
-                                                                                 "backward_filter", rows):
+                                                                                 "backward_filter", rows, splits):
             input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
             gradient_transform(images(dy, first, stop), E, tiling)
             # The chunks' products add up in M (beta = 1 after the first), transformed back once.
-            blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), Mg, beta=0.0 if first == 0 else 1.0)
-        filter_gradient_transform(M, out, self.m, accumulate)
+            beta = 0.0 if first == 0 else 1.0
+            if split_k:
+                blas.gemm_batched_split_k(Eg, Vg.transpose(0, 2, 1), Mg.reshape(splits, -1, *Mg.shape[1:]), beta=beta)
+            else:
+                blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), Mg[:Eg.shape[0]], beta=beta)
+        filter_gradient_transform(M, out, self.m, accumulate, splits if split_k else 1)
 
 
 def images(array: Any, first: int, stop: int) -> Any:
@@ -362,6 +401,14 @@ def images(array: Any, first: int, stop: int) -> Any:
 # bytes = 36 MiB, leaving 24 MiB of chunks), with chunks as large as that allows: each chunk costs a
 # few kernel launches and a cuBLAS call of host time, about 0.1 ms from Python.
 CHUNKED_WORKSPACE = 60 << 20
+
+# Backward-filter's split-K (weight_gradient_splits): the SMs of the GPU the policy was measured on, an H200's
+# (a constant, not the device's count, so that workspace sizes are the same on every machine and the CPU twin
+# runs the splits the GPU would); at most MAX_SPLITS partial products, and at most SPLIT_K_CHUNKED_BYTES of them
+# in the chunked variants (benchmarks/results/2026-12-01-h200-split-k-gemm.md).
+SPLIT_K_SMS = 132
+MAX_SPLITS = 8
+SPLIT_K_CHUNKED_BYTES = CHUNKED_WORKSPACE // 16
 
 register(Winograd(2))
 register(Winograd(4))
