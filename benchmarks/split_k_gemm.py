@@ -1,7 +1,7 @@
 """Split-K for Winograd's weight gradient (blas.gemm_batched_split_k, split_k_gemm.cu) against cuBLAS's batched GEMM:
 first the GEMM alone on CaffeNet conv2's products, then the whole weight gradient of every layer Winograd takes
 (CaffeNet conv2 at batch 128 and 256, ResNet's four 3x3 stride-1 shapes at batch 64), with the split count forced
-(0: cuBLAS) and as Winograd.weight_gradient_splits picks it, beside implicit_gemm and cuDNN. The GEMM alone runs in
+(1: cuBLAS) and as Winograd.weight_gradient_splits picks it, beside implicit_gemm and cuDNN. The GEMM alone runs in
 four builds of split_k_gemm.cu (pipeline depth, CTAs per SM). fp32 (TF32 off). GPU only:
 
     PYTHONPATH=. python3 benchmarks/split_k_gemm.py --out DIR
@@ -94,7 +94,7 @@ for name, N, C, K, H, r, pad, G in LAYERS:
     layer_rows.append(row), print(row, flush=True)
     stem = "winograd_4x4" if r == 3 else "winograd_4x4_5x5"
     for algo, limit in ((stem + "_chunked", 64 << 20), (stem, 1 << 40)):
-        for splits in ("policy", 0, 1, 2, 3, 4, 6, 7, 8):
+        for splits in ("policy", 1, 2, 3, 4, 6, 7, 8):
             winograd.Winograd.weight_gradient_splits = POLICY if splits == "policy" else lambda self, p, s=splits: s
             for clear in registry.cache_clearers:  # plans hold workspace sizes computed with the previous split count
                 clear()

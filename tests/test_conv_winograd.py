@@ -219,7 +219,7 @@ def two_images_a_chunk(monkeypatch, problem, direction, r=3):
     alpha2, tiles = (4 + r - 1) ** 2, whole_batch.tiling(problem, direction, 1).count
     filters = alpha2 * problem.K * (problem.C // problem.groups)
     if direction == "backward_filter":  # one partial product per split of the reduction
-        filters *= max(1, whole_batch.weight_gradient_splits(problem))
+        filters *= whole_batch.weight_gradient_splits(problem)
     monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE",
                         (filters + 2 * alpha2 * (problem.C + problem.K) * tiles) * problem.itemsize)
     return registry.get("winograd_4x4_chunked" if r == 3 else f"winograd_4x4_{r}x{r}_chunked")

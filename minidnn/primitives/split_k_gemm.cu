@@ -67,40 +67,23 @@ struct alignas(SIZE * sizeof(scalar_t)) Values {
     scalar_t v[SIZE];
 };
 
-__device__ __forceinline__ unsigned shared_address(const scalar_t* shared) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(shared));
-}
-
-__device__ __forceinline__ void copy_async(scalar_t* shared, const scalar_t* global) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared_address(shared)), "l"(global),
-                 "n"(sizeof(scalar_t)));
-}
-
-// src-size 0 fills the shared element with zeros and reads nothing (the pointer is not dereferenced).
-__device__ __forceinline__ void copy_async_or_zero(scalar_t* shared, const scalar_t* global, bool inside) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(shared)), "l"(global),
+__device__ __forceinline__ void copy_async(scalar_t* shared, const scalar_t* global, bool inside) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+    // src-size 0 fills the shared element with zeros and reads nothing (the pointer is not dereferenced).
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(address), "l"(global),
                  "n"(sizeof(scalar_t)), "r"(inside ? int(sizeof(scalar_t)) : 0));
 }
 
-// Start the copies of one step's elements of this thread into the shared tile: rows row0 + ROWS_PER_PASS·i of
-// the matrix (`rows` points at row row0, `pass` = ROWS_PER_PASS rows further), reduction index k; zeros past
-// the matrix's rows_left rows or past the split. A step wholly inside both (`whole`: every step but a split's
-// last on tiles away from the matrix's edge) copies unchecked: a pointer add and a copy per element, where
-// the checked path spends about ten instructions, and the copies are a third of the kernel's instructions.
+// Start the copies of one step's elements of this thread (rows row0 + ROWS_PER_PASS·i, reduction k) into
+// the shared tile; zeros past the matrix or past the split.
 template <int LOADS, int LD>
-__device__ __forceinline__ void copy_step(scalar_t (*tile)[LD], const scalar_t* rows, int pass, int rows_left,
-                                          int lane, int row0, int k, int k_end, bool whole) {
-    scalar_t* shared = &tile[lane][row0];
-    if (whole) {
-#pragma unroll
-        for (int i = 0; i < LOADS; ++i) copy_async(shared + ROWS_PER_PASS * i, rows + i * pass + k);
-        return;
-    }
-    const bool k_inside = k < k_end;
+__device__ __forceinline__ void copy_step(scalar_t (*tile)[LD], const scalar_t* __restrict__ matrix, int ld,
+                                          int rows, int row0, int lane, int k, int k_end) {
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
-        const bool inside = k_inside && ROWS_PER_PASS * i < rows_left;
-        copy_async_or_zero(shared + ROWS_PER_PASS * i, rows + (inside ? i * pass + k : 0), inside);
+        const int row = row0 + ROWS_PER_PASS * i;
+        const bool inside = row < rows && k < k_end;
+        copy_async(&tile[lane][row], matrix + (inside ? row * ld + k : 0), inside);
     }
 }
 
@@ -117,20 +100,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
     const scalar_t* b = B + (long long)matrix * s.batch_b + (long long)n0 * s.ldb;
     const int lane = threadIdx.x % TILE_K, first_row = threadIdx.x / TILE_K;
     const int rows_a = s.M - m0, rows_b = s.N - n0;
-    const bool interior = rows_a >= TILE_M && rows_b >= TILE_N;
-    // This thread's first row of A and of B, their rows ROWS_PER_PASS apart, and how many rows are left.
-    const scalar_t* a_rows = a + first_row * s.lda;
-    const scalar_t* b_rows = b + first_row * s.ldb;
-    const int a_pass = ROWS_PER_PASS * s.lda, b_pass = ROWS_PER_PASS * s.ldb;
-    const int a_left = rows_a - first_row, b_left = rows_b - first_row;
     const int tm = threadIdx.x / THREADS_N, tn = threadIdx.x % THREADS_N;
-
-    // Copies of the step whose reduction indices start at k0 into the tiles given.
-    const auto copy_tiles = [&](scalar_t (*a_shared)[LDA], scalar_t (*b_shared)[LDB], int k0) {
-        const bool whole = interior && k0 + TILE_K <= k_end;
-        copy_step<A_LOADS>(a_shared, a_rows, a_pass, a_left, lane, first_row, k0 + lane, k_end, whole);
-        copy_step<B_LOADS>(b_shared, b_rows, b_pass, b_left, lane, first_row, k0 + lane, k_end, whole);
-    };
 
     scalar_t accumulator[THREAD_M][THREAD_N] = {};
     const int steps = k_end > k_begin ? (k_end - k_begin + TILE_K - 1) / TILE_K : 0;
@@ -139,14 +109,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
     // or not, so that "all but the newest STAGES - 2 groups have landed" always means "this step's".
 #pragma unroll
     for (int stage = 0; stage < STAGES - 1; ++stage) {
-        if (stage < steps) copy_tiles(a_tile[stage], b_tile[stage], k_begin + stage * TILE_K);
+        if (stage < steps) {
+            const int k = k_begin + stage * TILE_K + lane;
+            copy_step<A_LOADS>(a_tile[stage], a, s.lda, rows_a, first_row, lane, k, k_end);
+            copy_step<B_LOADS>(b_tile[stage], b, s.ldb, rows_b, first_row, lane, k, k_end);
+        }
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int step = 0; step < steps; ++step) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         __syncthreads();  // step's tiles have landed for every thread; step - 1's buffer is free
         const int next = step + STAGES - 1;
-        if (next < steps) copy_tiles(a_tile[next % STAGES], b_tile[next % STAGES], k_begin + next * TILE_K);
+        if (next < steps) {
+            const int k = k_begin + next * TILE_K + lane;
+            copy_step<A_LOADS>(a_tile[next % STAGES], a, s.lda, rows_a, first_row, lane, k, k_end);
+            copy_step<B_LOADS>(b_tile[next % STAGES], b, s.ldb, rows_b, first_row, lane, k, k_end);
+        }
         asm volatile("cp.async.commit_group;\n" ::);
         const int buffer = step % STAGES;
 #pragma unroll

@@ -283,20 +283,20 @@ class Winograd(ConvAlgorithm):
         return Tiling(N, problem.P, problem.Q, self.m, self.r)
 
     def weight_gradient_splits(self, problem: ConvProblem) -> int:
-        """How many partial products backward-filter's GEMMs write with blas.gemm_batched_split_k; 0 where
-        one cuBLAS call over the whole reduction does better.
+        """How many partial products backward-filter's GEMMs write (blas.gemm_batched_split_k), 1 meaning one
+        cuBLAS call over the whole reduction.
 
-        Its α²·G products make ``ctas`` CTAs of split_k_gemm.cu per split. 0 when they fill every SM twice
-        over (cuBLAS's larger tiles are faster there). Otherwise at least two CTAs per SM, as many splits (up
-        to MAX_SPLITS) as make the fewest waves per split: the kernel is issue-bound, so an SM given one CTA
-        more than the others sets the time (72 CTAs in 4 splits, 288 on 132 SMs, take 3 waves of a quarter
+        Its α²·G products make ``ctas`` CTAs of split_k_gemm.cu per split. 1 when they fill every SM twice
+        over (cuBLAS is faster there). Otherwise at least two CTAs per SM, as many splits (up to MAX_SPLITS)
+        as make the fewest waves per split: the kernel is issue-bound, so an SM given one CTA more than
+        the others sets the time (72 CTAs in 4 splits, 288 on 132 SMs, take 3 waves of a quarter
         each; in 7, 4 waves of a seventh). The chunked variant keeps its partial products within
-        SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (down to one split).
+        SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (1 if one split would not fit).
         """
         positions, Kg, Cg = (self.m + self.r - 1) ** 2, problem.K // problem.groups, problem.C // problem.groups
         ctas = positions * problem.groups * blas.split_k_tiles(Kg, Cg, problem.dtype)
         if ctas >= 2 * SPLIT_K_SMS:
-            return 0
+            return 1
         fewest = min(MAX_SPLITS, -(-2 * SPLIT_K_SMS // ctas))
         splits = min(range(fewest, MAX_SPLITS + 1), key=lambda s: (-(-ctas * s // SPLIT_K_SMS) / s, s))
         if self.chunked:
@@ -310,7 +310,7 @@ class Winograd(ConvAlgorithm):
         tiles = self.tiling(problem, direction, images).count
         filters = positions * problem.K * (problem.C // problem.groups)
         if direction == "backward_filter":
-            filters *= max(1, self.weight_gradient_splits(problem))
+            filters *= self.weight_gradient_splits(problem)
         return filters, positions * (problem.C + problem.K) * tiles
 
     def images_per_chunk(self, problem: ConvProblem, direction: str) -> int:
@@ -374,11 +374,10 @@ class Winograd(ConvAlgorithm):
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
         rows = (problem.K, problem.C, problem.K)
-        wanted = self.weight_gradient_splits(problem)
-        splits = max(1, wanted)
-        # cuBLAS where the products alone fill the GPU, and for TF32 (its tensor cores; over the whole
-        # reduction, into the first partial product).
-        split_k = wanted > 0 and not (backend.allow_tf32() and problem.dtype == np.float32)
+        splits = self.weight_gradient_splits(problem)
+        # cuBLAS where the products alone fill the GPU (one split), and for TF32 (its tensor cores; over the
+        # whole reduction, into the first partial product).
+        split_k = splits > 1 and not (backend.allow_tf32() and problem.dtype == np.float32)
         for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
                                                                                  "backward_filter", rows, splits):
             input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
