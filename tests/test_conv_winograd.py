@@ -162,6 +162,48 @@ def test_filter_gradient_transform_writes_or_adds(xp, rng, m, r, accumulate):
         float32_close(xp, out, expected, "kernel against twin")
 
 
+@pytest.mark.parametrize("m, r", SIZES)
+def test_filter_gradient_transform_sums_the_first_splits_partial_products(xp, rng, m, r):
+    alpha, G = m + r - 1, TRANSFORMS[m, r]["filter"]
+    partials = rng.standard_normal((4, alpha * alpha, 5, 3)).astype(np.float32)
+    partials[3] = np.nan  # a fourth partial product the transform is not asked to read
+    out = xp.asarray(np.zeros((5, 3, r, r), np.float32))
+    winograd.filter_gradient_transform(xp.asarray(partials.reshape(-1, 5, 3)), out, m, False, splits=3)
+    blocks = partials[:3].astype(np.float64).sum(axis=0).reshape(alpha, alpha, 5, 3)
+    want = np.stack([np.stack([G.T @ blocks[:, :, k, c] @ G for c in range(3)]) for k in range(5)])
+    float32_close(xp, out, want, "sum of three partial products")
+
+
+def problem_of(N, C, H, K, r, groups, dtype=np.float32):
+    return ConvProblem(N, C, H, H, K, r, r, (1, 1), (r // 2, r // 2), (1, 1), groups, np.dtype(dtype), "cuda")
+
+
+@pytest.mark.parametrize("shape, whole_batch, chunked", [
+    # CaffeNet conv2: 128 products of one 128 × 48 tile: 3 splits (the fewest with two CTAs per SM; 3-8 all
+    # cost one wave per split); chunked, one split's 3.1 MiB of partial products already exceeds its 3.75 MiB
+    # share of the workspace with a second, so one split
+    ((128, 96, 27, 256, 5, 2), 3, 1),
+    # ResNet's 64-channel 3x3 layer: 72 CTAs a split; 7 splits make 4 waves of a seventh each, the fewest
+    # per split; chunked, 0.56 MiB a split, 6 fit
+    ((64, 64, 56, 64, 3, 1), 7, 6),
+    ((64, 128, 28, 128, 3, 1), 6, 1),   # 108 CTAs a split: 6 splits, 5 waves of a sixth
+    ((64, 256, 14, 256, 3, 1), 1, 1),   # 432 CTAs fill 132 SMs three times over: one cuBLAS call
+    ((64, 512, 7, 512, 3, 1), 1, 1),
+])
+def test_weight_gradient_split_count(shape, whole_batch, chunked):
+    """Winograd's backward-filter splits its GEMMs' reduction where the products alone leave SMs idle
+    (benchmarks/results/2026-12-01-h200-split-k-gemm.md measured each count)."""
+    N, C, H, K, r, groups = shape
+    problem = problem_of(N, C, H, K, r, groups)
+    assert winograd.Winograd(4, r).weight_gradient_splits(problem) == whole_batch
+    assert winograd.Winograd(4, r, chunked=True).weight_gradient_splits(problem) == chunked
+    # the partial products are part of backward-filter's workspace, not of the other directions'
+    whole = winograd.Winograd(4, r)
+    filters = (4 + r - 1) ** 2 * K * (C // groups) * 4
+    assert (whole.workspace_bytes(problem, "backward_filter") - whole.workspace_bytes(problem, "forward")
+            == (whole_batch - 1) * filters)
+
+
 # ----------------------------------------------------------------------------------------------
 # float32 error against float64 on model shapes (the bounds the module docstring documents)
 # ----------------------------------------------------------------------------------------------
