@@ -267,6 +267,14 @@ class CapturedMinidnnEngine(MinidnnEngine):
     def step(self) -> None:
         (self.replay or self.train_step)(self.x, self.y)  # eager until captured
 
+    def memory(self) -> dict[str, int]:
+        """The default pool's peak and reserve (parameters, optimizer state, the static batch) plus the
+        graph's private pool, which holds every array of the step for the graph's lifetime."""
+        stats = super().memory()
+        graph = self.replay.memory_bytes if self.replay is not None else 0
+        return {"peak_bytes": stats["peak_bytes"] + graph, "reserved_bytes": stats["reserved_bytes"] + graph,
+                "graph_pool_bytes": graph}
+
 
 class TorchEngine(Engine):
     """The same model in PyTorch with cuDNN (``cudnn.benchmark`` on): the reference."""

@@ -93,6 +93,19 @@ def test_a_new_shape_is_a_clear_error_and_an_uncapturable_step_runs_eagerly():
     assert np.isfinite(eager(x, y).item())
 
 
+@pytest.mark.gpu
+def test_the_graphs_private_pool_is_reported_and_the_default_pool_does_not_grow():
+    x = minidnn.tensor(np.ones((64, 1024), np.float32), device="cuda")
+    activations = 3 * x.data.nbytes  # three new (64, 1024) float32 arrays a step: x·2, +1, relu
+    captured = graphs.capture(lambda t: ((t * 2.0) + 1.0).relu(), x, warmup=1)
+    before = minidnn.cuda.memory_allocated()
+    captured(x)
+    minidnn.cuda.synchronize()
+    assert minidnn.cuda.memory_allocated() == before  # a replay allocates nothing in the default pool
+    assert captured.memory_bytes >= activations - x.data.nbytes  # at least the intermediates (the output too)
+    assert graphs.EagerStep(lambda t: t, "test", None).memory_bytes == 0
+
+
 def test_capture_needs_the_gpu():
     if backend.cuda_is_available():
         with pytest.raises(ValueError, match="example batch must be on the GPU"):

@@ -73,6 +73,9 @@ class EagerStep:
     def __init__(self, step_fn: Callable[..., Any], reason: str, warmup_outputs: Any) -> None:
         self.step_fn, self.reason, self.warmup_outputs = step_fn, reason, warmup_outputs
 
+    # An eager step's arrays come from the default pool, which minidnn.cuda.memory_stats counts.
+    memory_bytes = 0
+
     def __call__(self, *batch: Tensor) -> Any:
         return self.step_fn(*batch)
 
@@ -84,6 +87,13 @@ class CapturedStep:
                  draws: int, warmup_outputs: Any) -> None:
         self.graph, self.inputs, self.outputs, self.pool = graph, inputs, outputs, pool
         self.start, self.draws, self.warmup_outputs = start, draws, warmup_outputs
+
+    @property
+    def memory_bytes(self) -> int:
+        """GPU bytes the graph's private pool holds: every array the step allocates (activations, gradients,
+        workspaces), reserved for as long as this object lives. :func:`minidnn.cuda.memory_stats` tracks the
+        default pool only, so a replay's peak is its peak plus this."""
+        return int(self.pool.total_bytes())
 
     def __call__(self, *batch: Tensor) -> Any:
         batch = _batch(batch)
