@@ -40,11 +40,15 @@ def relative(got, want):
 
 
 # ---- the GEMM alone: conv2's 128 products of 128 × 48, over the tiles of n images, for each kernel build ----
-BUILDS = {f"{stages} stages, {ctas} CTAs/SM": (("STAGES", stages), ("CTAS_PER_SM", ctas))
-          for stages, ctas in ((3, 4), (2, 5), (3, 5), (4, 5))}  # the first is split_k_gemm.cu's default
+BUILDS = {  # the first is split_k_gemm.cu's default
+    "3 stages, 4 CTAs/SM": (),
+    "3 stages, 3 CTAs/SM, k unrolled": (("CTAS_PER_SM", 3), ("K_UNROLL", 4)),
+    "2 stages, 4 CTAs/SM": (("STAGES", 2),),
+    "2 stages, 3 CTAs/SM, k unrolled": (("STAGES", 2), ("CTAS_PER_SM", 3), ("K_UNROLL", 4)),
+}
 gemm_rows = []
 products, Kg, Cg, tiles_per_image = 128, 128, 48, 49
-for images in (8, 13, 32, 128):
+for images in (8, 12, 13, 32, 128):  # 13 images' 637 tiles: rows not 16-byte aligned, one value per copy
     T = images * tiles_per_image
     E = cp.random.standard_normal((products, Kg, T), dtype=cp.float32)
     V = cp.random.standard_normal((products, Cg, T), dtype=cp.float32)
@@ -60,7 +64,7 @@ for images in (8, 13, 32, 128):
         for splits in (1, 2, 4, 6, 8):
             P = cp.full((splits, products, Kg, Cg), cp.nan, cp.float32)
             ms = gpu_ms(lambda: blas.gemm_batched_split_k(E, V.transpose(0, 2, 1), P))
-            row = dict(images=images, reduction=T, engine=variant, splits=splits, ms=round(ms, 4),
+            row = dict(images=images, reduction=T, engine=variant, aligned=T % 4 == 0, splits=splits, ms=round(ms, 4),
                        tflops=round(flops / ms / 1e9, 1), error=relative(P.sum(axis=0), exact))
             gemm_rows.append(row), print(row, flush=True)
     del E, V, M, P, exact

@@ -108,6 +108,7 @@ def reduction_contiguous(xp, rng, batch, rows, reduction, columns, dtype):
     (7, 97, 300, 7),    # several column tiles, ranges of 48
     (129, 5, 33, 5),    # 33 in ranges of 16: the last two splits get nothing and must be written as zeros
     (64, 48, 16, 1),    # one exact tile, one step
+    (131, 50, 64, 3),   # rows 64 values long: the 16-byte copies (split_k_gemm_aligned), tiles past both edges
 ])
 def test_split_k_partials_sum_to_the_float64_product(xp, rng, dtype, rows, columns, reduction, splits):
     a, b = reduction_contiguous(xp, rng, 3, rows, reduction, columns, dtype)

@@ -188,7 +188,12 @@ def gemm_batched_split_k(a: Any, b: Any, out: Any, *, beta: float = 0.0) -> Any:
     grid = (-(-N // SPLIT_K_TILE_N), -(-M // tile_m), a.shape[0] * splits)
     if grid[2] > 65535:
         raise ValueError(f"gemm_batched_split_k: {a.shape[0]} matrices × {splits} splits exceed the grid's 65535")
-    kernel = _cuda.function("split_k_gemm.cu", "split_k_gemm", a.dtype, SPLIT_K_BUILD)
+    # 16-byte copies where every row and matrix starts 16-byte aligned, else one value per copy.
+    vector = 16 // a.itemsize
+    aligned = all(value % vector == 0 for value in (lda, ldb, *batch_strides)) and \
+        a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
+    name = "split_k_gemm_aligned" if aligned else "split_k_gemm"
+    kernel = _cuda.function("split_k_gemm.cu", name, a.dtype, SPLIT_K_BUILD)
     _cuda.launch_blocks(kernel, grid, SPLIT_K_THREADS, (a, b, out, shape))
     return out
 
