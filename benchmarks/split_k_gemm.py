@@ -100,14 +100,14 @@ for name, N, C, K, H, r, pad, G in LAYERS:
     for algo, limit in ((stem + "_chunked", 64 << 20), (stem, 1 << 40)):
         for splits in ("policy", 1, 2, 3, 4, 6, 7, 8):
             winograd.Winograd.weight_gradient_splits = POLICY if splits == "policy" else lambda self, p, s=splits: s
-            for clear in registry.cache_clearers:  # plans hold workspace sizes computed with the previous split count
+            for clear in registry.cache_clearers:  # plans hold workspace sizes of the previous split count
                 clear()
             problem = ConvProblem(N, C, H, H, K, r, r, (1, 1), (pad, pad), (1, 1), G, np.dtype(np.float32), "cuda")
             chosen = winograd.Winograd(4, r, chunked=algo.endswith("chunked")).weight_gradient_splits(problem)
             try:
                 got = wgrad(algo, limit)
-                row = dict(base, algo=algo, splits=splits, chosen=chosen, ms=round(gpu_ms(lambda: wgrad(algo, limit)), 4),
-                           error=relative(got, want))
+                ms = gpu_ms(lambda: wgrad(algo, limit))
+                row = dict(base, algo=algo, splits=splits, chosen=chosen, ms=round(ms, 4), error=relative(got, want))
             except Exception as error:  # noqa: BLE001 - record and go on
                 row = dict(base, algo=algo, splits=splits, ms=None, error=repr(error)[:120])
             layer_rows.append(row), print(row, flush=True)
@@ -124,5 +124,4 @@ for name, N, C, K, H, r, pad, G in LAYERS:
     cp.get_default_memory_pool().free_all_blocks(), torch.cuda.empty_cache()
 
 with open(os.path.join(OUT, "split-k-gemm.json"), "w") as file:
-    json.dump({"gemm": gemm_rows, "layers": layer_rows},
-              file, indent=1)
+    json.dump({"gemm": gemm_rows, "layers": layer_rows}, file, indent=1)

@@ -16,7 +16,10 @@ filter rotated 180° and C↔K swapped (U's transposed view), padding r − 1 �
 F(r×r, m×m): with the transposed transforms, dW = Gᵀ[Σ_tiles (A e Aᵀ) ⊙ (Bᵀ d B)]G over the output-gradient tiles
 e, the sum over tiles being again α²·G GEMMs. All three directions need the same workspace:
 α²·(K·C/G + (C + K)·tiles) values (U, V and M), with tiles counted on the grid the output transform writes
-(dx's H×W for backward-data, P×Q otherwise).
+(dx's H×W for backward-data, P×Q otherwise). Backward-filter's products are small (K/G × C/G) with long sums,
+too few to fill the GPU on some layers: there their reduction is split into S ranges (blas.gemm_batched_split_k,
+our own kernel), each writing its own partial product, which the filter-gradient transform adds up; its first
+term is then S·α²·K·C/G (weight_gradient_splits picks S).
 
 That workspace grows with the batch (221 MiB for ResNet-18's 56² layers at batch 64, F(4×4)), so under the
 default 64 MiB limit the whole-batch algorithms rarely fit. The ``_chunked`` variants take the batch a chunk
@@ -291,7 +294,7 @@ class Winograd(ConvAlgorithm):
         as make the fewest waves per split: the kernel is issue-bound, so an SM given one CTA more than
         the others sets the time (72 CTAs in 4 splits, 288 on 132 SMs, take 3 waves of a quarter
         each; in 7, 4 waves of a seventh). The chunked variant keeps its partial products within
-        SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (1 if one split would not fit).
+        SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (1 if two would not fit).
         """
         positions, Kg, Cg = (self.m + self.r - 1) ** 2, problem.K // problem.groups, problem.C // problem.groups
         ctas = positions * problem.groups * blas.split_k_tiles(Kg, Cg, problem.dtype)
