@@ -143,6 +143,20 @@ __device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __res
     }
 }
 
+// A tile transform's thread i as (channel, image, tile row, tile column): threads run over the tiles of
+// one channel after another, tiles numbered (n, row, column), column fastest. `plane` is the channel's
+// image plane's offset in an (N, channels, height, width) tensor.
+struct TileOf {
+    int row, column, plane;
+};
+
+__device__ __forceinline__ TileOf tile_of(int i, int tiles, const TileShape& shape) {
+    const int tile = i % tiles, channel = i / tiles;
+    const int column = tile % shape.tiles_w, rest = tile / shape.tiles_w;
+    const int row = rest % shape.tiles_h, n = rest / shape.tiles_h;
+    return {row, column, (n * shape.channels + channel) * shape.height * shape.width};
+}
+
 // V[ξν][c][tile] = (Bᵀ · d · B)[ξ][ν] for the α×α input patch d of each tile (zero outside the
 // image: the padding). Patches of neighbouring tiles overlap by r − 1. One thread per (c, tile).
 template <class T>
@@ -150,11 +164,9 @@ __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __rest
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int tile = i % tiles, c = i / tiles;
-        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
-        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
-        const int top = tile_h * T::m + shape.origin_h, left = tile_w * T::m + shape.origin_w;
-        const scalar_t* plane = x + (n * shape.channels + c) * shape.height * shape.width;
+        const TileOf t = tile_of(i, tiles, shape);
+        const int top = t.row * T::m + shape.origin_h, left = t.column * T::m + shape.origin_w;
+        const scalar_t* plane = x + t.plane;
         scalar_t d[T::alpha][T::alpha];
 #pragma unroll
         for (int a = 0; a < T::alpha; ++a) {
@@ -180,21 +192,19 @@ __device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __res
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int tile = i % tiles, k = i / tiles;
-        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
-        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
+        const TileOf t = tile_of(i, tiles, shape);
         scalar_t product[T::alpha][T::alpha];
 #pragma unroll
         for (int e = 0; e < T::alpha * T::alpha; ++e) product[e / T::alpha][e % T::alpha] = M[e * total + i];
         scalar_t out[T::m][T::m];
         sandwich<typename T::Output>(product, out);
-        scalar_t* plane = y + (n * shape.channels + k) * shape.height * shape.width;
+        scalar_t* plane = y + t.plane;
 #pragma unroll
         for (int a = 0; a < T::m; ++a) {
-            const int h = tile_h * T::m + a;
+            const int h = t.row * T::m + a;
 #pragma unroll
             for (int b = 0; b < T::m; ++b) {
-                const int w = tile_w * T::m + b;
+                const int w = t.column * T::m + b;
                 if (h < shape.height && w < shape.width) plane[h * shape.width + w] = out[a][b];
             }
         }
@@ -208,17 +218,15 @@ __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        const int tile = i % tiles, k = i / tiles;
-        const int tile_w = tile % shape.tiles_w, rest = tile / shape.tiles_w;
-        const int tile_h = rest % shape.tiles_h, n = rest / shape.tiles_h;
-        const scalar_t* plane = dy + (n * shape.channels + k) * shape.height * shape.width;
+        const TileOf t = tile_of(i, tiles, shape);
+        const scalar_t* plane = dy + t.plane;
         scalar_t e[T::m][T::m];
 #pragma unroll
         for (int a = 0; a < T::m; ++a) {
-            const int h = tile_h * T::m + a;
+            const int h = t.row * T::m + a;
 #pragma unroll
             for (int b = 0; b < T::m; ++b) {
-                const int w = tile_w * T::m + b;
+                const int w = t.column * T::m + b;
                 e[a][b] = h < shape.height && w < shape.width ? plane[h * shape.width + w] : scalar_t(0);
             }
         }
