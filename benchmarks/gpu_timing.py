@@ -10,17 +10,8 @@ def gpu_ms(call: Callable[[], Any], repeats: int = 7, hold: float = 5) -> float:
     """Median GPU milliseconds of ``call()`` over ``repeats`` samples after two warm-ups, each sample queued behind
     a kernel that holds the stream for ``hold`` ms (minidnn/primitives/hold.cu), so that the gaps in which the GPU
     waits for Python to launch the next kernel do not count; ``hold`` must outlast the host's queuing of the call."""
-    import cupy  # noqa: PLC0415 - GPU only
-
     from minidnn.primitives import _cuda  # noqa: PLC0415 - GPU only
 
-    times = []
-    for _ in range(repeats + 2):
-        _cuda.hold_stream(hold)
-        begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-        begin.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(begin, end))
+    # One sample each, behind the fixed hold (a hold that ended early is not retried: max = hold).
+    times = [_cuda.queued_milliseconds(call, hold, hold) for _ in range(repeats + 2)]
     return float(np.median(times[2:]))

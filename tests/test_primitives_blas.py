@@ -164,3 +164,10 @@ def test_split_length_rounds_to_whole_kernel_steps():
     assert blas.split_length(5, 1) == 16
     with pytest.raises(ValueError, match="splits must be at least 1"):
         blas.split_length(10, 0)
+
+
+def test_split_k_tile_grid():
+    assert blas.split_k_tile_grid(128, 48, np.float32) == (1, 1)  # CaffeNet conv2's products: one tile each
+    assert blas.split_k_tile_grid(131, 50, np.float32) == (2, 2)
+    assert blas.split_k_tile_grid(131, 50, np.float64) == (2, 3)  # 64-row tiles for double
+    assert blas.split_k_tiles(64, 64, np.float32) == 2

@@ -125,16 +125,23 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
 
 # split_k_gemm.cu's tile: TILE_M rows (128 for float, 64 for double) × 48 columns, 128 threads; every
 # split is a whole number of its reduction steps (16 floats, 8 doubles).
+SPLIT_K_TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
 SPLIT_K_TILE_N = 48
 SPLIT_K_THREADS = 128
 SPLIT_K_STEP = 16
 SPLIT_K_BUILD: tuple = ()  # split_k_gemm.cu's build defines: its defaults (benchmarks/split_k_gemm.py tries others)
 
 
+def split_k_tile_grid(M: int, N: int, dtype: Any) -> tuple[int, int]:
+    """(column tiles, row tiles) split_k_gemm.cu covers one M × N product with, per split: 128 × 48 tiles
+    (64 × 48 for double)."""
+    return -(-N // SPLIT_K_TILE_N), -(-M // SPLIT_K_TILE_M[np.dtype(dtype)])
+
+
 def split_k_tiles(M: int, N: int, dtype: Any) -> int:
-    """CTAs split_k_gemm.cu gives one M × N product per split: its 128 × 48 (64 × 48 for double) tiles."""
-    tile_m = 128 if np.dtype(dtype) == np.float32 else 64
-    return -(-M // tile_m) * -(-N // SPLIT_K_TILE_N)
+    """CTAs split_k_gemm.cu gives one M × N product per split."""
+    columns, rows = split_k_tile_grid(M, N, dtype)
+    return columns * rows
 
 
 def split_length(reduction: int, splits: int) -> int:
@@ -182,10 +189,9 @@ def gemm_batched_split_k(a: Any, b: Any, out: Any, *, beta: float = 0.0) -> Any:
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(a, b, out)
-    batch_strides = [array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b)]
-    shape = np.array([(M, N, L, lda, ldb, *batch_strides, a.shape[0], per, int(beta))], dtype=_SPLIT_K_SHAPE)[0]
-    tile_m = 128 if a.dtype == np.float32 else 64
-    grid = (-(-N // SPLIT_K_TILE_N), -(-M // tile_m), a.shape[0] * splits)
+    batch_strides = tuple(array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b))
+    shape = _split_k_shape(M, N, L, lda, ldb, *batch_strides, a.shape[0], per, int(beta))
+    grid = (*split_k_tile_grid(M, N, a.dtype), a.shape[0] * splits)
     if grid[2] > 65535:
         raise ValueError(f"gemm_batched_split_k: {a.shape[0]} matrices × {splits} splits exceed the grid's 65535")
     # 16-byte copies where every row and matrix starts 16-byte aligned, else one value per copy.
@@ -201,6 +207,11 @@ def gemm_batched_split_k(a: Any, b: Any, out: Any, *, beta: float = 0.0) -> Any:
 # The C struct SplitKShape of split_k_gemm.cu: ten ints, in this order.
 _SPLIT_K_SHAPE = np.dtype([(name, np.int32) for name in ("M", "N", "L", "lda", "ldb", "batch_a", "batch_b", "batch",
                                                           "per_split", "accumulate")])
+
+
+@functools.lru_cache(maxsize=1024)  # a training step repeats the same few shapes: build each struct once
+def _split_k_shape(*fields: int) -> np.void:
+    return np.array([fields], dtype=_SPLIT_K_SHAPE)[0]
 
 
 def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:

@@ -162,8 +162,15 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
 
 
 def _time(call: Any, xp: Any, repeats: int) -> list[float]:
-    """Milliseconds of ``repeats`` calls after one warm-up: the GPU's time (see :func:`_gpu_milliseconds`),
-    or a host clock on the CPU."""
+    """Milliseconds of ``repeats`` calls after one warm-up: the GPU's time alone on the GPU (each call
+    queued behind a hold, :func:`minidnn.primitives._cuda.queued_milliseconds`), a host clock on the CPU.
+
+    Without the hold, events would also count the gaps in which the GPU waits for the host to launch
+    the next kernel (from Python, 6 µs for a bare launch, 24 µs for a cuBLAS call on the H200's host):
+    find would then prefer algorithms of few launches to faster ones, although those gaps vanish where
+    the host runs ahead of the GPU (a captured step, the larger models' eager steps). Timing the GPU
+    alone is what cuDNN's find measures.
+    """
     call()
     times = []
     for _ in range(repeats):
@@ -172,40 +179,14 @@ def _time(call: Any, xp: Any, repeats: int) -> list[float]:
             call()
             times.append(1000 * (time.perf_counter() - start))
         else:
-            times.append(_gpu_milliseconds(call, xp))
+            from .. import _cuda  # noqa: PLC0415 - GPU only
+
+            times.append(_cuda.queued_milliseconds(call, HOLD_MS, MAX_HOLD_MS))
     return times
 
 
-# The hold in front of a timed call, and the longest one tried (a call that waits for the GPU itself
-# can never be queued ahead; it is then timed as it runs).
+# The hold in front of a timed call, and the longest one tried.
 HOLD_MS, MAX_HOLD_MS = 1.0, 64.0
-
-
-def _gpu_milliseconds(call: Any, cupy: Any) -> float:
-    """The GPU time of one call: CUDA events around it, the whole call queued behind a hold of the stream
-    (primitives/hold.cu) so that its kernels run back to back.
-
-    Without the hold, events would also count the gaps in which the GPU waits for the host to launch
-    the next kernel (from Python, 6 µs for a bare launch, 24 µs for a cuBLAS call on the H200's host):
-    find would then prefer algorithms of few launches to faster ones, although those gaps vanish where
-    the host runs ahead of the GPU (a captured step, the larger models' eager steps). Timing the GPU
-    alone is what cuDNN's find measures. When the hold has ended before the host finished queuing the
-    call, the sample is taken again behind a hold four times as long.
-    """
-    from .. import _cuda  # noqa: PLC0415 - GPU only
-
-    hold = HOLD_MS
-    while True:
-        begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-        _cuda.hold_stream(hold)
-        begin.record()
-        call()
-        end.record()
-        queued_in_time = not begin.done
-        end.synchronize()
-        if queued_in_time or hold >= MAX_HOLD_MS:
-            return cupy.cuda.get_elapsed_time(begin, end)
-        hold *= 4
 
 
 def clear_cache() -> None:

@@ -381,16 +381,19 @@ class Winograd(ConvAlgorithm):
         # cuBLAS where the products alone fill the GPU (one split), and for TF32 (its tensor cores; over the
         # whole reduction, into the first partial product).
         split_k = splits > 1 and not (backend.allow_tf32() and problem.dtype == np.float32)
+        partials = None  # M as (splits, α²·G, K/G, C/G): the same memory in every chunk, viewed once
         for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
                                                                                  "backward_filter", rows, splits):
             input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
             gradient_transform(images(dy, first, stop), E, tiling)
+            if partials is None:
+                partials = Mg.reshape(splits, -1, *Mg.shape[1:])
             # The chunks' products add up in M (beta = 1 after the first), transformed back once.
             beta = 0.0 if first == 0 else 1.0
             if split_k:
-                blas.gemm_batched_split_k(Eg, Vg.transpose(0, 2, 1), Mg.reshape(splits, -1, *Mg.shape[1:]), beta=beta)
+                blas.gemm_batched_split_k(Eg, Vg.transpose(0, 2, 1), partials, beta=beta)
             else:
-                blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), Mg[:Eg.shape[0]], beta=beta)
+                blas.gemm_batched(Eg, Vg.transpose(0, 2, 1), partials[0], beta=beta)
         filter_gradient_transform(M, out, self.m, accumulate, splits if split_k else 1)
 
 
