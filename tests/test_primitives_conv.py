@@ -316,12 +316,14 @@ def test_get_follows_the_shape_rules_and_the_limit():
     # ResNet-18's 56² layer at batch 64: whole-batch F(4x4) needs 221 MiB; in chunks it fits 64 MiB.
     large = problem_of((64, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1), np.float32)
     assert selection.get(large, "forward", 64 << 20).name == "winograd_4x4_chunked"
-    # CaffeNet's conv2 at batch 128: F(4x4, 5x5) on the GPU, whole or in chunks; im2col + BLAS on the CPU, where
-    # both Winograd and FFT are slower.
+    # CaffeNet's conv2 at batch 128: F(4x4, 5x5) on the GPU, whole or in chunks, and F(7x7, 5x5) for its weight
+    # gradient; im2col + BLAS on the CPU, where both Winograd and FFT are slower.
     five = problem_of((128, 96, 27, 27, 256, 5, 5, 1, 2, 1, 2), np.float32)
     gpu_five = dataclasses.replace(five, device="cuda")
-    assert selection.get(gpu_five, "backward_filter", 1 << 30).name == "winograd_4x4_5x5"
-    assert selection.get(gpu_five, "backward_filter", 64 << 20).name == "winograd_4x4_5x5_chunked"
+    assert selection.get(gpu_five, "forward", 1 << 30).name == "winograd_4x4_5x5"
+    assert selection.get(gpu_five, "backward_data", 64 << 20).name == "winograd_4x4_5x5_chunked"
+    assert selection.get(gpu_five, "backward_filter", 1 << 30).name == "winograd_7x7_5x5"
+    assert selection.get(gpu_five, "backward_filter", 64 << 20).name == "winograd_7x7_5x5_chunked"
     assert selection.get(five, "backward_filter", 1 << 30).name == "gemm"
     seven = problem_of((8, 32, 64, 64, 32, 7, 7, 1, 3, 1, 1), np.float32)  # from 7x7 FFT beats im2col on the CPU too
     assert selection.get(seven, "forward", 1 << 30).name == "fft"

@@ -67,7 +67,12 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
                   else ["winograd_2x2"])
     if stride_1 and (problem.R, problem.S) == (5, 5) and problem.device == "cuda" and min(problem.H, problem.W) >= 16:
         # F(4x4, 5x5) cuts the multiplications 6.25x (CaffeNet conv2 on the H200: 2.7x cuDNN's forward). On the
-        # CPU one large im2col matmul still beats its transforms and batched GEMMs.
+        # CPU one large im2col matmul still beats its transforms and batched GEMMs. The weight gradient goes first
+        # to F(7x7, 5x5), 38% fewer multiplications again and larger chunks (conv2 at 64 MiB: 0.48 ms against
+        # 0.72), its float32 error 1.4e-4 against 8.7e-6, and cuDNN's own there 3.6e-3
+        # (benchmarks/results/2026-12-01-h200-winograd-7x7-wgrad.md).
+        if direction == "backward_filter":
+            names += ["winograd_7x7_5x5", "winograd_7x7_5x5_chunked"]
         names += ["winograd_4x4_5x5", "winograd_4x4_5x5_chunked"]
     # FFT from 5x5 filters on the GPU; on the CPU NumPy's FFTs beat one im2col matmul only from 7x7
     # (benchmarks/results/2026-12-01-cpu-fft-vs-gemm.txt, summed over the three directions: 5x5 1.3-8.6x slower,

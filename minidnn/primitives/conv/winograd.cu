@@ -1,4 +1,5 @@
-// The five Winograd transforms of the winograd_2x2, winograd_4x4 and winograd_4x4_5x5 algorithms (see winograd.py).
+// The five Winograd transforms of the winograd_2x2, winograd_4x4 and winograd_4x4_5x5 algorithms, and the three
+// of winograd_7x7_5x5's weight gradient (see winograd.py).
 //
 // Each is a "sandwich" out = L · in · Lᵀ with a small constant matrix L (Bᵀ, G, Aᵀ and, for the
 // filter gradient, their transposes A and Gᵀ). The matrices are constexpr and the loops fully
@@ -68,6 +69,41 @@ MATRIX(OutputMatrix4x5, 4, 8, {{1, 1, 1, 1, 1, 1, 1, 0},
                                {0, 1, 1, 4, 4, 0.25, 0.25, 0},
                                {0, 1, -1, 8, -8, 0.125, -0.125, 1}})
 
+// F(7x7, 5x5), backward-filter only: points 0, ±3, ±1/3, ±3/2, ±2/3, 1 (α = 11), generated exactly by
+// winograd.cook_toom (tests/test_conv_winograd.py checks these literals against it).
+MATRIX(InputMatrix7x5, 11, 11, {
+    {-1, 1, 425.0 / 36, -425.0 / 36, -4301.0 / 162, 4301.0 / 162, 425.0 / 36, -425.0 / 36, -1, 1, 0},
+    {0, 1.0 / 3, -2.0 / 9, -433.0 / 108, 421.0 / 162, 787.0 / 81, -101.0 / 18, -209.0 / 36, 2, 1, 0},
+    {0, -1.0 / 3, 4.0 / 9, 409.0 / 108, -421.0 / 81, -1153.0 / 162, 101.0 / 9, 7.0 / 36, -4, 1, 0},
+    {0, 3, 6, -209.0 / 12, -101.0 / 6, 787.0 / 27, 421.0 / 54, -433.0 / 36, -2.0 / 3, 1, 0},
+    {0, -3, 12, -7.0 / 12, -101.0 / 3, 1153.0 / 54, 421.0 / 27, -409.0 / 36, -4.0 / 3, 1, 0},
+    {0, 2.0 / 3, -2.0 / 9, -433.0 / 54, 409.0 / 162, 1570.0 / 81, -43.0 / 9, -199.0 / 18, 1.0 / 2, 1, 0},
+    {0, -2.0 / 3, 10.0 / 9, 385.0 / 54, -2045.0 / 162, -752.0 / 81, 215.0 / 9, -145.0 / 18, -5.0 / 2, 1, 0},
+    {0, 3.0 / 2, 3.0 / 4, -199.0 / 12, -43.0 / 6, 785.0 / 27, 409.0 / 108, -433.0 / 36, -1.0 / 3, 1, 0},
+    {0, -3.0 / 2, 15.0 / 4, 145.0 / 12, -215.0 / 6, 376.0 / 27, 2045.0 / 108, -385.0 / 36, -5.0 / 3, 1, 0},
+    {0, 1, 0, -425.0 / 36, 0, 4301.0 / 162, 0, -425.0 / 36, 0, 1, 0},
+    {0, -1, 1, 425.0 / 36, -425.0 / 36, -4301.0 / 162, 4301.0 / 162, 425.0 / 36, -425.0 / 36, -1, 1}})
+MATRIX(FilterMatrix7x5, 11, 5, {
+    {-1, 0, 0, 0, 0},
+    {1.0 / 18480, 1.0 / 6160, 3.0 / 6160, 9.0 / 6160, 27.0 / 6160},
+    {-1.0 / 36960, 1.0 / 12320, -3.0 / 12320, 9.0 / 12320, -27.0 / 12320},
+    {6561.0 / 6160, 2187.0 / 6160, 729.0 / 6160, 243.0 / 6160, 81.0 / 6160},
+    {6561.0 / 12320, -2187.0 / 12320, 729.0 / 12320, -243.0 / 12320, 81.0 / 12320},
+    {-256.0 / 15015, -128.0 / 5005, -192.0 / 5005, -288.0 / 5005, -432.0 / 5005},
+    {256.0 / 75075, -128.0 / 25025, 192.0 / 25025, -288.0 / 25025, 432.0 / 25025},
+    {-6561.0 / 10010, -2187.0 / 5005, -1458.0 / 5005, -972.0 / 5005, -648.0 / 5005},
+    {-6561.0 / 50050, 2187.0 / 25025, -1458.0 / 25025, 972.0 / 25025, -648.0 / 25025},
+    {81.0 / 400, 81.0 / 400, 81.0 / 400, 81.0 / 400, 81.0 / 400},
+    {0, 0, 0, 0, 1}})
+MATRIX(OutputMatrix7x5, 7, 11, {
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
+    {0, 3, -3, 1.0 / 3, -1.0 / 3, 3.0 / 2, -3.0 / 2, 2.0 / 3, -2.0 / 3, 1, 0},
+    {0, 9, 9, 1.0 / 9, 1.0 / 9, 9.0 / 4, 9.0 / 4, 4.0 / 9, 4.0 / 9, 1, 0},
+    {0, 27, -27, 1.0 / 27, -1.0 / 27, 27.0 / 8, -27.0 / 8, 8.0 / 27, -8.0 / 27, 1, 0},
+    {0, 81, 81, 1.0 / 81, 1.0 / 81, 81.0 / 16, 81.0 / 16, 16.0 / 81, 16.0 / 81, 1, 0},
+    {0, 243, -243, 1.0 / 243, -1.0 / 243, 243.0 / 32, -243.0 / 32, 32.0 / 243, -32.0 / 243, 1, 0},
+    {0, 729, 729, 1.0 / 729, 1.0 / 729, 729.0 / 64, 729.0 / 64, 64.0 / 729, 64.0 / 729, 1, 1}})
+
 template <class L>
 struct Transposed {
     static constexpr int rows = L::cols, cols = L::rows;
@@ -87,6 +123,7 @@ struct Tiling {
 typedef Tiling<2, 3, InputMatrix2, FilterMatrix2, OutputMatrix2> Tiling2;
 typedef Tiling<4, 3, InputMatrix4, FilterMatrix4, OutputMatrix4> Tiling4;
 typedef Tiling<4, 5, InputMatrix4x5, FilterMatrix4x5, OutputMatrix4x5> Tiling4x5;
+typedef Tiling<7, 5, InputMatrix7x5, FilterMatrix7x5, OutputMatrix7x5> Tiling7x5;
 
 // Row `row` of L times the vector v: the zero coefficients are skipped and the first term is a
 // product, not an addition to zero, so a ±1 coefficient leaves a plain copy, add or subtract.
@@ -263,21 +300,13 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernels: the five transforms for F(2x2, 3x3) (suffix _2), F(4x4, 3x3) (suffix _4) and F(4x4, 5x5) (_4_5x5)
+// Kernels: the five transforms for F(2x2, 3x3) (suffix _2), F(4x4, 3x3) (suffix _4) and F(4x4, 5x5) (_4_5x5);
+// backward-filter's three for F(7x7, 5x5) (_7_5x5)
 // ---------------------------------------------------------------------------------------------
-#define WINOGRAD_KERNELS(SUFFIX, T)                                                                              \
-    extern "C" __global__ void winograd_filter_transform##SUFFIX(const scalar_t* __restrict__ w,                 \
-                                                                 scalar_t* __restrict__ U, int filters,          \
-                                                                 int rotate) {                                   \
-        filter_transform<T>(w, U, filters, rotate);                                                              \
-    }                                                                                                            \
+#define WINOGRAD_WEIGHT_GRADIENT_KERNELS(SUFFIX, T)                                                             \
     extern "C" __global__ void winograd_input_transform##SUFFIX(const scalar_t* __restrict__ x,                  \
                                                                 scalar_t* __restrict__ V, const TileShape shape) { \
         input_transform<T>(x, V, shape);                                                                         \
-    }                                                                                                            \
-    extern "C" __global__ void winograd_output_transform##SUFFIX(const scalar_t* __restrict__ M,                 \
-                                                                 scalar_t* __restrict__ y, const TileShape shape) { \
-        output_transform<T>(M, y, shape);                                                                        \
     }                                                                                                            \
     extern "C" __global__ void winograd_gradient_transform##SUFFIX(const scalar_t* __restrict__ dy,              \
                                                                    scalar_t* __restrict__ E,                     \
@@ -291,6 +320,19 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
         filter_gradient_transform<T>(M, dw, filters, accumulate, splits);                                        \
     }
 
+#define WINOGRAD_KERNELS(SUFFIX, T)                                                                              \
+    WINOGRAD_WEIGHT_GRADIENT_KERNELS(SUFFIX, T)                                                                  \
+    extern "C" __global__ void winograd_filter_transform##SUFFIX(const scalar_t* __restrict__ w,                 \
+                                                                 scalar_t* __restrict__ U, int filters,          \
+                                                                 int rotate) {                                   \
+        filter_transform<T>(w, U, filters, rotate);                                                              \
+    }                                                                                                            \
+    extern "C" __global__ void winograd_output_transform##SUFFIX(const scalar_t* __restrict__ M,                 \
+                                                                 scalar_t* __restrict__ y, const TileShape shape) { \
+        output_transform<T>(M, y, shape);                                                                        \
+    }
+
 WINOGRAD_KERNELS(_2, Tiling2)
 WINOGRAD_KERNELS(_4, Tiling4)
 WINOGRAD_KERNELS(_4_5x5, Tiling4x5)
+WINOGRAD_WEIGHT_GRADIENT_KERNELS(_7_5x5, Tiling7x5)
