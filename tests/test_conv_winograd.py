@@ -249,6 +249,40 @@ def test_seven_by_seven_tiles_are_for_the_weight_gradient_alone_and_take_larger_
     assert large.weight_gradient_splits(conv2) == 1
 
 
+@pytest.mark.parametrize("m, r, expected", [(7, 5, False), (4, 5, None)])
+def test_seven_by_seven_products_stay_float32_under_tf32(monkeypatch, rng, m, r, expected):
+    """TF32's rounding through F(7×7, 5×5)'s transforms is a 13% error on conv2 (F(4×4, 5×5): 5.7e-3), so its
+    GEMMs ask cuBLAS for full float32 whatever the math mode; F(4×4)'s follow the switch."""
+    seen = []
+    real = winograd.blas.gemm_batched
+    monkeypatch.setattr(winograd.blas, "gemm_batched", lambda *args, **kwargs: (seen.append(kwargs.get("tf32")),
+                                                                                 real(*args, **kwargs))[1])
+    problem = ConvProblem(2, 4, 9, 9, 6, r, r, (1, 1), (2, 2), (1, 1), 2, np.dtype(np.float32), "cpu")
+    algorithm = winograd.Winograd(m, r, chunked=True)
+    monkeypatch.setattr(algorithm, "weight_gradient_splits", lambda problem: 1)  # cuBLAS's path
+    out = np.zeros(problem.w_shape, np.float32)
+    workspace = np.zeros(algorithm.workspace_bytes(problem, "backward_filter"), np.uint8)
+    algorithm.backward_filter(rng.standard_normal(problem.x_shape).astype(np.float32),
+                              rng.standard_normal(problem.y_shape).astype(np.float32), problem, out, False, workspace)
+    assert seen and set(seen) == {expected}
+
+
+@pytest.mark.gpu
+def test_seven_by_seven_weight_gradient_error_is_the_same_with_tf32_on(rng):
+    from minidnn import backend  # noqa: PLC0415
+    x = rng.standard_normal((4, 96, 27, 27)).astype(np.float32)
+    dy = rng.standard_normal((4, 256, 27, 27)).astype(np.float32)
+    args = (1, 2, 1, 2)
+    want = call("backward_filter", x.astype(np.float64), dy.astype(np.float64), (256, 48, 5, 5), args,
+                algo="reference")
+    cupy = backend.cupy()
+    for algo in ("winograd_7x7_5x5", "winograd_7x7_5x5_chunked"):
+        with backend.tf32(True):
+            got = call("backward_filter", cupy.asarray(x), cupy.asarray(dy), (256, 48, 5, 5), args, algo=algo,
+                       workspace_limit=1 << 40)
+        assert relative_error(got, want) < BOUNDS["winograd_7x7_5x5"], algo
+
+
 # ----------------------------------------------------------------------------------------------
 # float32 error against float64 on model shapes (the bounds the module docstring documents)
 # ----------------------------------------------------------------------------------------------

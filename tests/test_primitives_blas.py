@@ -76,6 +76,26 @@ def test_tf32_changes_float32_products_only_when_allowed(rng):
     assert 1e-5 < error(tf32) < 3e-3  # 10-bit mantissas: visibly coarser, still close
 
 
+@pytest.mark.gpu
+def test_gemm_batched_can_keep_float32_when_tf32_is_on_and_use_tf32_when_off(rng):
+    cupy = backend.cupy()
+    a = cupy.asarray(rng.standard_normal((3, 128, 256)).astype(np.float32))
+    b = cupy.asarray(rng.standard_normal((3, 256, 96)).astype(np.float32))
+    exact = backend.to_device(a, "cpu").astype(np.float64) @ backend.to_device(b, "cpu").astype(np.float64)
+    error = lambda got: np.linalg.norm(backend.to_device(got, "cpu") - exact) / np.linalg.norm(exact)  # noqa: E731
+    with backend.tf32(True):
+        assert error(blas.gemm_batched(a, b, tf32=False)) < 1e-6
+        assert 1e-5 < error(blas.gemm_batched(a, b)) < 3e-3
+    with backend.tf32(False):
+        assert 1e-5 < error(blas.gemm_batched(a, b, tf32=True)) < 3e-3
+        assert error(blas.gemm_batched(a, b)) < 1e-6
+
+
+def test_gemm_batched_tf32_must_be_a_bool_or_none():
+    with pytest.raises(TypeError, match="tf32 must be None, True or False"):
+        blas.gemm_batched(np.ones((1, 2, 2)), np.ones((1, 2, 2)), tf32="off")
+
+
 @pytest.mark.parametrize("a, b, out, error, match", [
     (np.ones((2, 3)), np.ones((4, 2)), None, ValueError, "do not match"),
     (np.ones((2, 3), np.float32), np.ones((3, 2)), None, TypeError, "share one dtype"),

@@ -95,12 +95,17 @@ def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0
     return out
 
 
-def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0) -> Any:
+def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+                 tf32: bool | None = None) -> Any:
     """out[g] = alpha · a[g] · b[g] + beta · out[g] for g < G: a (G, M, K), b (G, K, N), out (G, M, N).
 
     Each operand's matrices must lie at a fixed stride from one another (a stride of 0 repeats
-    one matrix for every g); each matrix may be transposed as in :func:`gemm`.
+    one matrix for every g); each matrix may be transposed as in :func:`gemm`. ``tf32=False`` keeps
+    float32 products in full float32 even when :func:`minidnn.backend.allow_tf32` is on (for callers whose
+    arithmetic magnifies TF32's rounding); None follows the switch.
     """
+    if tf32 not in (None, True, False):
+        raise TypeError(f"gemm_batched: tf32 must be None, True or False, got {tf32!r}")
     xp = backend.get_array_module(a, b, out)
     if out is None:
         if beta != 0:
@@ -119,7 +124,7 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
         raise ValueError("gemm_batched: out must hold row-major matrices, not transposed views")
     strides = [array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b, out)]
     _cublas().gemm(b_t, a_t, N, M, K, alpha, b, ldb, strides[1], a, lda, strides[0], beta, out, ldc, strides[2],
-                   out.shape[0])
+                   out.shape[0], tf32)
     return out
 
 
@@ -236,7 +241,7 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
 # cudaDataType_t and cublasComputeType_t values (cuda's library_types.h, cublas_api.h).
 _DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.complex64): 4,
                np.dtype(np.complex128): 5}
-_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
+_COMPUTE_32F, _COMPUTE_32F_PEDANTIC, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 69, 77, 70
 _GEMM_DEFAULT = -1
 _OP_N, _OP_T = 0, 1
 # The cuBLAS workspace set before graph capture: cuBLAS would otherwise allocate its own per graph.
@@ -273,14 +278,18 @@ class _Cublas:
             raise RuntimeError(f"cuBLAS {function.__name__} failed with status {status}")
 
     def gemm(self, a_t: bool, b_t: bool, m: int, n: int, k: int, alpha: float, a: Any, lda: int, stride_a: int,
-             b: Any, ldb: int, stride_b: int, beta: float, c: Any, ldc: int, stride_c: int, batch: int) -> None:
-        """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1)."""
+             b: Any, ldb: int, stride_b: int, beta: float, c: Any, ldc: int, stride_c: int, batch: int,
+             tf32: bool | None = None) -> None:
+        """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1); ``tf32`` as in
+        :func:`gemm_batched`."""
         dtype = np.dtype(c.dtype)
         data_type = _DATA_TYPES[dtype]
         if dtype in (np.float64, np.complex128):
             compute = _COMPUTE_64F
-        else:
+        elif tf32 is None or tf32 == backend.allow_tf32():
             compute = _COMPUTE_32F_FAST_TF32 if backend.allow_tf32() else _COMPUTE_32F
+        else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
+            compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
