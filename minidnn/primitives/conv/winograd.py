@@ -1,5 +1,6 @@
 """The Winograd algorithms: ``winograd_2x2`` and ``winograd_4x4`` for 3x3 stride-1 convolution (2.25x or 4x fewer
-multiplies), ``winograd_4x4_5x5`` for 5x5 (6.25x fewer), each also ``_chunked`` where 4x4.
+multiplies), ``winograd_4x4_5x5`` for 5x5 (6.25x fewer), and for the 5x5 weight gradient alone ``winograd_7x7_5x5``
+(10.1x fewer, a larger float32 error: see WEIGHT_GRADIENT_POINTS), each also ``_chunked`` where m > 2.
 
 Lavin & Gray's F(m×m, r×r): cut the output into m×m tiles, each computed from an α×α input patch
 (α = m + r − 1); in the transformed space a patch's r×r correlation is an element-wise product,
@@ -36,7 +37,9 @@ CaffeNet, ResNet-18 and ResNet-50 at batch 1, measured on the CPU twin): F(2×2)
 close to direct im2col + GEMM (≤ 3.9e-7); F(4×4) ≤ 3.7e-6, since its transforms have larger entries (Bᵀ up
 to 5, Aᵀ up to 8, G down to 1/24). tests/test_conv_winograd.py holds them to 3e-6 and 1.5e-5. F(4×4, 5×5) on
 CaffeNet's conv2: ≤ 4.2e-6 (Bᵀ up to 21/4, G down to 1/90), held to 1.5e-5; its weight gradient's error grows
-with the batch summed in one GEMM (2.7e-5 over 128 images on the H200). With TF32 GEMMs the transforms magnify
+with the batch summed in one GEMM (2.7e-5 over 128 images on the H200). F(7×7, 5×5)'s weight gradient on conv2:
+4.6e-5 at batch 1, held to 1.5e-4; 1.4e-4 at batch 128 on the H200, where cuDNN's own is 3.7e-3; its GEMMs stay
+float32 under TF32, which would make that 0.128. For the others, with TF32 GEMMs the transforms magnify
 TF32's rounding to 3.1e-3 (F(4×4)) and 5.7e-3 (F(4×4, 5×5)), against 2.9e-4 for a direct GEMM
 (benchmarks/winograd_tf32_error.py; docs/convolution.md).
 """
@@ -142,12 +145,13 @@ def _solve(equations: list[list[Fraction]], rhs: list[Fraction]) -> list[Fractio
 # F(7×7, 5×5) (α = 11), for backward-filter only: 7×7 tiles of dy with 11×11 input patches. Per image and channel
 # it transforms and multiplies 121·⌈P/7⌉·⌈Q/7⌉ values where F(4×4, 5×5) takes 64·⌈P/4⌉·⌈Q/4⌉: 1936 against 3136
 # on CaffeNet's 27² conv2, so 38% fewer multiplications and a chunk 1.6x as many images in the same workspace
-# (cuDNN's weight gradient there goes further, to 13×13 transforms). The price is float32 error: larger points
-# make larger entries (Bᵀ up to 4301/162, Aᵀ up to 3⁶). These points had the smallest weight-gradient error
-# of the 10-point sets of small fractions tried on conv2's shape (scratch search, CPU float32 against float64):
-# 5.0e-5, against 3.3e-6 for F(4×4, 5×5) and 1.0e-4 for the first set tried (0, ±1, ±2, ±1/2, ±3, 1/3).
-# Its forward and backward-data would carry the same error where F(4×4, 5×5) is already fast, so it does not
-# offer them.
+# (cuDNN's weight gradient there goes further, to 13×13 transforms, at a 3.7e-3 error). The price is float32
+# error: larger points make larger entries (Bᵀ up to 4301/162, Aᵀ up to 3⁶). These points were the best of a
+# first search by conv2's float32 weight-gradient error on the CPU: 5.0e-5 at batch 4, against 3.3e-6 for
+# F(4×4, 5×5) and 1.0e-4 for the first set tried (0, ±1, ±2, ±1/2, ±3, 1/3); benchmarks/winograd_points.py's
+# wider search found one 9% lower (results/2026-12-01-cpu-winograd-7x7-points.txt), not adopted yet. Under TF32
+# its GEMMs stay float32 (Winograd.backward_filter). Its forward and backward-data would carry the same error
+# where F(4×4, 5×5) is already fast, so it does not offer them.
 WEIGHT_GRADIENT_POINTS = [Fraction(p) for p in ("0", "3", "-3", "1/3", "-1/3", "3/2", "-3/2", "2/3", "-2/3", "1")]
 TRANSFORMS[7, 5] = cook_toom(7, 5, WEIGHT_GRADIENT_POINTS)
 WEIGHT_GRADIENT_ONLY = {(7, 5)}
