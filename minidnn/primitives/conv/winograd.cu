@@ -160,6 +160,38 @@ __device__ __forceinline__ void sandwich(const scalar_t (&in)[L::cols][L::cols],
         for (int j = 0; j < L::rows; ++j) out[i][j] = row_times<L>(j, left[i]);
 }
 
+// The same out = L · in · Lᵀ, in the same order of operations (so bitwise the same), without holding `in` or
+// L · in: row i of L · in is summed from `in`'s values read as needed, load(a, b), then multiplied by Lᵀ and
+// handed to store(i, j, value). `in` is read once per non-zero of L's column: `load` must read memory each time
+// (volatile), or the compiler keeps every value it read in registers again. For the tiles whose registers would
+// spill otherwise: F(7x7, 5x5) in double, whose 11×11 tile and L · in alone take 484 registers.
+template <class L, class Load, class Store>
+__device__ __forceinline__ void sandwich_by_rows(Load load, Store store) {
+#pragma unroll
+    for (int i = 0; i < L::rows; ++i) {
+        scalar_t row[L::cols];
+#pragma unroll
+        for (int j = 0; j < L::cols; ++j) {
+            scalar_t sum = 0;
+            bool empty = true;
+#pragma unroll
+            for (int k = 0; k < L::cols; ++k) {
+                const scalar_t coefficient = L::at(i, k);
+                if (coefficient != scalar_t(0)) {
+                    sum = empty ? coefficient * load(k, j) : fma(coefficient, load(k, j), sum);
+                    empty = false;
+                }
+            }
+            row[j] = sum;
+        }
+#pragma unroll
+        for (int j = 0; j < L::rows; ++j) store(i, j, row_times<L>(j, row));
+    }
+}
+
+template <class T>
+constexpr bool by_rows = sizeof(scalar_t) == sizeof(double) && T::alpha > 8;
+
 // ---------------------------------------------------------------------------------------------
 // The transforms, one template each, instantiated per tile size below
 // ---------------------------------------------------------------------------------------------
@@ -204,6 +236,16 @@ __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __rest
         const TileOf t = tile_of(i, tiles, shape);
         const int top = t.row * T::m + shape.origin_h, left = t.column * T::m + shape.origin_w;
         const scalar_t* plane = x + t.plane;
+        if constexpr (by_rows<T>) {
+            sandwich_by_rows<typename T::Input>(
+                [&](int a, int b) {
+                    const int h = top + a, w = left + b;
+                    const volatile scalar_t* value = plane + h * shape.width + w;
+                    return h >= 0 && h < shape.height && w >= 0 && w < shape.width ? *value : scalar_t(0);
+                },
+                [&](int xi, int nu, scalar_t value) { V[(xi * T::alpha + nu) * total + i] = value; });
+            continue;
+        }
         scalar_t d[T::alpha][T::alpha];
 #pragma unroll
         for (int a = 0; a < T::alpha; ++a) {
@@ -281,6 +323,21 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
                                           int accumulate, int splits) {
     constexpr int positions = T::alpha * T::alpha;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
+        constexpr int taps = T::r * T::r;
+        if constexpr (by_rows<T>) {
+            sandwich_by_rows<typename T::FilterGradient>(
+                [&](int a, int b) {
+                    const volatile scalar_t* partial = M + (a * T::alpha + b) * filters + i;
+                    scalar_t sum = partial[0];
+                    for (int s = 1; s < splits; ++s) sum += partial[s * positions * filters];
+                    return sum;
+                },
+                [&](int row, int column, scalar_t value) {
+                    scalar_t* tap = &dw[i * taps + row * T::r + column];
+                    *tap = accumulate ? *tap + value : value;
+                });
+            continue;
+        }
         scalar_t product[T::alpha][T::alpha];
 #pragma unroll
         for (int e = 0; e < positions; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
@@ -288,7 +345,6 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
 #pragma unroll
             for (int e = 0; e < positions; ++e)
                 product[e / T::alpha][e % T::alpha] += M[(s * positions + e) * filters + i];
-        constexpr int taps = T::r * T::r;
         scalar_t g[T::r][T::r];
         sandwich<typename T::FilterGradient>(product, g);
 #pragma unroll
