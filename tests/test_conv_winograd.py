@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3), F(4x4, 3x3), F(4x4, 5x5) and backward-filter's F(7x7, 5x5): the transform matrices, each transform (NumPy twin and CUDA kernel)
-against float64 loops, the float32 error on model shapes, the workspace formula, and the kernels' compilation.
+"""Winograd F(2x2, 3x3), F(4x4, 3x3), F(4x4, 5x5) and backward-filter's F(7x7, 5x5): the transform matrices (and
+their exact construction), each transform (NumPy twin and CUDA kernel) against float64 loops, the float32 error on
+model shapes, the workspace formula, and the kernels' compilation.
 
 All three directions of every Winograd algorithm are also run against the loop reference by tests/test_primitives_conv.py.
 """
@@ -242,7 +243,8 @@ def test_seven_by_seven_tiles_are_for_the_weight_gradient_alone_and_take_larger_
     large, small = winograd.Winograd(7, 5, chunked=True), winograd.Winograd(4, 5, chunked=True)
     assert [large.supports(conv2, d) for d in DIRECTIONS] == [d == "backward_filter" for d in DIRECTIONS]
     assert large.tiling(conv2, "backward_filter", 1).count * 11 ** 2 == 1936
-    assert (large.images_per_chunk(conv2, "backward_filter"), small.images_per_chunk(conv2, "backward_filter")) == (20, 13)
+    assert large.images_per_chunk(conv2, "backward_filter") == 20
+    assert small.images_per_chunk(conv2, "backward_filter") == 13
     assert large.workspace_bytes(conv2, "backward_filter") <= winograd.CHUNKED_WORKSPACE
     # 242 products of one 128 × 48 tile: split in 6 over the whole batch; in chunks one split (cuBLAS)
     assert winograd.Winograd(7, 5).weight_gradient_splits(conv2) == 6

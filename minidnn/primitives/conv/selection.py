@@ -69,7 +69,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         # F(4x4, 5x5) cuts the multiplications 6.25x (CaffeNet conv2 on the H200: 2.7x cuDNN's forward). On the
         # CPU one large im2col matmul still beats its transforms and batched GEMMs. The weight gradient goes first
         # to F(7x7, 5x5), 38% fewer multiplications again and larger chunks (conv2 at 64 MiB: 0.48 ms against
-        # 0.72), its float32 error 1.4e-4 against 8.7e-6, and cuDNN's own there 3.6e-3
+        # 0.72), its float32 error 1.4e-4 against 8.7e-6, and cuDNN's own there 3.7e-3
         # (benchmarks/results/2026-12-01-h200-winograd-7x7-wgrad.md).
         if direction == "backward_filter":
             names += ["winograd_7x7_5x5", "winograd_7x7_5x5_chunked"]

@@ -322,9 +322,9 @@ def _tile_shape(N: int, channels: int, height: int, width: int, origin: tuple[in
 # ----------------------------------------------------------------------------------------------
 class Winograd(ConvAlgorithm):
     """F(m×m, r×r) for one tile size m and filter size r (F(2×2, 3×3), F(4×4, 3×3), F(4×4, 5×5), and F(7×7, 5×5)
-    for backward-filter only); see the module docstring. With ``chunked``, the batch is taken a chunk of images at a time, as many as keep U, V
-    and M within ``CHUNKED_WORKSPACE`` bytes (at least one), so the workspace no longer grows with the batch;
-    U is transformed once."""
+    for backward-filter only); see the module docstring. With ``chunked``, the batch is taken a chunk of images
+    at a time, as many as keep U, V and M within ``CHUNKED_WORKSPACE`` bytes (at least one), so the workspace no
+    longer grows with the batch; U is transformed once."""
 
     def __init__(self, m: int, r: int = 3, chunked: bool = False) -> None:
         if (m, r) not in TRANSFORMS:
