@@ -125,21 +125,28 @@ typedef Tiling<4, 3, InputMatrix4, FilterMatrix4, OutputMatrix4> Tiling4;
 typedef Tiling<4, 5, InputMatrix4x5, FilterMatrix4x5, OutputMatrix4x5> Tiling4x5;
 typedef Tiling<7, 5, InputMatrix7x5, FilterMatrix7x5, OutputMatrix7x5> Tiling7x5;
 
-// Row `row` of L times the vector v: the zero coefficients are skipped and the first term is a
-// product, not an addition to zero, so a ±1 coefficient leaves a plain copy, add or subtract.
-template <class L>
-__device__ __forceinline__ scalar_t row_times(int row, const scalar_t (&v)[L::cols]) {
+// Row `row` of L times the vector (value(0), value(1), ...): the zero coefficients are skipped (their values
+// never asked for) and the first term is a product, not an addition to zero, so a ±1 coefficient leaves a
+// plain copy, add or subtract.
+template <class L, class Value>
+__device__ __forceinline__ scalar_t row_times_values(int row, Value value) {
     scalar_t sum = 0;
     bool empty = true;
 #pragma unroll
     for (int k = 0; k < L::cols; ++k) {
         const scalar_t coefficient = L::at(row, k);
         if (coefficient != scalar_t(0)) {
-            sum = empty ? coefficient * v[k] : fma(coefficient, v[k], sum);
+            sum = empty ? coefficient * value(k) : fma(coefficient, value(k), sum);
             empty = false;
         }
     }
     return sum;
+}
+
+// Row `row` of L times the vector v.
+template <class L>
+__device__ __forceinline__ scalar_t row_times(int row, const scalar_t (&v)[L::cols]) {
+    return row_times_values<L>(row, [&](int k) { return v[k]; });
 }
 
 // out = L · in · Lᵀ, computed as (L · in) then (· Lᵀ), the order the NumPy twin multiplies in.
@@ -171,19 +178,7 @@ __device__ __forceinline__ void sandwich_by_rows(Load load, Store store) {
     for (int i = 0; i < L::rows; ++i) {
         scalar_t row[L::cols];
 #pragma unroll
-        for (int j = 0; j < L::cols; ++j) {
-            scalar_t sum = 0;
-            bool empty = true;
-#pragma unroll
-            for (int k = 0; k < L::cols; ++k) {
-                const scalar_t coefficient = L::at(i, k);
-                if (coefficient != scalar_t(0)) {
-                    sum = empty ? coefficient * load(k, j) : fma(coefficient, load(k, j), sum);
-                    empty = false;
-                }
-            }
-            row[j] = sum;
-        }
+        for (int j = 0; j < L::cols; ++j) row[j] = row_times_values<L>(i, [&](int k) { return load(k, j); });
 #pragma unroll
         for (int j = 0; j < L::rows; ++j) store(i, j, row_times<L>(j, row));
     }
@@ -244,23 +239,23 @@ __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __rest
                     return h >= 0 && h < shape.height && w >= 0 && w < shape.width ? *value : scalar_t(0);
                 },
                 [&](int xi, int nu, scalar_t value) { V[(xi * T::alpha + nu) * total + i] = value; });
-            continue;
-        }
-        scalar_t d[T::alpha][T::alpha];
+        } else {
+            scalar_t d[T::alpha][T::alpha];
 #pragma unroll
-        for (int a = 0; a < T::alpha; ++a) {
-            const int h = top + a;
+            for (int a = 0; a < T::alpha; ++a) {
+                const int h = top + a;
 #pragma unroll
-            for (int b = 0; b < T::alpha; ++b) {
-                const int w = left + b;
-                const bool inside = h >= 0 && h < shape.height && w >= 0 && w < shape.width;
-                d[a][b] = inside ? plane[h * shape.width + w] : scalar_t(0);
+                for (int b = 0; b < T::alpha; ++b) {
+                    const int w = left + b;
+                    const bool inside = h >= 0 && h < shape.height && w >= 0 && w < shape.width;
+                    d[a][b] = inside ? plane[h * shape.width + w] : scalar_t(0);
+                }
             }
-        }
-        scalar_t v[T::alpha][T::alpha];
-        sandwich<typename T::Input>(d, v);
+            scalar_t v[T::alpha][T::alpha];
+            sandwich<typename T::Input>(d, v);
 #pragma unroll
-        for (int e = 0; e < T::alpha * T::alpha; ++e) V[e * total + i] = v[e / T::alpha][e % T::alpha];
+            for (int e = 0; e < T::alpha * T::alpha; ++e) V[e * total + i] = v[e / T::alpha][e % T::alpha];
+        }
     }
 }
 
@@ -336,21 +331,21 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
                     scalar_t* tap = &dw[i * taps + row * T::r + column];
                     *tap = accumulate ? *tap + value : value;
                 });
-            continue;
-        }
-        scalar_t product[T::alpha][T::alpha];
+        } else {
+            scalar_t product[T::alpha][T::alpha];
 #pragma unroll
-        for (int e = 0; e < positions; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
-        for (int s = 1; s < splits; ++s)
+            for (int e = 0; e < positions; ++e) product[e / T::alpha][e % T::alpha] = M[e * filters + i];
+            for (int s = 1; s < splits; ++s)
 #pragma unroll
-            for (int e = 0; e < positions; ++e)
-                product[e / T::alpha][e % T::alpha] += M[(s * positions + e) * filters + i];
-        scalar_t g[T::r][T::r];
-        sandwich<typename T::FilterGradient>(product, g);
+                for (int e = 0; e < positions; ++e)
+                    product[e / T::alpha][e % T::alpha] += M[(s * positions + e) * filters + i];
+            scalar_t g[T::r][T::r];
+            sandwich<typename T::FilterGradient>(product, g);
 #pragma unroll
-        for (int tap = 0; tap < taps; ++tap) {
-            const scalar_t value = g[tap / T::r][tap % T::r];
-            dw[i * taps + tap] = accumulate ? dw[i * taps + tap] + value : value;
+            for (int tap = 0; tap < taps; ++tap) {
+                const scalar_t value = g[tap / T::r][tap % T::r];
+                dw[i * taps + tap] = accumulate ? dw[i * taps + tap] + value : value;
+            }
         }
     }
 }
