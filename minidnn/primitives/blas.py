@@ -286,10 +286,10 @@ class _Cublas:
         data_type = _DATA_TYPES[dtype]
         if dtype in (np.float64, np.complex128):
             compute = _COMPUTE_64F
-        elif backend.allow_tf32() if tf32 is None else tf32:
-            compute = _COMPUTE_32F_FAST_TF32
-        else:  # with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F would obey
-            compute = _COMPUTE_32F_PEDANTIC if backend.allow_tf32() else _COMPUTE_32F
+        elif tf32 is None or tf32 == backend.allow_tf32():
+            compute = _COMPUTE_32F_FAST_TF32 if backend.allow_tf32() else _COMPUTE_32F
+        else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
+            compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
