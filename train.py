@@ -602,7 +602,7 @@ def prepare(args: argparse.Namespace) -> Run:
             raise RuntimeError("--device cuda: CUDA is not available on this machine (a GPU and a CUDA build of "
                                "CuPy are needed: pip install -e '.[cuda13]')")
         replace = [] if args.eval_only else check_out(args)  # before the data: loading it can take long
-        minidnn.backend.set_allow_tf32(args.tf32)
+        minidnn.cuda.set_allow_tf32(args.tf32)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
         if args.workspace_limit is not None:

@@ -36,8 +36,8 @@ import minidnn.functional as F
 import models
 from minidnn import backend, optim
 from minidnn.engine import current as current_library
-from minidnn.primitives import conv
-from minidnn.primitives.conv import api, registry
+from minidnn.primitives import _cuda, conv
+from minidnn.primitives.conv import plans, registry
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 # Workspace allowed to each algorithm of the per-layer menu: large enough for every layer of the
@@ -66,24 +66,24 @@ def measurement_state(engine: str, tf32: bool) -> Iterator[None]:
     torch = sys.modules.get("torch")
     if torch is None and engine == "torch":
         import torch  # noqa: PLC0415 - loaded now, or its TF32 switches would keep their defaults (on for cuDNN)
-    saved_engine, saved_tf32 = minidnn.get_engine(), backend.allow_tf32()
+    saved_engine, saved_tf32 = minidnn.get_engine(), _cuda.allow_tf32()
     saved_torch = None if torch is None else _torch_flags(torch)
     try:
         minidnn.set_engine(LIBRARY[engine])
-        backend.set_allow_tf32(tf32)
+        _cuda.set_allow_tf32(tf32)
         if torch is not None:
             _set_torch_flags(torch, (tf32, tf32))
         yield
     finally:
         minidnn.set_engine(saved_engine)
-        backend.set_allow_tf32(saved_tf32)
+        _cuda.set_allow_tf32(saved_tf32)
         if torch is not None:
             _set_torch_flags(torch, saved_torch)
 
 
 def state_now() -> dict[str, Any]:
     """The switches in force right now, recorded with each measurement."""
-    state = {"engine": minidnn.get_engine(), "allow_tf32": backend.allow_tf32(),
+    state = {"engine": minidnn.get_engine(), "allow_tf32": _cuda.allow_tf32(),
              "workspace_limit": registry.workspace_limit(), "microbatch": registry.microbatch_mode(),
              "batch_policy": registry.batch_policy()}
     torch = sys.modules.get("torch")
@@ -96,12 +96,12 @@ def state_now() -> dict[str, Any]:
 def observing_convolutions() -> Iterator[list[tuple[str, Any, Any]]]:
     """Collect every convolution call (direction, problem, plan) made through minidnn's primitives."""
     calls: list[tuple[str, Any, Any]] = []
-    before = api.call_observer
-    api.call_observer = lambda direction, problem, plan: calls.append((direction, problem, plan))
+    before = plans.call_observer
+    plans.call_observer = lambda direction, problem, plan: calls.append((direction, problem, plan))
     try:
         yield calls
     finally:
-        api.call_observer = before
+        plans.call_observer = before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def conv_layers(model: Any, image_size: int, device: str) -> list[dict[str, Any]
     model.eval()  # no batch-norm statistics updated, no dropout; the graph is still recorded
     try:
         # minidnn's primitives report each problem; their shape heuristic needs no timing.
-        with minidnn.engine("minidnn"), conv.settings(microbatch="off", benchmark=False):
+        with minidnn.use_engine("minidnn"), conv.settings(microbatch="off", benchmark=False):
             model(x)
     finally:
         minidnn.nn.Conv2d.forward = original
@@ -628,7 +628,7 @@ def measure_agreement(spec: dict[str, Any]) -> dict[str, Any]:
         switch_off_dropout(twin)
     with measurement_state("minidnn", False):
         def minidnn_gradients(engine: str) -> tuple[float, dict[str, np.ndarray]]:
-            with minidnn.engine(engine):
+            with minidnn.use_engine(engine):
                 model.zero_grad()
                 loss = F.cross_entropy(model(minidnn.tensor(x, device=device)), minidnn.tensor(y, device=device))
                 loss.backward()

@@ -9,16 +9,17 @@ Layers: :mod:`minidnn.primitives` (functions on NumPy/CuPy arrays) <- :mod:`mini
 """
 import numpy as _np
 
+from ._version import __version__
 from . import backend, cuda, functional, nn, optim, primitives
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from .engine import engine, get_engine, set_engine
+from . import engine
+from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .tensor import Tensor, argmax, cat, flatten, stack, tensor, where
 from .random import get_rng_state, manual_seed, set_rng_state
 
-__version__ = "0.1.0"
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
 int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.int64, _np.uint8, _np.bool_
@@ -28,5 +29,5 @@ __all__ = [
     "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "device", "Device",
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "cat", "stack", "where",
     "argmax", "flatten", "manual_seed", "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
-    "optim", "primitives", "engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+    "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

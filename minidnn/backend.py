@@ -1,9 +1,11 @@
 """The backend seam: the one module that knows about devices, NumPy and CuPy.
 
-Every other module asks this one which array module (``numpy`` or ``cupy``) an array belongs
-to, moves arrays between devices through it, and reads GPU memory statistics from it. CuPy is
-imported lazily, on the first call that needs it, so ``import minidnn`` works on a machine
-without CuPy or a GPU and costs nothing there.
+Every other module asks this one which array module (``numpy`` or ``cupy``) an array belongs to
+and moves arrays between devices through it. CuPy is imported lazily, on the first call that
+needs it, so ``import minidnn`` works on a machine without CuPy or a GPU and costs nothing there.
+What runs on the GPU once CuPy is there (kernels, the TF32 switch, memory statistics) is the CUDA
+runtime's, :mod:`minidnn.primitives._cuda`, which asks to hear of CuPy's import through
+:func:`when_cupy_loads`.
 
 Device names follow PyTorch: ``"cpu"``, ``"cuda"`` (the current GPU) and ``"cuda:N"``.
 """
@@ -11,16 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 __all__ = [
-    "Device", "device", "cuda_is_available", "cuda_device_count", "cupy", "get_array_module",
-    "device_of", "to_device", "is_cuda_array", "add_at", "on_device", "synchronize", "set_allow_tf32", "allow_tf32",
-    "tf32", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
+    "Device", "device", "cuda_is_available", "cuda_device_count", "cupy", "loaded_cupy", "when_cupy_loads",
+    "get_array_module", "device_of", "to_device", "is_cuda_array", "add_at", "on_device", "synchronize",
 ]
 
 
@@ -66,6 +66,7 @@ def device(spec: "str | Device") -> Device:
 # ----------------------------------------------------------------------------------------------
 _cupy_module: ModuleType | None = None
 _cupy_error: str | None = None
+_on_load: list[Callable[[ModuleType], None]] = []
 
 
 def _import_cupy() -> ModuleType | None:
@@ -81,9 +82,22 @@ def _import_cupy() -> ModuleType | None:
             _cupy_error = f"{type(error).__name__}: {error}"
             return None
         # Outside the try: a failure here is a bug to see, not a reason to call CUDA unavailable.
-        _install_memory_tracker(module)
-        _apply_tf32(module)
+        for callback in _on_load:
+            callback(module)
         _cupy_module = module
+    return _cupy_module
+
+
+def when_cupy_loads(callback: Callable[[ModuleType], None]) -> None:
+    """Call ``callback(cupy)`` once CuPy is imported (now, if it already is), before any array exists
+    on the GPU: the CUDA runtime installs its memory tracker and math mode this way."""
+    _on_load.append(callback)
+    if _cupy_module is not None:
+        callback(_cupy_module)
+
+
+def loaded_cupy() -> ModuleType | None:
+    """The CuPy module if it has been imported and sees a GPU, else None (never imports it)."""
     return _cupy_module
 
 
@@ -187,118 +201,3 @@ def synchronize(target: "str | Device | None" = None) -> None:
     index = 0 if target is None else device(target).index
     with module.cuda.Device(index):
         module.cuda.Device(index).synchronize()
-
-
-# ----------------------------------------------------------------------------------------------
-# TF32 tensor-core math for float32 GEMMs
-# ----------------------------------------------------------------------------------------------
-# Off by default, as in PyTorch for convolutions' exactness tests: float32 results stay float32.
-_tf32_enabled = os.environ.get("MINIDNN_TF32", "0") == "1"
-
-
-def allow_tf32() -> bool:
-    """Whether float32 GEMMs on the GPU may use TF32 tensor cores."""
-    return _tf32_enabled
-
-
-def set_allow_tf32(enabled: bool) -> None:
-    """Let float32 GEMMs on the GPU use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate).
-
-    CuPy reads ``CUPY_TF32`` only once, so the switch sets the compute type of 2-D matmuls and the
-    math mode of the cuBLAS handle (used by batched matmuls) directly; see docs/gpu.md.
-    """
-    global _tf32_enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    _tf32_enabled = enabled
-    if _cupy_module is not None:
-        _apply_tf32(_cupy_module)
-
-
-@contextlib.contextmanager
-def tf32(enabled: bool = True) -> Iterator[None]:
-    """Context manager form of :func:`set_allow_tf32`."""
-    before = _tf32_enabled
-    set_allow_tf32(enabled)
-    try:
-        yield
-    finally:
-        set_allow_tf32(before)
-
-
-def _apply_tf32(module: ModuleType) -> None:
-    from cupy._core import _routines_linalg as linalg  # noqa: PLC0415 - CuPy internals, GPU only
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-    compute_type = linalg.COMPUTE_TYPE_TF32 if _tf32_enabled else linalg.COMPUTE_TYPE_DEFAULT
-    module._core.set_compute_type(module.float32, compute_type)
-    cublas_tf32_tensor_op_math, cublas_default_math = 3, 0
-    handle = module.cuda.device.get_cublas_handle()
-    cublas.setMathMode(handle, cublas_tf32_tensor_op_math if _tf32_enabled else cublas_default_math)
-
-
-# ----------------------------------------------------------------------------------------------
-# GPU memory statistics
-# ----------------------------------------------------------------------------------------------
-class _PeakTracker:
-    """Wraps CuPy's default memory pool to record the high-water mark of bytes in use.
-
-    CuPy's pool has ``used_bytes()`` but no peak, so every allocation goes through ``malloc``
-    below, which asks the pool and then records the largest ``used_bytes`` seen. Frees need no
-    hook: ``used_bytes`` falls by itself, and the peak only has to rise.
-    """
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.peak = 0
-
-    def malloc(self, size: int) -> Any:
-        memory = self.pool.malloc(size)
-        used = self.pool.used_bytes()
-        if used > self.peak:
-            self.peak = used
-        return memory
-
-
-_tracker: _PeakTracker | None = None
-
-
-def _install_memory_tracker(module: ModuleType) -> None:
-    global _tracker
-    _tracker = _PeakTracker(module.get_default_memory_pool())
-    module.cuda.set_allocator(_tracker.malloc)
-
-
-def _require_tracker(target: "str | Device | None") -> _PeakTracker:
-    if target is not None and device(target).type != "cuda":
-        raise ValueError(f"memory statistics are kept for CUDA devices only, got device {target!r}")
-    cupy()  # a clear error without CUDA
-    assert _tracker is not None
-    return _tracker
-
-
-def memory_allocated(target: "str | Device | None" = None) -> int:
-    """Bytes of GPU memory held by live arrays (CuPy's pool ``used_bytes``)."""
-    return _require_tracker(target).pool.used_bytes()
-
-
-def max_memory_allocated(target: "str | Device | None" = None) -> int:
-    """Peak of :func:`memory_allocated` since the start or the last :func:`reset_peak_memory_stats`."""
-    tracker = _require_tracker(target)
-    return max(tracker.peak, tracker.pool.used_bytes())
-
-
-def reset_peak_memory_stats(target: "str | Device | None" = None) -> None:
-    """Restart the peak from the bytes in use now."""
-    tracker = _require_tracker(target)
-    tracker.peak = tracker.pool.used_bytes()
-
-
-def memory_stats(target: "str | Device | None" = None) -> dict[str, int]:
-    """``allocated``, ``peak`` and ``reserved`` (pool total, cached blocks included) in bytes."""
-    tracker = _require_tracker(target)
-    return {
-        "allocated": tracker.pool.used_bytes(),
-        "peak": max(tracker.peak, tracker.pool.used_bytes()),
-        "reserved": tracker.pool.total_bytes(),
-    }

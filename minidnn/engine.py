@@ -3,8 +3,8 @@
 An :class:`Engine` is a library that implements every function named in :data:`CONTRACT`, with
 the signatures and results of :mod:`minidnn.primitives`: ``minidnn`` (the primitives) and
 ``naive`` (:mod:`minidnn.naive`, the Caffe-style baseline the benchmark compares against).
-:mod:`minidnn.functional` and :mod:`minidnn.optim` reach the operations only through ``P``, which
-looks the function up on the current engine *when it is called*: nothing binds to an engine at
+:mod:`minidnn.functional` and :mod:`minidnn.optim` reach the operations only through :data:`library`,
+which looks the function up on the current engine *when it is called*: nothing binds to an engine at
 import time, so ``set_engine`` changes every later operation, and nothing else does.
 """
 from __future__ import annotations
@@ -92,8 +92,8 @@ def set_engine(name: str) -> None:
 
 
 @contextlib.contextmanager
-def engine(name: str) -> Iterator[None]:
-    """``with minidnn.engine("naive"): ...`` runs the block on that engine."""
+def use_engine(name: str) -> Iterator[None]:
+    """``with minidnn.use_engine("naive"): ...`` runs the block on that engine."""
     before = _current.name
     set_engine(name)
     try:
@@ -103,10 +103,10 @@ def engine(name: str) -> Iterator[None]:
 
 
 class _CurrentEngine:
-    """``P.conv2d_forward`` is the current engine's ``conv2d_forward``, looked up at each call."""
+    """``library.conv2d_forward`` is the current engine's ``conv2d_forward``, looked up at each call."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         return getattr(_current, name)
 
 
-P = _CurrentEngine()
+library = _CurrentEngine()

@@ -1,7 +1,7 @@
 """Neural-network operations with PyTorch's names, signatures and semantics (``torch.nn.functional``).
 
 Each operation is a graph node (a :class:`~minidnn.autograd.Function` named ``...Function``) whose
-forward and backward call the current engine's primitives through ``P`` (:mod:`minidnn.engine`:
+forward and backward call the current engine's primitives through ``library`` (:mod:`minidnn.engine`:
 minidnn's own, or the naive baseline), looked up at each call; nothing here computes on arrays
 itself beyond glue (reshapes for the losses). Argument checking belongs to the primitives, which
 check once and name the argument; this module only translates PyTorch's options (string paddings,
@@ -13,7 +13,7 @@ from typing import Any
 
 from . import random as _random
 from .autograd import Function
-from .engine import P  # the current engine's primitives (minidnn's own, or the naive baseline)
+from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
 from .primitives import pair
 from .primitives.dropout import check_probability
 from .tensor import Tensor
@@ -45,14 +45,14 @@ class Conv2dFunction(Function):
         self.args = (stride, padding, dilation, groups)
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         self.x_shape, self.w_shape = x.shape, w.shape
-        y = P.conv2d_forward(x, w, *self.args)
-        return y if b is None else P.bias_add(y, b, axis=1, out=y)  # in place: no copy of the output
+        y = library.conv2d_forward(x, w, *self.args)
+        return y if b is None else library.bias_add(y, b, axis=1, out=y)  # in place: no copy of the output
 
     def backward(self, dy):
         x, w = self.saved
-        dx = P.conv2d_backward_data(dy, w, self.x_shape, *self.args) if self.needs_input_grad[0] else None
-        dw = P.conv2d_backward_filter(x, dy, self.w_shape, *self.args) if self.needs_input_grad[1] else None
-        db = P.bias_backward(dy, axis=1) if self.needs_input_grad[2] else None
+        dx = library.conv2d_backward_data(dy, w, self.x_shape, *self.args) if self.needs_input_grad[0] else None
+        dw = library.conv2d_backward_filter(x, dy, self.w_shape, *self.args) if self.needs_input_grad[1] else None
+        db = library.bias_backward(dy, axis=1) if self.needs_input_grad[2] else None
         return dx, dw, db
 
 
@@ -87,13 +87,13 @@ class LinearFunction(Function):
 
     def forward(self, x, w, b):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
-        return P.linear_forward(x, w, b)
+        return library.linear_forward(x, w, b)
 
     def backward(self, dy):
         x, w = self.saved
-        dx = P.linear_backward_data(dy, w) if self.needs_input_grad[0] else None
-        dw = P.linear_backward_weight(x, dy) if self.needs_input_grad[1] else None
-        db = P.bias_backward(dy, axis=-1) if self.needs_input_grad[2] else None
+        dx = library.linear_backward_data(dy, w) if self.needs_input_grad[0] else None
+        dw = library.linear_backward_weight(x, dy) if self.needs_input_grad[1] else None
+        db = library.bias_backward(dy, axis=-1) if self.needs_input_grad[2] else None
         return dx, dw, db
 
 
@@ -111,7 +111,7 @@ class MaxPool2dFunction(Function):
 
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         # Without return_indices the engine keeps its own compact record of the maxima for backward.
-        y, self.indices = P.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
+        y, self.indices = library.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
                                                return_indices=indices_out is not None)
         self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
         if indices_out is not None:  # return_indices: hand the argmax to the caller as well
@@ -120,7 +120,7 @@ class MaxPool2dFunction(Function):
 
     def backward(self, dy):
         # The window lets the GPU gather (each input pixel visits only the windows covering it).
-        return P.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window)
+        return library.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window)
 
 
 def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
@@ -137,10 +137,10 @@ class AvgPool2dFunction(Function):
 
     def forward(self, x, *args):
         self.x_shape, self.args = x.shape, args
-        return P.avg_pool2d_forward(x, *args)
+        return library.avg_pool2d_forward(x, *args)
 
     def backward(self, dy):
-        return P.avg_pool2d_backward(dy, self.x_shape, *self.args)
+        return library.avg_pool2d_backward(dy, self.x_shape, *self.args)
 
 
 def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
@@ -154,10 +154,10 @@ class AdaptiveAvgPool2dFunction(Function):
 
     def forward(self, x, output_size):
         self.x_shape = x.shape
-        return P.adaptive_avg_pool2d_forward(x, output_size)
+        return library.adaptive_avg_pool2d_forward(x, output_size)
 
     def backward(self, dy):
-        return P.adaptive_avg_pool2d_backward(dy, self.x_shape)
+        return library.adaptive_avg_pool2d_backward(dy, self.x_shape)
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
@@ -218,13 +218,13 @@ class CrossEntropyFunction(Function):
 
     def forward(self, logits, target, weight, ignore_index, label_smoothing, reduction):
         self.args = (weight, ignore_index, label_smoothing, reduction)
-        loss, log_probs = P.cross_entropy_forward(logits, target, *self.args)
+        loss, log_probs = library.cross_entropy_forward(logits, target, *self.args)
         self.save_for_backward(log_probs, target)
         return loss
 
     def backward(self, grad_loss):
         log_probs, target = self.saved
-        return P.cross_entropy_backward(grad_loss, log_probs, target, *self.args), None
+        return library.cross_entropy_backward(grad_loss, log_probs, target, *self.args), None
 
 
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
@@ -242,11 +242,11 @@ class NLLLossFunction(Function):
         self.args = (weight, ignore_index, reduction)
         self.shape = log_probs.shape
         self.save_for_backward(target)
-        return P.nll_loss_forward(log_probs, target, *self.args)
+        return library.nll_loss_forward(log_probs, target, *self.args)
 
     def backward(self, grad_loss):
         (target,) = self.saved
-        return P.nll_loss_backward(grad_loss, target, self.shape, *self.args), None
+        return library.nll_loss_backward(grad_loss, target, self.shape, *self.args), None
 
 
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
@@ -277,13 +277,13 @@ class DropoutFunction(Function):
     fresh_output = True
 
     def forward(self, x, p, seed, offset):
-        y, mask = P.dropout_forward(x, p, seed, offset)
+        y, mask = library.dropout_forward(x, p, seed, offset)
         self.p = p
         self.save_for_backward(mask)
         return y
 
     def backward(self, dy):
-        return P.dropout_backward(dy, self.saved[0], self.p)
+        return library.dropout_backward(dy, self.saved[0], self.p)
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
@@ -301,7 +301,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 
 class BatchNormTrainingFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
-        y, mean, invstd = P.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
+        y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
                                                         relu=relu)
         # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
         self.save_for_backward(x, weight, mean, invstd, y if relu else None)
@@ -310,20 +310,20 @@ class BatchNormTrainingFunction(Function):
 
     def backward(self, dy):
         x, weight, mean, invstd, relu_output = self.saved
-        dx, dweight, dbias = P.batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=relu_output)
+        dx, dweight, dbias = library.batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=relu_output)
         return dx, dweight, dbias
 
 
 class BatchNormInferenceFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, eps, relu=False):
-        y = P.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
+        y = library.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
         self.save_for_backward(x, weight, running_mean.copy(), running_var.copy(), y if relu else None)
         self.eps, self.fresh_output = eps, not relu
         return y
 
     def backward(self, dy):
         x, weight, running_mean, running_var, relu_output = self.saved
-        return P.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps,
+        return library.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps,
                                                relu_output=relu_output)
 
 
@@ -344,12 +344,12 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 class AddReLUFunction(Function):
     def forward(self, a, b):
-        y = P.add_relu_forward(a, b)
+        y = library.add_relu_forward(a, b)
         self.save_for_backward(y)
         return y
 
     def backward(self, dy):
-        dx = P.relu_backward(dy, self.saved[0])
+        dx = library.relu_backward(dy, self.saved[0])
         return dx, dx  # the sum's gradient is the identity for each input
 
 
@@ -362,13 +362,13 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
 class LocalResponseNormFunction(Function):
     def forward(self, x, size, alpha, beta, k):
         self.args = (size, alpha, beta, k)
-        y, scale = P.lrn_forward(x, size, alpha, beta, k)  # scale None: the engine recomputes it
+        y, scale = library.lrn_forward(x, size, alpha, beta, k)  # scale None: the engine recomputes it
         self.save_for_backward(x, y, scale)
         return y
 
     def backward(self, dy):
         x, y, scale = self.saved
-        return P.lrn_backward(dy, x, y, scale, *self.args)
+        return library.lrn_backward(dy, x, y, scale, *self.args)
 
 
 def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Tensor:

@@ -4,7 +4,7 @@ and the element-wise activations and softmax that tensors have as methods.
 Each class is one :class:`~minidnn.autograd.Function` working on plain arrays; :mod:`minidnn.tensor`
 gives them their PyTorch names (``a + b``, ``x.sum()``, ``x.relu()``) and :mod:`minidnn.functional`
 adds the neural-network operations. Activations and softmax compute through the current engine
-(``P``), like every neural-network operation.
+(``library``), like every neural-network operation.
 
 ``fresh_output = True`` marks a node whose output is a new array that its backward does not read:
 an in-place operation on that output (``relu_``) cannot corrupt this node's gradient.
@@ -17,7 +17,7 @@ import numpy as np
 
 from . import backend
 from .autograd import Function, unbroadcast
-from .engine import P
+from .engine import library
 
 
 def _xp(*arrays: Any):
@@ -346,13 +346,13 @@ class _ActivationFunction(Function):
     primitive = ""
 
     def forward(self, x, out=None):
-        forward = getattr(P, f"{self.primitive}_forward")
+        forward = getattr(library, f"{self.primitive}_forward")
         y = forward(x) if out is None else forward(x, out=out)
         self.save_for_backward(y)
         return y
 
     def backward(self, dy):
-        return getattr(P, f"{self.primitive}_backward")(dy, self.saved[0])
+        return getattr(library, f"{self.primitive}_backward")(dy, self.saved[0])
 
 
 class ReLUFunction(_ActivationFunction):
@@ -375,12 +375,12 @@ class _SoftmaxFunction(Function):
 
     def forward(self, x, axis):
         self.axis = axis
-        y = getattr(P, f"{self.primitive}_forward")(x, axis)
+        y = getattr(library, f"{self.primitive}_forward")(x, axis)
         self.save_for_backward(y)
         return y
 
     def backward(self, dy):
-        return getattr(P, f"{self.primitive}_backward")(dy, self.saved[0], self.axis)
+        return getattr(library, f"{self.primitive}_backward")(dy, self.saved[0], self.axis)
 
 
 class SoftmaxFunction(_SoftmaxFunction):

@@ -80,3 +80,24 @@ def gradcheck(f: Callable[..., Any], *inputs: np.ndarray, seed: int = 0, eps: fl
         assert tensor.grad is not None, f"input {index} got no gradient"
         np.testing.assert_allclose(tensor.grad.numpy(), expected, rtol=rtol, atol=atol,
                                    err_msg=f"gradient of input {index}")
+
+
+def cuda_constants(source: str, dtype: Any) -> dict[str, int]:
+    """The ``constexpr int``/``bool`` constants of a ``.cu`` file of the primitives (``source`` as
+    :func:`minidnn.primitives._cuda.read_source` takes it), evaluated for a build on ``dtype``, with the
+    file's ``#define`` defaults: so that a test can tie the Python launch code to the kernels' tiles."""
+    import re  # noqa: PLC0415
+
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    text = _cuda.read_source(source).replace("sizeof(scalar_t)", str(np.dtype(dtype).itemsize))
+    text = text.replace("sizeof(float)", "4")
+    values: dict[str, Any] = {"true": True, "false": False}
+    for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+)\b", text, flags=re.MULTILINE):
+        values.setdefault(name, int(value))
+    for declaration in re.findall(r"^constexpr\s+(?:int|bool)\s+([^;]+);", text, flags=re.MULTILINE):
+        for assignment in declaration.split(","):
+            name, expression = (part.strip() for part in assignment.split("=", 1))
+            expression = re.sub(r"^(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", r"(\2) if (\1) else (\3)", expression)
+            values[name] = eval(expression.replace("/", "//"), {}, dict(values))  # noqa: S307 - our own source
+    return {name: value for name, value in values.items() if name not in ("true", "false")}

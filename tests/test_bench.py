@@ -14,6 +14,7 @@ import minidnn.functional as F
 import models
 from benchmarks import bench, measure, report
 from minidnn import backend
+from minidnn.primitives import _cuda
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +124,13 @@ def test_measurement_state_is_restored_after_an_exception(monkeypatch):
                                                                       cudnn=types.SimpleNamespace(allow_tf32=True)))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     minidnn.set_engine("minidnn")
-    backend.set_allow_tf32(False)
+    _cuda.set_allow_tf32(False)
     with pytest.raises(RuntimeError, match="inside"):
         with measure.measurement_state("naive", True):
-            assert minidnn.get_engine() == "naive" and backend.allow_tf32()
+            assert minidnn.get_engine() == "naive" and _cuda.allow_tf32()
             assert flags.allow_tf32 and fake_torch.backends.cudnn.allow_tf32
             raise RuntimeError("inside the measurement")
-    assert minidnn.get_engine() == "minidnn" and backend.allow_tf32() is False
+    assert minidnn.get_engine() == "minidnn" and _cuda.allow_tf32() is False
     assert flags.allow_tf32 is False and fake_torch.backends.cudnn.allow_tf32 is True
     with measure.measurement_state("torch", False):  # PyTorch's default cuDNN TF32 is on: fp32 turns it off
         assert fake_torch.backends.cudnn.allow_tf32 is False and minidnn.get_engine() == "minidnn"

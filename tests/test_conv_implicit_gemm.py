@@ -17,7 +17,7 @@ import pytest
 from minidnn import backend
 from minidnn.primitives import _cuda, conv
 from minidnn.primitives.conv import implicit_gemm
-from tests.helpers import assert_close, to_numpy
+from tests.helpers import assert_close, cuda_constants, to_numpy
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups)
 TILE_EDGE_CASES = {
@@ -100,7 +100,7 @@ def test_gpu_kernels_match_float64_at_tile_edges(rng, name, direction):
     want = run(direction, *operands(direction, x, w, dy), case, algo="reference")
     got64 = on_gpu(direction, x, w, dy, case, np.float64)
     assert_close(got64, want, rtol=1e-10, atol=1e-10, name=f"{name} {direction} float64")
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         got32 = on_gpu(direction, x, w, dy, case, np.float32)
     assert got32.dtype == np.float32
     # float32 sums of up to ~6000 products: relative error ~1e-7·sqrt(terms), well under 2e-5.
@@ -123,14 +123,14 @@ def test_tf32_tensor_cores_within_the_tf32_error_bound(rng, direction):
     case = (4, 64, 20, 20, 96, 3, 3, 1, 1, 1, 1)  # reductions of 576 (forward), 864 and 1600 products
     x, w, dy = random_inputs(rng, case)
     want = run(direction, *operands(direction, x, w, dy), case, algo="reference")
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         fp32 = relative_error(on_gpu(direction, x, w, dy, case, np.float32), want)
-    with backend.tf32(True):
+    with _cuda.tf32(True):
         tf32 = relative_error(on_gpu(direction, x, w, dy, case, np.float32), want)
     # TF32 keeps 10 mantissa bits: each rounded operand is off by up to 2^-11 relative, ~3e-4 in all.
     assert tf32 < 2e-3, f"TF32 {direction}: relative error {tf32:.2e}"
     assert tf32 > 20 * fp32, f"TF32 {direction} ({tf32:.2e}) is not coarser than fp32 ({fp32:.2e}): no tensor cores?"
-    with backend.tf32(True):  # float64 never takes the TF32 path
+    with _cuda.tf32(True):  # float64 never takes the TF32 path
         assert_close(on_gpu(direction, x, w, dy, case, np.float64), want, rtol=1e-10, atol=1e-10)
 
 
@@ -144,7 +144,7 @@ def test_backward_filter_accumulates_into_out(rng, dtype, tf32):
     dw = run("backward_filter", x, dy, case, algo="reference")
     before = rng.standard_normal(dw.shape)
     out = cupy.asarray(before.astype(dtype))
-    with backend.tf32(tf32):
+    with _cuda.tf32(tf32):
         result = run("backward_filter", cupy.asarray(x.astype(dtype)), cupy.asarray(dy.astype(dtype)), case,
                      out=out, accumulate=True)
     assert result is out
@@ -169,7 +169,7 @@ def test_fused_bias_and_relu_epilogue_on_the_gpu(rng, dtype, tf32):
         want = y + bias.reshape(1, -1, 1, 1) if with_bias else y
         want = np.maximum(want, 0) if relu else want
         out = cupy.full(y.shape, np.nan, dtype=dtype)
-        with backend.tf32(tf32):
+        with _cuda.tf32(tf32):
             implicit_gemm.forward_bias_activation(cupy.asarray(x.astype(dtype)), cupy.asarray(w.astype(dtype)),
                                                   problem, out, bias=cupy.asarray(bias.astype(dtype)) if with_bias
                                                   else None, relu=relu)
@@ -186,10 +186,10 @@ def test_no_memory_is_allocated_beyond_the_output(rng, direction):
     out = cupy.empty(output_shape(case, direction))
     run(direction, first, second, case, out=out, workspace_limit=0)  # compile and cache the plan
     backend.synchronize()
-    backend.reset_peak_memory_stats()
-    before = backend.memory_allocated()
+    _cuda.reset_peak_memory_stats()
+    before = _cuda.memory_allocated()
     run(direction, first, second, case, out=out, workspace_limit=0)
-    assert backend.max_memory_allocated() == before
+    assert _cuda.max_memory_allocated() == before
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,6 +220,16 @@ def test_forward_bias_activation_refuses_bad_arguments(bias, relu, error, match)
     problem = conv.problem.forward_problem(x, w, 1, 0, 1, 1, "cpu")
     with pytest.raises(error, match=match):
         implicit_gemm.forward_bias_activation(x, w, problem, np.zeros(problem.y_shape), bias=bias, relu=relu)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_launch_constants_are_the_kernels_tiles(dtype):
+    """implicit_gemm.py sizes its grids with the .cu's tile constants: the two must never drift apart."""
+    kernel = cuda_constants("conv/implicit_gemm.cu", dtype)
+    dtype = np.dtype(dtype)
+    assert (implicit_gemm.THREADS, implicit_gemm.TILE_M[dtype], implicit_gemm.TILE_N, implicit_gemm.TILE_K[dtype]) == \
+        (kernel["THREADS"], kernel["TILE_M"], kernel["TILE_N"], kernel["TILE_K"])
+    assert implicit_gemm.DEFAULT_CTAS_PER_SM == kernel["CTAS_PER_SM"]
 
 
 def test_needs_no_workspace_and_says_it_is_not_deterministic():
@@ -286,9 +296,9 @@ def test_three_cta_build_fits_80_registers(tmp_path):
     (1014, 2),  # four waves of two (cost 8) against three of three (3 x 3 x 0.9 = 8.1): the default stays
 ])
 def test_build_follows_the_waves(ctas, expected):
-    assert implicit_gemm.ctas_per_sm_for("forward", ctas, 132) == expected
-    assert implicit_gemm.ctas_per_sm_for("backward_data_by_phase", ctas, 132) == expected
-    assert implicit_gemm.ctas_per_sm_for("backward_filter", ctas, 132) == 3  # always: measured faster on every layer
+    assert implicit_gemm.ctas_per_sm_for("forward", ctas, _cuda.REFERENCE_PROFILE.sm_count) == expected
+    assert implicit_gemm.ctas_per_sm_for("backward_data_by_phase", ctas, _cuda.REFERENCE_PROFILE.sm_count) == expected
+    assert implicit_gemm.ctas_per_sm_for("backward_filter", ctas, _cuda.REFERENCE_PROFILE.sm_count) == 3  # always: measured faster on every layer
 
 
 @pytest.mark.gpu

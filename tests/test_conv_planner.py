@@ -7,6 +7,7 @@ Execution is checked on real arrays in float64: a plan that mixes algorithms acr
 (made through ``planner.plan`` with a synthetic ``find``) against the float64 reference algorithm.
 """
 import itertools
+import os
 import subprocess
 import sys
 import warnings
@@ -15,11 +16,13 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn import plan as plan_cli
 from minidnn.primitives import conv
-from minidnn.primitives.conv import api, planner, registry, selection
+from minidnn.primitives.conv import planner, plans, registry, selection
 from minidnn.primitives.conv.selection import AlgoPerf
 from tests.helpers import assert_close, to_numpy
+from tools import plan as plan_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MiB = 1 << 20
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -240,7 +243,7 @@ def fresh_plans():
     planner.reset_network()
     yield
     planner.reset_network()
-    api.call_observer = None
+    plans.call_observer = None
 
 
 def synthetic_find(times):
@@ -282,7 +285,7 @@ def test_micro_batches_with_different_algorithms_equal_the_undivided_convolution
     x, w = xp.asarray(rng.standard_normal((7, 4, 9, 8))), xp.asarray(rng.standard_normal((6, 2, 3, 2)))
     dy = xp.asarray(rng.standard_normal((7, 6, 5, 7)))
     seen = []
-    api.call_observer = lambda direction, problem, plan: seen.append(plan)
+    plans.call_observer = lambda direction, problem, plan: seen.append(plan)
     for direction in DIRECTIONS:
         with conv.settings(algo="auto", microbatch="wr", batch_policy="powers_of_two", workspace_limit=1 << 30):
             got = run(direction, x, w, dy)
@@ -323,7 +326,7 @@ def test_wd_registers_solves_and_runs_every_kernel_from_one_arena(fresh_plans, m
     inputs = {batch: tuple(xp.asarray(rng.standard_normal(shape)) for shape in ((batch, 4, 9, 8), (batch, 6, 5, 7)))
               for batch in (7, 6, 4)}
     seen = []
-    api.call_observer = lambda direction, problem, plan: seen.append(((problem, direction), plan))
+    plans.call_observer = lambda direction, problem, plan: seen.append(((problem, direction), plan))
 
     def step(batch, limit=1 << 30):
         x, dy = inputs[batch]
@@ -439,8 +442,8 @@ def test_cli_refuses_an_unknown_layer_and_a_lone_png(find_cache, capsys, tmp_pat
     assert "no convolution 'conv9'" in capsys.readouterr().err
 
 
-def test_cli_module_exits_non_zero_on_a_bad_limit():
-    done = subprocess.run([sys.executable, "-m", "minidnn.plan", *TINY, "--workspace-limit", "8 MB", "--microbatch",
-                           "wd"], capture_output=True, text=True, timeout=120)
+def test_cli_exits_non_zero_on_a_bad_limit():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plan.py"), *TINY, "--workspace-limit", "8 MB",
+                           "--microbatch", "wd"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.startswith("minidnn.plan: error: --workspace-limit") and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("tools/plan.py: error: --workspace-limit") and done.stderr.count("\n") == 1

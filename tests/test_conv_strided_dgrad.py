@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from minidnn import backend
+from minidnn.primitives import _cuda
 
-from minidnn.primitives.conv import api, implicit_gemm, registry, selection, strided_dgrad
+from minidnn.primitives.conv import implicit_gemm, plans, registry, selection, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
 from tests.helpers import assert_close, to_numpy
@@ -114,12 +115,12 @@ def test_micro_batches_of_the_phases_equal_the_whole_batch(xp, rng):
     w = rng.standard_normal(case.w_shape)
     limit = ALGORITHM.workspace_bytes(case.with_batch(2), "backward_data")
     seen = []
-    api.call_observer = lambda direction, p, plan: seen.append(plan)
+    plans.call_observer = lambda direction, p, plan: seen.append(plan)
     try:
         got = call("backward_data", xp.asarray(dy), xp.asarray(w), case.x_shape, (2, 0, 1, 2), algo="strided_dgrad",
                    workspace_limit=limit)
     finally:
-        api.call_observer = None
+        plans.call_observer = None
     assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
     assert_close(got, call("backward_data", dy, w, case.x_shape, (2, 0, 1, 2), algo="reference"))
 
@@ -155,9 +156,9 @@ def test_one_launch_across_tiles_groups_and_math_modes(rng):
         return out
 
     assert_close(on_gpu(np.float64), want, rtol=1e-10, atol=1e-10)
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         fp32 = relative_error(on_gpu(np.float32), want)
-    with backend.tf32(True):
+    with _cuda.tf32(True):
         tf32 = relative_error(on_gpu(np.float32), want)
     assert fp32 < 2e-5, f"fp32: relative error {fp32:.2e}"
     assert tf32 < 2e-3, f"TF32: relative error {tf32:.2e}"  # 10 mantissa bits, as implicit_gemm's TF32 test

@@ -279,7 +279,7 @@ def test_seven_by_seven_weight_gradient_error_is_the_same_with_tf32_on(rng):
                 algo="reference")
     cupy = backend.cupy()
     for algo in ("winograd_7x7_5x5", "winograd_7x7_5x5_chunked"):
-        with backend.tf32(True):
+        with _cuda.tf32(True):
             got = call("backward_filter", cupy.asarray(x), cupy.asarray(dy), (256, 48, 5, 5), args, algo=algo,
                        workspace_limit=1 << 40)
         assert relative_error(got, want) < BOUNDS["winograd_7x7_5x5"], algo

@@ -74,7 +74,7 @@ def test_every_operation_of_a_training_step_reaches_the_chosen_engine_only(archi
     for name in ("minidnn", "naive"):
         minidnn.manual_seed(0)
         model = models.create(architecture, num_classes=10)
-        with minidnn.engine(name):
+        with minidnn.use_engine(name):
             ran, dispatched = operations_called(training_step(model, x, y))
         other = "naive" if name == "minidnn" else "minidnn"
         assert not ran[other], f"under engine {name!r}, {sorted(ran[other])} ran on {other!r}"

@@ -9,6 +9,7 @@ import minidnn
 import minidnn.functional as F
 import models
 from minidnn import backend, optim
+from minidnn.primitives import _cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -40,15 +41,15 @@ def test_training_steps_match_the_cpu(name, image, batch):
 
 def test_peak_memory_is_a_high_water_mark():
     cupy = backend.cupy()
-    backend.reset_peak_memory_stats()
-    before = backend.memory_allocated()
+    _cuda.reset_peak_memory_stats()
+    before = _cuda.memory_allocated()
     big = cupy.empty(64 << 20, dtype=cupy.uint8)
     del big
-    after = backend.memory_allocated()
+    after = _cuda.memory_allocated()
     assert after == before
-    assert backend.max_memory_allocated() >= before + (64 << 20)
-    backend.reset_peak_memory_stats()
-    assert backend.max_memory_allocated() == backend.memory_allocated()
+    assert _cuda.max_memory_allocated() >= before + (64 << 20)
+    _cuda.reset_peak_memory_stats()
+    assert _cuda.max_memory_allocated() == _cuda.memory_allocated()
     stats = minidnn.cuda.memory_stats()
     assert stats["reserved"] >= stats["allocated"]
 
@@ -100,11 +101,11 @@ def test_tf32_switch_changes_float32_products():
     rng = np.random.default_rng(0)
     a = cupy.asarray(rng.standard_normal((512, 512)).astype(np.float32))
     exact = cupy.asnumpy(a.astype(cupy.float64) @ a.astype(cupy.float64))
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         fp32 = cupy.asnumpy(a @ a)
-    with backend.tf32(True):
+    with _cuda.tf32(True):
         tf32 = cupy.asnumpy(a @ a)
     error_fp32 = np.abs(fp32 - exact).max()
     error_tf32 = np.abs(tf32 - exact).max()
     assert error_tf32 > 10 * error_fp32  # 10-bit mantissas are visibly coarser
-    assert not backend.allow_tf32()
+    assert not _cuda.allow_tf32()

@@ -13,7 +13,7 @@ import minidnn
 import minidnn.functional as F
 import minidnn.nn as nn
 from minidnn import naive
-from minidnn import primitives as P
+from minidnn import primitives
 
 # Arguments other engineers are adding to the primitives in parallel, which the naive engine already
 # has. Once a primitive has one, the signatures must agree exactly.
@@ -22,14 +22,14 @@ PENDING_FUNCTIONS: list[str] = []
 
 
 def primitive_functions():
-    return [name for name in P.__all__ if inspect.isfunction(getattr(P, name))]
+    return [name for name in primitives.__all__ if inspect.isfunction(getattr(primitives, name))]
 
 
 def test_every_primitive_exists_with_its_signature():
     assert len(primitive_functions()) > 35
     for name in primitive_functions():
         assert inspect.isfunction(getattr(naive, name, None)), f"naive lacks {name}"
-        theirs, ours = inspect.signature(getattr(P, name)), inspect.signature(getattr(naive, name))
+        theirs, ours = inspect.signature(getattr(primitives, name)), inspect.signature(getattr(naive, name))
         missing = [p for p in PENDING.get(name, []) if p not in theirs.parameters]
         assert list(ours.parameters)[:len(ours.parameters) - len(missing)] == list(theirs.parameters), name
         assert [p for p in ours.parameters if p not in theirs.parameters] == missing, name
@@ -48,7 +48,7 @@ def pooled(xp):
 
 
 def pool_grad(xp):
-    y, indices = P.max_pool2d_forward(np.zeros((1, 2, 5, 4)), 2)
+    y, indices = primitives.max_pool2d_forward(np.zeros((1, 2, 5, 4)), 2)
     return xp.asarray(np.ones_like(y)), xp.asarray(indices)
 
 
@@ -216,7 +216,7 @@ NUMPY_ONLY = {"nll target range"}
 def test_bad_arguments_raise_the_primitives_errors(xp, case):
     if case in NUMPY_ONLY and xp is not np:
         pytest.skip("the GPU skips checks that read device memory, in both engines")
-    expected = raised(lambda: BAD_CALLS[case](P, xp))
+    expected = raised(lambda: BAD_CALLS[case](primitives, xp))
     assert raised(lambda: BAD_CALLS[case](naive, xp)) == expected
 
 
@@ -232,7 +232,7 @@ def test_a_bad_parameter_in_a_list_updates_none(xp):
 # Whole models and optimizers on both engines
 # ----------------------------------------------------------------------------------------------
 def grads_on(engine, model, x, y):
-    with minidnn.engine(engine):
+    with minidnn.use_engine(engine):
         model.zero_grad()
         loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
         loss.backward()
@@ -264,7 +264,7 @@ def test_set_engine_validates_and_switches_optimizers_too():
     p = minidnn.tensor([1.0, 2.0], requires_grad=True)
     optimizer = minidnn.optim.SGD([p], lr=0.1, momentum=0.9)
     p.grad = minidnn.tensor([1.0, 1.0])
-    with minidnn.engine("naive"):
+    with minidnn.use_engine("naive"):
         optimizer.step()
         optimizer.step()
     np.testing.assert_allclose(p.numpy(), [1.0 - 0.1 - 0.19, 2.0 - 0.1 - 0.19])

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import blas
-from tests.helpers import assert_close, to_numpy
+from minidnn.primitives import _cuda, blas
+from tests.helpers import assert_close, cuda_constants, to_numpy
 
 
 def operand(xp, rng, shape, transposed, dtype):
@@ -23,7 +23,7 @@ def test_gemm_matches_float64_for_every_layout(xp, rng, dtype, a_t, b_t):
     b = operand(xp, rng, (7, 3), b_t, dtype)
     expected = backend.to_device(a, "cpu").astype(np.complex128) @ backend.to_device(b, "cpu").astype(np.complex128)
     tolerance = dict(rtol=1e-5, atol=1e-5) if np.dtype(dtype) in (np.float32, np.complex64) else {}
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         assert_close(blas.gemm(a, b), expected if np.dtype(dtype).kind == "c" else expected.real, **tolerance)
 
 
@@ -67,9 +67,9 @@ def test_tf32_changes_float32_products_only_when_allowed(rng):
     a = cupy.asarray(rng.standard_normal((256, 256)).astype(np.float32))
     b = cupy.asarray(rng.standard_normal((256, 256)).astype(np.float32))
     exact = backend.to_device(a, "cpu").astype(np.float64) @ backend.to_device(b, "cpu").astype(np.float64)
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         fp32 = backend.to_device(blas.gemm(a, b), "cpu")
-    with backend.tf32(True):
+    with _cuda.tf32(True):
         tf32 = backend.to_device(blas.gemm(a, b), "cpu")
     error = lambda got: np.linalg.norm(got - exact) / np.linalg.norm(exact)  # noqa: E731
     assert error(fp32) < 1e-6
@@ -83,10 +83,10 @@ def test_gemm_batched_can_keep_float32_when_tf32_is_on_and_use_tf32_when_off(rng
     b = cupy.asarray(rng.standard_normal((3, 256, 96)).astype(np.float32))
     exact = backend.to_device(a, "cpu").astype(np.float64) @ backend.to_device(b, "cpu").astype(np.float64)
     error = lambda got: np.linalg.norm(backend.to_device(got, "cpu") - exact) / np.linalg.norm(exact)  # noqa: E731
-    with backend.tf32(True):
+    with _cuda.tf32(True):
         assert error(blas.gemm_batched(a, b, tf32=False)) < 1e-6
         assert 1e-5 < error(blas.gemm_batched(a, b)) < 3e-3
-    with backend.tf32(False):
+    with _cuda.tf32(False):
         assert 1e-5 < error(blas.gemm_batched(a, b, tf32=True)) < 3e-3
         assert error(blas.gemm_batched(a, b)) < 1e-6
 
@@ -191,3 +191,12 @@ def test_split_k_tile_grid():
     assert blas.split_k_tile_grid(131, 50, np.float32) == (2, 2)
     assert blas.split_k_tile_grid(131, 50, np.float64) == (2, 3)  # 64-row tiles for double
     assert blas.split_k_tiles(64, 64, np.float32) == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_k_launch_constants_are_the_kernels_tiles(dtype):
+    """blas.py sizes split_k_gemm.cu's grid and reduction ranges with the kernel's tiles."""
+    kernel = cuda_constants("split_k_gemm.cu", dtype)
+    assert (blas.SPLIT_K_THREADS, blas.SPLIT_K_TILE_M[np.dtype(dtype)], blas.SPLIT_K_TILE_N) == \
+        (kernel["THREADS"], kernel["TILE_M"], kernel["TILE_N"])
+    assert blas.SPLIT_K_STEP % kernel["TILE_K"] == 0  # each split's range is a whole number of the kernel's steps

@@ -18,7 +18,7 @@ import minidnn
 import models
 from minidnn.primitives import conv
 from minidnn.primitives._checks import pair
-from minidnn.primitives.conv import api, registry, selection
+from minidnn.primitives.conv import api, plans, registry, selection
 from tests.helpers import assert_close, to_numpy
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd, non-square, strided, dilated, grouped
@@ -188,12 +188,12 @@ def model_problems(name: str, image: int, batch: int, device: str) -> tuple:
     """The distinct convolution problems of one forward pass (recorded through the call observer)."""
     seen = {}
     model = models.create(name, num_classes=10)
-    api.call_observer = lambda direction, problem, plan: seen.setdefault(problem, None)
+    plans.call_observer = lambda direction, problem, plan: seen.setdefault(problem, None)
     try:
         with minidnn.no_grad(), conv.settings(algo="gemm", workspace_limit=1 << 40):
             model(minidnn.zeros(1, 3, image, image))
     finally:
-        api.call_observer = None
+        plans.call_observer = None
     return tuple(dataclasses.replace(p, N=batch, device=device) for p in seen)
 
 
@@ -245,7 +245,7 @@ def test_a_plan_of_mixed_micro_batches_equals_the_whole_batch(xp, rng, direction
     names = [n for n, a in registry.algorithms().items() if a.supports(problem.with_batch(1), direction)]
     sizes = [3, 1, 2, 1]
     segments = tuple((n, registry.get(names[i % len(names)])) for i, n in enumerate(sizes))
-    plan = api.Plan(segments, max(a.workspace_bytes(problem.with_batch(n), direction) for n, a in segments))
+    plan = plans.Plan(segments, max(a.workspace_bytes(problem.with_batch(n), direction) for n, a in segments))
     x, w = rng.standard_normal(problem.x_shape), rng.standard_normal(problem.w_shape)
     dy = rng.standard_normal(problem.y_shape)
     first, second, shape = {"forward": (x, w, problem.y_shape), "backward_data": (dy, w, problem.x_shape),
@@ -269,7 +269,7 @@ def test_a_forced_algorithm_splits_the_batch_to_fit_the_limit(xp, rng, algo):
             continue
         limit = algorithm.workspace_bytes(problem.with_batch(2), direction)
         seen = []
-        api.call_observer = lambda d, p, plan: seen.append(plan)
+        plans.call_observer = lambda d, p, plan: seen.append(plan)
         try:
             x, w = xp.asarray(rng.standard_normal(problem.x_shape)), xp.asarray(rng.standard_normal(problem.w_shape))
             dy = xp.asarray(rng.standard_normal(problem.y_shape))
@@ -277,7 +277,7 @@ def test_a_forced_algorithm_splits_the_batch_to_fit_the_limit(xp, rng, algo):
                                     "backward_filter": (x, dy, problem.w_shape)}[direction]
             got = call(direction, first, second, shape, (1, 1, 1, 2), algo=algo, workspace_limit=limit)
         finally:
-            api.call_observer = None
+            plans.call_observer = None
         assert [n for n, _ in seen[0].segments] == [2, 2, 2, 1]
         assert seen[0].workspace_bytes <= limit
         want = call(direction, to_numpy(first), to_numpy(second), shape, (1, 1, 1, 2), algo="reference")
@@ -405,16 +405,16 @@ def test_auto_uses_find_when_benchmarking_and_never_picks_what_cannot_run(find_c
     x = rng.standard_normal(problem.x_shape).astype(np.float32)
     w = rng.standard_normal(problem.w_shape).astype(np.float32)
     want = conv.conv2d_forward(x.astype(np.float64), w.astype(np.float64), 1, 1, algo="reference")
-    plans = []
-    api.call_observer = lambda d, p, plan: plans.append(plan)
+    seen = []
+    plans.call_observer = lambda d, p, plan: seen.append(plan)
     try:
         for limit in (0, 1 << 30):
             with conv.settings(benchmark=True, workspace_limit=limit):
                 assert_close(conv.conv2d_forward(x, w, 1, 1), want, rtol=1e-4, atol=1e-4)
     finally:
-        api.call_observer = None
-    assert plans[0].workspace_bytes == 0
-    assert plans[1].algorithms == [conv.find(problem, "forward", 1 << 30)[0].algorithm]
+        plans.call_observer = None
+    assert seen[0].workspace_bytes == 0
+    assert seen[1].algorithms == [conv.find(problem, "forward", 1 << 30)[0].algorithm]
 
 
 def test_a_workspace_the_device_cannot_hold_falls_back_to_a_zero_workspace_algorithm(monkeypatch, rng):
@@ -440,7 +440,7 @@ def test_a_workspace_the_device_cannot_hold_falls_back_to_a_zero_workspace_algor
 def test_settings_force_an_algorithm_and_a_limit(rng):
     x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
     seen = []
-    api.call_observer = lambda direction, problem, plan: seen.append(
+    plans.call_observer = lambda direction, problem, plan: seen.append(
         (plan.algorithms[0], [n for n, _ in plan.segments]))
     try:
         with conv.settings(algo="reference"):
@@ -450,7 +450,7 @@ def test_settings_force_an_algorithm_and_a_limit(rng):
         with conv.settings(algo="gemm"):
             conv.conv2d_forward(x, w)
     finally:
-        api.call_observer = None
+        plans.call_observer = None
     assert seen == [("reference", [2]), ("gemm", [1, 1]), ("gemm", [2])]
 
 

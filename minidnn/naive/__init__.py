@@ -15,7 +15,7 @@ way BVLC/caffe computed them before cuDNN, so that the benchmark measures what t
 
 Each module names the Caffe file it follows and where it departs from it: always towards PyTorch's
 semantics, so that both engines compute the same numbers. Select it with
-``minidnn.set_engine("naive")`` or ``with minidnn.engine("naive"):``.
+``minidnn.set_engine("naive")`` or ``with minidnn.use_engine("naive"):``.
 """
 from ..primitives import pair
 from .activation import (add_relu_forward, relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,

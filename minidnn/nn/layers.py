@@ -14,6 +14,7 @@ from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from ..primitives import pair
+from ..primitives.conv.problem import check_channels, conv_arguments
 from ..primitives.dropout import check_probability
 from ..primitives.softmax import check_label_smoothing, check_reduction
 from . import init
@@ -47,16 +48,15 @@ class Conv2d(Module):
         super().__init__()
         _positive_int(in_channels, "in_channels")
         _positive_int(out_channels, "out_channels")
-        _positive_int(groups, "groups")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+        # The primitives' own check of the hyper-parameters (a string padding is functional's to translate).
+        self.stride, numeric_padding, self.dilation, self.groups = conv_arguments(
+            stride, 0 if isinstance(padding, str) else padding, dilation, groups)
+        check_channels(in_channels, out_channels, groups)
         if padding_mode != "zeros":
             raise ValueError(f"padding_mode must be 'zeros' (the only mode implemented), got {padding_mode!r}")
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size = pair(kernel_size, "kernel_size", minimum=1)
-        self.stride = pair(stride, "stride", minimum=1)
-        self.padding = padding if isinstance(padding, str) else pair(padding, "padding")
-        self.dilation = pair(dilation, "dilation", minimum=1)
+        self.padding = padding if isinstance(padding, str) else numeric_padding
         self.weight = _parameter((out_channels, in_channels // groups, *self.kernel_size), dtype, device)
         self.bias = _parameter((out_channels,), dtype, device) if bias else None
         self.reset_parameters()

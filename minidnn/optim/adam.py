@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from .. import backend
 from ..autograd import no_grad
-from ..engine import P
+from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
 
@@ -59,7 +59,7 @@ class Adam(Optimizer):
                 for (device, _, step), params in batches.items():
                     states = [self.state[p] for p in params]
                     maxima = [state.get("max_exp_avg_sq") for state in states] if group["amsgrad"] else None
-                    P.adam_update_multi([p.data for p in params], [contiguous_grad(p) for p in params],
+                    library.adam_update_multi([p.data for p in params], [contiguous_grad(p) for p in params],
                                         [state["exp_avg"] for state in states],
                                         [state["exp_avg_sq"] for state in states], maxima, step=step,
                                         lr=self._learning_rate(index, group, device), beta1=beta1, beta2=beta2,

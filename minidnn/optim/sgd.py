@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from .. import backend
 from ..autograd import no_grad
-from ..engine import P
+from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
 
@@ -47,7 +47,7 @@ class SGD(Optimizer):
                     batches.setdefault((backend.device_of(p.data), p.data.dtype, first_step), []).append(p)
                 for (device, _, first_step), params in batches.items():
                     buffers = [self.state[p]["momentum_buffer"] for p in params] if group["momentum"] else None
-                    P.sgd_update_multi([p.data for p in params], [contiguous_grad(p) for p in params], buffers,
+                    library.sgd_update_multi([p.data for p in params], [contiguous_grad(p) for p in params], buffers,
                                        lr=self._learning_rate(index, group, device), momentum=group["momentum"],
                                        dampening=group["dampening"], weight_decay=group["weight_decay"],
                                        nesterov=group["nesterov"], maximize=group["maximize"], first_step=first_step)

@@ -1,4 +1,6 @@
-"""Compiling and launching minidnn's own CUDA kernels through CuPy (GPU only; imported lazily).
+"""minidnn's CUDA runtime: compiling and launching our own kernels through CuPy, the TF32 math mode,
+GPU memory statistics, and the reference profile of the GPU the launch rules were tuned on. It imports
+no CuPy itself: :func:`minidnn.backend.when_cupy_loads` tells it when CuPy is there.
 
 Conventions every ``.cu`` file follows, so that it compiles both here (``cupy.RawModule``, NVRTC)
 and with ``nvcc`` in the CPU test suite:
@@ -20,10 +22,13 @@ use :func:`i32` and :func:`f64`.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
 import re
-from typing import Any, Sequence
+from types import ModuleType
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +39,25 @@ PACKAGE = os.path.dirname(HERE)  # minidnn/: kernels outside the primitives (the
 DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 INT32_LIMIT = 2**31 - 1
 THREADS = 256
-MAX_BLOCKS = 132 * 32  # enough blocks to fill an H200 (132 SMs) many times; loops cover the rest
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference profile: the GPU the launch rules were tuned on
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GpuProfile:
+    """A GPU as the launch rules see it. Rules that only fill the GPU ask the device itself
+    (:func:`sm_count`); a rule whose answer must not depend on the machine (a workspace size, which
+    the CPU twin must reproduce) uses the reference profile's count instead."""
+
+    name: str
+    sm_count: int
+
+
+# The GPU the rules were measured on (docs/gpu.md, "The reference profile").
+REFERENCE_PROFILE = GpuProfile(name="NVIDIA H200", sm_count=132)
+# Grid-stride kernels: enough blocks to fill every SM this many times over; their loops cover the rest.
+BLOCKS_PER_SM = 32
 
 
 def source_path(relative: str) -> str:
@@ -101,11 +124,16 @@ def check_int32(*arrays_or_sizes: Any) -> None:
                              "use a smaller batch (or a smaller workspace limit for convolutions)")
 
 
+def max_blocks() -> int:
+    """The most blocks a grid-stride launch uses on the current device (:data:`BLOCKS_PER_SM` per SM)."""
+    return BLOCKS_PER_SM * sm_count()
+
+
 def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS, shared_bytes: int = 0) -> None:
     """Run ``kernel`` with enough blocks of ``threads`` for ``count`` grid-stride iterations."""
     if count <= 0:
         return
-    blocks = min((count + threads - 1) // threads, MAX_BLOCKS)
+    blocks = min((count + threads - 1) // threads, max_blocks())
     kernel((blocks,), (threads,), tuple(args), shared_mem=shared_bytes)
 
 
@@ -157,15 +185,18 @@ def queued_milliseconds(call: Any, hold_ms: float, max_hold_ms: float) -> float:
 
 
 # Per-channel reductions split each channel's values over several blocks so that even a layer with
-# few channels fills the GPU: about TARGET_BLOCKS blocks in all, none with fewer than a minimum.
-TARGET_BLOCKS = 132 * 8
+# few channels fills the GPU: about REDUCTION_BLOCKS_PER_SM blocks per SM in all, none with fewer than
+# a minimum of values.
+REDUCTION_BLOCKS_PER_SM = 8
 MIN_VALUES_PER_BLOCK = 4096
 
 
-def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BLOCK) -> tuple[int, int]:
+def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BLOCK,
+                    sms: int | None = None) -> tuple[int, int]:
     """(splits, per): each channel's ``values`` in ``splits`` ranges of ``per`` values (the last may be
-    shorter, none is empty; one split even for no values)."""
-    wanted = -(-TARGET_BLOCKS // max(channels, 1))
+    shorter, none is empty; one split even for no values), for ``sms`` SMs (default: the current device's)."""
+    sms = sm_count() if sms is None else sms
+    wanted = -(-REDUCTION_BLOCKS_PER_SM * sms // max(channels, 1))
     splits = max(1, min(wanted, values // minimum))
     per = max(1, -(-values // splits))
     return max(1, -(-values // per)), per
@@ -178,3 +209,127 @@ def cuda_sources() -> list[str]:
     for directory, _, names in os.walk(PACKAGE):
         found.extend(os.path.relpath(os.path.join(directory, n), HERE) for n in names if n.endswith(".cu"))
     return sorted(found)
+
+
+# ----------------------------------------------------------------------------------------------
+# TF32 tensor-core math for float32 GEMMs
+# ----------------------------------------------------------------------------------------------
+# Off by default, as in PyTorch for convolutions' exactness tests: float32 results stay float32.
+_tf32_enabled = os.environ.get("MINIDNN_TF32", "0") == "1"
+
+
+def allow_tf32() -> bool:
+    """Whether float32 GEMMs on the GPU may use TF32 tensor cores."""
+    return _tf32_enabled
+
+
+def set_allow_tf32(enabled: bool) -> None:
+    """Let float32 GEMMs on the GPU use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulate).
+
+    CuPy reads ``CUPY_TF32`` only once, so the switch sets the compute type of 2-D matmuls and the
+    math mode of the cuBLAS handle (used by batched matmuls) directly; see docs/gpu.md.
+    """
+    global _tf32_enabled
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    _tf32_enabled = enabled
+    module = backend.loaded_cupy()
+    if module is not None:
+        _apply_tf32(module)
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool = True) -> Iterator[None]:
+    """Context manager form of :func:`set_allow_tf32`."""
+    before = _tf32_enabled
+    set_allow_tf32(enabled)
+    try:
+        yield
+    finally:
+        set_allow_tf32(before)
+
+
+def _apply_tf32(module: ModuleType) -> None:
+    from cupy._core import _routines_linalg as linalg  # noqa: PLC0415 - CuPy internals, GPU only
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    compute_type = linalg.COMPUTE_TYPE_TF32 if _tf32_enabled else linalg.COMPUTE_TYPE_DEFAULT
+    module._core.set_compute_type(module.float32, compute_type)
+    cublas_tf32_tensor_op_math, cublas_default_math = 3, 0
+    handle = module.cuda.device.get_cublas_handle()
+    cublas.setMathMode(handle, cublas_tf32_tensor_op_math if _tf32_enabled else cublas_default_math)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU memory statistics
+# ----------------------------------------------------------------------------------------------
+class _PeakTracker:
+    """Wraps CuPy's default memory pool to record the high-water mark of bytes in use.
+
+    CuPy's pool has ``used_bytes()`` but no peak, so every allocation goes through ``malloc``
+    below, which asks the pool and then records the largest ``used_bytes`` seen. Frees need no
+    hook: ``used_bytes`` falls by itself, and the peak only has to rise.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.peak = 0
+
+    def malloc(self, size: int) -> Any:
+        memory = self.pool.malloc(size)
+        used = self.pool.used_bytes()
+        if used > self.peak:
+            self.peak = used
+        return memory
+
+
+_tracker: _PeakTracker | None = None
+
+
+def _install_memory_tracker(module: ModuleType) -> None:
+    global _tracker
+    _tracker = _PeakTracker(module.get_default_memory_pool())
+    module.cuda.set_allocator(_tracker.malloc)
+
+
+def _on_cupy_import(module: ModuleType) -> None:
+    _install_memory_tracker(module)
+    _apply_tf32(module)
+
+
+backend.when_cupy_loads(_on_cupy_import)
+
+
+def _require_tracker(target: "str | backend.Device | None") -> _PeakTracker:
+    if target is not None and backend.device(target).type != "cuda":
+        raise ValueError(f"memory statistics are kept for CUDA devices only, got device {target!r}")
+    backend.cupy()  # a clear error without CUDA
+    assert _tracker is not None
+    return _tracker
+
+
+def memory_allocated(target: "str | backend.Device | None" = None) -> int:
+    """Bytes of GPU memory held by live arrays (CuPy's pool ``used_bytes``)."""
+    return _require_tracker(target).pool.used_bytes()
+
+
+def max_memory_allocated(target: "str | backend.Device | None" = None) -> int:
+    """Peak of :func:`memory_allocated` since the start or the last :func:`reset_peak_memory_stats`."""
+    tracker = _require_tracker(target)
+    return max(tracker.peak, tracker.pool.used_bytes())
+
+
+def reset_peak_memory_stats(target: "str | backend.Device | None" = None) -> None:
+    """Restart the peak from the bytes in use now."""
+    tracker = _require_tracker(target)
+    tracker.peak = tracker.pool.used_bytes()
+
+
+def memory_stats(target: "str | backend.Device | None" = None) -> dict[str, int]:
+    """``allocated``, ``peak`` and ``reserved`` (pool total, cached blocks included) in bytes."""
+    tracker = _require_tracker(target)
+    return {
+        "allocated": tracker.pool.used_bytes(),
+        "peak": max(tracker.peak, tracker.pool.used_bytes()),
+        "reserved": tracker.pool.total_bytes(),
+    }

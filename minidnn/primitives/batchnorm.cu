@@ -11,7 +11,7 @@
 //
 // Reductions (the statistics, the backward sums) run on a (C, splits) grid of blocks: block (c, k)
 // owns the values j in [k·per, min((k + 1)·per, M)) of channel c, so that a small C (64 channels on
-// 132 SMs) still fills the GPU; batchnorm.py picks splits from C and M. Thread t of a block visits
+// a GPU of over a hundred SMs) still fills the GPU; batchnorm.py picks splits from C and M. Thread t of a block visits
 // j = begin + t, begin + t + B, ... (B = blockDim.x): the 32 threads of a warp read 32 consecutive j,
 // which are consecutive addresses inside a plane (for S = 1, (N, C) inputs, they are C apart: correct
 // but not coalesced; a channels-last kernel would serve that case better). A Cursor steps from one j to

@@ -307,7 +307,7 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
 # ----------------------------------------------------------------------------------------------
 _SOURCE = "batchnorm.cu"
 # Per-channel reductions run on a (C, splits) grid sized by _cuda.reduction_split: about as many
-# 256-thread blocks as the H200 holds at once, so a small C (64 channels) leaves no SM idle.
+# 256-thread blocks as the GPU holds at once, so a small C (64 channels) leaves no SM idle.
 
 # The reductions' "last block done" counters (batchnorm.cu), one per channel, per GPU: zeroed once,
 # and every kernel leaves the counters it used at 0 again, so no launch needs a memset. Kernels that

@@ -15,7 +15,7 @@ Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUD
 capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
 through ``ctypes`` on the very library and handle CuPy loaded (a second copy of libcublas would
 crash on CuPy's handle), with the TF32 choice made per call by ``cublasGemmEx``'s compute type:
-``CUBLAS_COMPUTE_32F_FAST_TF32`` when :func:`minidnn.backend.allow_tf32` is on. Those calls
+``CUBLAS_COMPUTE_32F_FAST_TF32`` when :func:`minidnn.cuda.allow_tf32` is on. Those calls
 capture into a graph like our own kernels (see :func:`prepare_capture`).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 
 __all__ = ["gemm", "gemm_batched", "gemm_batched_split_k", "split_length", "prepare_capture"]
 
@@ -101,7 +102,7 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
 
     Each operand's matrices must lie at a fixed stride from one another (a stride of 0 repeats
     one matrix for every g); each matrix may be transposed as in :func:`gemm`. ``tf32=False`` keeps
-    float32 products in full float32 even when :func:`minidnn.backend.allow_tf32` is on (for callers whose
+    float32 products in full float32 even when :func:`minidnn.cuda.allow_tf32` is on (for callers whose
     arithmetic magnifies TF32's rounding); None follows the switch.
     """
     if tf32 not in (None, True, False):
@@ -191,8 +192,6 @@ def gemm_batched_split_k(a: Any, b: Any, out: Any, *, beta: float = 0.0) -> Any:
         raise ValueError("gemm_batched_split_k: out must be C-contiguous")
     if 0 in out.shape:
         return out
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(a, b, out)
     batch_strides = tuple(array.strides[0] // array.itemsize if array.shape[0] > 1 else 0 for array in (a, b))
     shape = _split_k_shape(M, N, L, lda, ldb, *batch_strides, a.shape[0], per, int(beta))
@@ -286,8 +285,8 @@ class _Cublas:
         data_type = _DATA_TYPES[dtype]
         if dtype in (np.float64, np.complex128):
             compute = _COMPUTE_64F
-        elif tf32 is None or tf32 == backend.allow_tf32():
-            compute = _COMPUTE_32F_FAST_TF32 if backend.allow_tf32() else _COMPUTE_32F
+        elif tf32 is None or tf32 == _cuda.allow_tf32():
+            compute = _COMPUTE_32F_FAST_TF32 if _cuda.allow_tf32() else _COMPUTE_32F
         else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
             compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them

@@ -197,7 +197,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
 # ----------------------------------------------------------------------------------------------
 _SOURCE = "linear.cu"
 # Per-channel sums run on (channel blocks, splits) grids: aim at about as many 256-thread blocks as
-# the H200 holds at once (132 SMs × 8), with enough work per block that its fixed cost (the tree
+# the GPU holds at once (_cuda.reduction_split), with enough work per block that its fixed cost (the tree
 # sum, the partial write) stays small: 4096 values per (channel, split) block, 64 rows per
 # (32-column, split) block.
 _MIN_ROWS_PER_BLOCK = 64

@@ -379,7 +379,7 @@ def _launch_rows(name: str, dtype: Any, rows: int, args: tuple) -> None:
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     warps = _ROW_THREADS // 32
-    blocks = min((rows + warps - 1) // warps, _cuda.MAX_BLOCKS)
+    blocks = min((rows + warps - 1) // warps, _cuda.max_blocks())
     _cuda.launch_blocks(_kernel(name, dtype), blocks, _ROW_THREADS, args)
 
 

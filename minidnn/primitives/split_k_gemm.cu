@@ -10,7 +10,7 @@
 // gradient transform adds them as it reads), which keeps the result deterministic, unlike atomics.
 //
 // Why not cuBLAS there: its batched GEMM gives a small product few CTAs (ResNet's 36 products of
-// 64 × 64 fill a fraction of 132 SMs); splitting the reduction multiplies the CTAs by the splits.
+// 64 × 64 fill a fraction of the GPU's SMs); splitting the reduction multiplies the CTAs by the splits.
 //
 // One CTA of 128 threads computes a TILE_M × TILE_N tile of one split's product: 16 × 8 threads,
 // each 8 rows × 6 columns of a 128 × 48 tile (4 × 6 of 64 × 48 for double), rows tm + 16·i and
@@ -21,8 +21,6 @@
 //
 //   split_k_gemm_aligned   16-byte copies (VECTOR values); rows and matrices must start 16-byte aligned
 //   split_k_gemm           one value per copy, any layout (Winograd's row length is the tile count)
-//
-// (benchmarks/results/2026-12-01-h200-split-k-gemm.md measures both.)
 
 #ifndef SCALAR
 #define SCALAR float

@@ -5,7 +5,8 @@ asks :mod:`.selection` for the best one under the workspace limit: measured (``f
 guessed by shape (``get``) on the CPU, unless :func:`set_benchmark` says otherwise.
 """
 from . import fft, gemm, gemm_1x1, implicit_gemm, reference, strided_dgrad, winograd  # noqa: F401 - importing registers the algorithms
-from .api import Plan, conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from .api import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from .plans import Plan
 from .problem import ConvProblem
 from .registry import (ConvAlgorithm, algorithms, default_algorithm, parse_size, register, set_benchmark,
                        set_microbatch, set_workspace_limit, settings, workspace_limit)

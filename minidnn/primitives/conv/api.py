@@ -1,7 +1,7 @@
 """The three convolution entry points: forward, backward-data and backward-filter.
 
-Each validates its arguments into a :class:`ConvProblem` once, gets a :class:`Plan` for it (made
-on the first call of each shape, then reused every step) and runs the plan. A plan is a list of
+Each validates its arguments into a :class:`ConvProblem` once, gets a :class:`~.plans.Plan` for it
+(made on the first call of each shape, then reused every step) and runs the plan. A plan is a list of
 segments, (images, algorithm), that together cover the batch: one segment when the whole batch
 runs in one call, several for micro-batches. Segments run in order on views of the batch,
 writing disjoint slices of the output (forward, backward-data) or adding into one weight
@@ -10,62 +10,22 @@ the rest add), with one workspace shared by all of them and no host synchronisat
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ... import backend
 from .._checks import check_float, check_rank
-from . import registry, selection
+from . import plans, registry, selection
+from .plans import Plan, even_split, single
 from .problem import ConvProblem, check_output_grad, forward_problem, make_problem
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How one convolution call runs: ``segments`` of (images, algorithm) covering the batch in
-    order, the workspace they share (the largest any of them needs), and, when a whole-network
-    plan gave it one, a preallocated ``arena`` buffer to use as that workspace."""
-
-    segments: tuple[tuple[int, registry.ConvAlgorithm], ...]
-    workspace_bytes: int
-    arena: Any = None
-
-    @property
-    def algorithms(self) -> list[str]:
-        return [algorithm.name for _, algorithm in self.segments]
-
-    def describe(self) -> str:
-        parts = [f"{images}x{algorithm.name}" for images, algorithm in self.segments]
-        return f"{' + '.join(parts)} ({self.workspace_bytes / 2**20:.1f} MiB workspace)"
-
-
-# A hook the profiler and the benchmark set to see every call: (direction, problem, plan).
-call_observer: Callable[[str, ConvProblem, Plan], None] | None = None
 # Plans already made: (problem, direction, algo, limit, settings...) -> Plan.
 _plans: dict[tuple, Plan] = {}
 registry.cache_clearers.append(_plans.clear)
 _warned_out_of_memory: set = set()
-
-
-def single(algorithm: registry.ConvAlgorithm, problem: ConvProblem, direction: str) -> Plan:
-    """The plan that runs the whole batch in one call of ``algorithm``."""
-    return Plan(((problem.N, algorithm),), algorithm.workspace_bytes(problem, direction))
-
-
-def even_split(algorithm: registry.ConvAlgorithm, problem: ConvProblem, direction: str, limit: int) -> Plan:
-    """The whole batch in as few equal micro-batches of ``algorithm`` as fit ``limit`` (the last may be smaller)."""
-    if algorithm.workspace_bytes(problem.with_batch(1), direction) > limit:
-        raise ValueError(f"algo {algorithm.name!r} needs {algorithm.workspace_bytes(problem.with_batch(1), direction)} "
-                         f"workspace bytes per image for {direction}, over the limit of {limit} bytes")
-    batch = problem.N
-    while batch > 1 and algorithm.workspace_bytes(problem.with_batch(batch), direction) > limit:
-        batch = min(batch - 1, max(1, batch * limit // max(algorithm.workspace_bytes(problem.with_batch(batch),
-                                                                                         direction), 1)))
-    sizes = [batch] * (problem.N // batch) + ([problem.N % batch] if problem.N % batch else [])
-    return Plan(tuple((n, algorithm) for n in sizes), max(algorithm.workspace_bytes(problem.with_batch(n), direction)
-                                                          for n in set(sizes)))
 
 
 def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
@@ -94,8 +54,8 @@ def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limi
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = make_plan(problem, direction, algo, limit)
-    if call_observer is not None:
-        call_observer(direction, problem, plan)
+    if plans.call_observer is not None:
+        plans.call_observer(direction, problem, plan)
     return plan
 
 

@@ -44,7 +44,7 @@ struct ImplicitGemmShape {
 // Each kernel is compiled to fit CTAS_PER_SM CTAs on one SM, i.e. at most 65536 / (256 · CTAS_PER_SM)
 // registers a thread: 128 for the default two. implicit_gemm.py builds a second copy with three (80
 // registers, a few spilled) for SIMT grids longer than one wave of two per SM, whose last wave would
-// otherwise leave SMs idle (392 CTAs on 132 SMs: 1.5 waves of two, one wave of three).
+// otherwise leave SMs idle (392 CTAs on an H200's 132 SMs: 1.5 waves of two, one wave of three).
 #ifndef CTAS_PER_SM
 #define CTAS_PER_SM 2
 #endif

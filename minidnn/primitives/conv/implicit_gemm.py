@@ -12,7 +12,7 @@ one GEMM per group (CUTLASS's mapping; see ``implicit_gemm.cu`` for the kernels)
 
 On the GPU each direction is one kernel launch: 128 × 64 tiles of the product (64 × 64 in float64),
 the reduction walked in steps whose operand tiles are gathered into shared memory, double-buffered;
-SIMT FMAs, or TF32 tensor cores for float32 when :func:`minidnn.backend.allow_tf32` is on.
+SIMT FMAs, or TF32 tensor cores for float32 when :func:`minidnn.cuda.allow_tf32` is on.
 Backward-filter reduces over N·P·Q, far longer than its M × N output, so the reduction is split
 over many CTAs whose partial tiles are added into ``out`` with ``atomicAdd`` in the same kernel:
 the order of those additions varies from run to run, so the algorithm is **not deterministic**
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from .. import _cuda
 from .._checks import check_float, check_rank, check_same_dtype
 from .problem import ConvProblem
 from .reference import padded, tap_slices
@@ -43,11 +44,10 @@ THREADS = 256
 TILE_N = 64
 TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
 TILE_K = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
-# Backward-filter's split-K: aim for about four waves of two CTAs on each of an H200's 132 SMs
-# (2.7 waves of the three-CTA build it runs on), but give each CTA at least this many reduction
-# steps, so its atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps
-# multiply-adds.
-TARGET_CTAS = 132 * 2 * 4
+# Backward-filter's split-K: aim for about four waves of two CTAs on each SM (2.7 waves of the
+# three-CTA build it runs on), but give each CTA at least this many reduction steps, so its
+# atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps multiply-adds.
+SPLIT_K_CTAS_PER_SM = 2 * 4
 MIN_STEPS_PER_SPLIT = 16
 MAX_GRID_Y = 65535
 # CTAs per SM the kernels are compiled for (implicit_gemm.cu's CTAS_PER_SM): two, and a second build
@@ -55,8 +55,7 @@ MAX_GRID_Y = 65535
 DEFAULT_CTAS_PER_SM = 2
 WIDE_GRID_CTAS_PER_SM = 3
 # An SM's time per CTA with two or three resident, relative to two: with three, latency hides better
-# than the few spilled registers cost (measured on the H200: 1.02-1.13x faster on grids of many waves,
-# benchmarks/results/2026-12-01-h200-ctas-per-sm.md).
+# than the few spilled registers cost (measured: docs/convolution.md, implicit GEMM, Measured).
 RELATIVE_CTA_COST = {DEFAULT_CTAS_PER_SM: 1.0, WIDE_GRID_CTAS_PER_SM: 0.9}
 
 
@@ -70,12 +69,12 @@ def gemm_shape(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
             "backward_filter": (Cg * taps, Kg, pixels)}[direction]
 
 
-def steps_per_split(problem: ConvProblem) -> int:
-    """Backward-filter's reduction steps per CTA: enough slices of N·P·Q to fill the GPU."""
+def steps_per_split(problem: ConvProblem, sms: int) -> int:
+    """Backward-filter's reduction steps per CTA: enough slices of N·P·Q to fill a GPU of ``sms`` SMs."""
     rows, columns, reduction = gemm_shape(problem, "backward_filter")
     steps = -(-reduction // TILE_K[problem.dtype])
     output_tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N) * problem.groups
-    wanted_splits = -(-TARGET_CTAS // output_tiles)
+    wanted_splits = -(-SPLIT_K_CTAS_PER_SM * sms // output_tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted_splits))
 
 
@@ -223,10 +222,8 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
     """One launch of ``direction``'s kernel: the SIMT one, or the TF32 tensor-core one for float32
     when TF32 is allowed. ``arrays`` are (first input, second input, out) as the kernel takes them;
     backward-data by phase gives its largest phase's ``rows`` and the ``phases`` (the grid's z)."""
-    from .. import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(*arrays)
-    tensor_cores = problem.dtype == np.float32 and backend.allow_tf32()
+    tensor_cores = problem.dtype == np.float32 and _cuda.allow_tf32()
     if direction == "backward_data_by_phase":
         _, columns, reduction = gemm_shape(problem, "backward_data")
     else:
@@ -234,7 +231,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
     steps = -(-reduction // TILE_K[problem.dtype])
     splits, extra = 1, ()
     if direction == "backward_filter":
-        per_split = steps_per_split(problem)
+        per_split = steps_per_split(problem, _cuda.sm_count())
         splits, extra = -(-steps // per_split), (_cuda.i32(per_split),)
     elif direction == "forward":
         x, w, out = arrays
@@ -256,7 +253,7 @@ def ctas_per_sm_for(direction: str, ctas: int, sms: int) -> int:
     A grid runs in waves of (CTAs per SM × SMs); the last wave may be nearly empty, yet costs a whole
     wave. Estimate each build's time as waves × CTAs per SM × its relative cost per CTA, and take the
     cheaper. Backward-filter always takes three: it sizes its split-K grid to several waves, and the
-    three-CTA build ran it 1.05-1.13x faster on every measured layer."""
+    three-CTA build ran it faster on every measured layer (docs/convolution.md, implicit GEMM, Measured)."""
     if direction == "backward_filter":
         return WIDE_GRID_CTAS_PER_SM
 

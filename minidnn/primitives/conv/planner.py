@@ -15,7 +15,7 @@ micro-batch size (a cost table, ``{b: find(problem with N = b)}``) two planners 
 
 The dynamic programmes (:func:`wr_plan`, :func:`wd_front`, :func:`wd_solve`) are pure functions
 of cost tables; :func:`plan` and :func:`solve_network` feed them from ``find`` and turn their
-answers into :class:`api.Plan`. docs/microbatching.md derives them and says why they are exact.
+answers into :class:`plans.Plan`. docs/microbatching.md derives them and says why they are exact.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from ... import backend
 from .._checks import check_int
-from . import api, registry, selection
+from . import plans, registry, selection
 from .problem import ConvProblem
 from .selection import AlgoPerf
 
@@ -223,7 +223,7 @@ def wd_solve(fronts: Sequence[Sequence[Option]], budget: int, counts: Sequence[i
 
 
 # ----------------------------------------------------------------------------------------------
-# Wiring: find's measurements in, api.Plan out
+# Wiring: find's measurements in, plans.Plan out
 # ----------------------------------------------------------------------------------------------
 def cost_table(problem: ConvProblem, direction: str, limit: int, policy: str) -> CostTable:
     """``find`` at every candidate micro-batch size of ``problem``'s batch (measured once, then cached)."""
@@ -231,21 +231,21 @@ def cost_table(problem: ConvProblem, direction: str, limit: int, policy: str) ->
             for size in candidate_sizes(problem.N, policy)}
 
 
-def to_plan(option: Option, problem: ConvProblem, direction: str, arena: object = None) -> api.Plan:
+def to_plan(option: Option, problem: ConvProblem, direction: str, arena: object = None) -> plans.Plan:
     """The executable plan of ``option``; its workspace is what the algorithms themselves say they need."""
     segments = tuple((images, registry.get(name)) for images, name in option.segments)
     workspace = max(algorithm.workspace_bytes(problem.with_batch(images), direction) for images, algorithm in segments)
-    return api.Plan(segments, workspace, arena)
+    return plans.Plan(segments, workspace, arena)
 
 
 # WD's state: the kernels seen in "wd" mode (with the batch policy they ran under), the plans the
 # last solve_network chose, and the kernels that appeared after it and were warned about.
 _registered: dict[Kernel, str] = {}
-_solved: dict[Kernel, api.Plan] = {}
+_solved: dict[Kernel, plans.Plan] = {}
 _warned: set[Kernel] = set()
 
 
-def plan(problem: ConvProblem, direction: str, limit: int, mode: str, policy: str) -> api.Plan:
+def plan(problem: ConvProblem, direction: str, limit: int, mode: str, policy: str) -> plans.Plan:
     """The plan for one kernel (``api.make_plan`` calls this for ``algo="auto"`` when micro-batching).
 
     ``"wr"``: WR under ``limit``. ``"wd"``: the plan :func:`solve_network` chose for this kernel; before
@@ -299,7 +299,7 @@ def solve_network(budget: int, counts: dict[Kernel, int] | None = None) -> dict[
     _solved.update({(problem, direction): dataclasses.replace(plan, arena=arenas[problem.device])
                     for (problem, direction), plan in plans.items()})
     _warned.clear()
-    api._plans.clear()  # made before the solve: drop them so every call asks plan() again
+    registry.clear_caches()  # plans made before the solve: drop them so every call asks plan() again
     return dict(zip(kernels, chosen))
 
 
@@ -307,18 +307,18 @@ def solve_step(step: Callable[[], object], limit: int) -> int:
     """Run ``step()`` (one training step, in "wd" mode) while counting its convolution calls per
     (problem, direction), then :func:`solve_network` within :func:`network_budget`. Returns the budget."""
     calls: dict[Kernel, int] = {}
-    observer = api.call_observer
+    observer = plans.call_observer
 
-    def count(direction: str, problem: ConvProblem, plan: api.Plan) -> None:
+    def count(direction: str, problem: ConvProblem, plan: plans.Plan) -> None:
         calls[problem, direction] = calls.get((problem, direction), 0) + 1
         if observer is not None:
             observer(direction, problem, plan)
 
-    api.call_observer = count
+    plans.call_observer = count
     try:
         step()
     finally:
-        api.call_observer = observer
+        plans.call_observer = observer
     budget = network_budget(limit, calls)
     solve_network(budget, calls)
     return budget
@@ -335,7 +335,7 @@ def reset_network() -> None:
     _registered.clear()
     _solved.clear()
     _warned.clear()
-    api._plans.clear()
+    registry.clear_caches()
 
 
 def total_time(options: Iterable[Option], counts: Iterable[int]) -> float:

@@ -80,6 +80,28 @@ class ConvProblem:
                 f"pad {self.padding[0]}x{self.padding[1]}{extra}, {self.dtype.name})")
 
 
+def conv_arguments(stride: Any, padding: Any, dilation: Any, groups: Any) -> tuple[tuple[int, int], tuple[int, int],
+                                                                                 tuple[int, int], int]:
+    """A convolution's hyper-parameters validated, as (stride, padding, dilation) pairs and ``groups``: the one
+    check that :class:`minidnn.nn.Conv2d` and every convolution call share. Each error names the argument."""
+    stride = pair(stride, "stride", minimum=1)
+    padding = pair(padding, "padding", minimum=0)
+    dilation = pair(dilation, "dilation", minimum=1)
+    if not isinstance(groups, int) or isinstance(groups, bool):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    return stride, padding, dilation, groups
+
+
+def check_channels(C: int, K: int, groups: int) -> None:
+    """``groups`` must divide both the input channels C and the output channels K."""
+    if C % groups:
+        raise ValueError(f"groups={groups} must divide the input channels C={C}")
+    if K % groups:
+        raise ValueError(f"groups={groups} must divide the output channels K={K} (weight.shape[0])")
+
+
 def make_problem(x_shape: tuple, w_shape: tuple, stride: Any, padding: Any, dilation: Any, groups: Any,
                  dtype: np.dtype, device: str) -> ConvProblem:
     """Validate shapes and parameters; every error names the argument at fault.
@@ -108,19 +130,10 @@ def _validated_problem(x_shape: tuple, w_shape: tuple, stride: Any, padding: Any
         raise ValueError(f"conv2d: input must be 4-D (N, C, H, W), got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
         raise ValueError(f"conv2d: weight must be 4-D (K, C/groups, R, S), got shape {tuple(w_shape)}")
-    stride = pair(stride, "stride", minimum=1)
-    padding = pair(padding, "padding", minimum=0)
-    dilation = pair(dilation, "dilation", minimum=1)
-    if not isinstance(groups, int) or isinstance(groups, bool):
-        raise TypeError(f"groups must be an int, got {groups!r}")
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups}")
+    stride, padding, dilation, groups = conv_arguments(stride, padding, dilation, groups)
     N, C, H, W = (int(v) for v in x_shape)
     K, C_per_group, R, S = (int(v) for v in w_shape)
-    if C % groups:
-        raise ValueError(f"groups={groups} must divide the input channels C={C}")
-    if K % groups:
-        raise ValueError(f"groups={groups} must divide the output channels K={K} (weight.shape[0])")
+    check_channels(C, K, groups)
     if C_per_group * groups != C:
         raise ValueError(f"channel mismatch: input has C={C} channels, weight expects "
                          f"{C_per_group} per group x groups={groups} = {C_per_group * groups}")

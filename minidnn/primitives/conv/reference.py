@@ -6,8 +6,8 @@ whatever the input dtype and rounds once at the end, so for float64 inputs it is
 order of summation. It supports every problem and declares no workspace, but it is no
 workspace-bounded algorithm: its float64 copies and window matrix, (N, C, P, Q, R, S) doubles,
 are its own temporaries (800 MiB for CaffeNet's conv3 at batch 256). So it runs only when asked
-for by name, or when nothing else fits: ``find`` leaves it out otherwise (on an H200 its float64
-tensor-core GEMMs outran some fp32 kernels, and picking it cost that memory).
+for by name, or when nothing else fits: ``find`` leaves it out otherwise (on a GPU with float64
+tensor cores its GEMMs can outrun float32 kernels, and picking it by time would cost that memory).
 Works on NumPy and CuPy arrays alike.
 """
 from __future__ import annotations

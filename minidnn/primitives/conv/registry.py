@@ -102,9 +102,16 @@ def workspace_array(workspace: Any, shape: tuple[int, ...], dtype: Any, offset: 
 
 
 _algorithms: dict[str, ConvAlgorithm] = {}
-# Caches that depend on the registered algorithms (plans, find results in memory): emptied when
-# an algorithm registers. Modules that keep such caches add their clear() here.
+# Caches that depend on the registered algorithms or on a whole-network plan (plans, find results in
+# memory): emptied when an algorithm registers or the WD planner solves the network. Modules that keep
+# such caches add their clear() here, so that whoever invalidates them needs to know none of them.
 cache_clearers: list = []
+
+
+def clear_caches() -> None:
+    """Empty every cache that depends on the algorithms or the network's plans (see :data:`cache_clearers`)."""
+    for clear in cache_clearers:
+        clear()
 
 
 def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
@@ -112,8 +119,7 @@ def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
     if algorithm.name in _algorithms:
         raise ValueError(f"a convolution algorithm named {algorithm.name!r} is already registered")
     _algorithms[algorithm.name] = algorithm
-    for clear in cache_clearers:
-        clear()
+    clear_caches()
     return algorithm
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from ..._version import __version__
+from .. import _cuda
 from . import registry
 from .problem import ConvProblem
 
@@ -66,17 +68,14 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names += (["winograd_4x4", "winograd_4x4_chunked", "winograd_2x2"] if min(problem.H, problem.W) >= 16
                   else ["winograd_2x2"])
     if stride_1 and (problem.R, problem.S) == (5, 5) and problem.device == "cuda" and min(problem.H, problem.W) >= 16:
-        # F(4x4, 5x5) cuts the multiplications 6.25x (CaffeNet conv2 on the H200: 2.7x cuDNN's forward). On the
-        # CPU one large im2col matmul still beats its transforms and batched GEMMs. The weight gradient goes first
-        # to F(7x7, 5x5), 38% fewer multiplications again and larger chunks (conv2 at 64 MiB: 0.48 ms against
-        # 0.72), its float32 error 1.4e-4 against 8.7e-6, and cuDNN's own there 3.7e-3
-        # (benchmarks/results/2026-12-01-h200-winograd-7x7-wgrad.md).
+        # F(4x4, 5x5) cuts the multiplications 6.25x. On the CPU one large im2col matmul still beats its
+        # transforms and batched GEMMs. The weight gradient goes first to F(7x7, 5x5): 38% fewer multiplications
+        # again and larger chunks, at a larger float32 error (docs/convolution.md, Winograd, Measured).
         if direction == "backward_filter":
             names += ["winograd_7x7_5x5", "winograd_7x7_5x5_chunked"]
         names += ["winograd_4x4_5x5", "winograd_4x4_5x5_chunked"]
     # FFT from 5x5 filters on the GPU; on the CPU NumPy's FFTs beat one im2col matmul only from 7x7
-    # (benchmarks/results/2026-12-01-cpu-fft-vs-gemm.txt, summed over the three directions: 5x5 1.3-8.6x slower,
-    # 7x7 and 9x9 1.4-3.0x faster; F(4x4, 5x5) 1.5-8.5x slower than im2col).
+    # (benchmarks/probes/cpu_fft_vs_gemm.py; docs/convolution.md, FFT, Measured).
     smallest_fft_filter = 5 if problem.device == "cuda" else 7
     if stride_1 and min(problem.R, problem.S) >= smallest_fft_filter and min(problem.H, problem.W) >= 16:
         names.append("fft")
@@ -111,7 +110,7 @@ registry.cache_clearers.append(_measured.clear)
 
 def math_mode(problem: ConvProblem) -> str:
     """``"tf32"`` when float32 products may use TF32 tensor cores, else ``"ieee"``."""
-    return "tf32" if problem.dtype == np.float32 and problem.device == "cuda" and backend.allow_tf32() else "ieee"
+    return "tf32" if problem.dtype == np.float32 and problem.device == "cuda" and _cuda.allow_tf32() else "ieee"
 
 
 def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: int = 3) -> list[AlgoPerf]:
@@ -171,7 +170,7 @@ def _time(call: Any, xp: Any, repeats: int) -> list[float]:
     queued behind a hold, :func:`minidnn.primitives._cuda.queued_milliseconds`), a host clock on the CPU.
 
     Without the hold, events would also count the gaps in which the GPU waits for the host to launch
-    the next kernel (from Python, 6 µs for a bare launch, 24 µs for a cuBLAS call on the H200's host):
+    the next kernel (several microseconds from Python for each launch, more for a cuBLAS call):
     find would then prefer algorithms of few launches to faster ones, although those gaps vanish where
     the host runs ahead of the GPU (a captured step, the larger models' eager steps). Timing the GPU
     alone is what cuDNN's find measures.
@@ -184,8 +183,6 @@ def _time(call: Any, xp: Any, repeats: int) -> list[float]:
             call()
             times.append(1000 * (time.perf_counter() - start))
         else:
-            from .. import _cuda  # noqa: PLC0415 - GPU only
-
             times.append(_cuda.queued_milliseconds(call, HOLD_MS, MAX_HOLD_MS))
     return times
 
@@ -214,8 +211,6 @@ class _DiskCache:
     """find results of one device kind, persisted as JSON (see the module docstring)."""
 
     def __init__(self, device: str) -> None:
-        from ... import __version__  # noqa: PLC0415 - the package imports this module
-
         directory = os.environ.get("MINIDNN_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "minidnn"))
         self.path = os.path.join(directory, f"conv_find_{device}.json") if directory else None
         self.header = {"format": CACHE_FORMAT, "minidnn": __version__, "device": _device_name(device)}

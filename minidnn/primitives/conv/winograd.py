@@ -1,11 +1,11 @@
-"""The Winograd algorithms: ``winograd_2x2`` and ``winograd_4x4`` for 3x3 stride-1 convolution (2.25x or 4x fewer
-multiplies), ``winograd_4x4_5x5`` for 5x5 (6.25x fewer), and for the 5x5 weight gradient alone ``winograd_7x7_5x5``
-(10.1x fewer, a larger float32 error: see WEIGHT_GRADIENT_POINTS), each also ``_chunked`` where m > 2.
+"""Winograd's minimal filtering (Lavin & Gray): in a transformed space a tile's r×r correlation is an element-wise
+product, Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A, so an m×m output tile costs α² = (m + r − 1)² multiplications instead of
+m²·r², and summing over channels turns each of the α² element positions into one matrix product (a batched GEMM).
 
-Lavin & Gray's F(m×m, r×r): cut the output into m×m tiles, each computed from an α×α input patch
-(α = m + r − 1); in the transformed space a patch's r×r correlation is an element-wise product,
-Y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A,
-and summing over channels turns each of the α² element positions into one matrix product (a batched GEMM).
+The algorithms: ``winograd_2x2`` and ``winograd_4x4`` for 3x3 stride-1 convolution (2.25x or 4x fewer multiplies),
+``winograd_4x4_5x5`` for 5x5 (6.25x fewer), and for the 5x5 weight gradient alone ``winograd_7x7_5x5`` (10.1x fewer,
+a larger float32 error: see WEIGHT_GRADIENT_POINTS), each also ``_chunked`` where m > 2. F(m×m, r×r) cuts the
+output into m×m tiles, each computed from an α×α input patch:
 
     U[ξν] (K × C/G)     = G g Gᵀ          per filter (k, c)              filter transform
     V[ξν] (C/G × tiles) = Bᵀ d B          per (channel, tile)            input transform
@@ -32,16 +32,11 @@ within ``CHUNKED_WORKSPACE`` (60 MiB), whatever the batch.
 On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the functions below do the same
 transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs).
 
-Numerics (float32 against float64, relative error ‖got − exact‖/‖exact‖, random data, every 3x3 layer of
-CaffeNet, ResNet-18 and ResNet-50 at batch 1, measured on the CPU twin): F(2×2) ≤ 6.1e-7 in every direction,
-close to direct im2col + GEMM (≤ 3.9e-7); F(4×4) ≤ 3.7e-6, since its transforms have larger entries (Bᵀ up
-to 5, Aᵀ up to 8, G down to 1/24). tests/test_conv_winograd.py holds them to 3e-6 and 1.5e-5. F(4×4, 5×5) on
-CaffeNet's conv2: ≤ 4.2e-6 (Bᵀ up to 21/4, G down to 1/90), held to 1.5e-5; its weight gradient's error grows
-with the batch summed in one GEMM (2.7e-5 over 128 images on the H200). F(7×7, 5×5)'s weight gradient on conv2:
-4.6e-5 at batch 1, held to 1.5e-4; 1.4e-4 at batch 128 on the H200, where cuDNN's own is 3.7e-3; its GEMMs stay
-float32 under TF32, which would make that 0.128. For the others, with TF32 GEMMs the transforms magnify
-TF32's rounding to 3.1e-3 (F(4×4)) and 5.7e-3 (F(4×4, 5×5)), against 2.9e-4 for a direct GEMM
-(benchmarks/winograd_tf32_error.py; docs/convolution.md).
+Numerics: the float32 error grows with the transforms' entries. F(2×2)'s are small, and it is close to direct
+im2col + GEMM; F(4×4)'s reach Bᵀ 5, Aᵀ 8 and G 1/24, F(4×4, 5×5)'s Bᵀ 21/4 and G 1/90, F(7×7, 5×5)'s further
+(WEIGHT_GRADIENT_POINTS). A weight gradient summed over a whole batch in one GEMM grows with the batch. TF32 GEMMs'
+rounding is magnified by the same entries, so F(7×7, 5×5)'s GEMMs stay float32 under TF32. The measured errors,
+and the bounds tests/test_conv_winograd.py holds them to: docs/convolution.md, Winograd, Measured.
 """
 from __future__ import annotations
 
@@ -54,7 +49,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ... import backend
-from .. import blas
+from .. import _cuda, blas
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
 
@@ -144,14 +139,12 @@ def _solve(equations: list[list[Fraction]], rhs: list[Fraction]) -> list[Fractio
 
 # F(7×7, 5×5) (α = 11), for backward-filter only: 7×7 tiles of dy with 11×11 input patches. Per image and channel
 # it transforms and multiplies 121·⌈P/7⌉·⌈Q/7⌉ values where F(4×4, 5×5) takes 64·⌈P/4⌉·⌈Q/4⌉: 1936 against 3136
-# on CaffeNet's 27² conv2, so 38% fewer multiplications and a chunk 1.6x as many images in the same workspace
-# (cuDNN's weight gradient there goes further, to 13×13 transforms, at a 3.7e-3 error). The price is float32
-# error: larger points make larger entries (Bᵀ up to 4301/162, Aᵀ up to 3⁶). These points were the best of a
-# first search by conv2's float32 weight-gradient error on the CPU: 5.0e-5 at batch 4, against 3.3e-6 for
-# F(4×4, 5×5) and 1.0e-4 for the first set tried (0, ±1, ±2, ±1/2, ±3, 1/3); benchmarks/winograd_points.py's
-# wider search found one 9% lower (results/2026-12-01-cpu-winograd-7x7-points.txt), not adopted yet. Under TF32
-# its GEMMs stay float32 (Winograd.backward_filter). Its forward and backward-data would carry the same error
-# where F(4×4, 5×5) is already fast, so it does not offer them.
+# on CaffeNet's 27² conv2, so 38% fewer multiplications and a chunk 1.6x as many images in the same workspace.
+# The price is float32 error: larger points make larger entries (Bᵀ up to 4301/162, Aᵀ up to 3⁶). These points
+# were chosen by conv2's float32 weight-gradient error among the sets a search on the CPU tried
+# (benchmarks/probes/winograd_points.py; the errors: docs/convolution.md, Winograd, Measured). Under TF32 its GEMMs
+# stay float32 (Winograd.backward_filter). Its forward and backward-data would carry the same error where
+# F(4×4, 5×5) is already fast, so it does not offer them.
 WEIGHT_GRADIENT_POINTS = [Fraction(p) for p in ("0", "3", "-3", "1/3", "-1/3", "3/2", "-3/2", "2/3", "-2/3", "1")]
 TRANSFORMS[7, 5] = cook_toom(7, 5, WEIGHT_GRADIENT_POINTS)
 WEIGHT_GRADIENT_ONLY = {(7, 5)}
@@ -295,14 +288,10 @@ def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool,
 
 
 def _i32(value: int) -> np.int32:
-    from .. import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.i32(value)
 
 
 def _launch(kernel: str, count: int, args: tuple, *arrays: Any) -> None:
-    from .. import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(*arrays)
     _cuda.launch(_cuda.function(_SOURCE, kernel, arrays[0].dtype), count, args)
 
@@ -353,7 +342,7 @@ class Winograd(ConvAlgorithm):
         Its α²·G products make ``ctas`` CTAs of split_k_gemm.cu per split. 1 when they fill every SM twice
         over (cuBLAS is faster there). Otherwise at least two CTAs per SM, as many splits (up to MAX_SPLITS)
         as make the fewest waves per split: the kernel is issue-bound, so an SM given one CTA more than
-        the others sets the time (72 CTAs in 4 splits, 288 on 132 SMs, take 3 waves of a quarter
+        the others sets the time (72 CTAs in 4 splits, 288 on the profile's 132 SMs, take 3 waves of a quarter
         each; in 7, 4 waves of a seventh). The chunked variant keeps its partial products within
         SPLIT_K_CHUNKED_BYTES, so that they do not take the chunks' room (1 if two would not fit).
         """
@@ -439,10 +428,10 @@ class Winograd(ConvAlgorithm):
                         workspace: Any) -> None:
         rows = (problem.K, problem.C, problem.K)
         splits = self.weight_gradient_splits(problem)
-        # F(7×7, 5×5)'s transforms magnify TF32's rounding to a 13% error (against 5.7e-3 for F(4×4, 5×5)): its
-        # products stay in float32 whatever the math mode.
+        # F(7×7, 5×5)'s transforms magnify TF32's rounding far beyond F(4×4, 5×5)'s (docs/convolution.md, Winograd,
+        # Measured): its products stay in float32 whatever the math mode.
         float32_only = (self.m, self.r) in WEIGHT_GRADIENT_ONLY
-        tf32 = backend.allow_tf32() and problem.dtype == np.float32 and not float32_only
+        tf32 = _cuda.allow_tf32() and problem.dtype == np.float32 and not float32_only
         # cuBLAS where the products alone fill the GPU (one split), and for TF32 (its tensor cores; over the
         # whole reduction, into the first partial product).
         split_k = splits > 1 and not tf32
@@ -471,14 +460,14 @@ def images(array: Any, first: int, stop: int) -> Any:
 # The chunked variant's whole workspace: just under the default 64 MiB limit, so that it fits there on
 # every 3x3 layer of the reference models (U is largest on ResNet's 512-channel layers, 36·512·512·4
 # bytes = 36 MiB, leaving 24 MiB of chunks), with chunks as large as that allows: each chunk costs a
-# few kernel launches and a cuBLAS call of host time, about 0.1 ms from Python.
+# few kernel launches and a cuBLAS call of host time.
 CHUNKED_WORKSPACE = 60 << 20
 
-# Backward-filter's split-K (weight_gradient_splits): the SMs of the GPU the policy was measured on, an H200's
-# (a constant, not the device's count, so that workspace sizes are the same on every machine and the CPU twin
+# Backward-filter's split-K (weight_gradient_splits) counts the SMs of the reference profile, the GPU the policy
+# was measured on, not the device's own (so that workspace sizes are the same on every machine and the CPU twin
 # runs the splits the GPU would); at most MAX_SPLITS partial products, and at most SPLIT_K_CHUNKED_BYTES of them
-# in the chunked variants (benchmarks/results/2026-12-01-h200-split-k-gemm.md).
-SPLIT_K_SMS = 132
+# in the chunked variants (measured: docs/convolution.md, Winograd, Measured).
+SPLIT_K_SMS = _cuda.REFERENCE_PROFILE.sm_count
 MAX_SPLITS = 8
 SPLIT_K_CHUNKED_BYTES = CHUNKED_WORKSPACE // 16
 
