@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One batched GPU session (see docs/gpu.md): the gpu-marked tests, a short training run on the GPU,
 # and the benchmark, every log and result under $OUT (the device tool brings that folder back).
-#   usage: benchmarks/gpu_checks.sh [tests] [train] [bench]   (default: all three)
+#   usage: tools/gpu_checks.sh [tests] [train] [bench]   (default: all three)
 # The benchmark runs every cell in its own process (docs/benchmarks.md) and stops starting cells
 # after BENCH_BUDGET seconds (default 480, so one session command of 10 minutes holds it); run the
 # suite in parts and merge them here afterwards, e.g.
-#   BENCH_ARGS="--models caffenet" BENCH_NAME=caffenet benchmarks/gpu_checks.sh bench
-#   BENCH_ARGS="--models resnet18,resnet20" BENCH_NAME=resnets benchmarks/gpu_checks.sh bench
+#   BENCH_ARGS="--models caffenet" BENCH_NAME=caffenet tools/gpu_checks.sh bench
+#   BENCH_ARGS="--models resnet18,resnet20" BENCH_NAME=resnets tools/gpu_checks.sh bench
 #   python benchmarks/bench.py --merge caffenet.json resnets.json --name h200
 set -uo pipefail
+cd "$(dirname "$0")/.."  # the repository root: the paths below are relative to it
 OUT=${OUT:-/tmp/minidnn-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache}

@@ -1,8 +1,8 @@
 """Plan a model's convolutions as micro-batches (μ-cuDNN's WR or WD) and print the plan.
 
-    python -m minidnn.plan resnet50 --batch 256 --workspace-limit 512MiB --microbatch wd
-    python -m minidnn.plan tiny_cnn --batch 8 --workspace-limit 1MiB --microbatch wr --device cpu --image-size 16
-    python -m minidnn.plan resnet18 --batch 64 --workspace-limit 64MiB --microbatch wd --png conv1.png --layer conv1
+    python tools/plan.py resnet50 --batch 256 --workspace-limit 512MiB --microbatch wd
+    python tools/plan.py tiny_cnn --batch 8 --workspace-limit 1MiB --microbatch wr --device cpu --image-size 16
+    python tools/plan.py resnet18 --batch 64 --workspace-limit 64MiB --microbatch wd --png conv1.png --layer conv1
 
 It builds the model, runs one forward and backward pass on random data under those settings (the
 planner times every algorithm at every candidate micro-batch size with ``find``, cached on disk),
@@ -16,19 +16,22 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import os
 import sys
 from typing import Sequence
 
 import numpy as np
 
-import minidnn
-import minidnn.functional as F
-import minidnn.nn as nn
-import models
-from minidnn import backend
-from minidnn.primitives import conv
-from minidnn.primitives.conv import api, planner, registry
-from minidnn.primitives.conv.problem import DIRECTIONS, ConvProblem
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import minidnn  # noqa: E402
+import minidnn.functional as F  # noqa: E402
+import minidnn.nn as nn  # noqa: E402
+import models  # noqa: E402
+from minidnn import backend  # noqa: E402
+from minidnn.primitives import conv  # noqa: E402
+from minidnn.primitives.conv import planner, plans, registry  # noqa: E402
+from minidnn.primitives.conv.problem import DIRECTIONS, ConvProblem  # noqa: E402
 
 Kernel = planner.Kernel
 
@@ -44,7 +47,7 @@ def _positive(text: str) -> int:
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m minidnn.plan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tools/plan.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", choices=list(models.MODELS), help="a model of models.MODELS")
     parser.add_argument("--batch", type=_positive, required=True, help="mini-batch size B")
     parser.add_argument("--workspace-limit", required=True,
@@ -69,7 +72,7 @@ def run_network(model: nn.Module, x: minidnn.Tensor, labels: minidnn.Tensor) -> 
     layers: list[tuple[str, ConvProblem]] = []
     calls: collections.Counter = collections.Counter()
 
-    def observe(direction: str, problem: ConvProblem, plan: api.Plan) -> None:
+    def observe(direction: str, problem: ConvProblem, plan: plans.Plan) -> None:
         calls[(problem, direction)] += 1
         if direction == "forward":
             layers.append((running[-1] if running else "(functional conv2d)", problem))
@@ -81,12 +84,12 @@ def run_network(model: nn.Module, x: minidnn.Tensor, labels: minidnn.Tensor) -> 
         finally:
             running.pop()
 
-    original, observer = nn.Conv2d.forward, api.call_observer
-    nn.Conv2d.forward, api.call_observer = forward, observe
+    original, observer = nn.Conv2d.forward, plans.call_observer
+    nn.Conv2d.forward, plans.call_observer = forward, observe
     try:
         F.cross_entropy(model(x), labels).backward()
     finally:
-        nn.Conv2d.forward, api.call_observer = original, observer
+        nn.Conv2d.forward, plans.call_observer = original, observer
     return layers, calls
 
 
@@ -195,7 +198,7 @@ def draw(path: str, layer: str, problem: ConvProblem, kernels: list[Kernel], cho
 
 
 def fail(message: str) -> int:
-    print(f"minidnn.plan: error: {message}", file=sys.stderr)
+    print(f"tools/plan.py: error: {message}", file=sys.stderr)
     return 2
 
 
