@@ -1,4 +1,4 @@
-# Justifies implicit_gemm.ctas_per_sm_for and its H200 constant RELATIVE_CTA_COST (minidnn/primitives/conv/implicit_gemm.py).
+# Justifies implicit_gemm.ctas_per_sm_for and RELATIVE_CTA_COST, the per-CTA cost of the two- and three-CTA builds measured on the H200 (minidnn/primitives/conv/implicit_gemm.py).
 """implicit_gemm's two kernel builds (2 or 3 CTAs per SM) timed against each other on the reference models' shapes.
 
 Every direction, in fp32 (SIMT), TF32 and fp64, GPU time per call (queued behind a hold so that launch gaps do
@@ -14,7 +14,7 @@ import os
 import numpy as np
 import cupy as cp
 from benchmarks.gpu_timing import gpu_ms
-from minidnn import backend
+from minidnn.primitives import _cuda
 from minidnn.primitives.conv import api, implicit_gemm
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,7 +44,7 @@ shapes = {  # N, C, H, K, R, stride, pad, groups
 original = implicit_gemm.ctas_per_sm_for
 for mode in ("fp32", "tf32", "fp64"):
     dtype = np.float64 if mode == "fp64" else np.float32
-    backend.set_allow_tf32(mode == "tf32")
+    _cuda.set_allow_tf32(mode == "tf32")
     for name, (N, C, H, K, R, st, pad, G) in shapes.items():
         x = cp.random.standard_normal((N, C, H, H)).astype(dtype)
         w = cp.random.standard_normal((K, C // G, R, R)).astype(dtype)
@@ -66,7 +66,7 @@ for mode in ("fp32", "tf32", "fp64"):
             row["speedup_3"] = round(row["ms_2"] / row["ms_3"], 3)
             results.append(row); print(row, flush=True)
         del x, w, y, dy
-backend.set_allow_tf32(False)
+_cuda.set_allow_tf32(False)
 device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
 with open(os.path.join(OUT, f"{arguments.name}.json"), "w") as file:
     json.dump({"device": device, "records": results}, file, indent=1)

@@ -15,8 +15,7 @@ import cupy as cp
 import torch
 
 from benchmarks import gpu_timing
-from minidnn import backend
-from minidnn.primitives import blas
+from minidnn.primitives import _cuda, blas
 from minidnn.primitives.conv import api, winograd
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,7 +33,7 @@ def gpu_ms(call):
 for N in (128, 256):
     C, K, G, H, R = 96, 256, 2, 27, 5
     for mode in ("fp32", "tf32"):
-        backend.set_allow_tf32(mode == "tf32")
+        _cuda.set_allow_tf32(mode == "tf32")
         torch.backends.cudnn.allow_tf32 = mode == "tf32"
         x = cp.random.standard_normal((N, C, H, H), dtype=cp.float32)
         w = (cp.random.standard_normal((K, C // G, R, R), dtype=cp.float32) / np.sqrt(48 * 25)).astype(cp.float32)
@@ -69,7 +68,7 @@ for N in (128, 256):
         del x, w, dy, tx, tw, tdy
         cp.get_default_memory_pool().free_all_blocks(); torch.cuda.empty_cache()
 
-backend.set_allow_tf32(False)
+_cuda.set_allow_tf32(False)
 torch.backends.cudnn.allow_tf32 = False
 
 # ---- the weight gradient's parts, batch 128, fp32 ----

@@ -18,7 +18,7 @@ import cupy as cp
 import torch
 
 from benchmarks import gpu_timing
-from minidnn import backend
+from minidnn.primitives import _cuda
 from minidnn.primitives.conv import api
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,7 +62,7 @@ for N in (128, 256):
 
     tx, tdy = torch.as_tensor(x, device="cuda"), torch.as_tensor(dy, device="cuda")
     for mode in ("fp32", "tf32"):
-        backend.set_allow_tf32(mode == "tf32")
+        _cuda.set_allow_tf32(mode == "tf32")
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
         for algo, limit in ALGORITHMS:
             def wgrad(algo=algo, limit=limit):

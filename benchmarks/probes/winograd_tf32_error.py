@@ -1,4 +1,4 @@
-# Justifies the TF32 errors stated for Winograd F(4x4) and F(4x4, 5x5), whose GEMMs follow the TF32 switch (minidnn/primitives/conv/winograd.py).
+# Justifies the TF32 errors of Winograd F(4x4) and F(4x4, 5x5), whose GEMMs follow the TF32 switch (docs/convolution.md, Winograd, Measured; minidnn/primitives/conv/winograd.py).
 """Winograd's error when its GEMMs run in TF32, emulated on the CPU: every float32 GEMM operand rounded to TF32's 10
 mantissa bits (to nearest) before NumPy multiplies in float32, as cuBLAS's FAST_TF32 compute type does; against float64.
 

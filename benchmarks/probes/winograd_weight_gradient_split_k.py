@@ -1,4 +1,4 @@
-# Justifies Winograd.weight_gradient_splits with SPLIT_K_SMS (an H200 constant), MAX_SPLITS, SPLIT_K_CHUNKED_BYTES (minidnn/primitives/conv/winograd.py) and blas.SPLIT_K_BUILD.
+# Justifies Winograd.weight_gradient_splits with SPLIT_K_SMS (the reference profile's SM count, _cuda.REFERENCE_PROFILE), MAX_SPLITS, SPLIT_K_CHUNKED_BYTES (minidnn/primitives/conv/winograd.py) and blas.SPLIT_K_BUILD.
 """Split-K for Winograd's weight gradient (blas.gemm_batched_split_k, split_k_gemm.cu) against cuBLAS's batched GEMM:
 first the GEMM alone on CaffeNet conv2's products, then the whole weight gradient of every layer Winograd takes
 (CaffeNet conv2 at batch 128 and 256, ResNet's four 3x3 stride-1 shapes at batch 64), with the split count forced
@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from benchmarks import gpu_timing
-from minidnn import backend
-from minidnn.primitives import blas
+from minidnn.primitives import _cuda, blas
 from minidnn.primitives.conv import api, registry, winograd
 from minidnn.primitives.conv.problem import ConvProblem
 
@@ -27,7 +26,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", required=True)
 OUT = parser.parse_args().out
 os.makedirs(OUT, exist_ok=True)
-backend.set_allow_tf32(False)
+_cuda.set_allow_tf32(False)
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 
