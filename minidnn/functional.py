@@ -39,8 +39,6 @@ def _data(value: Tensor | None) -> Any:
 # Convolution and linear layers
 # ----------------------------------------------------------------------------------------------
 class Conv2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, w, b, stride, padding, dilation, groups):
         self.args = (stride, padding, dilation, groups)
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
@@ -83,8 +81,6 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
 
 
 class LinearFunction(Function):
-    fresh_output = True
-
     def forward(self, x, w, b):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         return library.linear_forward(x, w, b)
@@ -107,12 +103,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # Pooling
 # ----------------------------------------------------------------------------------------------
 class MaxPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         # Without return_indices the engine keeps its own compact record of the maxima for backward.
         y, self.indices = library.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
-                                               return_indices=indices_out is not None)
+                                                     return_indices=indices_out is not None)
         self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
         if indices_out is not None:  # return_indices: hand the argmax to the caller as well
             indices_out.append(self.indices)
@@ -133,8 +127,6 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 class AvgPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, *args):
         self.x_shape, self.args = x.shape, args
         return library.avg_pool2d_forward(x, *args)
@@ -150,8 +142,6 @@ def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 class AdaptiveAvgPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, output_size):
         self.x_shape = x.shape
         return library.adaptive_avg_pool2d_forward(x, output_size)
@@ -214,8 +204,6 @@ def _unrows(loss: Tensor, input: Tensor, reduction: str) -> Tensor:
 
 
 class CrossEntropyFunction(Function):
-    fresh_output = True
-
     def forward(self, logits, target, weight, ignore_index, label_smoothing, reduction):
         self.args = (weight, ignore_index, label_smoothing, reduction)
         loss, log_probs = library.cross_entropy_forward(logits, target, *self.args)
@@ -236,8 +224,6 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, i
 
 
 class NLLLossFunction(Function):
-    fresh_output = True
-
     def forward(self, log_probs, target, weight, ignore_index, reduction):
         self.args = (weight, ignore_index, reduction)
         self.shape = log_probs.shape
@@ -274,8 +260,6 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 # Regularisation and normalisation
 # ----------------------------------------------------------------------------------------------
 class DropoutFunction(Function):
-    fresh_output = True
-
     def forward(self, x, p, seed, offset):
         y, mask = library.dropout_forward(x, p, seed, offset)
         self.p = p
@@ -302,10 +286,9 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 class BatchNormTrainingFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
-                                                        relu=relu)
+                                                              relu=relu)
         # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
         self.save_for_backward(x, weight, mean, invstd, y if relu else None)
-        self.fresh_output = not relu
         return y
 
     def backward(self, dy):
@@ -318,13 +301,13 @@ class BatchNormInferenceFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, eps, relu=False):
         y = library.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
         self.save_for_backward(x, weight, running_mean.copy(), running_var.copy(), y if relu else None)
-        self.eps, self.fresh_output = eps, not relu
+        self.eps = eps
         return y
 
     def backward(self, dy):
         x, weight, running_mean, running_var, relu_output = self.saved
         return library.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps,
-                                               relu_output=relu_output)
+                                                     relu_output=relu_output)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,

@@ -6,8 +6,9 @@ gives them their PyTorch names (``a + b``, ``x.sum()``, ``x.relu()``) and :mod:`
 adds the neural-network operations. Activations and softmax compute through the current engine
 (``library``), like every neural-network operation.
 
-``fresh_output = True`` marks a node whose output is a new array that its backward does not read:
-an in-place operation on that output (``relu_``) cannot corrupt this node's gradient.
+In-place forms (``add_``, ``mul_``, ``relu_``) run the same nodes with ``out=`` the target's array
+(:meth:`~minidnn.autograd.Function.apply_in_place`); a node whose backward would need the values it
+overwrites saves a copy of them.
 """
 from __future__ import annotations
 
@@ -28,31 +29,27 @@ def _xp(*arrays: Any):
 # Arithmetic
 # ----------------------------------------------------------------------------------------------
 class AddFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        return a + b
+    def forward(self, a, b, out=None):
+        return a + b if out is None else _xp(a).add(a, b, out=out)
 
     def backward(self, grad):
         return grad, grad
 
 
 class SubFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        return a - b
+    def forward(self, a, b, out=None):
+        return a - b if out is None else _xp(a).subtract(a, b, out=out)
 
     def backward(self, grad):
         return grad, -grad
 
 
 class MulFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        self.save_for_backward(a if self.needs_input_grad[1] else None, b if self.needs_input_grad[0] else None)
-        return a * b
+    def forward(self, a, b, out=None):
+        # Written over a (a.mul_(b)), a's old values are kept for b's gradient as a copy.
+        kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
+        self.save_for_backward(kept_a, b if self.needs_input_grad[0] else None)
+        return a * b if out is None else _xp(a).multiply(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -60,11 +57,10 @@ class MulFunction(Function):
 
 
 class DivFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        self.save_for_backward(a, b)
-        return a / b
+    def forward(self, a, b, out=None):
+        kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
+        self.save_for_backward(kept_a, b)
+        return a / b if out is None else _xp(a).divide(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -88,8 +84,6 @@ class PowFunction(Function):
 
 
 class NegFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         return -a
 
@@ -100,7 +94,6 @@ class NegFunction(Function):
 class MatMulFunction(Function):
     """a @ b with NumPy's rules (1-D operands, batched broadcasting)."""
 
-    fresh_output = True
 
     def forward(self, a, b):
         self.save_for_backward(a, b)
@@ -135,8 +128,6 @@ class ExpFunction(Function):
 
 
 class LogFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         self.save_for_backward(a)
         return _xp(a).log(a)
@@ -156,8 +147,6 @@ class SqrtFunction(Function):
 
 
 class AbsFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         self.save_for_backward(a)
         return _xp(a).abs(a)
@@ -167,8 +156,6 @@ class AbsFunction(Function):
 
 
 class ClampFunction(Function):
-    fresh_output = True
-
     def forward(self, a, low=None, high=None):
         xp = _xp(a)
         out = xp.clip(a, low, high)
@@ -181,8 +168,6 @@ class ClampFunction(Function):
 
 
 class WhereFunction(Function):
-    fresh_output = True
-
     def forward(self, condition, a, b):
         self.save_for_backward(condition)
         return _xp(a).where(condition, a, b)
@@ -195,8 +180,6 @@ class WhereFunction(Function):
 
 
 class CastFunction(Function):
-    fresh_output = True
-
     def forward(self, a, dtype):
         self.source_dtype = a.dtype
         return a.astype(dtype)
@@ -206,8 +189,6 @@ class CastFunction(Function):
 
 
 class ToDeviceFunction(Function):
-    fresh_output = True
-
     def forward(self, a, target):
         self.source = backend.device_of(a)
         return backend.to_device(a, target)
@@ -220,8 +201,6 @@ class ToDeviceFunction(Function):
 # Reductions
 # ----------------------------------------------------------------------------------------------
 class SumFunction(Function):
-    fresh_output = True
-
     def forward(self, a, axes=None, keepdim=False):
         self.shape, self.axes, self.keepdim = a.shape, axes, keepdim
         return a.sum(axis=axes, keepdims=keepdim)
@@ -234,8 +213,6 @@ class SumFunction(Function):
 
 
 class MeanFunction(Function):
-    fresh_output = True
-
     def forward(self, a, axes=None, keepdim=False):
         self.shape, self.axes, self.keepdim = a.shape, axes, keepdim
         out = a.mean(axis=axes, keepdims=keepdim)
@@ -252,7 +229,6 @@ class MeanFunction(Function):
 class MaxReduceFunction(Function):
     """max (or min) over one axis or all; the gradient goes to the first extreme element."""
 
-    fresh_output = True
 
     def forward(self, a, axis=None, keepdim=False, use_min=False):
         xp = _xp(a)
@@ -321,8 +297,6 @@ class GetItemFunction(Function):
 
 
 class ConcatenateFunction(Function):
-    fresh_output = True
-
     def forward(self, *arrays, axis=0):
         self.axis = axis
         self.sizes = [a.shape[axis] for a in arrays]
