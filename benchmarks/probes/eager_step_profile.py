@@ -120,12 +120,21 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             engine.synchronize()
             first = time.perf_counter() - start
             engine.clock.time(engine.step, 4)
+            engine.prepare()  # the captured engine captures here; the eager ones do nothing
+            record_extra = engine.prepared()
+            engine.clock.time(engine.step, 1)
             wall, host = engine.clock.time(engine.step, steps)
             record = {"engine": engine_name, "model": model, "batch": batch, "mode": mode, "first_step_s": first,
                       "wall_ms": statistics.median(wall), "host_ms": statistics.median(host), "steps": steps}
+            record.update(record_extra)
+            engine.synchronize()
+            engine.reset_peak()
+            engine.step()
+            engine.synchronize()
+            record.update(engine.memory())
             record.update(measure.profile_steps(engine, 3))
             record["kernels_by_name"] = kernel_names(engine, 2)
-            if engine_name != "torch":
+            if engine_name == "minidnn":
                 record["host_by_call"] = host_time_by_call(engine, 5)
                 engine.synchronize()
                 profile = cProfile.Profile()
@@ -149,12 +158,13 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
 def write_report(records: list[dict], out: str) -> None:
     with open(os.path.join(out, "profile.json"), "w") as file:
         json.dump({"records": records}, file, indent=1)
-    lines = ["| engine | model, batch | mode | wall ms | host ms | kernels/step | GPU-busy ms | Python calls |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | model, batch | mode | wall ms | host ms | kernels/step | GPU-busy ms | peak MiB | Python calls |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['engine']} | {r['model']} {r['batch']} | {r['mode']} | {r['wall_ms']:.2f} | "
                      f"{r['host_ms']:.2f} | {r.get('kernels_per_step', float('nan')):.0f} | "
-                     f"{r.get('gpu_busy_ms', float('nan')):.2f} | {r.get('python_calls', '')} |")
+                     f"{r.get('gpu_busy_ms', float('nan')):.2f} | {r.get('peak_bytes', 0) / 2**20:.0f} | "
+                     f"{r.get('python_calls', '')} |")
     for r in records:
         if "host_by_call" in r:
             lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: host ms per step by call "
@@ -179,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="model:batch,... of " + ", ".join(SUITE))
-    parser.add_argument("--engines", default="minidnn", help="minidnn and/or torch, comma-separated")
+    parser.add_argument("--engines", default="minidnn", help="minidnn, minidnn-graph (captured) and/or torch")
     parser.add_argument("--modes", default="fp32,tf32")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")
