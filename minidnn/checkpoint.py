@@ -179,15 +179,18 @@ def read_archive(source: Any, label: str) -> tuple[dict[str, np.ndarray], dict[s
     ``metadata`` member, parsed; ``label`` names the file in errors. Any damage (not a zip, a
     truncated or garbled member, a pickled object array, no metadata, bad JSON) is a ``ValueError``
     naming the file: readers of a file must not fail with whatever NumPy or zipfile raise inside."""
+    magic = _first_bytes(source, 6)
+    if not magic.startswith(b"PK\x03\x04"):  # np.load would take it for a pickle, or for one .npy array
+        what = "it is empty" if not magic else "a single .npy array" if magic.startswith(b"\x93NUMPY") else \
+            "a pickle, which is never loaded" if magic[:1] == b"\x80" else "it does not start as a zip file does"
+        raise ValueError(f"{label} is not an .npz archive ({what})")
     try:
         with np.load(source, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-    except AttributeError:  # np.load returned an array: a .npy file, not an archive
-        raise ValueError(f"{label} is a single .npy array, not an .npz archive") from None
     except MemoryError:
         raise
     except Exception as error:  # zipfile, zlib, the .npy header parser and pickle refusal raise many types
-        reason = "it holds a pickled object, which is never loaded" if "allow_pickle" in str(error) else \
+        reason = "a member is a pickled object, which is never loaded" if "allow_pickle" in str(error) else \
             f"{type(error).__name__}: {error}"
         raise ValueError(f"{label} is not a readable .npz archive ({reason})") from None
     text = arrays.pop("metadata", None)
@@ -202,6 +205,21 @@ def read_archive(source: Any, label: str) -> tuple[dict[str, np.ndarray], dict[s
     if not isinstance(metadata, dict):
         raise ValueError(f"{label} is damaged: its metadata is a JSON {type(metadata).__name__}, not an object")
     return arrays, metadata
+
+
+def _first_bytes(source: Any, count: int) -> bytes:
+    """The first ``count`` bytes of a path or of a seekable file object (whose position is kept)."""
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            with open(source, "rb") as file:
+                return file.read(count)
+        except OSError as error:
+            raise ValueError(f"{os.fspath(source)!r} cannot be read ({error.strerror or error})") from None
+    position = source.tell()
+    try:
+        return source.read(count)
+    finally:
+        source.seek(position)
 
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -272,10 +290,23 @@ def _check_optimizer(checkpoint: Checkpoint, optimizer: Any) -> None:
     saved = checkpoint.optimizer_state["param_groups"]
     if len(saved) != len(own):
         raise ValueError(f"it holds {len(saved)} parameter groups, the optimizer has {len(own)}")
-    for index, (theirs, ours) in enumerate(zip(saved, own)):
+    parameters: dict[int, Any] = {}
+    for index, (theirs, ours, group) in enumerate(zip(saved, own, optimizer.param_groups)):
         _check_same_form({k: v for k, v in theirs.items() if k != "params"},
                          {k: v for k, v in ours.items() if k != "params"}, f"optimizer parameter group {index}",
                          extra_keys=True)
+        if len(theirs["params"]) != len(ours["params"]):
+            raise ValueError(f"optimizer parameter group {index} has {len(theirs['params'])} parameters, the "
+                             f"optimizer's has {len(ours['params'])}")
+        parameters.update(zip(theirs["params"], group["params"]))
+    for index, values in checkpoint.optimizer_state["state"].items():
+        if index not in parameters:
+            raise ValueError(f"its optimizer state refers to parameter {index}, which no group holds")
+        for name, value in values.items():
+            shape = tuple(parameters[index].shape)
+            if isinstance(value, np.ndarray) and value.ndim and value.shape != shape:
+                raise ValueError(f"optimizer state {index}/{name} of shape {value.shape} does not match its "
+                                 f"parameter {shape}")
 
 
 def _check_same_form(saved: Any, own: Any, where: str, extra_keys: bool = False) -> None:

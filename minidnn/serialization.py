@@ -126,7 +126,7 @@ def _array_node(kind: str, array: Any, arrays: dict[str, np.ndarray], where: str
     if host.dtype.hasobject or host.dtype.kind == "V":
         raise TypeError(f"minidnn.save cannot store {where}: an array of dtype {host.dtype} needs pickle")
     name = f"arrays/{len(arrays)}"
-    arrays[name] = np.ascontiguousarray(host)
+    arrays[name] = host
     return {kind: name, "dtype": host.dtype.str, "shape": list(host.shape)}
 
 
