@@ -811,24 +811,34 @@ def init_from(model: Any, args: argparse.Namespace, weights: dict[str, Any]) -> 
     ``ValueError`` naming the file and the mismatches. Says once what was loaded."""
     own = model.state_dict()
     head = models.spec(args.model).classifier
-    fresh = [key for key in (f"{head}.weight", f"{head}.bias")
-             if key in own and key in weights and tuple(np.shape(weights[key])) != own[key].shape]
+    weight, bias = f"{head}.weight", f"{head}.bias"
+    fresh = []
+    if weight in own and weight in weights:  # a head of k classes over the same features: (k, features), (k,)
+        saved = tuple(np.shape(weights[weight]))
+        same_features = len(saved) == 2 and saved[1:] == own[weight].shape[1:]
+        bias_fits = bias not in own or (bias in weights and tuple(np.shape(weights[bias])) == saved[:1])
+        if saved != own[weight].shape and same_features and bias_fits:
+            fresh = [weight] + ([bias] if bias in own else [])
     try:
         model.load_state_dict({**weights, **{key: own[key] for key in fresh}})
     except (ValueError, TypeError) as error:
         raise ValueError(f"cannot start from {args.init_from!r}: {error}") from None
     if fresh:
-        saved = np.shape(weights[f"{head}.weight"])[0] if f"{head}.weight" in weights else "?"
         print(f"train.py: --init-from {args.init_from}: loaded its weights except the classifier, re-initialised "
-              f"({', '.join(fresh)}: {saved} classes there, {own[fresh[0]].shape[0]} here)")
+              f"({', '.join(fresh)}: {np.shape(weights[weight])[0]} classes there, {own[weight].shape[0]} here)")
     else:
         print(f"train.py: --init-from {args.init_from}: starting from its weights (epoch 0, a new optimizer and "
               f"schedule)")
 
 
 def _one_line(error: BaseException) -> str:
-    """An error's message on one line (a state dict's load lists its problems on lines of their own)."""
-    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    """An error's message on one line (a state dict's load lists its problems on lines of their own,
+    after a line ending in a colon)."""
+    text = ""
+    for line in (line.strip() for line in str(error).splitlines()):
+        if line:
+            text += (" " if text.endswith(":") else "; " if text else "") + line
+    return text
 
 
 def _class_names(args: argparse.Namespace, train_set: Any, num_classes: int) -> tuple[str, ...]:
