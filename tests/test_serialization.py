@@ -229,6 +229,15 @@ def damages(marker):
 
 
 DAMAGES = [name for name, _ in damages("unused")]
+# What the message says of each damage, besides naming the file.
+SAID = {"truncated": "not a readable .npz archive", "empty": "not an .npz archive \\(it is empty\\)",
+        "not a zip": "does not start as a zip file does", "a pickle": "a pickle, which is never loaded",
+        "garbled bytes": "Bad CRC-32", "pickled object member": "a member is a pickled object, which is never loaded",
+        "pickled metadata": "a member is a pickled object", "no metadata": "has no metadata member",
+        "metadata not text": "its metadata member is int64 of shape \\(3,\\), not text",
+        "bad JSON": "its metadata is not JSON", "JSON list": "its metadata is a JSON list, not an object",
+        "wrong member": "which the file lacks", "wrong shape": "should be <f4 of shape \\(5,\\), but its member",
+        "a .npy file": "a single .npy array"}
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
@@ -238,9 +247,9 @@ def test_every_damage_is_a_value_error_naming_the_file(tmp_path, rng, damage):
     minidnn.save({"w": minidnn.tensor(rng.standard_normal((4, 5)).astype(np.float32)), "n": 3,
                   "b": minidnn.tensor(rng.standard_normal(5).astype(np.float32))}, good)
     dict(damages(marker))[damage](good, bad)
-    with pytest.raises(ValueError, match=rf"'{bad}'"):
+    with pytest.raises(ValueError, match=rf"'{bad}'.*{SAID[damage]}"):
         minidnn.load(bad)
-    with open(bad, "rb") as file, pytest.raises(ValueError, match=rf"'{bad}'"):  # a file object: named too
+    with open(bad, "rb") as file, pytest.raises(ValueError, match=rf"'{bad}'.*{SAID[damage]}"):  # a file object too
         minidnn.load(file)
     assert not marker.exists()  # nothing was ever unpickled
 

@@ -9,6 +9,7 @@ from PIL import Image
 import minidnn
 import models
 import train
+from minidnn.data import transforms as T
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,6 +155,7 @@ def test_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: None)" not in text and "(default: False)" not in text  # nothing to show: nothing shown
     assert "--epochs EPOCHS passes over the training set (default: 3)" in text
     assert "--batch-size BATCH_SIZE images per training step (default: 64)" in text
     for action in train.build_parser()._actions:
@@ -219,7 +221,11 @@ def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_
         path = tmp_path / f"shape{index}.png"
         Image.fromarray(dataset.images[index]).save(path)
         shape_files.append(str(path))
-    expected_shapes = logits_of(run.model, [dataset[index][0] for index in range(8)])
+    larger = np.kron(dataset.images[8], np.ones((2, 1, 1), np.uint8))[:, :, :]  # 64 x 32: train.py squashes it
+    Image.fromarray(larger).save(tmp_path / "larger.png")
+    shape_files.append(str(tmp_path / "larger.png"))
+    inputs = [dataset[index][0] for index in range(8)] + [dataset.transform(T.Resize((32, 32))(larger), None)]
+    expected_shapes = logits_of(run.model, inputs)
     # An image folder: Resize (shorter side) and CenterCrop on images of other sizes and aspects.
     root = image_folder(tmp_path / "images", [(20, 12), (9, 30), (16, 16)])
     args = train.parse_args(["--model", "tiny_cnn", "--data", str(root), "--image-size", "10", "--batch-size", "3",
@@ -235,10 +241,12 @@ def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_
                            ",".join([str(tmp_path / "folder" / "last.npz")] + folder_files)],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    np.testing.assert_array_equal(np.load(tmp_path / f"8-{out.name}.npy"), expected_shapes)
+    np.testing.assert_array_equal(np.load(tmp_path / f"9-{out.name}.npy"), expected_shapes)
     np.testing.assert_array_equal(np.load(tmp_path / f"{len(folder_files)}-folder.npy"), expected_folder)
 
+    state = minidnn.manual_seed(11).get_state()
     pretrained = models.load_pretrained(out / "last.npz")
+    assert minidnn.get_rng_state() == state  # building the model drew from the generator; it is put back
     assert pretrained.classes == minidnn.data.SHAPES_CLASSES and pretrained.input_size == 32
     normalize = run.test_loader.dataset.transform.transforms[-1]
     assert pretrained.mean == tuple(normalize.mean.ravel().tolist()) and pretrained.name == "tiny_cnn"
