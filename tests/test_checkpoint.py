@@ -1,5 +1,4 @@
 """Checkpoints: round trip, atomic writes, bad files, and resuming equal to never stopping."""
-import json
 import os
 
 import numpy as np
@@ -9,7 +8,7 @@ import minidnn
 import minidnn.functional as F
 import minidnn.nn as nn
 from minidnn import optim
-from tests.test_serialization import DAMAGES, damages, rewrite, set_metadata
+from tests.test_serialization import DAMAGES, damages, put, with_members, with_metadata
 
 
 def tiny_model():
@@ -69,55 +68,33 @@ def test_resuming_gives_bitwise_the_same_parameters_as_not_stopping(tmp_path):
 
 
 # ------------------------------------------------------------------ damaged checkpoints
-def checkpoint_metadata(path):
-    with np.load(path, allow_pickle=False) as archive:
-        return json.loads(str(archive["metadata"]))
-
-
-def with_metadata(change):
-    """A damage: the checkpoint with its (valid JSON) metadata changed by ``change(metadata)``."""
-    def apply(good, bad):
-        metadata = checkpoint_metadata(good)
-        change(metadata)
-        rewrite(good, bad, set_metadata(json.dumps(metadata)))
-    return apply
-
-
-def with_members(change):
-    return lambda good, bad: rewrite(good, bad, change)
-
-
-def setitem(mapping, key, value):
-    mapping[key] = value
-
-
 # Damages of a checkpoint's structure (the archive-level ones, shared with minidnn.load, are in
 # tests/test_serialization.py): each is (name, damage, what the message says).
 STRUCTURE = [
-    ("step is text", with_metadata(lambda m: setitem(m, "step", "three")), "its step is not a whole number"),
+    ("step is text", with_metadata(lambda m: put(m, "step", "three")), "its step is not a whole number"),
     ("no random state", with_metadata(lambda m: m.pop("rng")), "no random-number state"),
-    ("random state garbage", with_metadata(lambda m: setitem(m["rng"], "numpy", {"state": 5})),
+    ("random state garbage", with_metadata(lambda m: put(m["rng"], "numpy", {"state": 5})),
      "random-number state does not parse"),
-    ("extra not an object", with_metadata(lambda m: setitem(m, "extra", [1])), "extra is not a JSON object"),
-    ("optimizer groups garbage", with_metadata(lambda m: setitem(m["optimizer"], "param_groups", "all")),
+    ("extra not an object", with_metadata(lambda m: put(m, "extra", [1])), "extra is not a JSON object"),
+    ("optimizer groups garbage", with_metadata(lambda m: put(m["optimizer"], "param_groups", "all")),
      "optimizer entry lacks"),
-    ("optimizer lr is text", with_metadata(lambda m: setitem(m["optimizer"]["param_groups"][0], "lr", "fast")),
+    ("optimizer lr is text", with_metadata(lambda m: put(m["optimizer"]["param_groups"][0], "lr", "fast")),
      r"optimizer parameter group 0\['lr'\] is a str where a number belongs"),
-    ("scheduler state of another form", with_metadata(lambda m: setitem(m["scheduler"]["state"], "last_epoch", [3])),
+    ("scheduler state of another form", with_metadata(lambda m: put(m["scheduler"]["state"], "last_epoch", [3])),
      r"scheduler state\['last_epoch'\] is a list"),
     ("scheduler state lacks an entry", with_metadata(lambda m: m["scheduler"]["state"].pop("base_lrs")),
      "the scheduler state has the entries"),
-    ("a foreign member", with_members(lambda m: setitem(m, "junk/x", np.zeros(2))), "junk/x is none of"),
-    ("weights of text", with_members(lambda m: setitem(m, "model/6.bias", np.array(["a"] * 5))),
+    ("a foreign member", with_members(lambda m: put(m, "junk/x", np.zeros(2))), "junk/x is none of"),
+    ("weights of text", with_members(lambda m: put(m, "model/6.bias", np.array(["a"] * 5))),
      "holds <U1, not numbers"),
     ("no weights", with_members(lambda m: [m.pop(k) for k in list(m) if k.startswith("model/")]),
      "no model weights"),
-    ("momentum of another shape", with_members(lambda m: setitem(m, "optimizer/state/0/momentum_buffer",
+    ("momentum of another shape", with_members(lambda m: put(m, "optimizer/state/0/momentum_buffer",
                                                                  np.zeros((2, 2), np.float32))),
      "optimizer state 0/momentum_buffer of shape"),
-    ("weights of another shape", with_members(lambda m: setitem(m, "model/6.weight", np.zeros((5, 3), np.float32))),
+    ("weights of another shape", with_members(lambda m: put(m, "model/6.weight", np.zeros((5, 3), np.float32))),
      "shape mismatch for 6.weight"),
-    ("a renamed weight", with_members(lambda m: setitem(m, "model/6.weights", m.pop("model/6.weight"))),
+    ("a renamed weight", with_members(lambda m: put(m, "model/6.weights", m.pop("model/6.weight"))),
      "missing keys: 6.weight"),
 ]
 

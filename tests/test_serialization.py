@@ -1,6 +1,7 @@
 """minidnn.save / minidnn.load: torch's call shapes, exact round trips of nested values, and files
 that are never unpickled: every damage is a ValueError naming the file."""
 import io
+import json
 import math
 import os
 import pickle
@@ -174,6 +175,25 @@ def set_metadata(text):
     def change(members):
         members["metadata"] = np.array(text)
     return change
+
+
+def with_metadata(change):
+    """A damage: the file with its (valid JSON) metadata changed by ``change(metadata)``."""
+    def apply(good, bad):
+        with np.load(good, allow_pickle=False) as archive:
+            metadata = json.loads(str(archive["metadata"]))
+        change(metadata)
+        rewrite(good, bad, set_metadata(json.dumps(metadata)))
+    return apply
+
+
+def with_members(change):
+    """A damage: the file with its members changed by ``change(dict of arrays)``."""
+    return lambda good, bad: rewrite(good, bad, change)
+
+
+def put(mapping, key, value):
+    mapping[key] = value
 
 
 class _CreatesMarker:

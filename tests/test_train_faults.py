@@ -18,7 +18,7 @@ import minidnn
 import models
 import train
 from minidnn.checkpoint import temporary_pattern
-from tests.test_serialization import DAMAGES, damages, rewrite, set_metadata
+from tests.test_serialization import DAMAGES, damages, put, with_members, with_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny_cnn", "--train-size", "160", "--test-size", "60", "--batch-size", "16", "--workers", "0",
@@ -33,14 +33,20 @@ def data_cache_and_no_plots(tmp_path_factory, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """A two-epoch run that was never stopped: (its folder, its metrics rows)."""
-    out = tmp_path_factory.mktemp("straight")
+def run_once(tmp_path_factory, name, arguments):
+    """A folder of its own where ``train.main(arguments)`` ran, as the autouse fixture runs it (for module fixtures)."""
+    out = tmp_path_factory.mktemp(name)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
         patch.setitem(sys.modules, "matplotlib", None)
-        train.main(TWO_EPOCHS + ["--out", str(out)])
+        train.main(arguments + ["--out", str(out)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A two-epoch run that was never stopped: (its folder, its metrics rows)."""
+    out = run_once(tmp_path_factory, "straight", TWO_EPOCHS)
     return out, rows(out)
 
 
@@ -618,35 +624,17 @@ def test_a_write_error_is_one_line_without_a_traceback_from_the_command_line(tmp
 # ------------------------------------------------------------------ 12. damaged checkpoints, every reader
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("saved")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
-        patch.setitem(sys.modules, "matplotlib", None)
-        train.main(TINY + ["--epochs", "1", "--out", str(out), "--max-steps", "2"])
-    return out / "last.npz"
+    return run_once(tmp_path_factory, "saved", TINY + ["--epochs", "1", "--max-steps", "2"]) / "last.npz"
 
 
 def change_extra(change):
-    def apply(good, bad):
-        with np.load(good, allow_pickle=False) as archive:
-            metadata = json.loads(str(archive["metadata"]))
-        change(metadata["extra"])
-        rewrite(good, bad, set_metadata(json.dumps(metadata)))
-    return apply
-
-
-def change_members(change):
-    return lambda good, bad: rewrite(good, bad, change)
-
-
-def put(mapping, key, value):
-    mapping[key] = value
+    return with_metadata(lambda metadata: change(metadata["extra"]))
 
 
 # Damages of what train.py's readers need, beyond the archive's (tests/test_serialization.py): (name, damage,
 # the readers it concerns).
 TRAIN_DAMAGES = [
-    ("weights of another shape", change_members(lambda m: put(m, "model/fc.weight", np.zeros((3, 5), np.float32))),
+    ("weights of another shape", with_members(lambda m: put(m, "model/fc.weight", np.zeros((3, 5), np.float32))),
      ("resume", "init_from", "load_pretrained")),
     ("a setting of nonsense", change_extra(lambda e: put(e["args"], "epochs", "many")), ("resume",)),
     ("a negative setting", change_extra(lambda e: put(e["args"], "lr", -1.0)), ("resume",)),
