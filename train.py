@@ -575,6 +575,10 @@ class OutLock:
             raise ValueError(f"--out {out!r} is in use by another train.py run"
                              + (f" (process {holder})" if holder.isdigit() else "")
                              + "; wait for it to end, or choose another --out") from None
+        except OSError as error:  # a file system without locks (some network mounts)
+            self.file.close()
+            raise ValueError(f"--out {out!r}: cannot lock {self.path} ({error.strerror or error}); choose an --out "
+                             f"on a local disk") from None
         self.file.truncate(0)
         self.file.write(f"{os.getpid()}\n")
         self.file.flush()

@@ -63,6 +63,8 @@ def describe(name: str, arguments: dict[str, Any], classes: Sequence[str], trans
         else:
             raise ValueError(f"the evaluation transform holds {step!r}, which a description cannot hold (it takes "
                              f"Resize, CenterCrop, ToTensor and Normalize)")
+    if ["ToTensor"] not in steps:
+        raise ValueError(f"the evaluation transform {transform!r} holds no ToTensor: the model takes CHW floats")
     if not any(kind in _SPATIAL for kind, *_ in steps):
         steps.insert(0, ["Resize", [input_size, input_size]])
     return {"model": {"name": name, "arguments": dict(arguments)},

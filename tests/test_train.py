@@ -329,3 +329,21 @@ def test_init_from_with_other_classes_gives_a_new_head_and_keeps_the_body(tmp_pa
     with pytest.raises(SystemExit) as both:
         train.main(options + ["--resume", str(out / "last.npz")])
     assert both.value.code == 2
+
+
+def test_a_description_holds_deterministic_pipelines_only():
+    pipeline = T.Compose([train._GrayToRGB(), T.Compose([T.Resize(12), T.CenterCrop(10), T.ToTensor(),
+                                                         T.Normalize((0.5, 0.4, 0.3), (0.2, 0.2, 0.1))])])
+    description = models.describe("tiny_cnn", {"num_classes": 2}, ["a", "b"], pipeline, 10,
+                                  rgb_steps=(train._GrayToRGB,))
+    assert description["input"] == {"size": 10, "mean": pytest.approx([0.5, 0.4, 0.3]),
+                                    "std": pytest.approx([0.2, 0.2, 0.1]),
+                                    "transform": [["Resize", 12], ["CenterCrop", [10, 10]], ["ToTensor"],
+                                                  ["Normalize"]]}
+    assert description["model"] == {"name": "tiny_cnn", "arguments": {"num_classes": 2}}
+    with pytest.raises(ValueError, match="RandomCrop.*which a description cannot hold"):
+        models.describe("tiny_cnn", {}, [], T.Compose([T.RandomCrop(3), T.ToTensor()]), 10)
+    with pytest.raises(ValueError, match="holds no ToTensor"):
+        models.describe("tiny_cnn", {}, [], T.Compose([T.Resize(3)]), 10)
+    with pytest.raises(ValueError, match="_GrayToRGB"):
+        models.describe("tiny_cnn", {}, [], pipeline, 10)  # an RGB step not named as one is not guessed at
