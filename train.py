@@ -361,7 +361,7 @@ def evaluate(model: Any, loader: data.DataLoader, device: str,
 # How long train.py's own process may take to exit after a stop before it is ended: the exit joins the
 # loader's threads, and a thread blocked in the kernel on a read (a named pipe, a hung network mount)
 # cannot be interrupted from Python, so that join would never return.
-EXIT_GRACE_SECONDS = 2.0
+EXIT_GRACE_SECONDS = 1.0
 
 
 def exit_within(seconds: float, code: int | str | None) -> None:

@@ -67,7 +67,7 @@ def load(f: str | os.PathLike | BinaryIO, map_location: Any = None) -> Any:
     """
     label = _label(f)
     target = backend.device(map_location) if map_location is not None else None
-    if isinstance(f, (str, os.PathLike)) and not os.path.isfile(f):
+    if isinstance(f, (str, os.PathLike)) and not os.path.exists(f):
         raise FileNotFoundError(f"{label} does not exist")
     return _from_archive(label, *read_archive(f, label), target)
 
