@@ -216,8 +216,14 @@ def test_batch_draws_are_numpys_per_sample_generators(rng):
             generator = np.random.default_rng((seed, epoch, index))
             expected.append([generator.integers(0, c[1]) if c[0] == "integers" else generator.random() for c in calls])
         got = sample_random.draw(seed, epoch, indices, calls)
+        vector, exact = sample_random._vector_draws(seed, epoch, indices, calls)  # without the exact fallback
         for position in range(len(calls)):
-            np.testing.assert_array_equal(got[position], np.array([row[position] for row in expected]))
+            column = np.array([row[position] for row in expected])
+            np.testing.assert_array_equal(got[position], column)
+            np.testing.assert_array_equal(vector[position][exact], column[exact])
+        small = indices < 2**32  # larger indices are two entropy words: drawn by NumPy itself
+        assert not exact[~small].any() and exact[small].mean() > 0.5 ** calls.count(("integers", 2**31 + 1)) / 4
+    assert sample_random._agrees  # the batched path was in use throughout
 
 
 def test_a_numpy_that_draws_differently_is_caught(monkeypatch):
@@ -239,9 +245,10 @@ def per_sample_pipeline(crop, padding, flip):
     return T.Compose([*steps, T.ToTensor(), T.Normalize(CIFAR_MEAN, CIFAR_STD)])
 
 
-@pytest.mark.parametrize("crop, padding, flip", [(7, 3, 0.5), (5, 0, None), (None, 0, 0.3), (None, 0, None)])
+@pytest.mark.parametrize("crop, padding, flip", [((7, 8), 3, 0.5), (5, 0, None), (None, 0, 0.3), (None, 0, None)])
 def test_crop_flip_normalize_gives_the_per_sample_pipelines_images_bitwise(crop, padding, flip):
     images, labels = images_and_labels(29, 7)
+    images = np.concatenate([images, images[:, :, :2]], axis=2)  # 7 x 9: rows and columns tell apart
     batch = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=crop, padding=padding, flip=flip)
     fast = DataLoader(Subset(ArrayDataset(images, labels, seed=8), np.arange(29)[::-1]), batch_size=6, shuffle=True,
                       seed=1, batch_transform=batch)
@@ -485,6 +492,107 @@ def test_a_collate_fn_keeps_its_structure(workers):
     assert isinstance(batches[0]["x"], minidnn.Tensor) and isinstance(batches[0]["index"], np.ndarray)
     assert [b["name"] for b in batches] == [["sample-0", "sample-1"], ["sample-2", "sample-3"], ["sample-4"]]
     np.testing.assert_array_equal(batches[2]["x"].numpy(), np.full((1, 2, 3), 4, np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPU feed's bookkeeping, with a stand-in CuPy (on every machine)
+# ----------------------------------------------------------------------------------------------
+class StandInDeviceArray(np.ndarray):
+    """A "device" array (NumPy underneath, so the primitives take their NumPy path) that logs its copies."""
+
+    log: list = []
+
+    def set(self, host, stream=None):
+        self.log.append(("copy", stream.name, host.ctypes.data))
+        self[...] = host
+
+
+class StandInCupy:
+    """Just enough of CuPy for minidnn.data.device: streams and events that log what waits for what."""
+
+    def __init__(self):
+        self.log = StandInDeviceArray.log = []
+        self.pinned = 0
+        log = self.log
+
+        class Stream:
+            def __init__(self, non_blocking=False, name="side"):
+                assert non_blocking or name == "compute"
+                self.name = name
+
+            def wait_event(self, event):
+                log.append(("wait", self.name, event.number))
+
+        class Event:
+            made = 0
+
+            def __init__(self, block=False, disable_timing=False):
+                Event.made += 1
+                self.number, self.done = Event.made, False
+
+            def record(self, stream):
+                log.append(("record", stream.name, self.number))
+                self.done = True  # the stand-in "GPU" finishes everything at once
+
+            def synchronize(self):
+                pass
+
+        compute = Stream(name="compute")
+
+        class Device:
+            def __init__(self, index):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
+                                      "get_current_stream": staticmethod(lambda: compute)})
+
+    def empty(self, shape, dtype):
+        return np.zeros(shape, dtype).view(StandInDeviceArray)
+
+    def empty_pinned(self, shape, dtype):  # cupyx's
+        self.pinned += 1
+        return np.empty(shape, dtype)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, workers):
+    from minidnn.data import device as feed
+
+    cupy = StandInCupy()
+    monkeypatch.setattr(minidnn.backend, "cuda_is_available", lambda: True)
+    monkeypatch.setattr(minidnn.backend, "cupy", lambda: cupy)
+    monkeypatch.setattr(feed, "cupyx_module", lambda: cupy)
+    images, labels = images_and_labels(53, 9)
+    dataset = ArrayDataset(images, labels, seed=6)
+    batch = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=9, padding=2, flip=0.5)
+    options = dict(batch_size=8, shuffle=True, seed=4, batch_transform=batch)
+    fed = DataLoader(dataset, device="cuda", num_workers=workers, persistent_workers=workers > 0, **options)
+    on_cpu = DataLoader(dataset, **options)
+    for epoch in range(2):
+        cupy.log.clear()
+        got = list(fed)  # all kept, then compared: none was overwritten by a later copy
+        for (x, y), (x_cpu, y_cpu) in zip(got, on_cpu, strict=True):
+            np.testing.assert_array_equal(x.numpy(), x_cpu.numpy())
+            np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
+        copies = [entry for entry in cupy.log if entry[0] == "copy"]
+        assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7 * 5  # 5 arrays a batch
+        records = [entry for entry in cupy.log if entry[0] == "record"]
+        copied = [number for _, stream, number in records if stream == "side"]
+        consumed = [number for _, stream, number in records if stream == "compute"]
+        assert len(copied) == len(consumed) == 7
+        for number in copied:  # the step's stream waits for each copy, after it is recorded
+            assert cupy.log.index(("wait", "compute", number)) > cupy.log.index(("record", "side", number))
+        for k in range(3, 7):  # a device slot is refilled only after its last batch was used (3 slots)
+            wait = cupy.log.index(("wait", "side", consumed[k - 3]))
+            assert cupy.log.index(("record", "compute", consumed[k - 3])) < wait < cupy.log.index(
+                ("record", "side", copied[k]))
+    assert cupy.pinned <= 2 * (2 + 3 + 1 + 2) * 5  # pinned slots made per pass, not per batch
 
 
 # ----------------------------------------------------------------------------------------------
