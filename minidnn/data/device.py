@@ -42,10 +42,13 @@ def cupyx_module() -> Any:
 
 def is_pinned(array: Any) -> bool:
     """Whether a NumPy array lives in page-locked memory that CuPy allocated."""
-    cupy = backend.loaded_cupy()
+    if backend.loaded_cupy() is None:
+        return False
+    from cupy.cuda.pinned_memory import PinnedMemoryPointer  # noqa: PLC0415 - CuPy is loaded
+
     base = array
-    while cupy is not None and base is not None:
-        if isinstance(base, cupy.cuda.PinnedMemoryPointer):
+    while base is not None:
+        if isinstance(base, PinnedMemoryPointer):
             return True
         base = getattr(base, "base", None)
     return False

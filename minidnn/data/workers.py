@@ -279,8 +279,11 @@ class WorkerPool:
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + _JOIN_SECONDS
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline and any(p.is_alive() for p in self.processes):
+            try:  # read what is still in flight: a worker cannot exit while its results fill the pipe
+                self.results.get(timeout=0.02)
+            except (queue.Empty, OSError, ValueError, EOFError):
+                pass
         for ending in ("terminate", "kill"):
             alive = [p for p in self.processes if p.is_alive()]
             if not alive:
