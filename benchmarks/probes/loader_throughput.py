@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--folder-images", type=int, default=1536)
     parser.add_argument("--folder-side", type=int, default=64, help="JPEG side in pixels (cropped to 32 after a resize)")
     args = parser.parse_args()
+    load_before = [round(v, 2) for v in os.getloadavg()]
 
     images, labels = load_shapes("train", train_size=20000, test_size=4000)
     mean = tuple(images.reshape(-1, 3).mean(axis=0) / 255)
@@ -121,15 +122,19 @@ def main() -> None:
     draws = draw_costs(args.batch)
     print(f"crop and flip draws of {args.batch} samples: {draws['per_sample_ms']:.2f} ms one generator at a time, "
           f"{draws['batched_ms']:.2f} ms batched")
+    load = [round(v, 2) for v in os.getloadavg()]  # other work on the machine slows every row alike
     record = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "python": platform.python_version(), "numpy": np.__version__,
-                          "date": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "load_average_after": load,
+                          "load_average_before": load_before},
               "batch": args.batch, "rows": rows, "draws": draws}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "loader-throughput.json.tmp"), "w") as file:
         json.dump(record, file, indent=1)
     os.replace(os.path.join(args.out, "loader-throughput.json.tmp"), os.path.join(args.out, "loader-throughput.json"))
     lines = [f"# DataLoader throughput on the CPU ({os.cpu_count()} cores), batch {args.batch}", "",
+             f"{record['machine']['date']}; load average {load_before[0]} before, {load[0]} after (1 minute): "
+             f"other processes share the cores, so compare rows with each other.", "",
              "| data | path | batches/s | images/s |", "|---|---|---|---|"]
     lines += [f"| {r['data']} | {r['path']} | {r['batches_per_second']:.1f} | {r['images_per_second']:.0f} |"
               for r in rows]

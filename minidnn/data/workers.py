@@ -265,8 +265,10 @@ class WorkerPool:
         for worker, process in enumerate(self.processes):
             if not process.is_alive():
                 code = process.exitcode
+                hint = (" (SIGBUS: shared memory ran out; /dev/shm may be small, as a container's 64 MB default "
+                        "is: enlarge it, or use fewer workers or smaller batches)" if code == -signal.SIGBUS else "")
                 raise WorkerError(f"DataLoader worker process {worker} (pid {process.pid}) {_describe_exit(code)} "
-                                  f"while the loader waited for its batch", code)
+                                  f"while the loader waited for its batch{hint}", code)
 
     def shutdown(self) -> None:
         """Stop every worker (asking, then terminating, then killing), and free the shared memory."""
