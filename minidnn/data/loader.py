@@ -13,7 +13,8 @@ after the same ``manual_seed`` give the same orders.
 process, which is the fast path for in-memory datasets (:class:`~minidnn.data.ArrayDataset`, so
 CIFAR, MNIST, shapes10): without a per-sample transform a batch is one gather from the arrays
 (``get_batch``), and a worker process would cost more (a pickled copy of the whole array at start,
-then every batch through shared memory) than that gather does. ``num_workers=N``: N worker
+then every batch through shared memory) than that gather does (measured in
+benchmarks/results/2026-12-02-cpu-input-pipeline/). ``num_workers=N``: N worker
 processes (:mod:`minidnn.data.workers`) fetch whole batches, which is what decoding image files
 needs: Pillow's decoding and the per-sample transforms run in parallel, outside this process's GIL.
 ``persistent_workers=True`` keeps them between epochs.

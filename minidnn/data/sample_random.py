@@ -2,10 +2,12 @@
 gives for each index i of a batch, computed on arrays of indices instead of one generator at a time.
 
 Each sample's augmentation draws from its own generator (see :mod:`minidnn.data.dataset`), and making
-one costs about 20 µs of Python-held time (NumPy's SeedSequence hash, then PCG64's seeding). A batch
-of 128 is then ~3 ms of work that holds the GIL, in a thread that competes with the training loop's
-own Python dispatch: it would cost a captured GPU step most of its speed. Here the same generators
-are evaluated on NumPy arrays, one batch in ~0.2 ms, and they are the same numbers, bit for bit:
+one is NumPy's SeedSequence hash and PCG64's seeding, in Python-held time, for every sample: for a
+batch that costs more than the batch transform it feeds, all of it holding the GIL in the loader's
+thread, which competes with the training loop's own Python dispatch (a captured GPU step leaves the
+host little time). Here the same generators are evaluated on NumPy arrays, all the batch's samples at
+once (benchmarks/results/2026-12-02-cpu-input-pipeline/ times both ways), and they are the same
+numbers, bit for bit:
 
 * ``SeedSequence(entropy)``: the entropy words (each int as little-endian uint32 words, 0 as one
   word) are hashed into a pool of four uint32 (``mix_entropy``), and the pool into the state words

@@ -5,7 +5,7 @@ shared memory.
 * **Start.** Processes start from a clean interpreter, never by ``fork`` of the training process
   (which would copy it mid-way through its threads and its CUDA context): by default from
   ``forkserver`` (a clean server process, started once, that has imported minidnn and forks each
-  worker in milliseconds), or ``spawn`` (a new interpreter per worker, about a second each). Either
+  worker from itself), or ``spawn`` (a new interpreter per worker, importing everything again). Either
   way the dataset is pickled to each worker once, at start, so it must be picklable (module-level
   classes and functions, no lambdas). Each worker ignores SIGINT (Ctrl-C reaches the whole process
   group, and the training process decides what it means) and keeps SIGTERM's default action, so a
