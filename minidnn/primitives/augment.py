@@ -24,6 +24,7 @@ image's output is NaN, so a step trained on it has a NaN loss instead of reading
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ def crop_flip_normalize(images: Any, top: Any, left: Any, flip: Any, size: Any, 
         raise TypeError(f"the output dtype must be float32 or float64, got {dtype}")
     if mean.dtype != dtype or std.dtype != dtype:
         raise TypeError(f"mean and std must be {dtype} arrays (the output's dtype), got {mean.dtype} and {std.dtype}")
-    like = np.empty((count, channels, height, width), dtype)  # the output's description, for check_out
+    like = SimpleNamespace(shape=(count, channels, height, width), dtype=dtype)  # the output, for check_out
     if out is not None:
         check_out(out, like, "the augmented batch (N, C, h, w)")
     backend.get_array_module(images, top, left, flip, mean, std, out)  # one device, or a clear ValueError
