@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--batch-policy", default="powers_of_two", choices=["undivided", "powers_of_two", "all"],
                       help="micro-batch sizes wr and wd may use")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
-    run.add_argument("--workers", type=_number(int, 0), default=2, help="threads decoding samples")
+    run.add_argument("--workers", type=_number(int, 0), default=2,
+                     help="worker processes decoding image files (in-memory data is read in-process)")
     run.add_argument("--out", default=None,
                      help="output directory (default: the --resume checkpoint's directory, else runs/<model>)")
     run.add_argument("--overwrite", action="store_true", help="replace the run that --out holds")
@@ -200,12 +201,24 @@ def _detect_format(path: str) -> str:
 
 
 def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any, int]:
-    """(train set, test set, number of classes) with each dataset's usual normalisation."""
+    """(train set, test set, number of classes) with each dataset's usual augmentation and normalisation.
+
+    In-memory images at their native size (shapes10, CIFAR) come raw, uint8 HWC, and their pipeline is
+    a batch transform in ``dataset.batch_transform`` (transforms.CropFlipNormalize, which the loader runs
+    on the batch's device: the same draws and the same images as the per-sample RandomCrop, flip,
+    ToTensor and Normalize, one kernel on the GPU). Image folders decode and crop per sample (in worker
+    processes) and normalise as a batch the same way; MNIST and resized data keep per-sample pipelines.
+    """
     if args.data == "shapes10":
         train_images, train_labels = data.load_shapes("train", train_size=args.train_size, test_size=args.test_size)
         test_images, test_labels = data.load_shapes("test", train_size=args.train_size, test_size=args.test_size)
         mean = tuple(train_images.reshape(-1, 3).mean(axis=0) / 255)
         std = tuple(train_images.reshape(-1, 3).std(axis=0) / 255)
+        if image_size == 32:  # no augmentation, as before: layout and normalisation only
+            train = data.ArrayDataset(train_images, train_labels, seed=args.seed)
+            test = data.ArrayDataset(test_images, test_labels)
+            train.batch_transform = test.batch_transform = T.CropFlipNormalize(mean, std)
+            return train, test, len(data.SHAPES_CLASSES)
         pipeline = _pipeline(image_size, 32, mean, std, augment=[])
         return (data.ArrayDataset(train_images, train_labels, pipeline, seed=args.seed),
                 data.ArrayDataset(test_images, test_labels, pipeline), len(data.SHAPES_CLASSES))
@@ -213,10 +226,15 @@ def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any,
         raise FileNotFoundError(f"--data {args.data!r} is neither 'shapes10' nor an existing directory")
     kind = _detect_format(args.data) if args.format == "auto" else args.format
     if kind in ("cifar10", "cifar100"):
+        cls = data.CIFAR10 if kind == "cifar10" else data.CIFAR100
+        if image_size == 32:
+            train, test = cls(args.data, train=True, seed=args.seed), cls(args.data, train=False)
+            train.batch_transform = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=32, padding=4, flip=0.5)
+            test.batch_transform = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD)
+            return train, test, len(train.classes)
         flips = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
         train_t = _pipeline(image_size, 32, CIFAR_MEAN, CIFAR_STD, flips)
         test_t = _pipeline(image_size, 32, CIFAR_MEAN, CIFAR_STD, [])
-        cls = data.CIFAR10 if kind == "cifar10" else data.CIFAR100
         train, test = cls(args.data, train=True, transform=train_t, seed=args.seed), cls(args.data, train=False,
                                                                                          transform=test_t)
         return train, test, len(train.classes)
@@ -229,15 +247,26 @@ def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any,
     folder = [os.path.join(args.data, split) for split in ("train", "val")]
     if not all(os.path.isdir(f) for f in folder):
         raise FileNotFoundError(f"an image-folder dataset needs {folder[0]!r} and {folder[1]!r}, one sub-folder per class")
-    train_t = T.Compose([T.Resize(image_size), T.RandomCrop(image_size), T.RandomHorizontalFlip(), T.ToTensor(),
-                         T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    test_t = T.Compose([T.Resize(image_size), T.CenterCrop(image_size), T.ToTensor(),
-                        T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    train_t = T.Compose([T.Resize(image_size), T.RandomCrop(image_size), T.RandomHorizontalFlip()])
+    test_t = T.Compose([T.Resize(image_size), T.CenterCrop(image_size)])
     train = data.ImageFolder(folder[0], transform=train_t, seed=args.seed, skip_corrupt=args.skip_corrupt)
     # val/ takes train/'s class indices: sorted on its own, a missing or an extra class would shift
     # them, and every validation image would be scored against another class's label.
     test = data.ImageFolder(folder[1], transform=test_t, skip_corrupt=args.skip_corrupt, classes=train.classes)
+    train.batch_transform = test.batch_transform = T.CropFlipNormalize(IMAGENET_MEAN, IMAGENET_STD)  # ToTensor, Normalize
     return train, test, len(train.classes)
+
+
+def build_loader(args: argparse.Namespace, dataset: Any, device: str, train: bool) -> data.DataLoader:
+    """The loader of one split: batches on ``device`` (on a GPU: pinned, copied on a side stream, augmented
+    there), image files decoded by --workers worker processes (in-memory data is read in this process:
+    a batch is one gather), the training split reshuffled every epoch."""
+    files = isinstance(dataset, data.ImageFolder)
+    workers = args.workers if files else 0
+    return data.DataLoader(dataset, args.batch_size if train else max(args.batch_size, 128), shuffle=train,
+                           drop_last=train, seed=args.seed if train else None, num_workers=workers,
+                           persistent_workers=workers > 0, batch_transform=getattr(dataset, "batch_transform", None),
+                           device=device if device.startswith("cuda") else None)
 
 
 class _GrayToRGB:
@@ -904,11 +933,10 @@ def prepare(args: argparse.Namespace) -> Run:
             _warn(f"the checkpoints will not describe the model's input ({error}): models.load_pretrained and "
                   f"examples/predict.py cannot use them")
             description = {}
-        train_loader = data.DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, seed=args.seed,
-                                       num_workers=args.workers)
+        train_loader = build_loader(args, train_set, device, train=True)
         if len(train_loader) == 0:
             raise ValueError(f"--batch-size {args.batch_size} is larger than the training set ({len(train_set)} images)")
-        test_loader = data.DataLoader(test_set, max(args.batch_size, 128), num_workers=args.workers)
+        test_loader = build_loader(args, test_set, device, train=False)
         optimizer, scheduler = build_optimizer(args, model, len(train_loader))
         run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace, lock, description)
         if checkpoint is not None:
@@ -964,6 +992,10 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
                     if run.step % args.log_every == 0 or run.step % steps_per_epoch == 0:
                         run.check_losses()
                         train_loss, train_accuracy = run.meter.read()
+                        # The reads waited for the GPU: the time now counts every step so far as done, so
+                        # img/s is the whole loop's (data, steps, waits), not the rate of queuing steps.
+                        now = time.perf_counter()
+                        run.meter.seconds, tick = run.meter.seconds + now - tick, now
                         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
                                         lr=f"{run.scheduler.get_last_lr()[0]:.3g}",
                                         img_s=f"{run.meter.count / max(run.meter.seconds, 1e-9):.0f}")

@@ -82,9 +82,8 @@ def main() -> None:
     model = Net().to(args.device)
     optimizer = minidnn.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 
-    # The loop.
+    # The loop. Each pass over train_loader is a new epoch, in a new shuffled order drawn from the seed.
     for epoch in range(1, args.epochs + 1):
-        train_loader.set_epoch(epoch)  # a new shuffled order each epoch
         loss = train(model, train_loader, optimizer, args.device)
         accuracy = test(model, test_loader, args.device)
         print(f"epoch {epoch}: train loss {loss:.3f}, test accuracy {accuracy:.1%}")

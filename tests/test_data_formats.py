@@ -408,15 +408,20 @@ def test_image_folder_rgba_and_palette_become_rgb(tmp_path, rng):
     assert dataset[0][0].shape == (4, 5, 3)
 
 
+def negate(label):
+    return -label  # module level: worker processes receive the dataset pickled
+
+
 def test_image_folder_transforms_and_loader(image_tree):
     root, _ = image_tree
     transform = Compose([RandomCrop(3), RandomHorizontalFlip(), ToTensor()])
-    dataset = ImageFolder(root, transform=transform, target_transform=lambda y: -y, seed=5)
+    dataset = ImageFolder(root, transform=transform, target_transform=negate, seed=5)
     image, label = dataset[5]
     assert image.shape == (3, 3, 3) and image.dtype == np.float32 and label == -2
     np.testing.assert_array_equal(ImageFolder(root, transform=transform, seed=5)[5][0], image)
     loader = DataLoader(dataset, batch_size=3, shuffle=True, num_workers=2, seed=1)
     first = [(x.numpy(), y.numpy()) for x, y in loader]
+    loader.set_epoch(0)  # each iteration is the next epoch: epoch 0 again
     again = [(x.numpy(), y.numpy()) for x, y in loader]
     assert [x.shape for x, _ in first] == [(3, 3, 3, 3), (3, 3, 3, 3), (1, 3, 3, 3)]
     for (x1, y1), (x2, y2) in zip(first, again):
@@ -444,7 +449,7 @@ def test_image_folder_corrupt_image_raises_with_filename(tmp_path, rng):
         dataset[1]
     with pytest.raises(ValueError, match=r"cannot read image '.*3-garbage\.jpg'"):
         dataset[2]
-    with pytest.raises(ValueError, match=r"cannot read image '.*2-truncated\.jpg'"):  # through the loader's thread
+    with pytest.raises(ValueError, match=r"cannot read image '.*2-truncated\.jpg'"):  # through a worker process
         list(DataLoader(dataset, batch_size=4, num_workers=2))
 
 

@@ -1,15 +1,19 @@
 """Datasets: indexable collections of (input, target) samples, PyTorch's ``Dataset`` protocol.
 
-Random augmentation must be reproducible, also when several threads decode samples and when a
+Random augmentation must be reproducible, also when worker processes decode samples and when a
 run resumes mid-way. So a dataset never draws from a shared generator: sample ``i`` of epoch
 ``e`` gets its own generator seeded from ``(seed, e, i)``, and the loader tells the dataset the
-epoch with :meth:`Dataset.set_epoch`.
+epoch with :meth:`Dataset.set_epoch` (each iteration of a loader is the next epoch). A batch
+transform that augments on the GPU draws from the same generators, for a whole batch at once
+(:meth:`TransformedDataset.batch_draws`), so it picks what the per-sample transforms would.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from . import sample_random
 
 
 class Dataset:
@@ -42,6 +46,12 @@ class TransformedDataset(Dataset):
     def sample_rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng((self.seed, self.epoch, int(index)))
 
+    def batch_draws(self, indices: Any, calls: Sequence[tuple]) -> list[np.ndarray]:
+        """What ``sample_rng(i)`` gives for i in ``indices`` when ``calls`` are made on it in order
+        (``("integers", high)``, ``("random",)``): one (N,) array per call, for the whole batch at once
+        (:mod:`minidnn.data.sample_random`)."""
+        return sample_random.draw(self.seed, self.epoch, indices, calls)
+
     def apply_transforms(self, index: int, image: Any, target: Any) -> tuple[Any, Any]:
         if self.transform is not None:
             image = self.transform(image, self.sample_rng(index))
@@ -68,6 +78,16 @@ class ArrayDataset(TransformedDataset):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
         return self.apply_transforms(index % len(self), self.images[index], int(self.labels[index]))
 
+    def get_batch(self, indices: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """The samples at ``indices`` already collated, ``(images[indices], labels as int64)``, when no
+        transform is set (one gather, no Python per sample: the loader's fast path); else None."""
+        if self.transform is not None or self.target_transform is not None:
+            return None
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < -len(self) or indices.max() >= len(self)):
+            raise IndexError(f"an index of {indices.tolist()} is out of range for a dataset of {len(self)} samples")
+        return np.take(self.images, indices, axis=0), np.take(self.labels, indices).astype(np.int64)
+
 
 class Subset(Dataset):
     """The samples of ``dataset`` at ``indices`` (a validation split, a quick subset)."""
@@ -84,3 +104,14 @@ class Subset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+    def get_batch(self, indices: Any) -> Any:
+        """The underlying dataset's collated samples (see :meth:`ArrayDataset.get_batch`), or None."""
+        getter = getattr(self.dataset, "get_batch", None)
+        return None if getter is None else getter(self.indices[np.asarray(indices, dtype=np.int64)])
+
+    def batch_draws(self, indices: Any, calls: Sequence[tuple]) -> list[np.ndarray]:
+        """The underlying dataset's per-sample draws (its samples' generators are the ones used)."""
+        if not hasattr(self.dataset, "batch_draws"):
+            raise TypeError(f"{type(self.dataset).__name__} has no per-sample generators (batch_draws)")
+        return self.dataset.batch_draws(self.indices[np.asarray(indices, dtype=np.int64)], calls)

@@ -3,6 +3,10 @@
 
 Every transform is called as ``transform(image, rng)``; random ones draw only from ``rng`` (one
 generator per sample, see :mod:`minidnn.data.dataset`), deterministic ones ignore it.
+
+:class:`CropFlipNormalize` is the one batch transform: the usual CIFAR augmentation and the
+normalisation for a whole uint8 batch at once (a DataLoader's ``batch_transform``), on the batch's
+device, with the same draws and the same results as its per-sample counterparts.
 """
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
+
+from .. import backend
+from ..primitives.augment import crop_flip_normalize
 
 
 def _size_pair(size: Any, name: str) -> tuple[int, int]:
@@ -147,3 +154,95 @@ class CenterCrop:
 
     def __repr__(self) -> str:
         return f"CenterCrop({self.size})"
+
+
+class CropFlipNormalize:
+    """``CropFlipNormalize(mean, std, crop=None, padding=0, fill=0, flip=None)``: random crop with padding,
+    horizontal flip, ToTensor and Normalize for a whole uint8 (N, H, W, C) batch, into float32 (N, C, h, w).
+
+    Image for image and bit for bit it gives what the per-sample pipeline ``Compose([RandomCrop(crop,
+    padding, fill), RandomHorizontalFlip(flip), ToTensor(), Normalize(mean, std)])`` gives (without the
+    crop when ``crop`` is None, without the flip when ``flip`` is None): its random choices come from each
+    sample's own generator, in the same order, through the dataset's :meth:`batch_draws`, and the
+    arithmetic is rounded as ToTensor and Normalize round it. The work is one call of
+    :func:`minidnn.primitives.augment.crop_flip_normalize`: one kernel when the batch is on the GPU
+    (``DataLoader(..., device="cuda", batch_transform=...)`` copies uint8 pixels, a quarter of the
+    float32 batch's bytes, and augments on the device), its NumPy twin otherwise.
+
+    A DataLoader calls :meth:`parameters` on the host for each batch (the draws), then the transform
+    itself on the batch's first element (the images) with them.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], crop: Any = None, padding: int = 0,
+                 fill: int = 0, flip: float | None = None) -> None:
+        self.normalize = Normalize(mean, std)  # its checks, and its float32 constants
+        self.crop = None if crop is None else _size_pair(crop, "crop")
+        if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
+            raise ValueError(f"padding must be an int >= 0, got {padding!r}")
+        if padding and self.crop is None:
+            raise ValueError("padding needs crop: the padded image is cut back to the crop size")
+        if not isinstance(fill, int) or isinstance(fill, bool) or not 0 <= fill <= 255:
+            raise ValueError(f"fill must be an int in [0, 255] (a uint8 pixel value), got {fill!r}")
+        if flip is not None and not (isinstance(flip, (int, float)) and 0.0 <= flip <= 1.0):
+            raise ValueError(f"flip must be None or a probability in [0, 1], got {flip!r}")
+        self.padding, self.fill, self.flip = padding, fill, flip
+        self.mean = self.normalize.mean.reshape(-1)
+        self.std = self.normalize.std.reshape(-1)
+        self._device_constants: dict[int, tuple[Any, Any]] = {}  # mean and std on each GPU, made once
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """(h, w) of the images made from (height, width) ones."""
+        size = self.crop or (height, width)
+        if size[0] > height + 2 * self.padding or size[1] > width + 2 * self.padding:
+            raise ValueError(f"RandomCrop of size {size} is larger than the (padded) image "
+                             f"{(height + 2 * self.padding, width + 2 * self.padding)}")
+        return size
+
+    def parameters(self, dataset: Any, indices: Any, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(top, left, flip) for the batch of ``dataset``'s samples at ``indices``, images of ``shape``
+        (N, H, W, C): int32, int32, uint8 arrays of N, drawn as RandomCrop then RandomHorizontalFlip draw."""
+        count, height, width = len(indices), shape[1], shape[2]
+        size = self.output_size(height, width)
+        calls: list[tuple] = []
+        if self.crop is not None:
+            calls += [("integers", height + 2 * self.padding - size[0] + 1),
+                      ("integers", width + 2 * self.padding - size[1] + 1)]
+        if self.flip is not None:
+            calls.append(("random",))
+        zeros = np.zeros(count, np.int32)
+        if not calls:
+            return zeros, zeros.copy(), np.zeros(count, np.uint8)
+        if not hasattr(dataset, "batch_draws"):
+            raise TypeError(f"CropFlipNormalize draws from each sample's own generator, which "
+                            f"{type(dataset).__name__} does not have (a TransformedDataset, such as ArrayDataset, does)")
+        draws = dataset.batch_draws(indices, calls)
+        top, left = (draws[0].astype(np.int32), draws[1].astype(np.int32)) if self.crop is not None else \
+            (zeros, zeros.copy())
+        flips = (draws[-1] < self.flip).astype(np.uint8) if self.flip is not None else np.zeros(count, np.uint8)
+        return top, left, flips
+
+    def __call__(self, images: Any, top: Any, left: Any, flip: Any, out: Any = None) -> Any:
+        """The float32 (N, C, h, w) batch from uint8 ``images`` (N, H, W, C) and :meth:`parameters`' arrays,
+        all on one device; ``out``: an array to write it into (returned)."""
+        mean, std = self.mean, self.std
+        if backend.is_cuda_array(images):
+            device = int(images.device.id)
+            if device not in self._device_constants:
+                cupy = backend.cupy()
+                with cupy.cuda.Device(device):
+                    self._device_constants[device] = (cupy.asarray(mean), cupy.asarray(std))
+            mean, std = self._device_constants[device]
+        size = self.output_size(images.shape[1], images.shape[2])
+        return crop_flip_normalize(images, top, left, flip, size, mean, std, padding=self.padding, fill=self.fill,
+                                   out=out)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_device_constants": {}}  # GPU arrays stay in their process
+
+    def __repr__(self) -> str:
+        parts = [f"mean={self.mean.tolist()}", f"std={self.std.tolist()}"]
+        if self.crop is not None:
+            parts.append(f"crop={self.crop}, padding={self.padding}")
+        if self.flip is not None:
+            parts.append(f"flip={self.flip}")
+        return f"CropFlipNormalize({', '.join(parts)})"

@@ -1,0 +1,192 @@
+"""Feeding a GPU: each batch assembled in page-locked host buffers and copied to the device on a side
+stream while the previous training step runs, then handed to the step's stream through an event.
+
+* **Pinned slots.** A copy from pageable memory is staged by the driver and does not overlap anything;
+  from page-locked ("pinned") memory it is one asynchronous DMA. The loader's background thread
+  writes each batch straight into one of a few pinned slots (``cupyx.empty_pinned``), so a batch is
+  copied once on the host: from the dataset (or a worker's shared memory) into the slot.
+* **Side stream.** The host-to-device copy of batch i + 1 is queued on a stream of its own
+  (``cupy.cuda.Stream(non_blocking=True)``, which does not wait for the legacy default stream) when
+  batch i is handed out, so it runs while step i computes.
+* **Events, no host waits.** The step's stream waits for an event recorded after the copy (a
+  device-side wait: the host goes on queuing work); the copy into a device slot waits for an event
+  recorded after the last use of that slot's previous batch. A pinned slot is refilled only once its
+  copy's event has completed: the loader polls the events when it hands out a batch and waits on
+  one only when every slot is still in flight (the host is then ahead of the GPU anyway).
+* **Fresh outputs.** What the loader returns is made on the step's stream from the device slot (the
+  batch transform's result, or a device copy), so a batch the caller keeps is never overwritten by
+  a later copy. A captured CUDA graph (:mod:`minidnn.cuda.graphs`) copies it into its static inputs,
+  one device-to-device copy; a batch transform can also write into a given array (``out``).
+
+Every CUDA call here is made by the thread iterating the loader, none by the background thread
+(which only writes host memory), so nothing interferes with a graph being captured in between.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import backend
+
+
+def cupyx_module() -> Any:
+    backend.cupy()  # a clear error without CUDA
+    import cupyx  # noqa: PLC0415 - comes with CuPy
+
+    return cupyx
+
+
+def is_pinned(array: Any) -> bool:
+    """Whether a NumPy array lives in page-locked memory that CuPy allocated."""
+    if backend.loaded_cupy() is None:
+        return False
+    from cupy.cuda.pinned_memory import PinnedMemoryPointer  # noqa: PLC0415 - CuPy is loaded
+
+    base = array
+    while base is not None:
+        if isinstance(base, PinnedMemoryPointer):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def pinned_copy(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` in page-locked memory (``pin_memory=True`` without a device)."""
+    out = cupyx_module().empty_pinned(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
+def _fits(buffers: list[np.ndarray], arrays: list[np.ndarray]) -> bool:
+    """Whether ``arrays`` fit the leading rows of ``buffers``: same count, dtypes and trailing shapes."""
+    return len(buffers) == len(arrays) and all(
+        b.dtype == a.dtype and b.shape[1:] == a.shape[1:] and a.ndim >= 1 and b.shape[0] >= a.shape[0]
+        for b, a in zip(buffers, arrays))
+
+
+class HostBatch:
+    """A batch on its way to the device: its host ``arrays`` (views of a pinned ``slot``'s buffers, or
+    plain arrays when no slot fitted), how to rebuild it (``tree``) and how many trailing arrays are the
+    batch transform's parameters (``extra``)."""
+
+    def __init__(self, arrays: list[np.ndarray], tree: Any, extra: int, slot: "list[np.ndarray] | None") -> None:
+        self.arrays, self.tree, self.extra, self.slot = arrays, tree, extra, slot
+
+
+class _Copy:
+    """A batch whose copy to the device is queued: its device views and the event that ends the copy."""
+
+    def __init__(self, batch: HostBatch, device_arrays: list[Any], copied: Any, ring_index: int) -> None:
+        self.batch, self.device_arrays, self.copied, self.ring_index = batch, device_arrays, copied, ring_index
+
+
+class DeviceFeeder:
+    """The pinned slots, device slots and copy stream of one pass over a loader (see the module docstring).
+
+    ``slots`` pinned slots (the background thread fills free ones), ``depth`` device slots (copies in
+    flight at most). :meth:`fill` is the background thread's; the rest is the iterating thread's.
+    """
+
+    def __init__(self, device: backend.Device, slots: int, depth: int = 3) -> None:
+        self.cupy = backend.cupy()
+        self.device, self.slot_count, self.depth = device, slots, depth
+        with self.cupy.cuda.Device(device.index):
+            self.stream = self.cupy.cuda.Stream(non_blocking=True)
+        self.free: queue.Queue = queue.Queue()  # pinned slots the background thread may fill
+        self.made = 0  # pinned slots allocated so far
+        self.in_flight: collections.deque = collections.deque()  # (slot, copied event) not yet released
+        self.ring: list[list[Any] | None] = [None] * depth  # device buffers
+        self.consumed: list[Any] = [None] * depth  # event after the last use of each device slot
+        self.copies = 0
+
+    # --- the background thread ------------------------------------------------------------------
+    def fill(self, arrays: list[np.ndarray], stop: threading.Event) -> tuple[list[np.ndarray], Any]:
+        """Copy ``arrays`` into a free pinned slot that fits them: (views of the slot, the slot). Returns
+        (arrays, None) when no slot exists yet or none fits (the iterating thread then makes one)."""
+        if self.made == 0:
+            return arrays, None
+        while not stop.is_set():
+            try:
+                slot = self.free.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if not _fits(slot, arrays):
+                self.free.put(slot)
+                return arrays, None
+            views = [buffer[:array.shape[0]] for buffer, array in zip(slot, arrays)]
+            for view, array in zip(views, arrays):
+                np.copyto(view, array)
+            return views, slot
+        return arrays, None
+
+    # --- the iterating thread -------------------------------------------------------------------
+    def _new_slot(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        cupyx = cupyx_module()
+        self.made += 1
+        return [cupyx.empty_pinned(a.shape, a.dtype) for a in arrays]
+
+    def release_finished(self) -> None:
+        """Give back to the background thread every pinned slot whose copy has completed."""
+        while self.in_flight and self.in_flight[0][1].done:
+            self.free.put(self.in_flight.popleft()[0])
+
+    def wait_for_slot(self) -> None:
+        """When every pinned slot is in flight, wait for the oldest copy (the GPU is behind the host)."""
+        self.release_finished()
+        if self.made >= self.slot_count and self.free.empty() and self.in_flight:
+            slot, copied = self.in_flight.popleft()
+            copied.synchronize()
+            self.free.put(slot)
+
+    def start_copy(self, batch: HostBatch) -> _Copy:
+        """Queue the batch's host-to-device copy on the side stream (after the device slot's last use)."""
+        cupy = self.cupy
+        with cupy.cuda.Device(self.device.index):
+            if batch.slot is None:  # the first batch, or one that fits no slot: a new slot, kept for reuse
+                slot = self._new_slot(batch.arrays)
+                views = [buffer[:a.shape[0]] for buffer, a in zip(slot, batch.arrays)]
+                for view, array in zip(views, batch.arrays):
+                    np.copyto(view, array)
+                batch.arrays, batch.slot = views, slot
+                while self.made < self.slot_count:  # the others, for the background thread
+                    self.free.put(self._new_slot(batch.arrays))
+            index = self.copies % self.depth
+            self.copies += 1
+            buffers = self.ring[index]
+            if buffers is None or not _fits(buffers, batch.arrays):
+                buffers = self.ring[index] = [cupy.empty(s.shape, s.dtype) for s in batch.slot]
+            if self.consumed[index] is not None:
+                self.stream.wait_event(self.consumed[index])
+            device_arrays = [buffer[:a.shape[0]] for buffer, a in zip(buffers, batch.arrays)]
+            for device_array, host in zip(device_arrays, batch.arrays):
+                device_array.set(host, stream=self.stream)
+            copied = cupy.cuda.Event(block=False, disable_timing=True)
+            copied.record(self.stream)
+        self.in_flight.append((batch.slot, copied))
+        return _Copy(batch, device_arrays, copied, index)
+
+    def finish(self, copy: _Copy, transform: Callable | None) -> list[Any]:
+        """The batch's arrays on the device, made on the current stream after its copy: the first array
+        through ``transform`` (with the trailing parameter arrays), the others copied."""
+        cupy = self.cupy
+        with cupy.cuda.Device(self.device.index):
+            compute = cupy.cuda.get_current_stream()
+            compute.wait_event(copy.copied)
+            arrays, extra = copy.device_arrays, copy.batch.extra
+            kept = arrays[:len(arrays) - extra]
+            outputs = [transform(a, *arrays[len(kept):]) if transform is not None and position == 0 else a.copy()
+                       for position, a in enumerate(kept)]
+            consumed = cupy.cuda.Event(block=False, disable_timing=True)
+            consumed.record(compute)
+            self.consumed[copy.ring_index] = consumed
+        return outputs
+
+    def close(self) -> None:
+        """Wait for the copies still in flight (once per pass), so no pinned buffer is freed under one."""
+        for _, copied in self.in_flight:
+            copied.synchronize()
+        self.in_flight.clear()
