@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("running")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument("--tf32", action="store_true", help="let float32 GEMMs use TF32 tensor cores (GPU)")
-    run.add_argument("--cuda-graph", action="store_true",
-                     help="capture the training step as one CUDA graph after its first step and replay it (GPU)")
+    run.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                     help="capture the training step as one CUDA graph after its first step and replay it "
+                          "(default: on with --device cuda; --no-cuda-graph runs every step eagerly)")
     conv = parser.add_argument_group("convolution algorithms (docs/convolution.md, docs/microbatching.md)")
     conv.add_argument("--workspace-limit", type=_size, default=None,
                       help="workspace bytes one convolution may use, e.g. 8MiB, 64MiB, 512MiB (default 64MiB)")
@@ -703,14 +704,29 @@ class Run:
         return logits, loss
 
     def train_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
-        """One training step: eager, or with --cuda-graph a replay of the step captured after the first
-        (which ran eagerly inside the capture's warm-up). Every step trains on its own batch."""
+        """One training step: eager, or (the GPU's default, --cuda-graph) a replay of the step captured after
+        the first (which ran eagerly inside the capture's warm-up). Every step trains on its own batch."""
         if not self.args.cuda_graph:
             return self.eager_step(images, labels)
         if self.captured is None:
-            self.captured = graphs.capture(self.eager_step, (images, labels), warmup=1)
+            self.captured = self.capture(images, labels)
             return self.captured.warmup_outputs
         return self.captured(images, labels)
+
+    def capture(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> Any:
+        """Capture the step (its warm-up is this step, run eagerly); say once what came of it: the graph and
+        the memory its pool holds, or why it runs eagerly instead (graphs.capture's fallback)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            captured = graphs.capture(self.eager_step, (images, labels), warmup=1)
+        if isinstance(captured, graphs.EagerStep):
+            _warn(f"the training step runs eagerly: it cannot be captured as a CUDA graph ({captured.reason})")
+        else:
+            for warning in caught:
+                _warn(str(warning.message))
+            print(f"train.py: the training step runs as one CUDA graph (--no-cuda-graph runs it eagerly); its "
+                  f"memory pool holds {captured.memory_bytes / 2**20:.0f} MiB")
+        return captured
 
     def first_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
         """The run's first step; with --microbatch wd it also solves the whole network's plan (μ-cuDNN's
@@ -907,6 +923,8 @@ def prepare(args: argparse.Namespace) -> Run:
         minidnn.cuda.set_allow_tf32(args.tf32)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
+        if args.cuda_graph is None:  # the captured step is the GPU's default: the fastest path there is
+            args.cuda_graph = device.startswith("cuda")
         image_size = args.image_size or models.input_size(args.model)
         with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
             warnings.simplefilter("always")

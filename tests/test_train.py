@@ -151,6 +151,32 @@ def test_convolution_settings_reach_the_primitives(tmp_path, capsys):
         train.main(TINY + ["--cuda-graph", "--out", str(tmp_path / "graph")])
 
 
+def test_the_captured_step_is_the_gpus_default_only(tmp_path, monkeypatch):
+    seen = {}
+    real = train.Run.__init__
+
+    def recording(self, args, *rest, **kwargs):
+        seen["cuda_graph"] = args.cuda_graph
+        real(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(train.Run, "__init__", recording)
+    train.main(TINY + ["--epochs", "1", "--max-steps", "1", "--out", str(tmp_path / "cpu")])
+    assert seen["cuda_graph"] is False  # on the CPU no capture is asked for, and none is refused
+    assert "--no-cuda-graph" in " ".join(train.build_parser().format_help().split())
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_step_is_captured_unless_told_not_to(tmp_path, capsys):
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--out", str(tmp_path / "captured")])
+    assert "the training step runs as one CUDA graph" in capsys.readouterr().out
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--no-cuda-graph", "--out", str(tmp_path / "eager")])
+    assert "CUDA graph" not in capsys.readouterr().out
+    captured = parameters(tmp_path / "captured" / "last.npz")
+    eager = parameters(tmp_path / "eager" / "last.npz")
+    for name, value in eager.items():  # the same training, replayed or run step by step
+        np.testing.assert_allclose(captured[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_help_shows_every_default(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
