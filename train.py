@@ -277,6 +277,16 @@ class _GrayToRGB:
         return np.repeat(np.asarray(image)[:, :, None], 3, axis=2)
 
 
+def sample_pipeline(dataset: Any) -> Any:
+    """What one image of ``dataset`` goes through on its way into the model: its per-sample transform,
+    then the per-sample twin of its batch transform (in-memory data has only the latter, image folders
+    both: a crop per sample, the normalisation per batch)."""
+    transform, batch = getattr(dataset, "transform", None), getattr(dataset, "batch_transform", None)
+    if batch is None:
+        return transform
+    return batch.per_sample() if transform is None else T.Compose([transform, batch.per_sample()])
+
+
 def _pipeline(image_size: int, native: int, mean: Sequence[float], std: Sequence[float], augment: list) -> T.Compose:
     resize = [] if image_size == native else [T.Resize((image_size, image_size))]
     return T.Compose([*augment, *resize, T.ToTensor(), T.Normalize(mean, std)])
@@ -946,7 +956,7 @@ def prepare(args: argparse.Namespace) -> Run:
         try:
             description = models.describe(args.model, {"num_classes": num_classes},
                                           _class_names(args, train_set, num_classes),
-                                          getattr(test_set, "transform", None), image_size, rgb_steps=(_GrayToRGB,))
+                                          sample_pipeline(test_set), image_size, rgb_steps=(_GrayToRGB,))
         except ValueError as error:
             _warn(f"the checkpoints will not describe the model's input ({error}): models.load_pretrained and "
                   f"examples/predict.py cannot use them")

@@ -250,7 +250,8 @@ def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_
     larger = np.kron(dataset.images[8], np.ones((2, 1, 1), np.uint8))[:, :, :]  # 64 x 32: train.py squashes it
     Image.fromarray(larger).save(tmp_path / "larger.png")
     shape_files.append(str(tmp_path / "larger.png"))
-    inputs = [dataset[index][0] for index in range(8)] + [dataset.transform(T.Resize((32, 32))(larger), None)]
+    pipeline = train.sample_pipeline(dataset)  # shapes10's batch transform, image by image
+    inputs = [pipeline(dataset.images[index], None) for index in range(8)] + [pipeline(T.Resize((32, 32))(larger), None)]
     expected_shapes = logits_of(run.model, inputs)
     # An image folder: Resize (shorter side) and CenterCrop on images of other sizes and aspects.
     root = image_folder(tmp_path / "images", [(20, 12), (9, 30), (16, 16)])
@@ -260,7 +261,8 @@ def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_
     train.train(args, folder_run)
     folder_run.lock.release()
     folder_files = [path for path, _ in folder_run.test_loader.dataset.samples]
-    expected_folder = logits_of(folder_run.model, [folder_run.test_loader.dataset[i][0] for i in range(len(folder_files))])
+    folder_pipeline = train.sample_pipeline(folder_run.test_loader.dataset)
+    expected_folder = logits_of(folder_run.model, [folder_pipeline(Image.open(path), None) for path in folder_files])
 
     done = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(tmp_path),
                            ",".join([str(out / "last.npz")] + shape_files),
@@ -274,7 +276,7 @@ def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_
     pretrained = models.load_pretrained(out / "last.npz")
     assert minidnn.get_rng_state() == state  # building the model drew from the generator; it is put back
     assert pretrained.classes == minidnn.data.SHAPES_CLASSES and pretrained.input_size == 32
-    normalize = run.test_loader.dataset.transform.transforms[-1]
+    normalize = pipeline.transforms[-1]
     assert pretrained.mean == tuple(normalize.mean.ravel().tolist()) and pretrained.name == "tiny_cnn"
     assert not pretrained.model.training
     assert models.load_pretrained(tmp_path / "folder" / "best.npz").classes == ("ant", "bee", "cat")
@@ -290,7 +292,8 @@ def test_predict_prints_the_top_classes_with_their_probabilities(tmp_path, shape
     for index in range(3):
         files.append(str(tmp_path / f"{index}.png"))
         Image.fromarray(dataset.images[index]).save(files[-1])
-    logits = logits_of(run.model, [dataset[index][0] for index in range(3)]).astype(np.float64)
+    pipeline = train.sample_pipeline(dataset)
+    logits = logits_of(run.model, [pipeline(dataset.images[index], None) for index in range(3)]).astype(np.float64)
     probabilities = np.exp(logits - logits.max(1, keepdims=True))
     probabilities /= probabilities.sum(1, keepdims=True)
     done = subprocess.run([sys.executable, "examples/predict.py", *files, "--checkpoint", str(out / "best.npz"),

@@ -190,6 +190,16 @@ class CropFlipNormalize:
         self.std = self.normalize.std.reshape(-1)
         self._device_constants: dict[int, tuple[Any, Any]] = {}  # mean and std on each GPU, made once
 
+    def per_sample(self) -> "Compose":
+        """The per-sample pipeline this batch transform gives image for image (see the class docstring):
+        what a single image of this data goes through, e.g. for a checkpoint to describe the model's input."""
+        steps: list[Any] = []
+        if self.crop is not None:
+            steps.append(RandomCrop(self.crop, padding=self.padding, fill=self.fill))
+        if self.flip is not None:
+            steps.append(RandomHorizontalFlip(self.flip))
+        return Compose([*steps, ToTensor(), Normalize(self.mean, self.std)])
+
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """(h, w) of the images made from (height, width) ones."""
         size = self.crop or (height, width)
