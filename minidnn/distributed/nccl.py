@@ -2,7 +2,7 @@
 
 One process drives one GPU. Rank 0 draws NCCL's unique id and publishes it through the rendezvous store; every rank
 then joins the communicator. All of the group's collectives run on one communication stream, in the order they were
-called (NCCL needs every rank to issue them in the same order; one stream keeps them from overtaking each other):
+called (the same on every rank, as NCCL requires; on one stream none can overtake another):
 each waits for the work queued so far on the caller's stream (an event), and ``Work.wait()`` makes the caller's
 stream wait for it in turn, so the host never blocks and the collective overlaps whatever the caller queues next.
 The same calls are legal under CUDA-graph capture: the communication stream joins the capture through the first
@@ -81,16 +81,20 @@ class NcclProcessGroup(ProcessGroup):
         self._nccl = nccl
         if rank == 0:
             store.set("nccl/unique_id", bytes(value & 0xFF for value in nccl.get_unique_id()))
-        unique_id = tuple(value - 256 if value > 127 else value for value in store.get("nccl/unique_id"))
+        raw = store.get("nccl/unique_id")
         # Meet in the store first: a rank that never comes is then a timeout with a message, not a hang in NCCL.
         store.add("nccl/joined", 1)
         store.wait_for_count("nccl/joined", size)
-        self.comm = nccl.NcclCommunicator(size, unique_id, rank)
+        try:  # CuPy hands the id over as C chars: signed where char is (x86), unsigned elsewhere (ARM)
+            self.comm = nccl.NcclCommunicator(size, tuple(v - 256 if v > 127 else v for v in raw), rank)
+        except OverflowError:
+            self.comm = nccl.NcclCommunicator(size, tuple(raw), rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         # ncclAvg exists from NCCL 2.10; before it, AVG is a sum divided on the communication stream.
         self._has_avg = nccl.get_version() >= 21000
         self._sequence = 0
         self._pending: collections.deque = collections.deque()
+        self._captured: list[NcclWork] = []  # their events are nodes of a graph: kept as long as the group
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name=f"minidnn-nccl-watchdog-rank{rank}", daemon=True)
@@ -112,7 +116,10 @@ class NcclProcessGroup(ProcessGroup):
         done.record(self.stream)
         work = NcclWork(done, array, f"#{self._sequence} {description}", captured)
         self._sequence += 1
-        if not captured:
+        if captured:
+            work.ready = ready
+            self._captured.append(work)
+        else:
             with self._lock:
                 self._pending.append(work)  # holds the array until the collective is over (its memory stays put)
         return work

@@ -149,8 +149,14 @@ def init_process_group(backend: str = "nccl", init_method: str | None = None,
                              f"got {init_method!r}")
         store = _store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=seconds)
     local_rank = _int_at_least("LOCAL_RANK", os.environ.get("LOCAL_RANK", rank), 0)
-    _default = _BACKENDS[backend](store, rank, world_size, seconds,
-                                  local_rank if device_id is None else _int_at_least("device_id", device_id, 0))
+    try:
+        _default = _BACKENDS[backend](store, rank, world_size, seconds,
+                                      local_rank if device_id is None else _int_at_least("device_id", device_id, 0))
+    except BaseException:
+        if _store is not None:  # ours: close it, so that a second attempt can listen on the port again
+            _store.close()
+            _store = None
+        raise
 
 
 def default_group() -> ProcessGroup:
