@@ -1,4 +1,4 @@
-"""minidnn.distributed: buckets, the sampler, the launcher, the backends, and DDP against one process on the global batch.
+"""minidnn.distributed: buckets, the sampler, the launcher, the backends, DDP against one process on the global batch.
 
 The collectives and their failures run in-process, ranks as threads over real sockets; DDP runs as two processes
 started by the launcher (this file is also their script: ``python tests/test_distributed.py SCENARIO OUT``),
@@ -438,10 +438,12 @@ def test_sync_batchnorm_function_equals_batch_norm_in_a_world_of_one(rng):
         outcomes = []
         for synced in (False, True):
             inputs = minidnn.tensor(x, requires_grad=True)
-            weight, bias = nn.Parameter(minidnn.tensor(gamma.copy())), nn.Parameter(minidnn.tensor(np.linspace(-1, 1, 4)))
+            weight = nn.Parameter(minidnn.tensor(gamma.copy()))
+            bias = nn.Parameter(minidnn.tensor(np.linspace(-1, 1, 4)))
             mean, var = minidnn.tensor(np.zeros(4)), minidnn.tensor(np.ones(4))
             if synced:
-                y = SyncBatchNormFunction.apply(inputs, weight, bias, mean.data, var.data, 0.1, 1e-5, relu, local_group())
+                y = SyncBatchNormFunction.apply(inputs, weight, bias, mean.data, var.data, 0.1, 1e-5, relu,
+                                                local_group())
             else:
                 y = F.batch_norm(inputs, mean, var, weight, bias, True, 0.1, 1e-5, relu)
             (y * minidnn.tensor(weights)).sum().backward()
@@ -477,7 +479,8 @@ def test_sampler_matches_torch_and_covers_the_data(length, replicas, drop_last):
         with pytest.raises(ValueError, match="leaves nothing"):
             dist.DistributedSampler(data, replicas, 0, drop_last=True)
         return
-    ours = [list(dist.DistributedSampler(data, replicas, r, shuffle=False, drop_last=drop_last)) for r in range(replicas)]
+    ours = [list(dist.DistributedSampler(data, replicas, r, shuffle=False, drop_last=drop_last))
+            for r in range(replicas)]
     theirs = [list(TorchSampler(data, replicas, r, shuffle=False, drop_last=drop_last)) for r in range(replicas)]
     assert ours == theirs
     # Shuffled: torch's permutation through our padding and striding gives torch's shards.
@@ -679,7 +682,8 @@ def test_init_process_group_reads_the_environment_and_says_what_is_missing(monke
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("tcp", timeout=5)
     try:
-        assert (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), dist.get_backend()) == (True, 0, 1, "tcp")
+        assert (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), dist.get_backend()) == \
+            (True, 0, 1, "tcp")
         with pytest.raises(RuntimeError, match="twice"):
             dist.init_process_group("tcp")
     finally:

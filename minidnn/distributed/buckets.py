@@ -58,7 +58,8 @@ def compute_bucket_assignment_by_size(sizes: Sequence[int], limits: Sequence[int
     return result
 
 
-def bucket_order(sizes: Sequence[int], limits: Sequence[int], keys: Sequence[Hashable] | None = None) -> list[list[int]]:
+def bucket_order(sizes: Sequence[int], limits: Sequence[int],
+                 keys: Sequence[Hashable] | None = None) -> list[list[int]]:
     """The buckets DistributedDataParallel reduces, in the order it reduces them: the assignment of
     :func:`compute_bucket_assignment_by_size` over the parameters in registration order, listed in reverse (the
     bucket of the last-registered parameters first). Within a bucket the parameters keep registration order

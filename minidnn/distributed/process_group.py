@@ -51,9 +51,9 @@ class Work:
 
 class ProcessGroup:
     """What a backend implements: ``rank``, ``size`` (the world size), ``name``, ``device`` (the device its arrays
-    must be on; None: any) and collectives on contiguous arrays, in place, each returning a :class:`Work`. Every rank must call the same
-    collectives in the same order with arrays of the same size and dtype: a backend runs them in the order they
-    were called."""
+    must be on; None: any) and collectives on contiguous arrays, in place, each returning a :class:`Work`. Every
+    rank must call the same collectives in the same order with arrays of the same size and dtype: a backend runs
+    them in the order they were called."""
 
     name = "?"
     rank: int

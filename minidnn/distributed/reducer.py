@@ -155,8 +155,8 @@ class Reducer:
 
     def _on_gradient(self, index: int, param: Value) -> None:
         """The hook: ``param``'s gradient has just been accumulated."""
-        if not self._expecting:
-            return  # under no_sync, or a backward of no synced forward: gradients accumulate locally
+        if not self._expecting or param is not self.params[index]:
+            return  # under no_sync, or a backward of no synced forward (or a copy of the parameter): local
         bucket = self.buckets[self._bucket_of[index]]
         view, grad = self._views[index], param.grad
         if self._ready[index]:

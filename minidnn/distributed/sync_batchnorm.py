@@ -62,8 +62,8 @@ class SyncBatchNormFunction(Function):
         x, weight, mean, var, relu_output = self.saved
         xp = backend.get_array_module(x)
         channels = x.shape[1]
-        # dx = scale·(dy − Σdy/M − x̂·Σ(dy·x̂)/M), the sums over every rank: inference's backward gives scale·dy and
-        # this rank's sums (dbias = Σdy, dweight = Σdy·x̂), with dy masked by the ReLU when fused.
+        # dx = scale·(dy − Σdy/M − x̂·Σ(dy·x̂)/M), the sums over every rank: inference's backward gives scale·dy
+        # and this rank's sums (dbias = Σdy, dweight = Σdy·x̂), with dy masked by the ReLU when fused.
         dx, dweight, dbias = library.batch_norm_backward_inference(dy, x, weight, mean, var, self.eps,
                                                                    relu_output=relu_output)
         sums = xp.concatenate([dbias.astype(np.float64), dweight.astype(np.float64)])

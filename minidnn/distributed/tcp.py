@@ -123,6 +123,8 @@ class TcpProcessGroup(ProcessGroup):
             work._done.set()
 
     def _submit(self, kind: int, array: Any, op: ReduceOp = ReduceOp.SUM, src: int = 0) -> TcpWork:
+        if self.size == 1:
+            return Work()  # nothing to combine: the array is already the result (the AVG of one is itself)
         sequence = self._sequence
         self._sequence += 1
         if backend.is_cuda_array(array):
@@ -131,16 +133,14 @@ class TcpProcessGroup(ProcessGroup):
         else:
             host, work = array, TcpWork()
         header = (sequence, kind, _OPS.index(op), host.dtype.str.encode().ljust(8), host.nbytes, src)
-        if self.size == 1:
-            work._done.set()  # nothing to combine: the array is already the result (AVG of one is itself)
-            return work
         self._tasks.put((lambda: self._collective(header, host), work))
         return work
 
     def _describe(self, header: tuple) -> str:
         sequence, kind, op, dtype, nbytes, src = header
         what = _KIND_NAMES.get(kind, f"kind {kind}")
-        detail = {_ALL_REDUCE: f" {_OPS[op].name}" if op < len(_OPS) else "", _BROADCAST: f" from rank {src}"}.get(kind, "")
+        detail = {_ALL_REDUCE: f" {_OPS[op].name}" if op < len(_OPS) else "",
+                  _BROADCAST: f" from rank {src}"}.get(kind, "")
         return f"#{sequence} {what}{detail} of {nbytes} bytes of {dtype.decode().strip()}"
 
     def _failure(self, peer: int, header: tuple, error: BaseException) -> RuntimeError:
