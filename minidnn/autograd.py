@@ -22,14 +22,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from . import backend
 
 __all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
-           "unbroadcast", "bump_version", "version_of"]
+           "unbroadcast", "bump_version", "version_of", "RemovableHandle"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,14 +107,15 @@ def bump_version(value: "Value", operation: str) -> None:
 # ----------------------------------------------------------------------------------------------
 class Value:
     """An array in the graph: ``data``, ``requires_grad``, ``grad``, ``_node`` (the Function that
-    computed it, None for a leaf) and ``_version`` (its :class:`Version`, shared with its views; None
-    until something needs it, see :func:`version_of`).
+    computed it, None for a leaf), ``_version`` (its :class:`Version`, shared with its views; None
+    until something needs it, see :func:`version_of`) and ``_post_accumulate_grad_hooks`` (a leaf's
+    hooks, see :meth:`register_post_accumulate_grad_hook`; None, or unset on operation results).
 
     Subclasses say what type an operation's result has (``_wrap``): a plain tensor, never a
     subclass such as a Parameter.
     """
 
-    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "__weakref__")
+    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "_post_accumulate_grad_hooks", "__weakref__")
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         self.data = data
@@ -122,6 +123,7 @@ class Value:
         self.grad: Value | None = None
         self._node: Function | None = None
         self._version: Version | None = None  # made on first need (version_of)
+        self._post_accumulate_grad_hooks: list | None = None
         if requires_grad:
             self.requires_grad_(True)
 
@@ -167,12 +169,47 @@ class Value:
                 raise ValueError(f"gradient must have shape {tuple(self.data.shape)}, got {tuple(gradient.shape)}")
         run_backward(self, gradient, retain_graph)
 
+    def register_post_accumulate_grad_hook(self, hook: Callable[["Value"], None]) -> "RemovableHandle":
+        """Call ``hook(tensor)`` during backward right after a gradient has been added into this leaf's
+        ``.grad`` (PyTorch's name; data-parallel training starts a bucket's all-reduce from it). Unlike
+        PyTorch, where a leaf's contributions are summed before its one accumulation, here each edge into
+        the leaf accumulates at once: a leaf used by several operations gets one call per use. Returns a
+        handle whose ``remove()`` takes the hook off."""
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        if not self.is_leaf:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # unset on a detached operation result
+        if hooks is None:
+            hooks = self._post_accumulate_grad_hooks = []
+        hooks.append(hook)
+        return RemovableHandle(hooks, hook)
+
     def _accumulate_grad(self, grad: Any) -> None:
         # Out of place: one gradient array may be shared by several inputs (e.g. both sides of a + b).
         if self.grad is None:
             self.grad = self._wrap(grad.astype(self.data.dtype, copy=False), False)
         else:
             self.grad.data = self.grad.data + grad
+        hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # one attribute read when no hook is set
+        if hooks:
+            for hook in tuple(hooks):  # a hook may remove itself
+                hook(self)
+
+
+class RemovableHandle:
+    """What registering a hook returns: ``remove()`` takes the hook off again (PyTorch's name)."""
+
+    __slots__ = ("_hooks", "_hook")
+
+    def __init__(self, hooks: list, hook: Callable) -> None:
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if any(h is self._hook for h in self._hooks):
+            self._hooks.remove(self._hook)
 
 
 # ----------------------------------------------------------------------------------------------

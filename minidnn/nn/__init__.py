@@ -9,3 +9,12 @@ __all__ = [
     "AdaptiveAvgPool2d", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "LocalResponseNorm", "Dropout",
     "BatchNorm2d", "Flatten", "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss",
 ]
+
+
+def __getattr__(name: str):
+    # nn.SyncBatchNorm is minidnn.distributed's, found on first use: nn does not import the layer above it.
+    if name == "SyncBatchNorm":
+        from ..distributed.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415
+
+        return SyncBatchNorm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
