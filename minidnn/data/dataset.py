@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..tensor import Tensor
+
 
 class Dataset:
     """Subclasses define ``__len__`` and ``__getitem__(index) -> (input, target)``."""
@@ -84,3 +86,28 @@ class Subset(Dataset):
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+
+class TensorDataset(Dataset):
+    """PyTorch's ``TensorDataset``: sample i is ``(tensors[0][i], tensors[1][i], ...)``, the tensors
+    indexed together along their first dimension, which they must share."""
+
+    def __init__(self, *tensors: Tensor) -> None:
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one tensor")
+        for position, tensor in enumerate(tensors):
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"TensorDataset: argument {position} must be a minidnn Tensor, got "
+                                f"{type(tensor).__name__}")
+            if tensor.ndim == 0:
+                raise ValueError(f"TensorDataset: argument {position} is 0-d; every tensor needs a first dimension")
+        sizes = [tensor.shape[0] for tensor in tensors]
+        if len(set(sizes)) != 1:
+            raise ValueError(f"TensorDataset: size mismatch between tensors: first dimensions {sizes}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return self.tensors[0].shape[0]
+
+    def __getitem__(self, index: Any) -> tuple[Tensor, ...]:
+        return tuple(tensor[index] for tensor in self.tensors)
