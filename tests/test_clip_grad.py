@@ -105,3 +105,18 @@ def test_bad_arguments_are_refused():
         nn.utils.clip_grad_norm_([np.zeros(3)], 1.0)
     with pytest.raises(TypeError, match="clip_value must be a real number"):
         nn.utils.clip_grad_value_([p], None)
+
+
+@pytest.mark.gpu
+def test_gpu_clip_grad_norm_matches_the_cpu(rng):
+    cpu, _ = parameters_with_grads(rng, SHAPES)
+    gpu = []
+    for p in cpu:
+        q = minidnn.tensor(p.numpy(), device="cuda", requires_grad=True)
+        q.grad = None if p.grad is None else minidnn.tensor(p.grad.numpy(), device="cuda")
+        gpu.append(q)
+    total_gpu, total_cpu = nn.utils.clip_grad_norm_(gpu, 0.5), nn.utils.clip_grad_norm_(cpu, 0.5)
+    assert total_gpu.is_cuda
+    np.testing.assert_allclose(total_gpu.item(), total_cpu.item(), rtol=1e-12)
+    for p, q in zip(cpu[1:], gpu[1:]):
+        np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-12)

@@ -192,3 +192,19 @@ def test_dropout2d_in_place_three_d_warning_and_errors(rng):
         nn.Dropout2d(1.5)
     with pytest.raises(ValueError, match=r"input must be \(N, C, H, W\)"):
         F.dropout2d(minidnn.zeros(4), 0.5)
+
+
+@pytest.mark.gpu
+def test_gpu_layers_match_the_cpu(rng):
+    """The new layers on CUDA tensors (the primitives' kernels) against the same layers on the CPU, float32."""
+    x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    outputs = []
+    for device in ("cpu", "cuda"):
+        minidnn.manual_seed(0)
+        model = nn.Sequential(nn.LayerNorm(5), nn.GELU(), nn.Linear(5, 5), nn.SiLU(), nn.LeakyReLU(0.1),
+                              nn.BatchNorm1d(6), nn.GELU("tanh")).to(device)
+        tensor = minidnn.tensor(x, device=device, requires_grad=True)
+        model(tensor).sum().backward()
+        outputs.append([tensor.grad.numpy()] + [p.grad.numpy() for p in model.parameters()])
+    for cpu, gpu in zip(*outputs):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=1e-5)

@@ -256,3 +256,22 @@ def test_repeat_gradient_by_finite_differences_and_errors(rng):
     x, tx = minidnn.zeros(2, 3), torch.zeros(2, 3)
     raises_like_torch(lambda: x.repeat(2), lambda: tx.repeat(2), ValueError, "can not be smaller")
     raises_like_torch(lambda: x.repeat(2, -1), lambda: tx.repeat(2, -1), ValueError, ">= 0")
+
+
+@pytest.mark.gpu
+def test_gpu_tensor_idioms_match_the_cpu(rng):
+    """Every idiom above on a CUDA tensor gives the CPU's values and gradients."""
+    values, bound = rng.standard_normal((3, 4, 5)), rng.standard_normal((4, 1))
+
+    def run(device):
+        x = minidnn.tensor(values, device=device, requires_grad=True)
+        low = minidnn.tensor(bound, device=device, requires_grad=True)
+        parts = [x.clone(), x.var(1, keepdim=True), x.std(correction=0), x.clamp(low, 0.5),
+                 x.where(x > 0, 0.25), x.topk(2, dim=2).values, x[:, :1].expand(3, 4, 5), x.repeat(1, 2, 1)]
+        total = sum((p * p).sum() for p in parts)
+        total.backward()
+        found = [minidnn.argmax(x, 1), x.topk(3, dim=0, largest=False).indices, *minidnn.where(x > 0.5)]
+        return [p.numpy() for p in parts + found] + [x.grad.numpy(), low.grad.numpy()]
+
+    for gpu, cpu in zip(run("cuda"), run("cpu")):
+        np.testing.assert_allclose(gpu, cpu, rtol=1e-12, atol=1e-12)
