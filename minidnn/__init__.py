@@ -11,7 +11,7 @@ import numpy as _np
 
 from ._version import __version__
 from . import backend, cuda, functional, nn, optim, primitives
-from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from . import engine
@@ -26,8 +26,9 @@ int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.in
 half, float, double, long = float16, float32, float64, int64  # noqa: A001 - PyTorch's aliases
 
 __all__ = [
-    "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "device", "Device",
-    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
-    "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed", "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
+    "Tensor", "tensor", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "is_grad_enabled", "device",
+    "Device", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
+    "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
+    "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

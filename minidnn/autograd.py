@@ -9,6 +9,11 @@ recorded graph in reverse topological order (an iterative sort: a 200-layer netw
 Python's recursion limit), sums the gradients that reach each tensor (reduced to its shape when
 broadcasting widened it), and releases each node's saved arrays as soon as its backward has run.
 
+In-place operations are safe as in PyTorch: every tensor has a version counter (shared with its
+views) that each in-place write bumps, every node remembers the versions of the arrays it saved for
+its backward, and a backward that finds one of them changed raises a ``RuntimeError`` naming the
+node and the operation, instead of computing a wrong gradient.
+
 This module imports nothing of minidnn but the backend: operations (:mod:`minidnn.ops`,
 :mod:`minidnn.functional`) build on it, and :mod:`minidnn.tensor` on both.
 """
@@ -21,7 +26,8 @@ from typing import Any, Iterator, Sequence
 
 from . import backend
 
-__all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "unbroadcast"]
+__all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
+           "unbroadcast", "bump_version"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -57,26 +63,52 @@ def enable_grad() -> contextlib.AbstractContextManager:
     return set_grad_enabled(True)
 
 
+def inference_mode(mode: bool = True) -> contextlib.AbstractContextManager:
+    """``with minidnn.inference_mode():`` (or ``@minidnn.inference_mode()``): PyTorch's name for evaluation
+    without a graph. minidnn's :func:`no_grad` already records nothing and keeps nothing for a backward, so
+    this is the same switch; ``inference_mode(False)`` leaves grad mode as it is."""
+    return set_grad_enabled(False) if mode else contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------
+# Versions: in-place writes, counted
+# ----------------------------------------------------------------------------------------------
+class Version:
+    """How many in-place writes a tensor's memory has had, and the last one's name. One counter is shared
+    by a tensor and every view of it (``shared`` then says so), since a write through one is a write to all."""
+
+    __slots__ = ("value", "last", "shared")
+
+    def __init__(self) -> None:
+        self.value, self.last, self.shared = 0, "", False
+
+
+def bump_version(value: "Value", operation: str) -> None:
+    """Record an in-place write into ``value``'s memory (by ``operation``, e.g. ``"mul_"``)."""
+    counter = value._version
+    counter.value += 1
+    counter.last = operation
+
+
 # ----------------------------------------------------------------------------------------------
 # Value: what the graph needs of a tensor
 # ----------------------------------------------------------------------------------------------
 class Value:
-    """An array in the graph: ``data``, ``requires_grad``, ``grad`` and ``_node`` (the Function that
-    computed it, None for a leaf). ``_uses`` counts the graph nodes that took it as an input, which
-    tells an in-place operation whether anyone else may still need the old values.
+    """An array in the graph: ``data``, ``requires_grad``, ``grad``, ``_node`` (the Function that
+    computed it, None for a leaf) and ``_version`` (its :class:`Version`, shared with its views).
 
     Subclasses say what type an operation's result has (``_wrap``): a plain tensor, never a
     subclass such as a Parameter.
     """
 
-    __slots__ = ("data", "requires_grad", "grad", "_node", "_uses", "__weakref__")
+    __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "__weakref__")
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         self.data = data
         self.requires_grad = False
         self.grad: Value | None = None
         self._node: Function | None = None
-        self._uses = 0
+        self._version = Version()
         if requires_grad:
             self.requires_grad_(True)
 
@@ -146,12 +178,12 @@ class Function:
     input itself when it is a leaf that requires grad, or None. So an activation array lives only
     as long as a node saved it, never because the graph happens to pass through its tensor.
 
-    ``fresh_output``: the output array is new (not a view of an input) and the node's backward does
-    not read it, so an in-place operation on the output cannot corrupt this node's gradient.
+    ``saved_versions`` holds, for each saved array that is an input's or the output's, that tensor's
+    version counter and its value when it was saved: backward checks them (see :func:`run_backward`).
     """
 
     _GRAPH_FIELDS = frozenset({"parents", "input_shapes", "needs_input_grad", "saved", "retained"})
-    fresh_output = False
+    saved_versions: tuple = ()
 
     def __init__(self) -> None:
         self.parents: tuple[Function | Value | None, ...] = ()
@@ -179,52 +211,105 @@ class Function:
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Value:
         """Run the node on tensors (and other arguments), recording it when a gradient is needed."""
-        tensors = [a for a in args if isinstance(a, Value)]
-        _check_same_device(tensors, cls.__name__)
         function = cls()
-        function.needs_input_grad = tuple(isinstance(a, Value) and a.requires_grad for a in args)
-        requires_grad = _grad_mode.enabled and any(function.needs_input_grad)
-        data = function.forward(*(a.data if isinstance(a, Value) else a for a in args), **kwargs)
+        tensors, arrays, needs = [], [], []
+        for argument in args:  # one pass: this runs for every operation of a step
+            if isinstance(argument, Value):
+                tensors.append(argument)
+                arrays.append(argument.data)
+                needs.append(argument.requires_grad)
+            else:
+                arrays.append(argument)
+                needs.append(False)
+        if len(tensors) > 1:
+            _check_same_device(tensors, cls.__name__)
+        function.needs_input_grad = needs = tuple(needs)
+        requires_grad = _grad_mode.enabled and True in needs
+        data = function.forward(*arrays, **kwargs)
         output = tensors[0]._wrap(data, requires_grad)
+        base = getattr(data, "base", None)
+        if base is not None:
+            _share_version_with_viewed(output, base, tensors)
         if requires_grad:
             function.parents = tuple(_edge(a) for a in args)
             function.input_shapes = tuple(tuple(a.data.shape) if isinstance(a, Value) else None for a in args)
             output._node = function
-            for tensor in tensors:
-                tensor._uses += 1
+            if function.saved:
+                function.saved_versions = _versions_of_saved(function.saved, args, output)
         return output
 
     @classmethod
-    def apply_in_place(cls, target: Value, *args: Any, **kwargs: Any) -> Value:
-        """Run the node with its output written over ``target``'s array and return ``target``,
-        rebased onto the node (PyTorch's in-place semantics: ``relu_(x)`` changes ``x``), when the
-        graph allows it; otherwise as :meth:`apply`. It is allowed when no recorded node can need
-        the old values: ``target`` is not a leaf that requires grad, no node has taken it as an
-        input yet, and the node that computed it made a fresh array it does not read back
-        (:attr:`fresh_output`). ``forward`` receives ``out=target.data`` and must write there.
+    def apply_in_place(cls, operation: str, target: Value, *args: Any, **kwargs: Any) -> Value:
+        """Run the node with its output written over ``target``'s array and return ``target`` (PyTorch's
+        in-place semantics: ``x.relu_()`` changes ``x``), bumping ``target``'s version (``operation``
+        names the write, e.g. ``"relu_"``). When a gradient is needed the node is recorded and ``target``
+        rebased onto it; a node that saved ``target``'s old values then refuses its backward.
+
+        Refused with a ``RuntimeError``: a leaf that requires grad (under grad mode), and a tensor in the
+        graph that shares its memory with a view (a write through one would leave the other's graph
+        wrong). ``forward`` receives ``out=target.data`` and must write there; if its backward needs
+        ``target``'s old values it must save a copy of them.
         """
-        producer = target._node
-        if target.requires_grad and producer is None and _grad_mode.enabled:
-            raise RuntimeError("a leaf tensor that requires grad is used in an in-place operation")
-        if target._uses or (producer is not None and not producer.fresh_output):
-            return cls.apply(target, *args, **kwargs)
+        grad_mode = _grad_mode.enabled
+        if grad_mode and target.requires_grad and target._node is None:
+            raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation ({operation}); "
+                               "wrap it in `with minidnn.no_grad():` or use the out-of-place form")
         function = cls()
-        function.needs_input_grad = (target.requires_grad,) + tuple(
-            isinstance(a, Value) and a.requires_grad for a in args)
+        needs = (target.requires_grad,) + tuple(isinstance(a, Value) and a.requires_grad for a in args)
+        record = grad_mode and True in needs
+        if record and target._version.shared:
+            raise RuntimeError(f"{operation} on a tensor that shares its memory with a view is not supported while "
+                               "a graph is recorded; use the out-of-place form")
+        function.needs_input_grad = needs
         first_edge = _edge(target)
         data = function.forward(target.data, *(a.data if isinstance(a, Value) else a for a in args),
                                 out=target.data, **kwargs)
         if data is not target.data:
             raise RuntimeError(f"{cls.__name__}.forward did not write its result in place")
-        if _grad_mode.enabled and any(function.needs_input_grad):
-            for tensor in args:
-                if isinstance(tensor, Value):
-                    tensor._uses += 1
+        bump_version(target, operation)
+        if record:
             function.parents = (first_edge,) + tuple(_edge(a) for a in args)
             function.input_shapes = (tuple(target.data.shape),) + tuple(
                 tuple(a.data.shape) if isinstance(a, Value) else None for a in args)
             target._node, target.requires_grad = function, True
+            if function.saved:
+                function.saved_versions = _versions_of_saved(function.saved, args, target)
         return target
+
+
+def _share_version_with_viewed(output: Value, base: Any, tensors: list) -> None:
+    """When ``output``'s array is a view of an input's memory, the two share one version counter."""
+    for tensor in tensors:
+        if base is tensor.data or base is getattr(tensor.data, "base", None):
+            output._version = tensor._version
+            output._version.shared = True
+            return
+
+
+def _versions_of_saved(saved: tuple, args: tuple, output: Value) -> tuple:
+    """(counter, version now, what) for each saved array that is an input's or the output's array."""
+    records = []
+    for array in saved:
+        if array is None:
+            continue
+        if array is output.data:
+            records.append((output._version, output._version.value, "its output"))
+            continue
+        for position, argument in enumerate(args):
+            if isinstance(argument, Value) and array is argument.data:
+                records.append((argument._version, argument._version.value, f"its input {position}"))
+                break
+    return tuple(records)
+
+
+def _check_saved_versions(node: Function) -> None:
+    for counter, expected, what in node.saved_versions:
+        if counter.value != expected:
+            raise RuntimeError(
+                f"one of the arrays needed for gradient computation has been modified by an inplace operation "
+                f"({counter.last}): {what}, saved by {type(node).__name__}, is at version {counter.value}; "
+                f"expected version {expected}. Make that operation out of place (x = x * 2 rather than "
+                f"x.mul_(2)), or run it after backward()")
 
 
 def _edge(value: Any) -> "Function | Value | None":
@@ -235,12 +320,14 @@ def _edge(value: Any) -> "Function | Value | None":
 
 
 def _check_same_device(tensors: Sequence[Value], operation: str) -> None:
-    if len(tensors) > 1:
-        first = backend.device_of(tensors[0].data)
-        for other in tensors[1:]:
-            where = backend.device_of(other.data)
-            if where != first:
-                raise ValueError(f"{operation}: expected all tensors on the same device, got {first} and {where}")
+    kind = type(tensors[0].data)
+    if all(type(t.data) is kind for t in tensors) and not backend.is_cuda_array(tensors[0].data):
+        return  # all on the CPU: nothing to compare, and no Device objects to build
+    first = backend.device_of(tensors[0].data)
+    for other in tensors[1:]:
+        where = backend.device_of(other.data)
+        if where != first:
+            raise ValueError(f"{operation}: expected all tensors on the same device, got {first} and {where}")
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
@@ -289,6 +376,8 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
         if node.saved is None:
             raise RuntimeError("trying to backward through the graph a second time; "
                                "pass retain_graph=True to the first backward() if you need to")
+        if node.saved_versions:
+            _check_saved_versions(node)
         output = node.retained() if node.retained is not None else None
         if output is not None:
             output._accumulate_grad(grad)

@@ -42,8 +42,6 @@ def _data(value: Tensor | None) -> Any:
 # Convolution and linear layers
 # ----------------------------------------------------------------------------------------------
 class Conv2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, w, b, stride, padding, dilation, groups):
         self.args = (stride, padding, dilation, groups)
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
@@ -86,8 +84,6 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
 
 
 class LinearFunction(Function):
-    fresh_output = True
-
     def forward(self, x, w, b):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         return library.linear_forward(x, w, b)
@@ -110,12 +106,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # Pooling
 # ----------------------------------------------------------------------------------------------
 class MaxPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         # Without return_indices the engine keeps its own compact record of the maxima for backward.
         y, self.indices = library.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
-                                               return_indices=indices_out is not None)
+                                                     return_indices=indices_out is not None)
         self.x_shape, self.window = x.shape, (kernel_size, stride, padding, dilation, ceil_mode)
         if indices_out is not None:  # return_indices: hand the argmax to the caller as well
             indices_out.append(self.indices)
@@ -136,8 +130,6 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 class AvgPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, *args):
         self.x_shape, self.args = x.shape, args
         return library.avg_pool2d_forward(x, *args)
@@ -153,8 +145,6 @@ def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 class AdaptiveAvgPool2dFunction(Function):
-    fresh_output = True
-
     def forward(self, x, output_size):
         self.x_shape = x.shape
         return library.adaptive_avg_pool2d_forward(x, output_size)
@@ -196,15 +186,13 @@ def log_softmax(input: Tensor, dim: int) -> Tensor:
 
 class LeakyReLUFunction(Function):
     """x where x > 0, else negative_slope·x. The backward reads x; written in place (``out``), it reads
-    the output instead, which has x's signs when negative_slope >= 0 (the in-place form needs that)."""
-
-    fresh_output = True
+    the output instead, which has x's signs when negative_slope >= 0 (the in-place form needs that;
+    a later write to the output is caught by its version counter)."""
 
     def forward(self, x, negative_slope, out=None):
         self.negative_slope = negative_slope
         y = library.leaky_relu_forward(x, negative_slope, out=out)
         self.save_for_backward(x if out is None else y)
-        self.fresh_output = out is None  # in place, the backward reads the output
         return y
 
     def backward(self, dy):
@@ -214,8 +202,6 @@ class LeakyReLUFunction(Function):
 class SiLUFunction(Function):
     """x·σ(x). The backward reads x: written in place, a copy of x is kept first (only when a
     gradient will be asked for)."""
-
-    fresh_output = True
 
     def forward(self, x, out=None):
         saved = None
@@ -229,8 +215,6 @@ class SiLUFunction(Function):
 
 
 class GELUFunction(Function):
-    fresh_output = True
-
     def forward(self, x, approximate):
         self.approximate = approximate
         self.save_for_backward(x)
@@ -241,9 +225,8 @@ class GELUFunction(Function):
 
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
-    """input where input > 0, else negative_slope·input. ``inplace`` writes over input where autograd
-    allows it (see ``Tensor.relu_``); with a gradient to compute that needs negative_slope >= 0, as in
-    PyTorch."""
+    """input where input > 0, else negative_slope·input. ``inplace`` writes over input and returns it (as
+    ``Tensor.relu_``); with a gradient to compute, that needs negative_slope >= 0, as in PyTorch."""
     _require_tensor(input, "input")
     negative_slope = check_negative_slope(negative_slope)
     if not inplace:
@@ -251,13 +234,14 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
     if negative_slope < 0 and input.requires_grad and is_grad_enabled():
         raise ValueError("leaky_relu: inplace=True with a negative negative_slope cannot be differentiated "
                          "(the output no longer tells the input's sign); use inplace=False")
-    return LeakyReLUFunction.apply_in_place(input, negative_slope)
+    return LeakyReLUFunction.apply_in_place("leaky_relu_", input, negative_slope)
 
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:
-    """input·sigmoid(input) (SiLU, swish). ``inplace`` writes over input where autograd allows it."""
+    """input·sigmoid(input) (SiLU, swish). ``inplace`` writes over input and returns it (its old values
+    kept for the backward when a gradient is recorded)."""
     _require_tensor(input, "input")
-    return SiLUFunction.apply_in_place(input) if inplace else SiLUFunction.apply(input)
+    return SiLUFunction.apply_in_place("silu_", input) if inplace else SiLUFunction.apply(input)
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
@@ -289,8 +273,6 @@ def _unrows(loss: Tensor, input: Tensor, reduction: str) -> Tensor:
 
 
 class CrossEntropyFunction(Function):
-    fresh_output = True
-
     def forward(self, logits, target, weight, ignore_index, label_smoothing, reduction):
         self.args = (weight, ignore_index, label_smoothing, reduction)
         loss, log_probs = library.cross_entropy_forward(logits, target, *self.args)
@@ -311,8 +293,6 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, i
 
 
 class NLLLossFunction(Function):
-    fresh_output = True
-
     def forward(self, log_probs, target, weight, ignore_index, reduction):
         self.args = (weight, ignore_index, reduction)
         self.shape = log_probs.shape
@@ -349,8 +329,6 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 # Regularisation and normalisation
 # ----------------------------------------------------------------------------------------------
 class DropoutFunction(Function):
-    fresh_output = True
-
     def forward(self, x, p, seed, offset):
         y, mask = library.dropout_forward(x, p, seed, offset)
         self.p = p
@@ -377,8 +355,8 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Zero whole channels: each (sample, channel) plane of input (N, C, *spatial) is dropped with
     probability p, and the kept ones scaled by 1/(1-p); identity when not training. As in PyTorch, a
-    3-D input is read as (N, C, L), with PyTorch's warning. ``inplace`` multiplies input itself when
-    no gradient is recorded through it, else gives a new tensor."""
+    3-D input is read as (N, C, L), with PyTorch's warning. ``inplace`` multiplies input itself
+    (``Tensor.mul_``) and returns it."""
     _require_tensor(input, "input")
     p = check_probability(p)
     if input.ndim < 2:
@@ -393,18 +371,15 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
         return input
     planes = ones(input.shape[:2] + (1,) * (input.ndim - 2), dtype=input.dtype, device=input.device)
     scale = dropout(planes, p, training=True)  # 0 or 1/(1-p) per (sample, channel), from the counter stream
-    if inplace and not (input.requires_grad and is_grad_enabled()):
-        return input.mul_(scale)
-    return input * scale
+    return input.mul_(scale) if inplace else input * scale
 
 
 class BatchNormTrainingFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
-                                                        relu=relu)
+                                                              relu=relu)
         # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
         self.save_for_backward(x, weight, mean, invstd, y if relu else None)
-        self.fresh_output = not relu
         return y
 
     def backward(self, dy):
@@ -417,13 +392,13 @@ class BatchNormInferenceFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, eps, relu=False):
         y = library.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
         self.save_for_backward(x, weight, running_mean.copy(), running_var.copy(), y if relu else None)
-        self.eps, self.fresh_output = eps, not relu
+        self.eps = eps
         return y
 
     def backward(self, dy):
         x, weight, running_mean, running_var, relu_output = self.saved
         return library.batch_norm_backward_inference(dy, x, weight, running_mean, running_var, self.eps,
-                                               relu_output=relu_output)
+                                                     relu_output=relu_output)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
@@ -442,8 +417,6 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 
 class LayerNormFunction(Function):
-    fresh_output = True
-
     def forward(self, x, weight, bias, normalized_shape, eps):
         y, mean, invstd = library.layer_norm_forward(x, normalized_shape, weight, bias, eps)
         self.normalized_shape = normalized_shape

@@ -6,8 +6,9 @@ gives them their PyTorch names (``a + b``, ``x.sum()``, ``x.relu()``) and :mod:`
 adds the neural-network operations. Activations and softmax compute through the current engine
 (``library``), like every neural-network operation.
 
-``fresh_output = True`` marks a node whose output is a new array that its backward does not read:
-an in-place operation on that output (``relu_``) cannot corrupt this node's gradient.
+In-place forms (``add_``, ``mul_``, ``relu_``) run the same nodes with ``out=`` the target's array
+(:meth:`~minidnn.autograd.Function.apply_in_place`); a node whose backward would need the values it
+overwrites saves a copy of them.
 """
 from __future__ import annotations
 
@@ -29,31 +30,27 @@ def _xp(*arrays: Any):
 # Arithmetic
 # ----------------------------------------------------------------------------------------------
 class AddFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        return a + b
+    def forward(self, a, b, out=None):
+        return a + b if out is None else _xp(a).add(a, b, out=out)
 
     def backward(self, grad):
         return grad, grad
 
 
 class SubFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        return a - b
+    def forward(self, a, b, out=None):
+        return a - b if out is None else _xp(a).subtract(a, b, out=out)
 
     def backward(self, grad):
         return grad, -grad
 
 
 class MulFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        self.save_for_backward(a if self.needs_input_grad[1] else None, b if self.needs_input_grad[0] else None)
-        return a * b
+    def forward(self, a, b, out=None):
+        # Written over a (a.mul_(b)), a's old values are kept for b's gradient as a copy.
+        kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
+        self.save_for_backward(kept_a, b if self.needs_input_grad[0] else None)
+        return a * b if out is None else _xp(a).multiply(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -61,11 +58,10 @@ class MulFunction(Function):
 
 
 class DivFunction(Function):
-    fresh_output = True
-
-    def forward(self, a, b):
-        self.save_for_backward(a, b)
-        return a / b
+    def forward(self, a, b, out=None):
+        kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
+        self.save_for_backward(kept_a, b)
+        return a / b if out is None else _xp(a).divide(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -89,8 +85,6 @@ class PowFunction(Function):
 
 
 class NegFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         return -a
 
@@ -101,7 +95,6 @@ class NegFunction(Function):
 class MatMulFunction(Function):
     """a @ b with NumPy's rules (1-D operands, batched broadcasting)."""
 
-    fresh_output = True
 
     def forward(self, a, b):
         self.save_for_backward(a, b)
@@ -136,8 +129,6 @@ class ExpFunction(Function):
 
 
 class LogFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         self.save_for_backward(a)
         return _xp(a).log(a)
@@ -157,8 +148,6 @@ class SqrtFunction(Function):
 
 
 class AbsFunction(Function):
-    fresh_output = True
-
     def forward(self, a):
         self.save_for_backward(a)
         return _xp(a).abs(a)
@@ -173,8 +162,6 @@ class ClampFunction(Function):
     The gradients are PyTorch's, ties and crossed bounds included: a's flows where
     low <= a <= high; low's where a < low < high; high's where a > high or high < low (the output
     is then high everywhere)."""
-
-    fresh_output = True
 
     def forward(self, a, low, high):
         xp = _xp(a)
@@ -199,8 +186,6 @@ class ClampFunction(Function):
 
 
 class WhereFunction(Function):
-    fresh_output = True
-
     def forward(self, condition, a, b):
         self.save_for_backward(condition)
         return _xp(condition, a, b).where(condition, a, b)
@@ -215,8 +200,6 @@ class WhereFunction(Function):
 class CloneFunction(Function):
     """A copy of a, in the graph: the gradient passes through unchanged."""
 
-    fresh_output = True
-
     def forward(self, a):
         return a.copy()
 
@@ -225,13 +208,13 @@ class CloneFunction(Function):
 
 
 class GradientHookFunction(Function):
-    """The identity in the forward (the output is a's very array); in the backward ``hook(grad)``
-    runs and what it returns, unless None, becomes the gradient passed on. The seam module hooks
-    use to see (and replace) the gradients at a module's inputs and outputs."""
+    """The identity in the forward (the output is a view of a: one memory, one version counter); in
+    the backward ``hook(grad)`` runs and what it returns, unless None, becomes the gradient passed on.
+    The seam module hooks use to see (and replace) the gradients at a module's inputs and outputs."""
 
     def forward(self, a, hook):
         self.hook = hook
-        return a
+        return a.view()
 
     def backward(self, grad):
         replaced = self.hook(grad)
@@ -239,8 +222,6 @@ class GradientHookFunction(Function):
 
 
 class CastFunction(Function):
-    fresh_output = True
-
     def forward(self, a, dtype):
         self.source_dtype = a.dtype
         return a.astype(dtype)
@@ -250,8 +231,6 @@ class CastFunction(Function):
 
 
 class ToDeviceFunction(Function):
-    fresh_output = True
-
     def forward(self, a, target):
         self.source = backend.device_of(a)
         return backend.to_device(a, target)
@@ -264,8 +243,6 @@ class ToDeviceFunction(Function):
 # Reductions
 # ----------------------------------------------------------------------------------------------
 class SumFunction(Function):
-    fresh_output = True
-
     def forward(self, a, axes=None, keepdim=False):
         self.shape, self.axes, self.keepdim = a.shape, axes, keepdim
         return a.sum(axis=axes, keepdims=keepdim)
@@ -278,8 +255,6 @@ class SumFunction(Function):
 
 
 class MeanFunction(Function):
-    fresh_output = True
-
     def forward(self, a, axes=None, keepdim=False):
         self.shape, self.axes, self.keepdim = a.shape, axes, keepdim
         out = a.mean(axis=axes, keepdims=keepdim)
@@ -297,8 +272,6 @@ class VarFunction(Function):
     """Σ(a − mean)² / max(0, count − correction) over ``axes`` (all when None): the variance with
     PyTorch's ``correction`` (1: Bessel's, the unbiased estimate; 0: the population variance). No
     degrees of freedom left gives inf (or NaN for 0/0), as in PyTorch."""
-
-    fresh_output = True
 
     def forward(self, a, axes=None, correction=1.0, keepdim=False):
         xp = _xp(a)
@@ -327,8 +300,6 @@ class TopKFunction(Function):
     """The k largest (or smallest) values of a along ``axis``, in order; their indices go to
     ``indices_out`` (a list the caller reads). The gradient goes back to the chosen elements."""
 
-    fresh_output = True
-
     def forward(self, a, k, axis, largest, indices_out):
         xp = _xp(a)
         order = xp.argsort(a, axis=axis)  # ascending, NaN last (the largest, as PyTorch ranks it)
@@ -349,7 +320,6 @@ class TopKFunction(Function):
 class MaxReduceFunction(Function):
     """max (or min) over one axis or all; the gradient goes to the first extreme element."""
 
-    fresh_output = True
 
     def forward(self, a, axis=None, keepdim=False, use_min=False):
         xp = _xp(a)
@@ -406,8 +376,6 @@ class RepeatFunction(Function):
     """a tiled ``repeats[i]`` times along each axis (PyTorch's ``repeat``, NumPy's ``tile``); a gets
     leading axes of size 1 when ``repeats`` is longer. The gradient sums the copies."""
 
-    fresh_output = True
-
     def forward(self, a, repeats):
         self.shape, self.repeats = a.shape, repeats
         self.padded = (1,) * (len(repeats) - a.ndim) + tuple(a.shape)
@@ -435,8 +403,6 @@ class GetItemFunction(Function):
 
 
 class ConcatenateFunction(Function):
-    fresh_output = True
-
     def forward(self, *arrays, axis=0):
         self.axis = axis
         self.sizes = [a.shape[axis] for a in arrays]

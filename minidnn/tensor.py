@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend, ops
-from .autograd import Value, is_grad_enabled
+from .autograd import Value, Version, bump_version, is_grad_enabled
 
 __all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "flatten", "clamp", "topk", "var",
            "std", "clone", "MaxMin", "TopK"]
@@ -107,7 +107,7 @@ class Tensor(Value):
     def _wrap(cls, data: Any, requires_grad: bool) -> "Tensor":
         # Results are plain tensors, also when an input is a Parameter.
         out = Tensor.__new__(Tensor)
-        out.data, out.requires_grad, out.grad, out._node, out._uses = data, requires_grad, None, None, 0
+        out.data, out.requires_grad, out.grad, out._node, out._version = data, requires_grad, None, None, Version()
         return out
 
     # --- properties ---------------------------------------------------------------------------
@@ -157,8 +157,10 @@ class Tensor(Value):
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     def detach(self) -> "Tensor":
-        """The same data, cut from the graph."""
-        return Tensor._wrap(self.data, False)
+        """The same data, cut from the graph (sharing the version counter: a write to one is a write to both)."""
+        out = Tensor._wrap(self.data, False)
+        out._version = self._version
+        return out
 
     # --- conversion ---------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
@@ -222,47 +224,59 @@ class Tensor(Value):
     def contiguous(self) -> "Tensor":
         return self
 
-    # --- in-place updates (outside the graph) -------------------------------------------------
-    def _check_inplace(self) -> None:
-        if self.requires_grad and self.is_leaf and is_grad_enabled():
-            raise RuntimeError("a leaf tensor that requires grad is used in an in-place operation; "
-                               "wrap it in `with minidnn.no_grad():`")
+    # --- in-place updates ----------------------------------------------------------------------
+    # Each bumps the version counter, so a node that saved the old values refuses its backward. The
+    # arithmetic ones are recorded in the graph (the tensor is rebased onto their node); writes that
+    # would cut a graph tensor from its own history (fill_, zero_, copy_, item assignment) are refused.
+    def _write(self, operation: str, source_requires_grad: bool = False) -> None:
+        """Check that an in-place write that records no node may go ahead, and count it."""
+        if is_grad_enabled():
+            if self.requires_grad and self.is_leaf:
+                raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation "
+                                   f"({operation}); wrap it in `with minidnn.no_grad():`")
+            if self._node is not None or source_requires_grad:
+                raise RuntimeError(f"{operation} on a tensor that is part of a graph is not supported; "
+                                   "use the out-of-place form")
+        bump_version(self, operation)
 
     def zero_(self) -> "Tensor":
-        self._check_inplace()
+        self._write("zero_")
         self.data[...] = 0
         return self
 
     def fill_(self, value: float) -> "Tensor":
-        self._check_inplace()
+        self._write("fill_")
         self.data[...] = value
         return self
 
     def copy_(self, source: "Tensor | Any") -> "Tensor":
-        self._check_inplace()
+        self._write("copy_", isinstance(source, Tensor) and source.requires_grad)
         source = source.data if isinstance(source, Tensor) else source
         self.data[...] = backend.to_device(source, self.device)
         return self
 
     def add_(self, other: "Tensor | float", alpha: float = 1.0) -> "Tensor":
-        self._check_inplace()
-        self.data += alpha * (other.data if isinstance(other, Tensor) else other)
-        return self
+        if alpha != 1.0:
+            other = other * alpha
+        return ops.AddFunction.apply_in_place("add_", self, self._operand(other))
+
+    def sub_(self, other: "Tensor | float", alpha: float = 1.0) -> "Tensor":
+        if alpha != 1.0:
+            other = other * alpha
+        return ops.SubFunction.apply_in_place("sub_", self, self._operand(other))
 
     def mul_(self, other: "Tensor | float") -> "Tensor":
-        self._check_inplace()
-        self.data *= other.data if isinstance(other, Tensor) else other
-        return self
+        return ops.MulFunction.apply_in_place("mul_", self, self._operand(other))
+
+    def div_(self, other: "Tensor | float") -> "Tensor":
+        return ops.DivFunction.apply_in_place("div_", self, self._operand(other))
 
     def relu_(self) -> "Tensor":
-        """max(self, 0) written over this tensor's array where the graph allows it (see
-        :meth:`~minidnn.autograd.Function.apply_in_place`), else a new tensor."""
-        return ops.ReLUFunction.apply_in_place(self)
+        """max(self, 0) written over this tensor's array (recorded in the graph when it needs a gradient)."""
+        return ops.ReLUFunction.apply_in_place("relu_", self)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self._check_inplace()
-        if self._node is not None and is_grad_enabled():
-            raise RuntimeError("in-place assignment into a tensor that is part of a graph is not supported")
+        self._write("item assignment", isinstance(value, Tensor) and value.requires_grad)
         index = index.data if isinstance(index, Tensor) else index
         self.data[index] = backend.to_device(value.data, self.device) if isinstance(value, Tensor) else value
 

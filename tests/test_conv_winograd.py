@@ -224,7 +224,7 @@ def problem_of(N, C, H, K, r, groups, dtype=np.float32):
 ])
 def test_weight_gradient_split_count(shape, whole_batch, chunked):
     """Winograd's backward-filter splits its GEMMs' reduction where the products alone leave SMs idle
-    (benchmarks/results/2026-12-01-h200-split-k-gemm.md measured each count)."""
+    (benchmarks/results/2026-12-01-h200-winograd-weight-gradient-split-k/split-k-gemm.md measured each count)."""
     N, C, H, K, r, groups = shape
     problem = problem_of(N, C, H, K, r, groups)
     assert winograd.Winograd(4, r).weight_gradient_splits(problem) == whole_batch

@@ -88,7 +88,7 @@ def test_in_place_activations_write_over_their_input_with_torch_gradients(rng, n
     ours_hidden, their_hidden = ours_leaf * 1.5, their_leaf * 1.5
     ours = getattr(F, name)(ours_hidden, inplace=True, **options)
     theirs = getattr(torch.nn.functional, name)(their_hidden, inplace=True, **options)
-    assert ours is ours_hidden  # written over the product (a fresh output no node reads)
+    assert ours is ours_hidden  # written over the product, recorded in the graph
     np.testing.assert_allclose(ours_hidden.numpy(), their_hidden.detach().numpy(), rtol=1e-13)
     (ours * ours).sum().backward()
     (theirs * theirs).sum().backward()
@@ -97,6 +97,18 @@ def test_in_place_activations_write_over_their_input_with_torch_gradients(rng, n
     assert getattr(F, name)(plain, inplace=True, **options) is plain
     np.testing.assert_allclose(plain.numpy(), getattr(torch.nn.functional, name)(torch.tensor(x), **options).numpy(),
                                rtol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["leaky_relu", "silu"])
+def test_in_place_activation_over_values_a_node_saved_refuses_the_backward_as_torch_does(rng, name):
+    x = rng.standard_normal((2, 3))
+    for lib, functional in ((minidnn, F), (torch, torch.nn.functional)):
+        leaf = lib.tensor(x, requires_grad=True)
+        hidden = leaf * 2
+        squared = hidden * hidden  # saves hidden for its backward
+        getattr(functional, name)(hidden, inplace=True)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            squared.sum().backward()
 
 
 def test_activation_arguments_are_checked():

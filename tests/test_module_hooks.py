@@ -182,3 +182,13 @@ def test_backward_hooks_are_quiet_without_a_graph_and_check_what_they_return(rng
     model[2].register_full_backward_hook(lambda m, gi, go: (gi[0], gi[0]))
     with pytest.raises(ValueError, match="returned 2 grad_input entries, expected 1"):
         model(minidnn.tensor(rng.standard_normal((2, 5)), requires_grad=True)).sum().backward()
+
+
+@pytest.mark.parametrize("layer", [0, 1])  # Linear, whose output is already a view; ReLU, whose output is not
+def test_in_place_on_the_output_of_a_module_with_backward_hooks_is_refused_as_in_torch(rng, layer):
+    x = rng.standard_normal((2, 5))
+    for lib, model in zip((minidnn, torch), pair_of_mlps(rng)):
+        model[layer].register_full_backward_hook(lambda m, gi, go: None)
+        hidden = model[layer](lib.tensor(x, requires_grad=True) * 1.0)
+        with pytest.raises(RuntimeError):
+            hidden.mul_(2)

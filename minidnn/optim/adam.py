@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .. import backend
-from ..autograd import no_grad
+from ..autograd import bump_version, no_grad
 from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
@@ -60,12 +60,14 @@ class Adam(Optimizer):
                     states = [self.state[p] for p in params]
                     maxima = [state.get("max_exp_avg_sq") for state in states] if group["amsgrad"] else None
                     library.adam_update_multi([p.data for p in params], [contiguous_grad(p) for p in params],
-                                        [state["exp_avg"] for state in states],
-                                        [state["exp_avg_sq"] for state in states], maxima, step=step,
-                                        lr=self._learning_rate(index, group, device), beta1=beta1, beta2=beta2,
-                                        eps=group["eps"], weight_decay=group["weight_decay"],
-                                        decoupled_weight_decay=self.decoupled_weight_decay,
-                                        amsgrad=group["amsgrad"], maximize=group["maximize"])
+                                              [state["exp_avg"] for state in states],
+                                              [state["exp_avg_sq"] for state in states], maxima, step=step,
+                                              lr=self._learning_rate(index, group, device), beta1=beta1, beta2=beta2,
+                                              eps=group["eps"], weight_decay=group["weight_decay"],
+                                              decoupled_weight_decay=self.decoupled_weight_decay,
+                                              amsgrad=group["amsgrad"], maximize=group["maximize"])
+                    for p in params:  # updated in place: a graph that saved them must not backward through
+                        bump_version(p, type(self).__name__ + ".step")
 
 
 class AdamW(Adam):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .. import backend
-from ..autograd import no_grad
+from ..autograd import bump_version, no_grad
 from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
@@ -48,6 +48,9 @@ class SGD(Optimizer):
                 for (device, _, first_step), params in batches.items():
                     buffers = [self.state[p]["momentum_buffer"] for p in params] if group["momentum"] else None
                     library.sgd_update_multi([p.data for p in params], [contiguous_grad(p) for p in params], buffers,
-                                       lr=self._learning_rate(index, group, device), momentum=group["momentum"],
-                                       dampening=group["dampening"], weight_decay=group["weight_decay"],
-                                       nesterov=group["nesterov"], maximize=group["maximize"], first_step=first_step)
+                                             lr=self._learning_rate(index, group, device), momentum=group["momentum"],
+                                             dampening=group["dampening"], weight_decay=group["weight_decay"],
+                                             nesterov=group["nesterov"], maximize=group["maximize"],
+                                             first_step=first_step)
+                    for p in params:  # updated in place: a graph that saved them must not backward through
+                        bump_version(p, type(self).__name__ + ".step")

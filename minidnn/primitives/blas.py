@@ -135,7 +135,7 @@ SPLIT_K_TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
 SPLIT_K_TILE_N = 48
 SPLIT_K_THREADS = 128
 SPLIT_K_STEP = 16
-SPLIT_K_BUILD: tuple = ()  # split_k_gemm.cu's build defines: its defaults (benchmarks/split_k_gemm.py tries others)
+SPLIT_K_BUILD: tuple = ()  # split_k_gemm.cu's build defines: its defaults (benchmarks/probes/winograd_weight_gradient_split_k.py tries others)
 
 
 def split_k_tile_grid(M: int, N: int, dtype: Any) -> tuple[int, int]:

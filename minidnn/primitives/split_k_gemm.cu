@@ -27,7 +27,7 @@
 #endif
 typedef SCALAR scalar_t;
 
-// Builds for other depths and occupancies (benchmarks/split_k_gemm.py compares them) define these.
+// Builds for other depths and occupancies (benchmarks/probes/winograd_weight_gradient_split_k.py compares them) define these.
 #ifndef STAGES
 #define STAGES 3
 #endif

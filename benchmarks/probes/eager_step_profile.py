@@ -1,0 +1,142 @@
+# Justifies the eager dispatch work of issue 22 (minidnn/autograd.py's Function.apply, the engine seam in
+# minidnn/engine.py, the convolution fast path in minidnn/primitives/conv/api.py): where an eager step's host time goes.
+"""Profile one eager training step per model and math mode: host time, wall time, kernels, top functions.
+
+    PYTHONPATH=. python3 benchmarks/probes/eager_step_profile.py --out DIR
+    PYTHONPATH=. python3 benchmarks/probes/eager_step_profile.py --out DIR --models resnet20:128 --engines minidnn,torch
+
+Each (engine, model) runs in its own process (its math modes one after another in it), through the benchmark's own
+engines (benchmarks/measure.py): SGD with momentum, the benchmark's seeded batch. After the warm-up it times
+``--steps`` eager steps (wall by device events, host up to the step's return), counts the kernels of a few steps
+(CUPTI through torch.profiler), and for minidnn runs one step under cProfile: the functions with the most own time,
+the most calls, and the total number of Python calls. Writes profile.json and profile.md (and the raw profile text
+of each cell) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+
+SUITE = {"caffenet": ("alexnet_caffe", 227), "resnet18": ("resnet18", 224), "resnet50": ("resnet50", 224),
+         "resnet20": ("resnet20", 32)}
+DEFAULT_MODELS = "caffenet:128,resnet18:64,resnet50:64,resnet20:128"
+
+
+def top_functions(profile: cProfile.Profile, key: str, count: int) -> list[dict]:
+    """The ``count`` functions with the largest ``key`` ("tottime" or "ncalls"), as plain records."""
+    stats = pstats.Stats(profile)
+    rows = []
+    for (path, line, name), (primitive_calls, calls, own, cumulative, _) in stats.stats.items():
+        where = f"{os.path.relpath(path) if path.startswith('/') else path}:{line}({name})"
+        rows.append({"function": where, "calls": calls, "own_ms": own * 1000, "cumulative_ms": cumulative * 1000})
+    rows.sort(key=lambda r: -(r["own_ms"] if key == "tottime" else r["calls"]))
+    return rows[:count]
+
+
+def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], steps: int, out: str,
+                 device: str) -> list[dict]:
+    from benchmarks import measure  # noqa: PLC0415 - after sys.path
+
+    architecture, side = SUITE[model]
+    records = []
+    for mode in modes:
+        spec = {"engine": engine_name, "architecture": architecture, "image_size": side, "batch": batch,
+                "num_classes": 1000 if side > 32 else 10, "device": device}
+        engine = measure.ENGINES[engine_name](spec)
+        with measure.measurement_state(engine_name, mode == "tf32"):
+            start = time.perf_counter()
+            engine.step()
+            engine.synchronize()
+            first = time.perf_counter() - start
+            engine.clock.time(engine.step, 4)
+            wall, host = engine.clock.time(engine.step, steps)
+            record = {"engine": engine_name, "model": model, "batch": batch, "mode": mode, "first_step_s": first,
+                      "wall_ms": statistics.median(wall), "host_ms": statistics.median(host), "steps": steps}
+            record.update(measure.profile_steps(engine, 3))
+            if engine_name != "torch":
+                engine.synchronize()
+                profile = cProfile.Profile()
+                profile.enable()
+                engine.step()
+                engine.synchronize()
+                profile.disable()
+                text = io.StringIO()
+                pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+                name = f"{engine_name}-{model}-{batch}-{mode}"
+                with open(os.path.join(out, f"{name}.txt"), "w") as file:
+                    file.write(text.getvalue())
+                record["python_calls"] = sum(calls for _, calls, _, _, _ in pstats.Stats(profile).stats.values())
+                record["top_own_time"] = top_functions(profile, "tottime", 25)
+                record["top_calls"] = top_functions(profile, "ncalls", 15)
+        records.append(record)
+        del engine
+    return records
+
+
+def write_report(records: list[dict], out: str) -> None:
+    with open(os.path.join(out, "profile.json"), "w") as file:
+        json.dump({"records": records}, file, indent=1)
+    lines = ["| engine | model, batch | mode | wall ms | host ms | kernels/step | GPU-busy ms | Python calls |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['engine']} | {r['model']} {r['batch']} | {r['mode']} | {r['wall_ms']:.2f} | "
+                     f"{r['host_ms']:.2f} | {r.get('kernels_per_step', float('nan')):.0f} | "
+                     f"{r.get('gpu_busy_ms', float('nan')):.2f} | {r.get('python_calls', '')} |")
+    for r in records:
+        if "top_own_time" in r:
+            lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: most own time", "",
+                      "| function | calls | own ms | cumulative ms |", "|---|---|---|---|"]
+            lines += [f"| `{t['function']}` | {t['calls']} | {t['own_ms']:.2f} | {t['cumulative_ms']:.2f} |"
+                      for t in r["top_own_time"]]
+    with open(os.path.join(out, "profile.md"), "w") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="model:batch,... of " + ", ".join(SUITE))
+    parser.add_argument("--engines", default="minidnn", help="minidnn and/or torch, comma-separated")
+    parser.add_argument("--modes", default="fp32,tf32")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")
+    parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # engine:model:batch, run in this process
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    modes = args.modes.split(",")
+    if args.cell:
+        engine, model, batch = args.cell.split(":")
+        records = profile_cell(engine, model, int(batch), modes, args.steps, args.out, args.device)
+        with open(os.path.join(args.out, f"cell-{engine}-{model}-{batch}.json"), "w") as file:
+            json.dump(records, file)
+        return
+    records = []
+    for engine in args.engines.split(","):
+        for item in args.models.split(","):
+            model, batch = item.split(":")
+            cell = f"{engine}:{model}:{batch}"
+            done = subprocess.run([sys.executable, __file__, "--out", args.out, "--modes", args.modes, "--steps",
+                                   str(args.steps), "--device", args.device, "--cell", cell], timeout=600)
+            path = os.path.join(args.out, f"cell-{engine}-{model}-{batch}.json")
+            if done.returncode == 0 and os.path.exists(path):
+                with open(path) as file:
+                    records += json.load(file)
+                os.remove(path)
+            else:
+                print(f"cell {cell} failed (exit {done.returncode})", flush=True)
+    write_report(records, args.out)
+    print(open(os.path.join(args.out, "profile.md")).read().split("\n###")[0])
+
+
+if __name__ == "__main__":
+    main()
