@@ -362,8 +362,8 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
     if input.ndim < 2:
         raise ValueError(f"dropout2d: input must be (N, C, H, W) (or (N, C, L)), got shape {input.shape}")
     if input.ndim == 3:
-        warnings.warn("dropout2d: received a 3-D input; as PyTorch does, it is read as (N, C, L) with channel-wise "
-                      "dropout (use F.dropout1d's semantics knowingly)", UserWarning, stacklevel=2)
+        warnings.warn("dropout2d: received a 3-D input; as PyTorch does, it is read as (N, C, L), each (sample, "
+                      "channel) row dropped whole, not as one unbatched (C, H, W) image", UserWarning, stacklevel=2)
     elif input.ndim != 4:
         warnings.warn(f"dropout2d: received a {input.ndim}-D input; dropout2d is meant for 3-D or 4-D inputs",
                       UserWarning, stacklevel=2)

@@ -494,42 +494,50 @@ class _BackwardHooks:
             arrays.append(array)
         return arrays
 
+    def _tap_at(self, values: tuple, callback: Callable[[list[Any]], Any]) -> tuple[list[int], list[Tensor], tuple]:
+        """(positions of the tensors requiring grad, those tensors, values with them passed through a tap)."""
+        positions = self._positions(values)
+        like = [values[i] for i in positions]
+        if not positions:
+            return positions, like, values
+        tapped = list(values)
+        for position, tensor in zip(positions, _tap(like, callback)):
+            tapped[position] = tensor
+        return positions, like, tuple(tapped)
+
     def setup_inputs(self, args: tuple) -> tuple:
         self.input_count = len(args)
-        positions = self._positions(args)
-        if not positions:
-            return args
-        self.input_positions, self.input_like = positions, [args[i] for i in positions]
-        tapped = list(args)
-        for position, tensor in zip(positions, _tap(self.input_like, self._on_input_grads)):
-            tapped[position] = tensor
-        return tuple(tapped)
+        positions, self.input_like, args = self._tap_at(args, self._on_input_grads)
+        self.input_positions = positions or None  # None: no input requires grad
+        return args
 
     def setup_outputs(self, output: Any) -> Any:
         is_tuple = isinstance(output, tuple)
         outputs = output if is_tuple else (output,)
         self.output_count = len(outputs)
-        positions = self._positions(outputs)
-        if not positions:
-            return output
-        self.output_positions, self.output_like = positions, [outputs[i] for i in positions]
-        tapped = list(outputs)
-        for position, tensor in zip(positions, _tap(self.output_like, self._on_output_grads)):
-            tapped[position] = tensor
-        return tuple(tapped) if is_tuple else tapped[0]
+        self.output_positions, self.output_like, outputs = self._tap_at(outputs, self._on_output_grads)
+        return outputs if is_tuple else outputs[0]
 
-    def _on_output_grads(self, grads: list[Any]) -> list[Any] | None:
-        grad_outputs = self._pack(self.output_positions, grads, self.output_count)
+    @staticmethod
+    def _run(hooks: list[Callable[..., Any]], call: Callable[[Callable[..., Any], tuple], Any], grads: tuple,
+             kind: str, name: str) -> tuple[tuple, bool]:
+        """Call each hook in turn on ``grads``; a non-None result (as long as grads) replaces them for the
+        next. Returns the final grads and whether any hook replaced them."""
         replaced = False
-        for hook in self.pre_hooks:
-            result = hook(self.module, grad_outputs)
+        for hook in hooks:
+            result = call(hook, grads)
             if result is None:
                 continue
             result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-            if len(result) != len(grad_outputs):
-                raise ValueError(f"a backward pre-hook returned {len(result)} grad_output entries, expected "
-                                 f"{len(grad_outputs)}")
-            grad_outputs, replaced = result, True
+            if len(result) != len(grads):
+                raise ValueError(f"a backward {kind} returned {len(result)} {name} entries, expected {len(grads)}")
+            grads, replaced = result, True
+        return grads, replaced
+
+    def _on_output_grads(self, grads: list[Any]) -> list[Any] | None:
+        grad_outputs = self._pack(self.output_positions, grads, self.output_count)
+        grad_outputs, replaced = self._run(self.pre_hooks, lambda hook, g: hook(self.module, g), grad_outputs,
+                                           "pre-hook", "grad_output")
         self.grad_outputs = grad_outputs
         if self.input_positions is None:
             warnings.warn("Full backward hook is firing when gradients are computed with respect to module outputs "
@@ -547,15 +555,8 @@ class _BackwardHooks:
         if self.grad_outputs is None:
             return None
         grad_inputs = self._pack(self.input_positions, grads, self.input_count)
-        replaced = False
-        for hook in self.hooks:
-            result = hook(self.module, grad_inputs, self.grad_outputs)
-            if result is None:
-                continue
-            result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
-            if len(result) != len(grad_inputs):
-                raise ValueError(f"a backward hook returned {len(result)} grad_input entries, expected "
-                                 f"{len(grad_inputs)}")
-            grad_inputs, replaced = result, True
+        grad_outputs = self.grad_outputs
+        grad_inputs, replaced = self._run(self.hooks, lambda hook, g: hook(self.module, g, grad_outputs), grad_inputs,
+                                          "hook", "grad_input")
         self.grad_outputs = None
         return self._unpack(grad_inputs, self.input_positions, self.input_like, "inputs") if replaced else None
