@@ -4,24 +4,31 @@
     python train.py --model resnet20 --epochs 3      # a CIFAR ResNet on shapes10
     python train.py --model resnet20 --data ~/data/cifar-10-batches-bin --device cuda
     python train.py --resume runs/shapes_cnn/last.npz  # continue exactly where a run stopped
+    python train.py --init-from runs/shapes_cnn/best.npz --data ~/data/my-images --out runs/tuned  # fine-tune
 
 Each epoch evaluates on the test split; --out gets metrics.jsonl (one JSON line per epoch),
-curves.png (loss and accuracy), last.npz and best.npz (checkpoints). Ctrl-C or SIGTERM saves
-last.npz and exits with 130 or 143; --resume continues from it, bit for bit as if the run had not
-stopped, with the run's own settings. What a user can rely on is written down in docs/training.md.
+curves.png (loss and accuracy), last.npz and best.npz (checkpoints, which also describe the model,
+its input preprocessing and its classes: models.load_pretrained rebuilds a ready model from one, and
+examples/predict.py classifies image files with it). Ctrl-C or SIGTERM saves last.npz and exits with
+130 or 143; --resume continues from it, bit for bit as if the run had not stopped, with the run's own
+settings; --init-from starts a new run from its weights. One run at a time holds --out (a lock file,
+train.lock). What a user can rely on is written down in docs/training.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import math
 import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -31,6 +38,7 @@ import minidnn.functional as F
 import models
 from minidnn import backend, data, optim
 from minidnn.checkpoint import Checkpoint, atomic_write, remove_orphans
+from minidnn.serialization import load_weights
 from minidnn.cuda import graphs
 from minidnn.primitives import conv as conv_settings
 from minidnn.primitives.conv import planner
@@ -39,6 +47,8 @@ from minidnn.data.folder import UnreadableImageError
 
 # The files a run writes in --out (their temporaries are <name>.minidnn-<hex>.tmp, see checkpoint.py).
 RUN_FILES = ("last.npz", "best.npz", "metrics.jsonl", "curves.png")
+# The lock a run holds on --out (see OutLock); it is not a file of the run, and it stays there.
+LOCK_FILE = "train.lock"
 
 # Settings that define what a run computes. A resumed run takes them from its checkpoint; given
 # again with another value they are refused, because they would change what the saved position
@@ -71,6 +81,17 @@ def _number(kind: type, low: float, inclusive: bool = True, below: float | None 
     return parse
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none to show (None, a
+    switch that is off) or the help text says it in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS)) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def _size(text: str) -> int:
     try:
         return conv_settings.parse_size(text)
@@ -78,11 +99,11 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The options, range-checked; ``args.given`` is the set of options given on the command line."""
+def build_parser() -> argparse.ArgumentParser:
+    """train.py's options, each with its range check (see :func:`parse_args`)."""
     parser = argparse.ArgumentParser(
         prog="train.py", description="Train a CNN with minidnn (small CNN on built-in data by default).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     what = parser.add_argument_group("model and data")
     what.add_argument("--model", default="shapes_cnn", choices=list(models.MODELS), help="architecture")
     what.add_argument("--data", default="shapes10",
@@ -97,18 +118,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     what.add_argument("--skip-corrupt", action=argparse.BooleanOptionalAction, default=False,
                       help="image folders: skip unreadable images (each named in a warning) instead of stopping")
     how = parser.add_argument_group("optimisation")
-    how.add_argument("--epochs", type=_number(int, 1), default=3)
-    how.add_argument("--batch-size", type=_number(int, 1), default=64)
-    how.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"])
+    how.add_argument("--epochs", type=_number(int, 1), default=3, help="passes over the training set")
+    how.add_argument("--batch-size", type=_number(int, 1), default=64, help="images per training step")
+    how.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"], help="update rule")
     how.add_argument("--lr", type=_number(float, 0.0, inclusive=False), default=None,
                      help="peak learning rate (default: 0.05 for sgd, 1e-3 for adam/adamw)")
     how.add_argument("--momentum", type=_number(float, 0.0, below=1.0), default=0.9, help="SGD momentum")
-    how.add_argument("--weight-decay", type=_number(float, 0.0), default=5e-4)
+    how.add_argument("--weight-decay", type=_number(float, 0.0), default=5e-4, help="L2 penalty (decoupled for adamw)")
     how.add_argument("--schedule", default="cosine", choices=["cosine", "step", "constant"],
                      help="learning-rate schedule over all steps (step: x0.1 at 50%% and 75%%)")
     how.add_argument("--warmup", type=_number(float, 0.0), default=0.0,
                      help="linear warm-up, in epochs (less than --epochs)")
-    how.add_argument("--label-smoothing", type=_number(float, 0.0, below=1.0), default=0.0)
+    how.add_argument("--label-smoothing", type=_number(float, 0.0, below=1.0), default=0.0,
+                     help="cross-entropy label smoothing, in [0, 1)")
     run = parser.add_argument_group("running")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument("--tf32", action="store_true", help="let float32 GEMMs use TF32 tensor cores (GPU)")
@@ -129,13 +151,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--overwrite", action="store_true", help="replace the run that --out holds")
     run.add_argument("--resume", default=None, metavar="PATH",
                      help="checkpoint to continue from, with its settings (see docs/training.md)")
+    run.add_argument("--init-from", default=None, metavar="PATH",
+                     help="start a new run (epoch 0, fresh optimizer and schedule) from the weights of a checkpoint "
+                          "or a minidnn.save'd state dict; a classifier of another number of classes is "
+                          "re-initialised for the data's classes (fine-tuning); --model defaults to the checkpoint's")
     run.add_argument("--eval-only", action="store_true", help="evaluate the --resume checkpoint and exit")
     run.add_argument("--max-steps", type=_number(int, 1), default=None,
                      help="stop after this many steps in total, saving a resumable checkpoint")
     run.add_argument("--log-every", type=_number(int, 1), default=20, help="steps between progress updates")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, range-checked; ``args.given`` is the set of options given on the command line."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.eval_only and not args.resume:
         parser.error("--eval-only needs --resume PATH, the checkpoint to evaluate (without one the weights are random)")
+    if args.init_from and args.resume:
+        parser.error("--init-from starts a new run from a checkpoint's weights and --resume continues a run: give one")
     # Which options were given (a resumed run takes the others from its checkpoint): parse again
     # into a namespace filled with a marker; argparse writes defaults only where nothing is set.
     unset = object()
@@ -307,13 +341,15 @@ class LossWatch:
         return (steps[bad[0]], float(values[bad[0]])) if bad.size else None
 
 
-def evaluate(model: Any, loader: data.DataLoader, device: str) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over ``loader``, in eval mode (the train mode is restored)."""
+def evaluate(model: Any, loader: data.DataLoader, device: str,
+             stop: "StopRequest | None" = None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over ``loader``, in eval mode (the train mode is restored); with
+    ``stop``, a signal ends the evaluation at the next batch (see :class:`StopRequest`)."""
     model.eval()
     meter = Meter()
     try:
         with minidnn.no_grad():
-            for images, labels in loader:
+            for images, labels in (loader if stop is None else stop.batches(loader)):
                 images, labels = images.to(device), labels.to(device)
                 logits = model(images)
                 meter.add(logits, labels, F.cross_entropy(logits, labels))
@@ -322,16 +358,49 @@ def evaluate(model: Any, loader: data.DataLoader, device: str) -> tuple[float, f
     return meter.read()
 
 
+# How long train.py's own process may take to exit after a stop before it is ended: the exit joins the
+# loader's threads, and a thread blocked in the kernel on a read (a named pipe, a hung network mount)
+# cannot be interrupted from Python, so that join would never return.
+EXIT_GRACE_SECONDS = 1.0
+
+
+def exit_within(seconds: float, code: int | str | None) -> None:
+    """Make sure this process ends with ``code`` (SystemExit's meaning: None 0, a message 1) within
+    ``seconds``: a daemon thread flushes the output and calls ``os._exit`` unless the normal exit has
+    ended the process by then. The normal exit goes first, so its clean-up runs whenever it can."""
+    status = 0 if code is None else code if isinstance(code, int) else 1
+
+    def end() -> None:
+        time.sleep(seconds)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+    threading.Thread(target=end, name="train.py-exit", daemon=True).start()
+
+
 class StopRequest:
-    """The first SIGINT (Ctrl-C) or SIGTERM (schedulers, ``docker stop``) asks to stop: the step in
-    flight finishes, last.npz is saved, and the run exits with 128 + the signal's number. A second
-    one exits at once with that code: the save in progress is abandoned, its temporary file removed
-    (an interrupted save never replaces last.npz, see minidnn/checkpoint.py)."""
+    """The first SIGINT (Ctrl-C) or SIGTERM (schedulers, ``docker stop``) asks to stop: the work in
+    flight (a training step, an evaluation batch) finishes, last.npz is saved where the run stands,
+    and the run exits with 128 + the signal's number. Work not yet started is not started: iterating
+    :meth:`batches`, the main thread either computes on a batch it has, or waits for the next one,
+    and a signal that comes while it waits stops the run at once, from the handler. That wait is
+    where a stuck reader (a file that never yields data) would hold the run forever, and nothing is
+    half done there. A second signal exits at once: the save in progress is abandoned, its temporary
+    file removed (an interrupted save never replaces last.npz, see minidnn/checkpoint.py).
+
+    ``stop_now(signum)`` saves last.npz and reports the stop; in train.py's own process
+    (``own_process``) every exit after a signal is bounded by :func:`exit_within`."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, stop_now: Callable[[int], Any], own_process: bool = False) -> None:
         self.signum: int | None = None
+        self.waiting = False  # the main thread waits for a batch: no work is in flight
+        self.stop_now, self.own_process = stop_now, own_process
         self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -339,19 +408,65 @@ class StopRequest:
         if self.signum is not None:
             self.restore()
             os.write(2, f"\ntrain.py: second {name}: stopping at once\n".encode())
-            raise SystemExit(128 + signum)
+            self.exit(128 + signum)
         self.signum = signum
         # os.write, not print: a handler may interrupt a print (the progress bar's) on the same stream.
-        os.write(2, f"\ntrain.py: {name}: saving last.npz after this step ({name} again stops at once)\n".encode())
+        if not self.waiting:
+            os.write(2, f"\ntrain.py: {name}: saving last.npz after this step ({name} again stops at once)\n".encode())
+            return
+        os.write(2, f"\ntrain.py: {name}: saving last.npz now, no step is in flight ({name} again stops at once)\n"
+                 .encode())
+        self.stop()
+
+    def stop(self) -> None:
+        """Save and exit with 128 + the signal's number (after a signal)."""
+        self.stop_now(self.signum)
+        self.exit(128 + self.signum)
+
+    def exit(self, code: int) -> None:
+        if self.own_process:
+            exit_within(EXIT_GRACE_SECONDS, code)
+        raise SystemExit(code)
+
+    def batches(self, iterable: Any) -> Iterator[Any]:
+        """The items of ``iterable``, marking the waits for them (see the class); after a signal, the
+        next item is not started: the run stops."""
+        iterator = iter(iterable)
+        while True:
+            if self.signum is not None:
+                self.stop()
+            self.waiting = True
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.waiting = False
+            yield item
 
     def restore(self) -> None:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
 
 
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``path`` (a full disk, a read-only or vanished --out) into a
+    one-line ``TrainingError`` naming the file and the error. Every file is written by
+    ``atomic_write``, so the previous one is still whole."""
+    try:
+        yield
+    except OSError as error:
+        raise TrainingError(f"cannot write {path} ({error.strerror or error}); the previous one, if any, is "
+                            f"intact") from None
+
+
 def write_metrics(out: str, history: list[dict[str, Any]]) -> None:
+    """Write --out/metrics.jsonl and (with matplotlib) --out/curves.png; a failed write is a ``TrainingError``."""
     text = "".join(json.dumps(row) + "\n" for row in history)
-    atomic_write(os.path.join(out, "metrics.jsonl"), lambda f: f.write(text.encode()))
+    path = os.path.join(out, "metrics.jsonl")
+    with writing(path):
+        atomic_write(path, lambda f: f.write(text.encode()))
     try:
         import matplotlib  # noqa: PLC0415 - optional: the `plot` extra
 
@@ -371,8 +486,12 @@ def write_metrics(out: str, history: list[dict[str, Any]]) -> None:
         axes.grid(alpha=0.3)
         axes.legend()
     figure.tight_layout()
-    atomic_write(os.path.join(out, "curves.png"), lambda f: figure.savefig(f, format="png", dpi=100))
-    pyplot.close(figure)
+    path = os.path.join(out, "curves.png")
+    try:
+        with writing(path):
+            atomic_write(path, lambda f: figure.savefig(f, format="png", dpi=100))
+    finally:
+        pyplot.close(figure)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,6 +511,7 @@ def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint) -> None:
     saved = checkpoint.extra.get("args")
     if not isinstance(saved, dict) or "history" not in checkpoint.extra:
         raise ValueError(f"{args.resume!r} is a minidnn checkpoint, but not one of train.py (it holds no run settings)")
+    check_saved_settings(saved, args.resume)
     carried = []
     for name in FIXED + CARRIED:
         if name not in saved:  # a checkpoint of an older train.py
@@ -411,15 +531,86 @@ def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint) -> None:
           + (f" with its settings {' '.join(carried)}" if carried else ""))
 
 
-def check_out(args: argparse.Namespace) -> list[str]:
-    """Fail fast on --out: it must be a writable directory (created if need be), and it must not
-    hold another run unless --overwrite says to replace it. Removes the temporaries an earlier kill
-    left there. Returns the files of another run to delete when training starts (--overwrite)."""
+def check_saved_settings(saved: dict[str, Any], path: str) -> None:
+    """A ``ValueError`` naming ``path`` unless each FIXED and CARRIED setting in ``saved`` is one the
+    command line could have given: the parser's own choices and range checks, applied to the saved
+    value (a damaged checkpoint would otherwise fail deep inside the run, or train with nonsense)."""
+    actions = {action.dest: action for action in build_parser()._actions}
+    for name in FIXED + CARRIED:
+        if name not in saved or (saved[name] is None and actions[name].default is None):
+            continue
+        value, action = saved[name], actions[name]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            good = isinstance(value, bool)
+        elif isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            good = False
+        elif action.choices is not None:
+            good = value in action.choices
+        else:
+            try:
+                good = action.type is None or action.type(str(value)) == value
+            except argparse.ArgumentTypeError:
+                good = False
+        if not good:
+            raise ValueError(f"{path!r} is damaged: its setting {name} = {value!r} is not a value of "
+                             f"--{name.replace('_', '-')}")
+
+
+class OutLock:
+    """One run at a time in a folder: an exclusive ``flock`` on ``<out>/train.lock``, taken before the
+    run touches any other file there and held until it ends. The kernel releases the lock when the
+    process ends, however it ends (``kill -9`` too), so it is never stale. The file itself stays:
+    removing it would let a run waiting on the old file and a run creating a new one both hold "the"
+    lock. It holds the process id of its holder, for the message of a run it refuses."""
+
+    def __init__(self, out: str) -> None:
+        self.path = os.path.join(out, LOCK_FILE)
+        self.file = open(self.path, "a+")  # created if need be; not inherited by child processes
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            raise ValueError(f"--out {out!r} is in use by another train.py run"
+                             + (f" (process {holder})" if holder.isdigit() else "")
+                             + "; wait for it to end, or choose another --out") from None
+        except OSError as error:  # a file system without locks (some network mounts)
+            self.file.close()
+            raise ValueError(f"--out {out!r}: cannot lock {self.path} ({error.strerror or error}); choose an --out "
+                             f"on a local disk") from None
+        self.file.truncate(0)
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        if not self.file.closed:
+            self.file.close()  # closing the last descriptor of the file releases the lock
+
+
+def check_out(args: argparse.Namespace) -> tuple[OutLock, list[str]]:
+    """Fail fast on --out: it must be a writable directory (created if need be), no other run may be
+    using it (the returned lock keeps it so for this run), and it must not hold another run unless
+    --overwrite says to replace it. Removes the temporaries an earlier kill left there. Returns the
+    lock and the files of another run to delete when training starts (--overwrite)."""
     out = args.out
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out!r} is a file, not a directory")
     try:
         os.makedirs(out, exist_ok=True)
+        lock = OutLock(out)  # first: a second run started together with this one stops here, having changed nothing
+    except OSError as error:
+        raise ValueError(f"--out {out!r} is not a writable directory ({error.strerror or error})") from None
+    try:
+        return lock, _check_out_contents(args)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _check_out_contents(args: argparse.Namespace) -> list[str]:
+    out = args.out
+    try:
         with tempfile.TemporaryFile(dir=out):  # anonymous: a kill leaves nothing behind
             pass
     except OSError as error:
@@ -455,12 +646,18 @@ def check_settings(args: argparse.Namespace, checkpoint: Checkpoint | None) -> N
 class Run:
     """A run's objects and its position: ``step`` (optimizer steps taken), ``history`` (one row per
     evaluated epoch), ``best`` (the best test accuracy so far, None before the first evaluation),
-    ``meter`` (the current epoch's training sums) and ``saved_step`` (the step of --out/last.npz)."""
+    ``meter`` (the current epoch's training sums) and ``saved_step`` (the step of --out/last.npz);
+    ``lock`` holds --out for the run (None for --eval-only, which writes nothing), ``description``
+    the extras that make its checkpoints self-describing (models.describe), ``stop`` the signal
+    handling while :func:`train` runs."""
 
     def __init__(self, args: argparse.Namespace, device: str, model: Any, optimizer: Any, scheduler: Any,
-                 train_loader: data.DataLoader, test_loader: data.DataLoader, replace: list[str]) -> None:
+                 train_loader: data.DataLoader, test_loader: data.DataLoader, replace: list[str],
+                 lock: OutLock | None = None, description: dict[str, Any] | None = None) -> None:
         self.args, self.device, self.model, self.optimizer, self.scheduler = args, device, model, optimizer, scheduler
         self.train_loader, self.test_loader, self.replace = train_loader, test_loader, replace
+        self.lock, self.description = lock, description or {}
+        self.stop: StopRequest | None = None
         self.step, self.history, self.best, self.meter = 0, [], None, Meter()
         self.saved_step: int | None = None
         self.watch = LossWatch()
@@ -508,10 +705,17 @@ class Run:
             _warn(f"the training set has {len(self.train_loader.dataset)} images, the checkpoint's run had "
                   f"{saved_images}: the run goes on from step {checkpoint.step} in the new set's shuffled order, "
                   f"so it is not bit for bit the run that never stopped")
-        minidnn.load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
         extra = checkpoint.extra
-        self.step, self.history, self.best = checkpoint.step, extra["history"], extra["best"]
-        self.meter = Meter.from_state(extra["meter"])
+        try:  # checked before anything is loaded: a damaged run state must not leave a half-restored run
+            history, best, meter = extra["history"], extra["best"], Meter.from_state(extra["meter"])
+            if not isinstance(history, list) or not all(isinstance(row, dict) and "epoch" in row for row in history):
+                raise ValueError("its history is not a list of epoch rows")
+            if best is not None and not isinstance(best, (int, float)):
+                raise ValueError(f"its best accuracy is {best!r}")
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{checkpoint.path!r} is damaged: its run state does not parse ({error})") from None
+        minidnn.load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
+        self.step, self.history, self.best, self.meter = checkpoint.step, history, best, meter
         if _same_file(checkpoint.path, os.path.join(self.args.out, "last.npz")):
             self.saved_step = checkpoint.step
 
@@ -540,14 +744,12 @@ class Run:
         """Write --out/``name`` (a resumable checkpoint), never with non-finite weights."""
         self.check_finite()
         settings = {key: value for key, value in vars(self.args).items() if key != "given"}
-        extra = dict(model=self.args.model, history=self.history, best=self.best, meter=self.meter.state(),
-                     args=settings, steps_per_epoch=len(self.train_loader), train_images=len(self.train_loader.dataset))
+        extra = {"model": self.args.model, **self.description, "history": self.history, "best": self.best,
+                 "meter": self.meter.state(), "args": settings, "steps_per_epoch": len(self.train_loader),
+                 "train_images": len(self.train_loader.dataset)}
         path = os.path.join(self.args.out, name)
-        try:
+        with writing(path):  # a full disk, a folder removed under the run: the old file is intact
             minidnn.save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step, extra=extra)
-        except OSError as error:  # a full disk, a folder removed under the run: the old file is intact
-            raise TrainingError(f"cannot write {path} ({error.strerror or error}); the previous one, if any, is "
-                                f"intact") from None
         if name == "last.npz":
             self.saved_step = self.step
 
@@ -558,7 +760,7 @@ class Run:
         self.check_finite()
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
-        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device)
+        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop)
         if not math.isfinite(test_loss):
             raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")
         self.history.append({
@@ -575,25 +777,94 @@ class Run:
         self.save("last.npz")
         write_metrics(self.args.out, self.history)
 
-    def stopped(self, signum: int | None) -> dict[str, Any]:
-        """Report a stop after last.npz was saved: a signal exits with 128 + its number, --max-steps returns."""
+    def save_and_report_stop(self, signum: int | None) -> dict[str, Any]:
+        """Save last.npz where the run stands and say how to continue (a signal's stop on stderr)."""
+        self.save("last.npz")
+        return self.report_stop(signum)
+
+    def report_stop(self, signum: int | None) -> dict[str, Any]:
+        """Say where the run stopped (last.npz is saved) and how to continue it."""
         path = os.path.join(self.args.out, "last.npz")
         how = f"stopped by {signal.Signals(signum).name}" if signum else f"stopped at --max-steps {self.args.max_steps}"
         print(f"train.py: {how} after step {self.step}; saved {path}; continue with: python train.py --resume {path}",
               file=sys.stderr if signum else sys.stdout)
-        if signum:
-            raise SystemExit(128 + signum)
         return {"step": self.step, "stopped": True}
+
+
+def check_input_size(model: Any, args: argparse.Namespace, image_size: int) -> None:
+    """A ``ValueError`` naming --model and --image-size unless a batch of one ``image_size`` image goes
+    through ``model``: one forward on zeros in eval mode under no_grad, which changes no weight, batch
+    statistic or random state. Without it, a model that shrinks the image to nothing (alexnet below
+    63 pixels) or expects a fixed size (alexnet_caffe's fc6) fails inside the first step."""
+    model.eval()
+    try:
+        with minidnn.no_grad():
+            model(minidnn.zeros(1, 3, image_size, image_size))
+    except Exception as error:  # noqa: BLE001 - whatever a layer raises, the run cannot start
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"--model {args.model} does not take --image-size {image_size} (it is designed for "
+                         f"{models.input_size(args.model)}): {reason}") from None
+    finally:
+        model.train()
+
+
+def init_from(model: Any, args: argparse.Namespace, weights: dict[str, Any]) -> None:
+    """Load ``weights`` (from --init-from) into the new run's ``model``. The classifier (the model's
+    ``ModelSpec.classifier``) keeps its fresh initialisation where its shape differs, which is the
+    case when the data have another number of classes; every other tensor must fit, or it is a
+    ``ValueError`` naming the file and the mismatches. Says once what was loaded."""
+    own = model.state_dict()
+    head = models.spec(args.model).classifier
+    weight, bias = f"{head}.weight", f"{head}.bias"
+    fresh = []
+    if weight in own and weight in weights:  # a head of k classes over the same features: (k, features), (k,)
+        saved = tuple(np.shape(weights[weight]))
+        same_features = len(saved) == 2 and saved[1:] == own[weight].shape[1:]
+        bias_fits = bias not in own or (bias in weights and tuple(np.shape(weights[bias])) == saved[:1])
+        if saved != own[weight].shape and same_features and bias_fits:
+            fresh = [weight] + ([bias] if bias in own else [])
+    try:
+        model.load_state_dict({**weights, **{key: own[key] for key in fresh}})
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"cannot start from {args.init_from!r}: {error}") from None
+    if fresh:
+        print(f"train.py: --init-from {args.init_from}: loaded its weights except the classifier, re-initialised "
+              f"({', '.join(fresh)}: {np.shape(weights[weight])[0]} classes there, {own[weight].shape[0]} here)")
+    else:
+        print(f"train.py: --init-from {args.init_from}: starting from its weights (epoch 0, a new optimizer and "
+              f"schedule)")
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line (a state dict's load lists its problems on lines of their own,
+    after a line ending in a colon)."""
+    text = ""
+    for line in (line.strip() for line in str(error).splitlines()):
+        if line:
+            text += (" " if text.endswith(":") else "; " if text else "") + line
+    return text
+
+
+def _class_names(args: argparse.Namespace, train_set: Any, num_classes: int) -> tuple[str, ...]:
+    names = tuple(getattr(train_set, "classes", ()) or (data.SHAPES_CLASSES if args.data == "shapes10" else ()))
+    return names if len(names) == num_classes else tuple(str(index) for index in range(num_classes))
 
 
 def prepare(args: argparse.Namespace) -> Run:
     """Everything a run needs, checked before the first step; a setting that makes no sense (or a
     checkpoint that does not fit it) is a ``SystemExit`` with a one-line message."""
+    lock = None
     try:
-        checkpoint = None
+        checkpoint = weights = None
         if args.resume:
             checkpoint = minidnn.read_checkpoint(args.resume)
             resume_settings(args, checkpoint)
+        if args.init_from:
+            weights, described = load_weights(args.init_from)
+            name = described.get("model", {}).get("name") if isinstance(described.get("model"), dict) else None
+            if "model" not in args.given and name in models.MODELS and name != args.model:
+                print(f"train.py: --init-from {args.init_from}: --model {name}, the checkpoint's")
+                args.model = name
         if args.out is None:  # a resumed run goes on in its own folder
             args.out = (os.path.dirname(args.resume) or ".") if args.resume else os.path.join("runs", args.model)
         check_settings(args, checkpoint)
@@ -601,48 +872,74 @@ def prepare(args: argparse.Namespace) -> Run:
         if device.startswith("cuda") and not minidnn.cuda.is_available():
             raise RuntimeError("--device cuda: CUDA is not available on this machine (a GPU and a CUDA build of "
                                "CuPy are needed: pip install -e '.[cuda13]')")
-        replace = [] if args.eval_only else check_out(args)  # before the data: loading it can take long
+        replace = []
+        if not args.eval_only:  # before the data: loading it can take long
+            lock, replace = check_out(args)
         minidnn.cuda.set_allow_tf32(args.tf32)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
-        if args.workspace_limit is not None:
-            conv_settings.set_workspace_limit(args.workspace_limit)
-        conv_settings.set_microbatch(args.microbatch, args.batch_policy)
+        image_size = args.image_size or models.input_size(args.model)
         with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
             warnings.simplefilter("always")
-            train_set, test_set, num_classes = build_datasets(args, args.image_size or models.input_size(args.model))
+            train_set, test_set, num_classes = build_datasets(args, image_size)
         for warning in caught:
             _warn(str(warning.message))
         for split, dataset in (("training", train_set), ("test", test_set)):
             if getattr(dataset, "skipped", None):
                 _warn(f"--skip-corrupt: skipped {len(dataset.skipped)} unreadable image(s) of the {split} split")
         minidnn.manual_seed(args.seed)
-        model = models.create(args.model, num_classes=num_classes).to(device)
+        model = models.create(args.model, num_classes=num_classes)
+        check_input_size(model, args, image_size)  # on the CPU, before any convolution setting applies
+        if weights is not None:
+            init_from(model, args, weights)
+        model = model.to(device)
+        if args.workspace_limit is not None:
+            conv_settings.set_workspace_limit(args.workspace_limit)
+        conv_settings.set_microbatch(args.microbatch, args.batch_policy)
+        try:
+            description = models.describe(args.model, {"num_classes": num_classes},
+                                          _class_names(args, train_set, num_classes),
+                                          getattr(test_set, "transform", None), image_size, rgb_steps=(_GrayToRGB,))
+        except ValueError as error:
+            _warn(f"the checkpoints will not describe the model's input ({error}): models.load_pretrained and "
+                  f"examples/predict.py cannot use them")
+            description = {}
         train_loader = data.DataLoader(train_set, args.batch_size, shuffle=True, drop_last=True, seed=args.seed,
                                        num_workers=args.workers)
         if len(train_loader) == 0:
             raise ValueError(f"--batch-size {args.batch_size} is larger than the training set ({len(train_set)} images)")
         test_loader = data.DataLoader(test_set, max(args.batch_size, 128), num_workers=args.workers)
         optimizer, scheduler = build_optimizer(args, model, len(train_loader))
-        run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace)
+        run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace, lock, description)
         if checkpoint is not None:
             run.resume(checkpoint)
         return run
-    except (ValueError, OSError, RuntimeError) as error:
-        raise SystemExit(f"train.py: error: {error}") from None
+    except BaseException as error:
+        if lock is not None:
+            lock.release()
+        if isinstance(error, (ValueError, OSError, RuntimeError)):
+            raise SystemExit(f"train.py: error: {_one_line(error)}") from None
+        raise
 
 
-def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
-    """The training loop from ``run``'s position to the end (or a stop); see docs/training.md."""
+def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict[str, Any]:
+    """The training loop from ``run``'s position to the end (or a stop); see docs/training.md.
+    ``own_process``: train.py runs as its own program, whose exit after a signal is bounded in time
+    (:func:`exit_within`); called from Python (tests), a stop is only a ``SystemExit``."""
     for path in run.replace:  # --overwrite: the other run's files go only now that this one can start
-        os.remove(path)
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise TrainingError(f"--overwrite: cannot remove {path} ({error.strerror or error})") from None
     if run.replace:
         print(f"train.py: --overwrite: removed {', '.join(os.path.basename(p) for p in run.replace)}")
     if run.history:  # repairs metrics.jsonl after a kill between last.npz and it
         write_metrics(args.out, run.history)
     steps_per_epoch = len(run.train_loader)
     total = args.epochs * steps_per_epoch
-    stop = StopRequest()
+    stop = run.stop = StopRequest(run.save_and_report_stop, own_process)
     try:
         # An epoch is recorded when it is evaluated, so the first unrecorded one is where to go on.
         # A run stopped on an epoch's last step resumes with that epoch fully trained (first ==
@@ -651,8 +948,8 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
             first = run.step - epoch * steps_per_epoch
             if first < steps_per_epoch:
                 run.train_loader.set_epoch(epoch)
-                bar = tqdm(run.train_loader.iterate(first), total=steps_per_epoch, initial=first, unit="step",
-                           desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True)
+                bar = tqdm(stop.batches(run.train_loader.iterate(first)), total=steps_per_epoch, initial=first,
+                           unit="step", desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True)
                 tick = time.perf_counter()
                 for images, labels in bar:
                     images, labels = images.to(run.device), labels.to(run.device)
@@ -670,14 +967,17 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
                                         lr=f"{run.scheduler.get_last_lr()[0]:.3g}",
                                         img_s=f"{run.meter.count / max(run.meter.seconds, 1e-9):.0f}")
-                    if stop.signum or (args.max_steps is not None and args.max_steps <= run.step < total):
+                    if stop.signum:
                         bar.close()
-                        run.save("last.npz")
-                        return run.stopped(stop.signum)
+                        stop.stop()
+                    if args.max_steps is not None and args.max_steps <= run.step < total:
+                        bar.close()
+                        return run.save_and_report_stop(None)
                 bar.close()
             run.end_epoch(epoch)
-            if stop.signum and epoch + 1 < args.epochs:  # came during the evaluation or saves: last.npz is done
-                return run.stopped(stop.signum)
+            if stop.signum and epoch + 1 < args.epochs:  # came during the last evaluation batch or the saves
+                run.report_stop(stop.signum)  # last.npz is done
+                stop.exit(128 + stop.signum)
     except UnreadableImageError as error:
         run.save("last.npz")  # the steps before the bad batch are kept
         last = os.path.join(args.out, "last.npz")
@@ -690,23 +990,31 @@ def train(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     return {"step": run.step, "best_test_accuracy": run.best, "history": run.history}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run train.py with ``argv``; errors are ``SystemExit`` (a message, or 128 + a signal's number)."""
+def main(argv: Sequence[str] | None = None, own_process: bool = False) -> dict[str, Any]:
+    """Run train.py with ``argv``; errors are ``SystemExit`` (a message, or 128 + a signal's number).
+    ``own_process``: see :func:`train`."""
     args = parse_args(argv)
     run = prepare(args)
-    if args.eval_only:
-        loss, accuracy = evaluate(run.model, run.test_loader, run.device)
-        print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(run.test_loader.dataset)} images)")
-        return {"test_loss": loss, "test_accuracy": accuracy}
     try:
-        return train(args, run)
+        if args.eval_only:
+            loss, accuracy = evaluate(run.model, run.test_loader, run.device)
+            print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(run.test_loader.dataset)} images)")
+            return {"test_loss": loss, "test_accuracy": accuracy}
+        return train(args, run, own_process)
     except TrainingError as error:
         raise SystemExit(f"train.py: error: {error}") from None
+    finally:
+        if run.lock is not None:
+            run.lock.release()
 
 
 if __name__ == "__main__":
     try:
-        main()
+        main(own_process=True)
     except KeyboardInterrupt:  # Ctrl-C while setting up, before there is anything to save
         print("\ntrain.py: interrupted", file=sys.stderr)
+        exit_within(EXIT_GRACE_SECONDS, 130)
         sys.exit(130)
+    except SystemExit as stop:  # a stuck data thread must not hold the exit (see exit_within)
+        exit_within(EXIT_GRACE_SECONDS, stop.code)
+        raise

@@ -14,6 +14,7 @@ from . import backend, cuda, functional, nn, optim, primitives
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from .serialization import load, save
 from . import engine
 from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
@@ -30,5 +31,5 @@ __all__ = [
     "Device", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
     "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
     "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
-    "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+    "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

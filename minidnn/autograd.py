@@ -24,10 +24,12 @@ import threading
 import weakref
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from . import backend
 
 __all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
-           "unbroadcast", "bump_version"]
+           "unbroadcast", "bump_version", "version_of"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -83,11 +85,21 @@ class Version:
         self.value, self.last, self.shared = 0, "", False
 
 
-def bump_version(value: "Value", operation: str) -> None:
-    """Record an in-place write into ``value``'s memory (by ``operation``, e.g. ``"mul_"``)."""
+def version_of(value: "Value") -> Version:
+    """``value``'s version counter, made on first need: most tensors are never saved, viewed or written."""
     counter = value._version
-    counter.value += 1
-    counter.last = operation
+    if counter is None:
+        counter = value._version = Version()
+    return counter
+
+
+def bump_version(value: "Value", operation: str) -> None:
+    """Record an in-place write into ``value``'s memory (by ``operation``, e.g. ``"mul_"``). A tensor without
+    a counter has had nothing saved or viewed that could see the write."""
+    counter = value._version
+    if counter is not None:
+        counter.value += 1
+        counter.last = operation
 
 
 # ----------------------------------------------------------------------------------------------
@@ -95,7 +107,8 @@ def bump_version(value: "Value", operation: str) -> None:
 # ----------------------------------------------------------------------------------------------
 class Value:
     """An array in the graph: ``data``, ``requires_grad``, ``grad``, ``_node`` (the Function that
-    computed it, None for a leaf) and ``_version`` (its :class:`Version`, shared with its views).
+    computed it, None for a leaf) and ``_version`` (its :class:`Version`, shared with its views; None
+    until something needs it, see :func:`version_of`).
 
     Subclasses say what type an operation's result has (``_wrap``): a plain tensor, never a
     subclass such as a Parameter.
@@ -108,7 +121,7 @@ class Value:
         self.requires_grad = False
         self.grad: Value | None = None
         self._node: Function | None = None
-        self._version = Version()
+        self._version: Version | None = None  # made on first need (version_of)
         if requires_grad:
             self.requires_grad_(True)
 
@@ -182,25 +195,23 @@ class Function:
     version counter and its value when it was saved: backward checks them (see :func:`run_backward`).
     """
 
-    _GRAPH_FIELDS = frozenset({"parents", "input_shapes", "needs_input_grad", "saved", "retained"})
+    # Class-level defaults, so that making a node runs no __init__: a step makes hundreds.
+    parents: tuple = ()  # per input: the node that made it, the leaf itself, or None
+    input_shapes: tuple = ()
+    needs_input_grad: tuple = ()
+    saved: tuple | None = ()
+    retained: Any = None  # weak reference to the output tensor when it retains its grad
     saved_versions: tuple = ()
-
-    def __init__(self) -> None:
-        self.parents: tuple[Function | Value | None, ...] = ()
-        self.input_shapes: tuple[tuple[int, ...] | None, ...] = ()
-        self.needs_input_grad: tuple[bool, ...] = ()
-        self.saved: tuple[Any, ...] | None = ()
-        self.retained: Any = None  # weak reference to the output tensor when it retains its grad
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
 
     def release(self) -> None:
-        """Drop everything forward kept, so the memory returns as soon as backward has run."""
-        for name in [key for key in vars(self) if key not in self._GRAPH_FIELDS]:
-            delattr(self, name)
-        self.saved = None
-        self.parents = ()
+        """Drop everything forward kept, so the memory returns as soon as backward has run (``saved`` None
+        then tells a second backward that the graph is gone)."""
+        attributes = self.__dict__
+        attributes.clear()
+        attributes["saved"] = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -211,19 +222,19 @@ class Function:
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Value:
         """Run the node on tensors (and other arguments), recording it when a gradient is needed."""
+        # This runs for every operation of every step: list comprehensions, no generators, no helper calls
+        # on the common path.
         function = cls()
-        tensors, arrays, needs = [], [], []
-        for argument in args:  # one pass: this runs for every operation of a step
-            if isinstance(argument, Value):
-                tensors.append(argument)
-                arrays.append(argument.data)
-                needs.append(argument.requires_grad)
-            else:
-                arrays.append(argument)
-                needs.append(False)
+        tensors = [a for a in args if isinstance(a, Value)]
         if len(tensors) > 1:
             _check_same_device(tensors, cls.__name__)
-        function.needs_input_grad = needs = tuple(needs)
+        if len(tensors) == len(args):
+            arrays = [a.data for a in args]
+            needs = tuple([a.requires_grad for a in args])
+        else:
+            arrays = [a.data if isinstance(a, Value) else a for a in args]
+            needs = tuple([isinstance(a, Value) and a.requires_grad for a in args])
+        function.needs_input_grad = needs
         requires_grad = _grad_mode.enabled and True in needs
         data = function.forward(*arrays, **kwargs)
         output = tensors[0]._wrap(data, requires_grad)
@@ -231,8 +242,9 @@ class Function:
         if base is not None:
             _share_version_with_viewed(output, base, tensors)
         if requires_grad:
-            function.parents = tuple(_edge(a) for a in args)
-            function.input_shapes = tuple(tuple(a.data.shape) if isinstance(a, Value) else None for a in args)
+            function.parents = tuple([(a if a._node is None else a._node) if need else None
+                                      for a, need in zip(args, needs)])
+            function.input_shapes = tuple([a.data.shape if isinstance(a, Value) else None for a in args])
             output._node = function
             if function.saved:
                 function.saved_versions = _versions_of_saved(function.saved, args, output)
@@ -257,7 +269,7 @@ class Function:
         function = cls()
         needs = (target.requires_grad,) + tuple(isinstance(a, Value) and a.requires_grad for a in args)
         record = grad_mode and True in needs
-        if record and target._version.shared:
+        if record and target._version is not None and target._version.shared:
             raise RuntimeError(f"{operation} on a tensor that shares its memory with a view is not supported while "
                                "a graph is recorded; use the out-of-place form")
         function.needs_input_grad = needs
@@ -281,23 +293,26 @@ def _share_version_with_viewed(output: Value, base: Any, tensors: list) -> None:
     """When ``output``'s array is a view of an input's memory, the two share one version counter."""
     for tensor in tensors:
         if base is tensor.data or base is getattr(tensor.data, "base", None):
-            output._version = tensor._version
-            output._version.shared = True
+            counter = output._version = version_of(tensor)
+            counter.shared = True
             return
 
 
 def _versions_of_saved(saved: tuple, args: tuple, output: Value) -> tuple:
     """(counter, version now, what) for each saved array that is an input's or the output's array."""
     records = []
+    output_data = output.data
     for array in saved:
         if array is None:
             continue
-        if array is output.data:
-            records.append((output._version, output._version.value, "its output"))
+        if array is output_data:
+            counter = version_of(output)
+            records.append((counter, counter.value, "its output"))
             continue
         for position, argument in enumerate(args):
             if isinstance(argument, Value) and array is argument.data:
-                records.append((argument._version, argument._version.value, f"its input {position}"))
+                counter = version_of(argument)
+                records.append((counter, counter.value, f"its input {position}"))
                 break
     return tuple(records)
 
@@ -321,7 +336,7 @@ def _edge(value: Any) -> "Function | Value | None":
 
 def _check_same_device(tensors: Sequence[Value], operation: str) -> None:
     kind = type(tensors[0].data)
-    if all(type(t.data) is kind for t in tensors) and not backend.is_cuda_array(tensors[0].data):
+    if kind is np.ndarray and all(type(t.data) is np.ndarray for t in tensors):
         return  # all on the CPU: nothing to compare, and no Device objects to build
     first = backend.device_of(tensors[0].data)
     for other in tensors[1:]:
@@ -391,7 +406,8 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
         for parent, shape, parent_grad in zip(parents, shapes, input_grads):
             if parent is None or parent_grad is None:
                 continue
-            parent_grad = unbroadcast(parent_grad, shape)
+            if parent_grad.shape != shape:
+                parent_grad = unbroadcast(parent_grad, shape)
             if isinstance(parent, Value):
                 parent._accumulate_grad(parent_grad)
             else:

@@ -65,13 +65,14 @@ def device(spec: "str | Device") -> Device:
 # CuPy, imported on first use
 # ----------------------------------------------------------------------------------------------
 _cupy_module: ModuleType | None = None
+_cupy_ndarray: type | None = None  # cupy.ndarray once CuPy is loaded: what every device check compares with
 _cupy_error: str | None = None
 _on_load: list[Callable[[ModuleType], None]] = []
 
 
 def _import_cupy() -> ModuleType | None:
     """Import CuPy once; remember why it failed so the error message can say it."""
-    global _cupy_module, _cupy_error
+    global _cupy_module, _cupy_error, _cupy_ndarray
     if _cupy_module is None and _cupy_error is None:
         try:
             import cupy as module  # noqa: PLC0415 - deliberately lazy
@@ -84,7 +85,7 @@ def _import_cupy() -> ModuleType | None:
         # Outside the try: a failure here is a bug to see, not a reason to call CUDA unavailable.
         for callback in _on_load:
             callback(module)
-        _cupy_module = module
+        _cupy_module, _cupy_ndarray = module, module.ndarray
     return _cupy_module
 
 
@@ -114,7 +115,7 @@ def cuda_device_count() -> int:
 
 def cupy() -> ModuleType:
     """The CuPy module, or a clear ``RuntimeError`` saying why CUDA cannot be used."""
-    module = _import_cupy()
+    module = _cupy_module or _import_cupy()  # every GPU primitive asks: the loaded module first, no call
     if module is None:
         raise RuntimeError(
             "CUDA is not available: install CuPy (pip install -e '.[cuda13]' or '.[cuda12]') on a "
@@ -128,7 +129,8 @@ def cupy() -> ModuleType:
 # ----------------------------------------------------------------------------------------------
 def is_cuda_array(array: Any) -> bool:
     """True for a CuPy array (checked without importing CuPy)."""
-    return type(array).__module__.startswith("cupy")
+    kind = type(array)
+    return kind is _cupy_ndarray or (kind is not np.ndarray and kind.__module__.startswith("cupy"))
 
 
 def device_of(array: Any) -> Device:
@@ -143,8 +145,15 @@ def get_array_module(*arrays: Any) -> ModuleType:
 
     ``None`` entries and Python scalars are ignored.
     """
-    # Every primitive calls this, several times a layer: devices are compared as plain integers
-    # (-1 for the CPU, else the GPU's index), and a Device is built only for the error message.
+    # Every primitive calls this, several times a layer: the one-array case is answered by its type
+    # alone; otherwise devices are compared as plain integers (-1 for the CPU, else the GPU's index),
+    # and a Device is built only for the error message.
+    if len(arrays) == 1:
+        kind = type(arrays[0])
+        if kind is np.ndarray:
+            return np
+        if kind is _cupy_ndarray:
+            return _cupy_module
     found = None
     for array in arrays:
         if array is None or isinstance(array, (int, float, bool, np.generic)):

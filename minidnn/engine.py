@@ -72,6 +72,7 @@ class Engine:
 
 ENGINES = {"minidnn": Engine("minidnn", "minidnn.primitives"), "naive": Engine("naive", "minidnn.naive")}
 _current = ENGINES["minidnn"]
+_current_module: ModuleType | None = None  # the current engine's module, imported on the first operation
 
 
 def get_engine() -> str:
@@ -86,11 +87,11 @@ def current() -> Engine:
 
 def set_engine(name: str) -> None:
     """Select ``"minidnn"`` (the primitives library) or ``"naive"`` (Caffe-style baseline) for every later op."""
-    global _current
+    global _current, _current_module
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {name!r}")
     ENGINES[name].functions  # noqa: B018 - import and check the contract now, not mid-step
-    _current = ENGINES[name]
+    _current, _current_module = ENGINES[name], ENGINES[name].module
 
 
 @contextlib.contextmanager
@@ -104,11 +105,20 @@ def use_engine(name: str) -> Iterator[None]:
         set_engine(before)
 
 
+_CONTRACT = frozenset(CONTRACT)
+
+
 class _CurrentEngine:
-    """``library.conv2d_forward`` is the current engine's ``conv2d_forward``, looked up at each call."""
+    """``library.conv2d_forward`` is the current engine's ``conv2d_forward``, looked up at each call (one
+    attribute of the engine's module: every operation of a step passes here)."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        return getattr(_current, name)
+        if name not in _CONTRACT:
+            raise AttributeError(f"{name!r} is not an operation of the engine contract")
+        global _current_module
+        if _current_module is None:  # the default engine, imported (and checked) on the first operation
+            _current_module = _current.module
+        return getattr(_current_module, name)
 
 
 library = _CurrentEngine()

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend, ops
-from .autograd import Value, Version, bump_version, is_grad_enabled
+from .autograd import Value, bump_version, is_grad_enabled, version_of
 
 __all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "flatten", "clamp", "topk", "var",
            "std", "clone", "MaxMin", "TopK"]
@@ -107,7 +107,7 @@ class Tensor(Value):
     def _wrap(cls, data: Any, requires_grad: bool) -> "Tensor":
         # Results are plain tensors, also when an input is a Parameter.
         out = Tensor.__new__(Tensor)
-        out.data, out.requires_grad, out.grad, out._node, out._version = data, requires_grad, None, None, Version()
+        out.data, out.requires_grad, out.grad, out._node, out._version = data, requires_grad, None, None, None
         return out
 
     # --- properties ---------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class Tensor(Value):
     def detach(self) -> "Tensor":
         """The same data, cut from the graph (sharing the version counter: a write to one is a write to both)."""
         out = Tensor._wrap(self.data, False)
-        out._version = self._version
+        out._version = version_of(self)
         return out
 
     # --- conversion ---------------------------------------------------------------------------

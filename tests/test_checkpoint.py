@@ -8,6 +8,7 @@ import minidnn
 import minidnn.functional as F
 import minidnn.nn as nn
 from minidnn import optim
+from tests.test_serialization import DAMAGES, damages, put, with_members, with_metadata
 
 
 def tiny_model():
@@ -66,28 +67,76 @@ def test_resuming_gives_bitwise_the_same_parameters_as_not_stopping(tmp_path):
     assert os.listdir(tmp_path / "run") == ["checkpoint.npz"]  # no temporary file left behind
 
 
-def test_truncated_foreign_and_pickled_files_give_clear_errors(tmp_path):
+# ------------------------------------------------------------------ damaged checkpoints
+# Damages of a checkpoint's structure (the archive-level ones, shared with minidnn.load, are in
+# tests/test_serialization.py): each is (name, damage, what the message says).
+STRUCTURE = [
+    ("step is text", with_metadata(lambda m: put(m, "step", "three")), "its step is not a whole number"),
+    ("no random state", with_metadata(lambda m: m.pop("rng")), "no random-number state"),
+    ("random state garbage", with_metadata(lambda m: put(m["rng"], "numpy", {"state": 5})),
+     "random-number state does not parse"),
+    ("extra not an object", with_metadata(lambda m: put(m, "extra", [1])), "extra is not a JSON object"),
+    ("optimizer groups garbage", with_metadata(lambda m: put(m["optimizer"], "param_groups", "all")),
+     "optimizer entry lacks"),
+    ("optimizer lr is text", with_metadata(lambda m: put(m["optimizer"]["param_groups"][0], "lr", "fast")),
+     r"optimizer parameter group 0\['lr'\] is a str where a number belongs"),
+    ("scheduler state of another form", with_metadata(lambda m: put(m["scheduler"]["state"], "last_epoch", [3])),
+     r"scheduler state\['last_epoch'\] is a list"),
+    ("scheduler state lacks an entry", with_metadata(lambda m: m["scheduler"]["state"].pop("base_lrs")),
+     "the scheduler state has the entries"),
+    ("a foreign member", with_members(lambda m: put(m, "junk/x", np.zeros(2))), "junk/x is none of"),
+    ("weights of text", with_members(lambda m: put(m, "model/6.bias", np.array(["a"] * 5))),
+     "holds <U1, not numbers"),
+    ("no weights", with_members(lambda m: [m.pop(k) for k in list(m) if k.startswith("model/")]),
+     "no model weights"),
+    ("momentum of another shape", with_members(lambda m: put(m, "optimizer/state/0/momentum_buffer",
+                                                                 np.zeros((2, 2), np.float32))),
+     "optimizer state 0/momentum_buffer of shape"),
+    ("weights of another shape", with_members(lambda m: put(m, "model/6.weight", np.zeros((5, 3), np.float32))),
+     "shape mismatch for 6.weight"),
+    ("a renamed weight", with_members(lambda m: put(m, "model/6.weights", m.pop("model/6.weight"))),
+     "missing keys: 6.weight"),
+]
+
+
+@pytest.fixture
+def trained_checkpoint(tmp_path):
     model, optimizer, scheduler = fresh()
+    train(model, optimizer, scheduler, batches(2))  # momentum buffers exist
     good = tmp_path / "good.npz"
-    minidnn.save_checkpoint(good, model, optimizer, scheduler)
-    truncated = tmp_path / "truncated.npz"
-    truncated.write_bytes(good.read_bytes()[:200])
-    with pytest.raises(ValueError, match="truncated.npz.*not a readable minidnn checkpoint"):
-        minidnn.load_checkpoint(truncated, model)
-    foreign = tmp_path / "foreign.npz"
-    np.savez(foreign, weights=np.zeros(3))
-    with pytest.raises(ValueError, match="foreign.npz.*not a readable minidnn checkpoint|foreign.npz.*not a minidnn"):
-        minidnn.load_checkpoint(foreign, model)
-    pickled = tmp_path / "pickled.npz"
-    np.savez(pickled, metadata=np.array([{"format": "minidnn-checkpoint"}], dtype=object))
-    with pytest.raises(ValueError, match="pickled.npz"):
-        minidnn.load_checkpoint(pickled, model)
-    text = tmp_path / "notes.txt"
-    text.write_text("hello")
-    with pytest.raises(ValueError, match="notes.txt"):
-        minidnn.read_checkpoint(text)
+    minidnn.save_checkpoint(good, model, optimizer, scheduler, step=2)
+    return good
+
+
+@pytest.mark.parametrize("damage", DAMAGES + [name for name, _, _ in STRUCTURE])
+def test_every_damaged_checkpoint_is_a_value_error_naming_it_and_changes_nothing(tmp_path, damage, trained_checkpoint):
+    marker = tmp_path / "unpickled-marker"
+    archive_damages, structure = dict(damages(marker)), {name: (d, said) for name, d, said in STRUCTURE}
+    bad = tmp_path / f"{damage.replace(' ', '-')}.npz"
+    if damage in archive_damages:
+        archive_damages[damage](trained_checkpoint, bad)
+        said = ""
+    else:
+        structure[damage][0](trained_checkpoint, bad)
+        said = structure[damage][1]
+    model, optimizer, scheduler = fresh(seed=5)
+    before = {name: value.numpy().copy() for name, value in model.state_dict().items()}
+    minidnn.manual_seed(123)
+    with pytest.raises(ValueError, match=rf"(?s)'{bad}'.*{said}"):
+        minidnn.load_checkpoint(bad, model, optimizer, scheduler)
+    for name, value in model.state_dict().items():  # checked before anything was loaded
+        np.testing.assert_array_equal(value.numpy(), before[name], err_msg=name)
+    assert optimizer.state == {} and scheduler.last_epoch == 0
+    assert minidnn.get_rng_state() == minidnn.manual_seed(123).get_state()
+    assert not marker.exists()
+
+
+def test_a_missing_checkpoint_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         minidnn.read_checkpoint(tmp_path / "missing.npz")
+    minidnn.save({"a": minidnn.ones(2)}, tmp_path / "saved.npz")
+    with pytest.raises(ValueError, match="saved.npz.*not a minidnn checkpoint.*read it with minidnn.load"):
+        minidnn.read_checkpoint(tmp_path / "saved.npz")
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path):

@@ -10,6 +10,7 @@ import os
 import pickle
 import struct
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -526,3 +527,167 @@ def test_image_folder_unreadable_image_error_is_a_value_error_with_the_path(tmp_
     with pytest.raises(UnreadableImageError) as info:
         ImageFolder(root)[2]
     assert isinstance(info.value, ValueError) and info.value.path.endswith("3-garbage.jpg")
+
+
+# --------------------------------------------------------------------------- every mode and bit depth
+
+
+def png_bytes(samples, color_type):
+    """A PNG written here from its specification (not by Pillow): 8 or 16 bits per sample, no filter."""
+    height, width = samples.shape[:2]
+    depth = 16 if samples.dtype == np.uint16 else 8
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = samples.reshape(height, -1).astype(">u2" if depth == 16 else "u1")
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)
+    header = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def decoded(path):
+    """What an ImageFolder sample holding ``path`` decodes to (the class folder is ``path``'s parent)."""
+    dataset = ImageFolder(path.parent.parent, extensions=(path.suffix,))
+    return dataset[[p for p, _ in dataset.samples].index(str(path))][0]
+
+
+def eight_bit_files(root, rng):
+    """(mode Pillow opens the file in, path) for files of every 8-bit mode, in formats that keep the mode."""
+    rgb = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    files = []
+    for mode, suffix in (("1", ".png"), ("L", ".png"), ("LA", ".png"), ("P", ".png"), ("RGB", ".png"),
+                         ("RGBA", ".png"), ("CMYK", ".jpg"), ("CMYK", ".tiff"), ("YCbCr", ".tiff"),
+                         ("LAB", ".tiff")):
+        picture = rgb.convert("RGBA") if mode == "RGBA" else rgb.convert(mode)
+        if mode in ("RGBA", "LA"):  # an alpha channel of its own, which must not leak into the colours
+            picture.putalpha(Image.fromarray(rng.integers(0, 256, (5, 7), dtype=np.uint8)))
+        path = root / "modes" / f"{mode}-{suffix[1:]}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        picture.save(path)
+        files.append((mode, path))
+    return files
+
+
+def test_every_8_bit_mode_decodes_as_pillow_converts_it(tmp_path, rng):
+    for mode, path in eight_bit_files(tmp_path, rng):
+        with Image.open(path) as picture:
+            assert picture.mode == mode, path  # the file really holds that mode
+            oracle = np.array(picture.convert("RGB"))
+        image = decoded(path)
+        assert image.dtype == np.uint8 and image.shape == (5, 7, 3), mode
+        np.testing.assert_array_equal(image, oracle, err_msg=mode)
+
+
+def test_modes_without_a_file_format_and_with_alpha_keep_their_colours(rng):
+    from minidnn.data.folder import to_rgb
+
+    rgb = rng.integers(0, 256, (4, 6, 3), dtype=np.uint8)
+    picture = Image.fromarray(rgb)
+    for mode in ("HSV", "PA", "RGBX"):
+        converted = picture.convert("P").convert("PA") if mode == "PA" else picture.convert(mode)
+        np.testing.assert_array_equal(to_rgb(converted), np.array(converted.convert("RGB")), err_msg=mode)
+    low = rng.integers(0, 256, (4, 6), dtype=np.uint16)
+    wide = rgb[:, :, 0].astype(np.uint16) * 256 + low  # 16-bit samples whose high byte is the 8-bit value
+    for mode, order in (("I;16L", "<u2"), ("I;16N", "=u2"), ("I;16B", ">u2")):
+        sixteen = Image.frombytes(mode, (6, 4), wide.astype(order).tobytes())  # (convert() would clip at 255)
+        np.testing.assert_array_equal(to_rgb(sixteen), rgb[:, :, [0, 0, 0]], err_msg=mode)
+    rgba = np.concatenate([rgb, rng.integers(0, 256, (4, 6, 1), dtype=np.uint8)], axis=2)
+    np.testing.assert_array_equal(to_rgb(Image.fromarray(rgba)), rgb)  # alpha dropped, colours kept exactly
+    gray = rng.integers(0, 256, (4, 6), dtype=np.uint8)
+    np.testing.assert_array_equal(to_rgb(Image.fromarray(gray)), gray[:, :, None].repeat(3, axis=2))
+
+
+def sixteen_bit_samples(rng):
+    samples = rng.integers(0, 65536, (5, 7), dtype=np.uint16)
+    samples.flat[:4] = [0, 255, 256, 65535]  # the edges of the high byte
+    return samples
+
+
+def test_16_bit_grey_keeps_its_values_as_pillow_reads_16_bit_colour(tmp_path, rng):
+    # Pillow reduces 16-bit RGB, grey+alpha and RGBA PNGs to 8 bits itself (the high byte): the oracle for
+    # the 16-bit grey modes, which its convert("RGB") clips at 255 instead (an almost white image).
+    samples = sixteen_bit_samples(rng)
+    root = tmp_path / "sixteen" / "a"
+    root.mkdir(parents=True)
+    (root / "rgb16.png").write_bytes(png_bytes(np.stack([samples] * 3, axis=2), color_type=2))
+    with Image.open(root / "rgb16.png") as picture:
+        assert picture.mode == "RGB"
+        oracle = np.array(picture)
+    np.testing.assert_array_equal(oracle, (samples >> 8)[:, :, None].repeat(3, axis=2))  # the high byte, indeed
+    (root / "gray16.png").write_bytes(png_bytes(samples, color_type=0))
+    (root / "gray-alpha16.png").write_bytes(png_bytes(np.stack([samples, samples[::-1]], axis=2), color_type=4))
+    Image.fromarray(samples).save(root / "gray16.tiff")
+    Image.frombytes("I;16B", samples.shape[::-1], samples.astype(">u2").tobytes()).save(root / "gray16b.tiff")
+    Image.fromarray(samples).save(root / "gray16.pgm")
+    expected_modes = {"gray16.png": "I;16", "gray-alpha16.png": "RGBA", "gray16.tiff": "I;16",
+                      "gray16b.tiff": "I;16B", "gray16.pgm": "I"}
+    for name, mode in expected_modes.items():
+        with Image.open(root / name) as picture:
+            assert picture.mode == mode, name
+        np.testing.assert_array_equal(decoded(root / name), oracle, err_msg=name)
+
+
+def test_32_bit_integer_and_float_images(tmp_path, rng):
+    root = tmp_path / "wide" / "a"
+    root.mkdir(parents=True)
+    samples = sixteen_bit_samples(rng).astype(np.int32)
+    samples.flat[4:6] = [-5, 70000]  # outside 16 bits: clipped, as Pillow's convert("I;16") clips
+    Image.fromarray(samples).save(root / "int32.tiff")
+    with Image.open(root / "int32.tiff") as picture:
+        assert picture.mode == "I"
+        clipped = np.array(picture.convert("I;16")).astype(np.int64)
+    np.testing.assert_array_equal(clipped, np.clip(samples, 0, 65535))
+    np.testing.assert_array_equal(decoded(root / "int32.tiff"), (clipped >> 8)[:, :, None].repeat(3, axis=2))
+    floats = rng.uniform(-20, 280, (5, 7)).astype(np.float32)  # Pillow's F scale is L's: 0..255
+    Image.fromarray(floats).save(root / "float.tiff")
+    with Image.open(root / "float.tiff") as picture:
+        assert picture.mode == "F"
+        oracle = np.array(picture.convert("RGB"))
+    np.testing.assert_array_equal(decoded(root / "float.tiff"), oracle)
+
+
+# --------------------------------------------------------------------------- what the walk reads
+
+
+def test_a_named_pipe_or_a_socket_in_a_class_folder_is_skipped_with_a_warning(tmp_path):
+    import socket
+
+    save_image(tmp_path / "a" / "1.png", np.zeros((2, 2, 3), np.uint8))
+    save_image(tmp_path / "b" / "2.png", np.zeros((2, 2, 3), np.uint8))
+    os.mkfifo(tmp_path / "a" / "pipe.png")  # opening it blocks until someone writes: never
+    os.symlink(tmp_path / "nowhere.png", tmp_path / "b" / "dangling.png")
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(tmp_path / "b" / "socket.jpg"))
+        with pytest.warns(UserWarning) as record:
+            dataset = ImageFolder(tmp_path)
+    finally:
+        server.close()
+    messages = sorted(str(w.message) for w in record)
+    assert [os.path.basename(p) for p, _ in dataset.samples] == ["1.png", "2.png"]
+    assert len(messages) == 3
+    assert "pipe.png', which is a named pipe, not a regular file" in messages[0]
+    assert "dangling.png', which is a link to nothing" in messages[1]
+    assert "socket.jpg', which is a socket" in messages[2]
+    assert [dataset[i][1] for i in range(2)] == [0, 1]  # and reading never blocks
+
+
+def test_a_symlink_loop_is_walked_once_and_no_link_leads_out_of_the_class(tmp_path):
+    for relative in ("cat/1.png", "cat/deep/2.png", "cat/deep/deeper/3.png", "dog/4.png", "dog/5.png"):
+        save_image(tmp_path / relative, np.zeros((2, 2, 3), np.uint8))
+    os.symlink("..", tmp_path / "cat" / "deep" / "loop")          # back up to cat: a loop
+    os.symlink(".", tmp_path / "cat" / "deep" / "deeper" / "self")  # a loop onto itself
+    os.symlink("deep", tmp_path / "cat" / "alias")                 # a second name for a directory inside
+    os.symlink("../dog", tmp_path / "cat" / "dogs")                # another class: its images are no cats
+    os.symlink(str(tmp_path.parent), tmp_path / "dog" / "outside")  # out of the data set entirely
+    os.symlink("../dog/4.png", tmp_path / "cat" / "linked.png")      # a link to a file is followed
+    with pytest.warns(UserWarning) as record:
+        dataset = ImageFolder(tmp_path)
+    relative = [(os.path.relpath(path, tmp_path), target) for path, target in dataset.samples]
+    assert relative == [("cat/1.png", 0), ("cat/linked.png", 0), ("cat/alias/2.png", 0),
+                        ("cat/alias/deeper/3.png", 0), ("dog/4.png", 1), ("dog/5.png", 1)]
+    messages = sorted(str(w.message) for w in record)
+    assert len(messages) == 2
+    assert "dogs', a link to" in messages[0] and "outside the class folder" in messages[0]
+    assert "outside', a link to" in messages[1]

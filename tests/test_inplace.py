@@ -94,7 +94,7 @@ def test_every_in_place_write_bumps_the_version(write):
     plain = minidnn.tensor(np.arange(4.0))
     view = plain.reshape(2, 2)
     detached = plain.detach()
-    before = plain._version.value
+    before = plain._version.value  # made when the view and the detached tensor shared it
     write(plain)
     assert plain._version.value == before + 1
     assert view._version is plain._version and detached._version is plain._version  # one counter for all

@@ -10,6 +10,7 @@ size, since their forward and backward there cost less than building them (the 6
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, NamedTuple
 
@@ -18,6 +19,7 @@ import pytest
 
 import minidnn
 import minidnn.nn as nn
+import models
 from minidnn.optim import SGD
 from models.alexnet import AlexNet, AlexNetCaffe, alexnet, alexnet_caffe, caffenet_features
 from models.resnet import (BasicBlock, Bottleneck, CifarResNet, ResNet, ZeroPadShortcut, cifar_resnet, resnet18,
@@ -514,3 +516,36 @@ def test_caffenet_features_match_pytorch_in_float64(lrn_before_pool):
         actual = features(minidnn.tensor(x)).numpy()
     assert actual.shape == (1, 256, 6, 6)
     np.testing.assert_allclose(actual, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
+
+
+# ------------------------------------------------------------------ the registry: models.MODELS
+class _ZerosGenerator:
+    """Stands in for the random generator while building: only shapes matter to these checks, and
+    drawing AlexNet's 61 M initial weights takes seconds."""
+
+    def uniform(self, low, high, size):
+        return np.zeros(size)
+
+    normal = uniform
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_every_model_spec_rebuilds_its_model_and_names_its_classifier(name, monkeypatch):
+    spec = models.MODELS[name]
+    assert isinstance(spec, models.ModelSpec) and models.spec(name) is spec
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.input_size = 1
+    monkeypatch.setattr(minidnn.nn.init.default_generator, "numpy", _ZerosGenerator())
+    model = models.create(name, num_classes=7)
+    assert isinstance(model, nn.Module) and type(model).input_size == spec.input_size == models.input_size(name)
+    linears = [module_name for module_name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    assert linears[-1] == spec.classifier  # the last Linear: the head a fine-tune replaces
+    assert dict(model.named_modules())[spec.classifier].weight.shape[0] == 7
+    assert {f"{spec.classifier}.weight", f"{spec.classifier}.bias"} <= set(model.state_dict())
+
+
+def test_an_unknown_model_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown model 'vgg99'; choose one of shapes_cnn, tiny_cnn"):
+        models.create("vgg99")
+    with pytest.raises(ValueError, match="unknown model"):
+        models.input_size("vgg99")

@@ -1,11 +1,17 @@
 """train.py end to end on tiny built-in data: outputs, exact resume, evaluation, argument errors."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import minidnn
+import models
 import train
+from minidnn.data import transforms as T
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY = ["--model", "tiny_cnn", "--train-size", "160", "--test-size", "60", "--batch-size", "16", "--workers", "0",
         "--log-every", "2"]
@@ -143,3 +149,201 @@ def test_convolution_settings_reach_the_primitives(tmp_path, capsys):
     assert "--microbatch wd: one plan for the network's convolutions" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--cuda-graph needs --device cuda"):
         train.main(TINY + ["--cuda-graph", "--out", str(tmp_path / "graph")])
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: None)" not in text and "(default: False)" not in text  # nothing to show: nothing shown
+    assert "--epochs EPOCHS passes over the training set (default: 3)" in text
+    assert "--batch-size BATCH_SIZE images per training step (default: 64)" in text
+    for action in train.build_parser()._actions:
+        if action.option_strings and action.default not in (None, False, "==SUPPRESS=="):
+            assert f"(default: {action.default})" in text or "default" in action.help, action.dest
+
+
+# ------------------------------------------------------------------ reusing a trained model
+@pytest.fixture(scope="module")
+def shapes_run(tmp_path_factory):
+    """A finished tiny run on shapes10: (its folder, its Run, the test images it was evaluated on)."""
+    out = tmp_path_factory.mktemp("shapes")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
+        args = train.parse_args(TINY + ["--epochs", "1", "--out", str(out)])
+        run = train.prepare(args)
+        train.train(args, run)
+        run.lock.release()
+    return out, run
+
+
+def logits_of(model, images):
+    model.eval()
+    with minidnn.no_grad():
+        return model(minidnn.tensor(np.stack(images))).numpy()
+
+
+def image_folder(root, sizes, classes=("ant", "bee", "cat")):
+    """root/{train,val}/<class>/<i>.png, images of the given (height, width) sizes, one colour per class."""
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        for index, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i, (height, width) in enumerate(sizes):
+                pixels = rng.integers(0, 60, (height, width, 3)) + 60 * index
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.png")
+    return root
+
+
+NEW_PROCESS = """
+import sys
+import numpy as np
+from PIL import Image
+import minidnn, models
+out = sys.argv[1]
+for checkpoint, *images in (part.split(",") for part in sys.argv[2:]):
+    pretrained = models.load_pretrained(checkpoint)
+    batch = minidnn.tensor(np.stack([pretrained.transform(Image.open(path)) for path in images]))
+    with minidnn.no_grad():
+        np.save(f"{out}/{len(images)}-{checkpoint.split('/')[-2]}.npy", pretrained.model(batch).numpy())
+"""
+
+
+def test_a_checkpoint_rebuilds_its_model_and_preprocessing_in_a_new_process(tmp_path, shapes_run):
+    import subprocess
+    import sys
+
+    # shapes10: the normalisation is the training images' own mean and std, which only the checkpoint knows.
+    out, run = shapes_run
+    dataset = run.test_loader.dataset
+    shape_files = []
+    for index in range(8):
+        path = tmp_path / f"shape{index}.png"
+        Image.fromarray(dataset.images[index]).save(path)
+        shape_files.append(str(path))
+    larger = np.kron(dataset.images[8], np.ones((2, 1, 1), np.uint8))[:, :, :]  # 64 x 32: train.py squashes it
+    Image.fromarray(larger).save(tmp_path / "larger.png")
+    shape_files.append(str(tmp_path / "larger.png"))
+    inputs = [dataset[index][0] for index in range(8)] + [dataset.transform(T.Resize((32, 32))(larger), None)]
+    expected_shapes = logits_of(run.model, inputs)
+    # An image folder: Resize (shorter side) and CenterCrop on images of other sizes and aspects.
+    root = image_folder(tmp_path / "images", [(20, 12), (9, 30), (16, 16)])
+    args = train.parse_args(["--model", "tiny_cnn", "--data", str(root), "--image-size", "10", "--batch-size", "3",
+                             "--workers", "0", "--epochs", "1", "--out", str(tmp_path / "folder")])
+    folder_run = train.prepare(args)
+    train.train(args, folder_run)
+    folder_run.lock.release()
+    folder_files = [path for path, _ in folder_run.test_loader.dataset.samples]
+    expected_folder = logits_of(folder_run.model, [folder_run.test_loader.dataset[i][0] for i in range(len(folder_files))])
+
+    done = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(tmp_path),
+                           ",".join([str(out / "last.npz")] + shape_files),
+                           ",".join([str(tmp_path / "folder" / "last.npz")] + folder_files)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / f"9-{out.name}.npy"), expected_shapes)
+    np.testing.assert_array_equal(np.load(tmp_path / f"{len(folder_files)}-folder.npy"), expected_folder)
+
+    state = minidnn.manual_seed(11).get_state()
+    pretrained = models.load_pretrained(out / "last.npz")
+    assert minidnn.get_rng_state() == state  # building the model drew from the generator; it is put back
+    assert pretrained.classes == minidnn.data.SHAPES_CLASSES and pretrained.input_size == 32
+    normalize = run.test_loader.dataset.transform.transforms[-1]
+    assert pretrained.mean == tuple(normalize.mean.ravel().tolist()) and pretrained.name == "tiny_cnn"
+    assert not pretrained.model.training
+    assert models.load_pretrained(tmp_path / "folder" / "best.npz").classes == ("ant", "bee", "cat")
+
+
+def test_predict_prints_the_top_classes_with_their_probabilities(tmp_path, shapes_run):
+    import subprocess
+    import sys
+
+    out, run = shapes_run
+    dataset = run.test_loader.dataset
+    files = []
+    for index in range(3):
+        files.append(str(tmp_path / f"{index}.png"))
+        Image.fromarray(dataset.images[index]).save(files[-1])
+    logits = logits_of(run.model, [dataset[index][0] for index in range(3)]).astype(np.float64)
+    probabilities = np.exp(logits - logits.max(1, keepdims=True))
+    probabilities /= probabilities.sum(1, keepdims=True)
+    done = subprocess.run([sys.executable, "examples/predict.py", *files, "--checkpoint", str(out / "best.npz"),
+                           "--top-k", "3"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3
+    for line, path, row in zip(lines, files, probabilities):
+        best = np.argsort(-row)[:3]
+        assert line == f"{path}: " + ", ".join(f"{minidnn.data.SHAPES_CLASSES[i]} {row[i]:.4f}" for i in best)
+    missing = subprocess.run([sys.executable, "examples/predict.py", "x.png", "--checkpoint", str(tmp_path / "no.npz")],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("predict.py: error:") and "Traceback" not in missing.stderr
+
+
+def test_init_from_starts_a_new_run_from_the_weights(tmp_path, shapes_run, capsys):
+    out, _ = shapes_run
+    pretrained = models.load_pretrained(out / "last.npz")
+    args = train.parse_args(TINY[2:] + ["--epochs", "2", "--init-from", str(out / "last.npz"), "--out",
+                                        str(tmp_path / "tuned")])
+    run = train.prepare(args)
+    assert args.model == "tiny_cnn"  # taken from the checkpoint
+    assert "--init-from" in capsys.readouterr().out
+    assert run.step == 0 and run.history == [] and run.optimizer.state == {} and run.scheduler.last_epoch == 0
+    x = minidnn.tensor(np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32))
+    np.testing.assert_array_equal(logits_of(run.model, [x.numpy()[i] for i in range(4)]),
+                                  logits_of(pretrained.model, [x.numpy()[i] for i in range(4)]))
+    run.model.train()
+    assert train.train(args, run)["step"] == 20  # a whole new schedule of 2 epochs
+    run.lock.release()
+    # The same from a state dict written by minidnn.save, a torch user's way of keeping weights.
+    minidnn.save(pretrained.model.state_dict(), tmp_path / "weights.npz")
+    run = train.prepare(train.parse_args(TINY + ["--epochs", "1", "--init-from", str(tmp_path / "weights.npz"),
+                                                 "--out", str(tmp_path / "from-state-dict")]))
+    for name, value in pretrained.model.state_dict().items():
+        np.testing.assert_array_equal(run.model.state_dict()[name].numpy(), value.numpy(), err_msg=name)
+    run.lock.release()
+
+
+def test_init_from_with_other_classes_gives_a_new_head_and_keeps_the_body(tmp_path, shapes_run, capsys):
+    out, _ = shapes_run
+    saved = minidnn.read_checkpoint(out / "last.npz").model_state
+    root = image_folder(tmp_path / "images", [(8, 8), (8, 8)])
+    options = ["--data", str(root), "--image-size", "32", "--batch-size", "3", "--workers", "0", "--epochs", "1",
+               "--init-from", str(out / "last.npz")]
+    run = train.prepare(train.parse_args(options + ["--out", str(tmp_path / "tuned")]))
+    said = capsys.readouterr().out
+    assert f"--init-from {out / 'last.npz'}: loaded its weights except the classifier, re-initialised (fc.weight, " \
+           f"fc.bias: 10 classes there, 3 here)" in said and said.count("re-initialised") == 1
+    state = run.model.state_dict()
+    assert state["fc.weight"].shape == (3, 32) and state["fc.bias"].shape == (3,)
+    for name, value in saved.items():
+        if not name.startswith("fc."):
+            np.testing.assert_array_equal(state[name].numpy(), value, err_msg=name)
+    minidnn.manual_seed(0)  # the new head is the fresh initialisation of --seed 0
+    np.testing.assert_array_equal(state["fc.weight"].numpy(), models.create("tiny_cnn", 3).fc.weight.numpy())
+    run.lock.release()
+    with pytest.raises(SystemExit, match=r"^train.py: error: cannot start from '.*last.npz': error loading state "
+                                         r"dict into SmallCNN: shape mismatch for features.0.weight: checkpoint "
+                                         r"\(8, 3, 3, 3\), model \(16, 3, 3, 3\); shape mismatch"):
+        train.main(options + ["--model", "shapes_cnn", "--out", str(tmp_path / "other")])
+    with pytest.raises(SystemExit) as both:
+        train.main(options + ["--resume", str(out / "last.npz")])
+    assert both.value.code == 2
+
+
+def test_a_description_holds_deterministic_pipelines_only():
+    pipeline = T.Compose([train._GrayToRGB(), T.Compose([T.Resize(12), T.CenterCrop(10), T.ToTensor(),
+                                                         T.Normalize((0.5, 0.4, 0.3), (0.2, 0.2, 0.1))])])
+    description = models.describe("tiny_cnn", {"num_classes": 2}, ["a", "b"], pipeline, 10,
+                                  rgb_steps=(train._GrayToRGB,))
+    assert description["input"] == {"size": 10, "mean": pytest.approx([0.5, 0.4, 0.3]),
+                                    "std": pytest.approx([0.2, 0.2, 0.1]),
+                                    "transform": [["Resize", 12], ["CenterCrop", [10, 10]], ["ToTensor"],
+                                                  ["Normalize"]]}
+    assert description["model"] == {"name": "tiny_cnn", "arguments": {"num_classes": 2}}
+    with pytest.raises(ValueError, match="RandomCrop.*which a description cannot hold"):
+        models.describe("tiny_cnn", {}, [], T.Compose([T.RandomCrop(3), T.ToTensor()]), 10)
+    with pytest.raises(ValueError, match="holds no ToTensor"):
+        models.describe("tiny_cnn", {}, [], T.Compose([T.Resize(3)]), 10)
+    with pytest.raises(ValueError, match="_GrayToRGB"):
+        models.describe("tiny_cnn", {}, [], pipeline, 10)  # an RGB step not named as one is not guessed at

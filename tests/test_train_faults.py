@@ -15,8 +15,10 @@ import pytest
 from PIL import Image
 
 import minidnn
+import models
 import train
 from minidnn.checkpoint import temporary_pattern
+from tests.test_serialization import DAMAGES, damages, put, with_members, with_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "tiny_cnn", "--train-size", "160", "--test-size", "60", "--batch-size", "16", "--workers", "0",
@@ -31,14 +33,20 @@ def data_cache_and_no_plots(tmp_path_factory, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """A two-epoch run that was never stopped: (its folder, its metrics rows)."""
-    out = tmp_path_factory.mktemp("straight")
+def run_once(tmp_path_factory, name, arguments):
+    """A folder of its own where ``train.main(arguments)`` ran, as the autouse fixture runs it (for module fixtures)."""
+    out = tmp_path_factory.mktemp(name)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
         patch.setitem(sys.modules, "matplotlib", None)
-        train.main(TWO_EPOCHS + ["--out", str(out)])
+        train.main(arguments + ["--out", str(out)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A two-epoch run that was never stopped: (its folder, its metrics rows)."""
+    out = run_once(tmp_path_factory, "straight", TWO_EPOCHS)
     return out, rows(out)
 
 
@@ -442,3 +450,259 @@ def test_kill_9_during_saves_never_loses_a_checkpoint_or_leaves_temporaries(tmp_
     train.main(KILLED_RUN + ["--out", str(tmp_path / "never-killed")])
     assert_same_parameters(last, tmp_path / "never-killed" / "last.npz")  # bit for bit
     assert_same_parameters(out / "best.npz", tmp_path / "never-killed" / "best.npz")
+
+
+# ------------------------------------------------------------------ 9. one run per --out (issue 23)
+def test_a_folder_in_use_is_refused_and_free_again_when_its_run_ends(tmp_path):
+    out = tmp_path / "run"
+    run = train.prepare(train.parse_args(TWO_EPOCHS + ["--out", str(out)]))  # holds --out until released
+    before = sorted(os.listdir(out))
+    with pytest.raises(SystemExit) as refused:
+        train.main(TWO_EPOCHS + ["--out", str(out), "--overwrite"])
+    assert refused.value.code == (f"train.py: error: --out '{out}' is in use by another train.py run (process "
+                                  f"{os.getpid()}); wait for it to end, or choose another --out")
+    assert sorted(os.listdir(out)) == before == ["train.lock"]
+    run.lock.release()
+    assert train.main(TWO_EPOCHS + ["--out", str(out), "--max-steps", "2"])["step"] == 2
+
+
+def test_two_runs_started_together_into_one_empty_folder(tmp_path):
+    out = tmp_path / "run"
+    arguments = TINY + ["--epochs", "40", "--out", str(out)]
+    runs = [subprocess.Popen([sys.executable, "-c", NO_PLOTS, *arguments], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while all(run.poll() is None for run in runs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    finished = [run for run in runs if run.poll() is not None]
+    assert len(finished) == 1, "neither run was refused"
+    loser, winner = finished[0], next(run for run in runs if run is not finished[0])
+    err = loser.communicate()[1]
+    assert loser.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (f"train.py: error: --out '{out}' is in use by another train.py run "
+                                            f"(process {winner.pid}); wait for it to end, or choose another --out")
+    winner.kill()  # kill -9: the kernel releases the lock with the process
+    winner.communicate()
+    assert train.main(TINY + ["--epochs", "1", "--out", str(out), "--overwrite", "--max-steps", "2"])["step"] == 2
+
+
+# ------------------------------------------------------------------ 10. a reader that never returns
+STUCK_READER = """
+import itertools, runpy, sys
+fifo, marker, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+del sys.argv[1:4]
+sys.modules["matplotlib"] = None
+import minidnn.data.folder as folder
+calls, read_image = itertools.count(), folder.read_image
+def stuck_at_one_read(path):
+    if next(calls) == at:
+        open(marker, "w").close()
+        open(fifo, "rb")  # blocks in the kernel until someone writes to the pipe: no one ever does
+    return read_image(path)
+folder.read_image = stuck_at_one_read
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("read, workers", [(15, 2), (13, 0)])
+def test_the_first_sigterm_ends_a_run_whose_reader_is_stuck(tmp_path, read, workers):
+    # 12 training images (3 steps of 4) and 3 test images: reads 0-11 train epoch 1, 12-14 evaluate it, 15-18
+    # are epoch 2's first batch (read by a pool of 2 threads), 13 is in epoch 1's evaluation. Either way the
+    # main thread has nothing left to do but wait for that batch. A file on a hung network mount blocks the
+    # same way a named pipe does (the walk skips pipes).
+    step = 3
+    root, out = image_folder(tmp_path / "images", val_classes=("ant", "cat", "dog")), tmp_path / "run"
+    os.mkfifo(tmp_path / "fifo")
+    process = subprocess.Popen([sys.executable, "-c", STUCK_READER, str(tmp_path / "fifo"), str(tmp_path / "marker"),
+                                str(read), *FOLDER[:-1], "5", "--workers", str(workers), "--data", str(root),
+                                "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "marker").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the reader is inside open() now, and the main thread waits for its batch
+        assert process.poll() is None, process.communicate()[1]
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err
+    assert "no step is in flight" in err and f"train.py: stopped by SIGTERM after step {step};" in err, err
+    assert "Traceback" not in err
+    assert minidnn.read_checkpoint(out / "last.npz").step == step and temporaries(out) == []
+
+
+# ------------------------------------------------------------------ 11. write errors are one line
+try:  # imported once, here: imported again after the fixture's None, it would not find its own submodules
+    import matplotlib as MATPLOTLIB
+except ImportError:
+    MATPLOTLIB = None
+
+
+def fail_writes_to(monkeypatch, name, error):
+    """Make atomic_write of --out/``name`` (in train.py) fail with ``error``."""
+    real = train.atomic_write
+
+    def atomic_write(path, write):
+        if os.path.basename(path) == name:
+            raise error
+        return real(path, write)
+
+    monkeypatch.setattr(train, "atomic_write", atomic_write)
+
+
+@pytest.mark.parametrize("name, error, said", [
+    ("metrics.jsonl", OSError(28, "No space left on device"), "No space left on device"),
+    ("metrics.jsonl", PermissionError(13, "Permission denied"), "Permission denied"),
+    ("curves.png", OSError(28, "No space left on device"), "No space left on device"),
+    ("curves.png", PermissionError(13, "Permission denied"), "Permission denied"),
+])
+def test_a_failed_write_of_the_metrics_or_curves_is_one_line_naming_the_file(tmp_path, monkeypatch, name, error,
+                                                                               said):
+    if name == "curves.png":  # plots, this time: the real module back in place of the fixture's None
+        monkeypatch.setitem(sys.modules, "matplotlib", MATPLOTLIB or pytest.skip("needs matplotlib"))
+    out = tmp_path / "run"
+    fail_writes_to(monkeypatch, name, error)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY + ["--epochs", "1", "--out", str(out)])
+    assert stopped.value.code == (f"train.py: error: cannot write {out / name} ({said}); the previous one, if any, "
+                                  f"is intact")
+    assert minidnn.read_checkpoint(out / "last.npz").step == 10 and temporaries(out) == []
+
+
+def read_only_after_the_start(monkeypatch):
+    """--out becomes read-only once train.py has checked it (a remount, a quota, a chmod by someone)."""
+    real = train.check_out
+
+    def check_out(args):
+        result = real(args)
+        os.chmod(args.out, 0o555)
+        return result
+
+    monkeypatch.setattr(train, "check_out", check_out)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories: chmod does not bite")
+def test_a_read_only_out_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    read_only_after_the_start(monkeypatch)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train.main(TINY + ["--epochs", "1", "--out", str(out)])
+    finally:
+        os.chmod(out, 0o755)
+    assert stopped.value.code == (f"train.py: error: cannot write {out / 'best.npz'} (Permission denied); the "
+                                  f"previous one, if any, is intact")
+
+
+def test_a_read_only_out_is_one_line_naming_the_file_simulated(tmp_path, monkeypatch):
+    out, real_open = tmp_path / "run", os.open
+
+    def read_only(path, flags, *args):  # what open(2) says in a read-only directory, also to root
+        if str(path).startswith(str(out)) and flags & os.O_CREAT and "train.lock" not in str(path):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(minidnn.checkpoint.os, "open", read_only)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(TINY + ["--epochs", "1", "--out", str(out)])
+    assert stopped.value.code == (f"train.py: error: cannot write {out / 'best.npz'} (Permission denied); the "
+                                  f"previous one, if any, is intact")
+
+
+def test_a_write_error_is_one_line_without_a_traceback_from_the_command_line(tmp_path):
+    out = tmp_path / "run"
+    full_disk = NO_PLOTS.replace("import runpy, sys", "import runpy, sys\nimport minidnn.checkpoint as c\n"
+                                 "def full(file, **arrays):\n    raise OSError(28, 'No space left on device')\n"
+                                 "c.np.savez = full")
+    done = subprocess.run([sys.executable, "-c", full_disk, *TINY, "--epochs", "1", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (f"train.py: error: cannot write {out / 'best.npz'} (No space "
+                                                    f"left on device); the previous one, if any, is intact")
+
+
+# ------------------------------------------------------------------ 12. damaged checkpoints, every reader
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    return run_once(tmp_path_factory, "saved", TINY + ["--epochs", "1", "--max-steps", "2"]) / "last.npz"
+
+
+def change_extra(change):
+    return with_metadata(lambda metadata: change(metadata["extra"]))
+
+
+# Damages of what train.py's readers need, beyond the archive's (tests/test_serialization.py): (name, damage,
+# the readers it concerns).
+TRAIN_DAMAGES = [
+    ("weights of another shape", with_members(lambda m: put(m, "model/fc.weight", np.zeros((3, 5), np.float32))),
+     ("resume", "init_from", "load_pretrained")),
+    ("a setting of nonsense", change_extra(lambda e: put(e["args"], "epochs", "many")), ("resume",)),
+    ("a negative setting", change_extra(lambda e: put(e["args"], "lr", -1.0)), ("resume",)),
+    ("run state of nonsense", change_extra(lambda e: put(e, "meter", {"count": "x"})), ("resume",)),
+    ("history of nonsense", change_extra(lambda e: put(e, "history", [3])), ("resume",)),
+    ("unknown architecture", change_extra(lambda e: put(e["model"], "name", "vgg99")), ("load_pretrained",)),
+    ("normalisation of nonsense", change_extra(lambda e: put(e["input"], "std", [0.0, 1.0, 1.0])),
+     ("load_pretrained",)),
+    ("unknown transform", change_extra(lambda e: e["input"]["transform"].insert(0, ["RandomCrop", 3])),
+     ("load_pretrained",)),
+    ("classes of nonsense", change_extra(lambda e: put(e, "classes", ["a", "b"])), ("load_pretrained",)),
+    ("no description", change_extra(lambda e: e.pop("input")), ("load_pretrained",)),
+]
+READERS = ("resume", "init_from", "load_pretrained")
+ARCHIVE_DAMAGES = [name for name in DAMAGES if name != "wrong shape"]  # that one may hit an optimizer buffer
+CASES = [(damage, reader) for damage in ARCHIVE_DAMAGES for reader in READERS] + \
+    [(name, reader) for name, _, readers in TRAIN_DAMAGES for reader in readers]
+
+
+@pytest.mark.parametrize("damage, reader", CASES)
+def test_every_reader_of_a_damaged_checkpoint_says_which_file_in_one_line(tmp_path, saved_run, damage, reader):
+    marker = tmp_path / "unpickled-marker"
+    bad = tmp_path / "damaged.npz"
+    ({name: function for name, function, _ in TRAIN_DAMAGES} | dict(damages(marker)))[damage](saved_run, bad)
+    if reader == "load_pretrained":
+        with pytest.raises(ValueError, match=f"'{bad}'"):
+            models.load_pretrained(bad)
+    else:
+        option = ["--resume"] if reader == "resume" else TINY + ["--init-from"]
+        with pytest.raises(SystemExit) as refused:
+            train.main(option + [str(bad), "--out", str(tmp_path / "out")])
+        message = str(refused.value.code)
+        assert message.startswith("train.py: error: ") and f"'{bad}'" in message and "\n" not in message, message
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------ 13. model and image size, at start
+class _Zeros:
+    """Initial weights of zeros: a shape check does not look at them, and drawing AlexNet's 61 M takes seconds."""
+
+    numpy = type("ZerosGenerator", (), {"uniform": lambda self, low, high, size: np.zeros(size),
+                                        "normal": lambda self, mean, std, size: np.zeros(size)})()
+
+
+def test_a_model_that_cannot_take_the_image_size_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(minidnn.nn.init, "default_generator", _Zeros())
+    monkeypatch.setattr(train.Run, "train_step", lambda *a: pytest.fail("training started"))
+    monkeypatch.setattr(train.Run, "first_step", lambda *a: pytest.fail("training started"))
+    with pytest.raises(SystemExit) as refused:
+        train.main(["--model", "alexnet", "--image-size", "8", "--train-size", "10", "--test-size", "10",
+                    "--batch-size", "2", "--workers", "0", "--out", str(tmp_path / "run")])
+    assert refused.value.code == ("train.py: error: --model alexnet does not take --image-size 8 (it is designed for "
+                                  "224): kernel_size (3, 3) with padding (0, 0) is too large for input of size (1, "
+                                  "1): the output size would be (0, 0)")
+
+
+def test_the_size_check_changes_no_weight_and_no_random_state(tmp_path):
+    run = train.prepare(train.parse_args(TINY + ["--epochs", "1", "--out", str(tmp_path / "run")]))
+    run.lock.release()
+    minidnn.manual_seed(0)
+    fresh = models.create("tiny_cnn", num_classes=10)
+    after_creation = minidnn.get_rng_state()
+    for name, value in fresh.state_dict().items():
+        np.testing.assert_array_equal(run.model.state_dict()[name].numpy(), value.numpy(), err_msg=name)
+    assert run.model.training
+    minidnn.manual_seed(0)
+    models.create("tiny_cnn", num_classes=10)
+    train.check_input_size(fresh, run.args, 16)
+    assert minidnn.get_rng_state() == after_creation

@@ -43,6 +43,67 @@ def top_functions(profile: cProfile.Profile, key: str, count: int) -> list[dict]
     return rows[:count]
 
 
+def host_time_by_call(engine, steps: int) -> list[dict]:
+    """Host ms per step inside each engine operation, each cuBLAS call and each kernel launch (inclusive:
+    a convolution's time holds its launches'), over ``steps`` steps: where a step's host time goes, the
+    driver's own included, which cProfile cannot separate from Python."""
+    import time as clock  # noqa: PLC0415
+
+    from minidnn import engine as engines  # noqa: PLC0415
+    from minidnn.primitives import _cuda, blas  # noqa: PLC0415
+
+    totals: dict[str, list] = {}
+
+    def timed(name, function):
+        def wrapper(*args, **kwargs):
+            start = clock.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                entry = totals.setdefault(name, [0.0, 0])
+                entry[0] += clock.perf_counter() - start
+                entry[1] += 1
+        return wrapper
+
+    module = engines.current().module
+    targets = [(module, name) for name in engines.CONTRACT] + [(_cuda, "launch"), (_cuda, "launch_blocks"),
+                                                              (blas._Cublas, "gemm")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
+    for owner, name, function in originals:
+        setattr(owner, name, timed(f"{getattr(owner, '__name__', owner)}.{name}", function))
+    try:
+        engine.synchronize()
+        for _ in range(steps):
+            engine.step()
+        engine.synchronize()
+    finally:
+        for owner, name, function in originals:
+            setattr(owner, name, function)
+    rows = [{"call": name.replace("minidnn.primitives.", ""), "host_ms_per_step": 1000 * total / steps,
+             "calls_per_step": count / steps} for name, (total, count) in totals.items()]
+    return sorted(rows, key=lambda r: -r["host_ms_per_step"])
+
+
+def kernel_names(engine, steps: int) -> list[dict]:
+    """Kernels per step by name (CUPTI through torch.profiler), most frequent first."""
+    from benchmarks import measure  # noqa: PLC0415
+
+    def run():
+        for _ in range(steps):
+            engine.step()
+
+    events = measure._profiled_trace(engine, run, ["CUDA"]) or []
+    counts: dict[str, list] = {}
+    for event in events:
+        if event.get("cat") == "kernel":
+            entry = counts.setdefault(event["name"][:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.get("dur", 0.0)
+    rows = [{"kernel": name, "per_step": count / steps, "us_per_step": duration / steps}
+            for name, (count, duration) in counts.items()]
+    return sorted(rows, key=lambda r: -r["per_step"])
+
+
 def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], steps: int, out: str,
                  device: str) -> list[dict]:
     from benchmarks import measure  # noqa: PLC0415 - after sys.path
@@ -59,11 +120,23 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             engine.synchronize()
             first = time.perf_counter() - start
             engine.clock.time(engine.step, 4)
+            engine.prepare()  # the captured engine captures here; the eager ones do nothing
+            record_extra = engine.prepared()
+            engine.clock.time(engine.step, 1)
             wall, host = engine.clock.time(engine.step, steps)
             record = {"engine": engine_name, "model": model, "batch": batch, "mode": mode, "first_step_s": first,
                       "wall_ms": statistics.median(wall), "host_ms": statistics.median(host), "steps": steps}
-            record.update(measure.profile_steps(engine, 3))
-            if engine_name != "torch":
+            record.update(record_extra)
+            engine.synchronize()
+            engine.reset_peak()
+            engine.step()
+            engine.synchronize()
+            record.update(engine.memory())
+            if engine_name != "minidnn-graph":  # a replay runs the eager step's kernels: counted there
+                record.update(measure.profile_steps(engine, 3))
+                record["kernels_by_name"] = kernel_names(engine, 2)
+            if engine_name == "minidnn":
+                record["host_by_call"] = host_time_by_call(engine, 5)
                 engine.synchronize()
                 profile = cProfile.Profile()
                 profile.enable()
@@ -86,13 +159,24 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
 def write_report(records: list[dict], out: str) -> None:
     with open(os.path.join(out, "profile.json"), "w") as file:
         json.dump({"records": records}, file, indent=1)
-    lines = ["| engine | model, batch | mode | wall ms | host ms | kernels/step | GPU-busy ms | Python calls |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine | model, batch | mode | wall ms | host ms | kernels/step | GPU-busy ms | peak MiB | Python calls |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['engine']} | {r['model']} {r['batch']} | {r['mode']} | {r['wall_ms']:.2f} | "
                      f"{r['host_ms']:.2f} | {r.get('kernels_per_step', float('nan')):.0f} | "
-                     f"{r.get('gpu_busy_ms', float('nan')):.2f} | {r.get('python_calls', '')} |")
+                     f"{r.get('gpu_busy_ms', float('nan')):.2f} | {r.get('peak_bytes', 0) / 2**20:.0f} | "
+                     f"{r.get('python_calls', '')} |")
     for r in records:
+        if "host_by_call" in r:
+            lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: host ms per step by call "
+                      "(inclusive)", "", "| call | calls/step | host ms/step |", "|---|---|---|"]
+            lines += [f"| `{t['call']}` | {t['calls_per_step']:.0f} | {t['host_ms_per_step']:.2f} |"
+                      for t in r["host_by_call"][:20]]
+        if r.get("kernels_by_name"):
+            lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: kernels per step by name", "",
+                      "| kernel | per step | µs per step |", "|---|---|---|"]
+            lines += [f"| `{t['kernel']}` | {t['per_step']:.0f} | {t['us_per_step']:.0f} |"
+                      for t in r["kernels_by_name"][:25]]
         if "top_own_time" in r:
             lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: most own time", "",
                       "| function | calls | own ms | cumulative ms |", "|---|---|---|---|"]
@@ -106,7 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="model:batch,... of " + ", ".join(SUITE))
-    parser.add_argument("--engines", default="minidnn", help="minidnn and/or torch, comma-separated")
+    parser.add_argument("--engines", default="minidnn", help="minidnn, minidnn-graph (captured) and/or torch")
     parser.add_argument("--modes", default="fp32,tf32")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")

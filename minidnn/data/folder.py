@@ -11,7 +11,16 @@ directory not in ``classes`` is a ``ValueError`` naming it, a class without a di
 naming it (its index stays reserved). Files are matched on their (case-insensitive) extension;
 hidden files and directories (a leading dot: macOS ``._x.jpg`` resource forks,
 ``.ipynb_checkpoints``) are ignored, since they are never images of the class. Images are decoded
-by Pillow and converted to RGB, HWC uint8, before ``transform``.
+by Pillow and converted to RGB, HWC uint8, before ``transform`` (:func:`to_rgb` gives the rule for
+every mode and bit depth).
+
+The walk reads only what belongs to the class: every real directory is visited once (a symbolic
+link back to a directory already seen, a loop, is not followed again), a link to a directory
+outside the class folder is not followed (its images would take this class's label) and is named
+in a warning, and an entry with an image's name that is not a regular file (a named pipe, a
+socket, a device, a link to nothing) is skipped with a warning: reading a pipe blocks until
+someone writes to it, which may be never. Links to image files are followed wherever they point
+(a split made of links into one pool of images is a common layout).
 
 Corrupt images: by default the listing opens no file, and a file Pillow cannot decode is an
 :class:`UnreadableImageError` (a ``ValueError``) naming it when its sample is read. With
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import operator
 import os
+import stat
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -38,9 +48,41 @@ from .dataset import TransformedDataset
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 
 
+# Modes whose samples are integers of more than 8 bits. Pillow reads 16-bit grey PNGs and TIFFs as
+# I;16 (or I;16B, ...) and 16-bit PGM/PPM grey images as I; its convert("RGB") clips those to 255,
+# which turns a 16-bit image white wherever it is brighter than 255/65535 of the full scale.
+WIDE_INTEGER_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(picture: Image.Image) -> np.ndarray:
+    """``picture`` as RGB, HWC uint8, a writable array of its own. The rule, per Pillow mode:
+
+    * 8-bit modes (``1``, ``L``, ``P``, ``RGB``, ``CMYK``, ``YCbCr``, ``LAB``, ``HSV``, and with alpha
+      ``LA``, ``PA``, ``RGBA``): Pillow's own ``convert("RGB")``, which converts the colour space
+      (CMYK, YCbCr, LAB, HSV), expands grey and palettes, and drops alpha without compositing
+      (torchvision's loader does the same).
+    * Integer samples of more than 8 bits (``I;16`` and its byte orders, and ``I``, which Pillow
+      uses for 16-bit PGM and 32-bit TIFF images): taken as 16-bit values (``I`` clipped to 0..65535,
+      as Pillow's own ``convert("I;16")``), reduced to their high byte, the way Pillow itself reads
+      16-bit RGB and RGBA PNGs, and repeated into three channels. A 16-bit grey image and the same
+      image stored as 16-bit RGB therefore decode to the same pixels.
+    * ``F`` (32-bit float samples): Pillow's ``convert("RGB")``, which reads them on the 0..255 scale
+      of ``L`` (the scale ``convert("F")`` of an 8-bit image gives) and clips; a float image stored
+      in [0, 1] reads as nearly black: convert such files to 8 or 16 bits first.
+
+    The transforms (``ToTensor`` scales uint8 by 1/255, ``Resize`` goes through Pillow) take uint8
+    only, so no mode keeps more than 8 bits here.
+    """
+    if picture.mode in WIDE_INTEGER_MODES:
+        samples = np.asarray(picture).astype(np.int64)  # I;16B arrives big-endian; int64 holds every I value
+        high_byte = (np.clip(samples, 0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(high_byte[:, :, None], 3, axis=2)
+    return np.array(picture.convert("RGB"))  # np.array: a writable copy, owned by the caller
+
+
 def _decode(path: str) -> np.ndarray:
     with Image.open(path) as picture:
-        return np.array(picture.convert("RGB"))  # np.array: a writable copy, owned by the caller
+        return to_rgb(picture)
 
 
 def _problem(path: str) -> str | None:
@@ -52,6 +94,31 @@ def _problem(path: str) -> str | None:
     except Exception as error:  # Pillow's plugins raise OSError, SyntaxError, ValueError, struct.error...
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """(device, inode) of what ``path`` leads to: one real directory, however many links reach it."""
+    status = os.stat(path)
+    return status.st_dev, status.st_ino
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _kind(path: str) -> str:
+    """What a non-regular file is, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a link to nothing"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "neither a file nor a directory"
 
 
 class UnreadableImageError(ValueError):
@@ -160,14 +227,44 @@ class ImageFolder(TransformedDataset):
         self.targets: list[int] = [index for _, index in samples]
 
     def _list_images(self, directory: str) -> list[str]:
-        """The image files under ``directory`` (recursively), in a fixed order."""
-        paths = []
-        for current, directories, files in os.walk(directory, followlinks=True):
-            directories[:] = sorted(d for d in directories if not d.startswith("."))  # walk in sorted order
-            paths.extend(os.path.join(current, name) for name in sorted(files)
-                         if not name.startswith(".") and name.lower().endswith(self.extensions))
+        """The image files under the class folder ``directory`` (recursively), in a fixed order: a
+        directory's files sorted, then its sub-directories in sorted order, depth first (the order
+        of ``os.walk``). Each real directory is read once, and only those inside ``directory``."""
+        inside = os.path.realpath(directory)
+        seen = {_identity(directory)}
+        paths: list[str] = []
+        pending = [directory]
+        while pending:
+            current = pending.pop()
+            try:
+                with os.scandir(current) as listing:
+                    entries = sorted(listing, key=lambda entry: entry.name)
+            except OSError as error:  # os.walk would skip it without a word
+                warnings.warn(f"ImageFolder skips the directory {current!r}, which cannot be read: "
+                              f"{error.strerror or error}", stacklevel=3)
+                continue
+            directories = []
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():  # follows links
+                    if entry.is_symlink() and not _within(os.path.realpath(entry.path), inside):
+                        warnings.warn(f"ImageFolder does not follow {entry.path!r}, a link to "
+                                      f"{os.path.realpath(entry.path)!r} outside the class folder {directory!r}",
+                                      stacklevel=3)
+                        continue
+                    identity = _identity(entry.path)
+                    if identity not in seen:  # a loop, or a second link to a directory: read once
+                        seen.add(identity)
+                        directories.append(entry.path)
+                elif entry.name.lower().endswith(self.extensions):
+                    if entry.is_file():  # a regular file, or a link to one
+                        paths.append(entry.path)
+                    else:
+                        warnings.warn(f"ImageFolder skips {entry.path!r}, which is {_kind(entry.path)}, not a "
+                                      f"regular file: reading it could block forever", stacklevel=3)
+            pending.extend(reversed(directories))  # popped in sorted order
         return paths
-
     def __len__(self) -> int:
         return len(self.samples)
 

@@ -96,13 +96,22 @@ def _module(relative: str, scalar: str, defines: tuple[tuple[str, int], ...]) ->
     return backend.cupy().RawModule(code=read_source(relative), options=options)
 
 
+# (device, source, kernel, dtype, defines) -> the kernel, looked up once: asking CuPy's module for a kernel
+# costs several microseconds of host time, and a step launches hundreds.
+_kernels: dict[tuple, Any] = {}
+
+
 def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> Any:
     """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64);
     ``defines`` ((macro, value), ...) select a further build of the same source, cached apart."""
-    dtype = np.dtype(dtype)
-    if dtype not in DTYPES:
-        raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
-    return _module(relative, DTYPES[dtype], defines).get_function(name)
+    key = (backend.cupy().cuda.runtime.getDevice(), relative, name, dtype, defines)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        dtype = np.dtype(dtype)
+        if dtype not in DTYPES:
+            raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
+        kernel = _kernels[key] = _module(relative, DTYPES[dtype], defines).get_function(name)
+    return kernel
 
 
 def i32(value: int) -> np.int32:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from .. import _cuda
 from .._checks import check_float, check_rank
 from . import plans, registry, selection
 from .plans import Plan, even_split, single
@@ -26,6 +27,49 @@ from .problem import ConvProblem, check_output_grad, forward_problem, make_probl
 _plans: dict[tuple, Plan] = {}
 registry.cache_clearers.append(_plans.clear)
 _warned_out_of_memory: set = set()
+
+# The steady state: a call seen before (the same direction, shapes, dtypes, array types, hyper-parameters,
+# algo and limit, under the same settings generation and math mode) -> its (problem, plan), so that it
+# neither validates nor chooses again. Only plain ints and pairs of ints are cached as hyper-parameters
+# (1.0 == 1 would otherwise let a float through unchecked); anything else takes the checking path.
+_calls: dict[tuple, tuple[ConvProblem, Plan]] = {}
+registry.cache_clearers.append(_calls.clear)
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    return kind is int or (kind is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int)
+
+
+def _call_key(direction: str, first: Any, second: Any, shape: Any, stride: Any, padding: Any, dilation: Any,
+              groups: Any, algo: Any, workspace_limit: Any) -> tuple | None:
+    """The call cache's key, or None when the call must take the checking path."""
+    if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int):
+        return None
+    try:
+        return (direction, first.shape, second.shape, shape, first.dtype, second.dtype, type(first), type(second),
+                stride, padding, dilation, groups, algo, workspace_limit, registry._Settings.generation,
+                _cuda.allow_tf32())
+    except AttributeError:  # not arrays: the checks say what is wrong
+        return None
+
+
+def _cached(key: tuple | None, direction: str) -> tuple[ConvProblem, Plan] | None:
+    try:
+        hit = None if key is None else _calls.get(key)
+    except TypeError:  # an unhashable shape argument (a list): the checking path
+        return None
+    if hit is not None and plans.call_observer is not None:
+        plans.call_observer(direction, *hit)
+    return hit
+
+
+def _remember(key: tuple | None, problem: ConvProblem, plan: Plan) -> None:
+    if key is not None:
+        try:
+            _calls[key] = (problem, plan)
+        except TypeError:
+            pass
 
 
 def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
@@ -124,10 +168,16 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) of x's dtype (written into
     ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default.
     """
-    problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
-    xp = backend.get_array_module(x)
+    key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit)
+    hit = _cached(key, "forward")
+    if hit is None:
+        problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
+        plan = _plan(problem, "forward", algo, workspace_limit)
+        _remember(key, problem, plan)
+    else:
+        problem, plan = hit
+    xp = backend.get_array_module(x, w)
     y = _output(out, problem.y_shape, problem, xp)
-    plan = _plan(problem, "forward", algo, workspace_limit)
     return _run(plan, "forward", xp.ascontiguousarray(x), xp.ascontiguousarray(w), problem, y)
 
 
@@ -138,14 +188,20 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
 
     dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape.
     """
-    check_float(w, "weight")
-    check_rank(w, 4, "weight", "(K, C/groups, R, S)")
-    problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
-                           _device(dy, w))
-    check_output_grad(dy, problem)
-    xp = backend.get_array_module(dy)
+    key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    hit = _cached(key, "backward_data")
+    if hit is None:
+        check_float(w, "weight")
+        check_rank(w, 4, "weight", "(K, C/groups, R, S)")
+        problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
+                               _device(dy, w))
+        check_output_grad(dy, problem)
+        plan = _plan(problem, "backward_data", algo, workspace_limit)
+        _remember(key, problem, plan)
+    else:
+        problem, plan = hit
+    xp = backend.get_array_module(dy, w)
     dx = _output(out, problem.x_shape, problem, xp)
-    plan = _plan(problem, "backward_data", algo, workspace_limit)
     return _run(plan, "backward_data", xp.ascontiguousarray(dy), xp.ascontiguousarray(w), problem, dx)
 
 
@@ -158,12 +214,18 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     With ``out`` the result is written there, or added to it when ``accumulate`` (cuDNN's
     beta = 1): the seam a caller uses to sum weight gradients over its own micro-batches.
     """
-    check_float(x, "input")
-    check_rank(x, 4, "input", "(N, C, H, W)")
-    problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
-    check_output_grad(dy, problem)
     _check_accumulate(accumulate, out)
-    xp = backend.get_array_module(x)
+    key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    hit = _cached(key, "backward_filter")
+    if hit is None:
+        check_float(x, "input")
+        check_rank(x, 4, "input", "(N, C, H, W)")
+        problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
+        check_output_grad(dy, problem)
+        plan = _plan(problem, "backward_filter", algo, workspace_limit)
+        _remember(key, problem, plan)
+    else:
+        problem, plan = hit
+    xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp)
-    plan = _plan(problem, "backward_filter", algo, workspace_limit)
     return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)

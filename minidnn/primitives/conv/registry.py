@@ -112,6 +112,7 @@ def clear_caches() -> None:
     """Empty every cache that depends on the algorithms or the network's plans (see :data:`cache_clearers`)."""
     for clear in cache_clearers:
         clear()
+    _Settings.generation += 1
 
 
 def register(algorithm: ConvAlgorithm) -> ConvAlgorithm:
@@ -162,9 +163,46 @@ def parse_size(text: str) -> int:
                      f"(e.g. 8MiB, 512MiB, 1GiB), got {text!r}")
 
 
-def _from_environment() -> dict[str, Any]:
-    settings: dict[str, Any] = {"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None,
-                                "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None}
+class _Settings(dict):
+    """The process-wide settings. Every change, however made (a setter, a ``settings`` block, a test's
+    monkeypatch), counts a new ``generation``: the convolutions' call cache keys on it, so a cached
+    call never outlives the settings it was planned under."""
+
+    generation = 0
+
+    def _changed(self) -> None:
+        _Settings.generation += 1
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        value = super().pop(*args)
+        self._changed()
+        return value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        value = super().setdefault(key, default)
+        self._changed()
+        return value
+
+
+def _from_environment() -> _Settings:
+    settings = _Settings({"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None,
+                          "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None})
     find = os.environ.get("MINIDNN_CONV_FIND")
     if find is not None:
         if find not in ("0", "1"):
