@@ -17,8 +17,8 @@ from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from .serialization import load, save
 from . import engine
 from .engine import get_engine, set_engine, use_engine
-from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .tensor import Tensor, argmax, cat, flatten, stack, tensor, where
+from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
+from .tensor import Tensor, argmax, argmin, cat, clamp, clone, flatten, stack, std, tensor, topk, var, where
 from .random import get_rng_state, manual_seed, set_rng_state
 
 
@@ -27,8 +27,9 @@ int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.in
 half, float, double, long = float16, float32, float64, int64  # noqa: A001 - PyTorch's aliases
 
 __all__ = [
-    "Tensor", "tensor", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "is_grad_enabled", "device", "Device",
-    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "cat", "stack", "where",
-    "argmax", "flatten", "manual_seed", "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
+    "Tensor", "tensor", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "is_grad_enabled", "device",
+    "Device", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
+    "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
+    "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

@@ -1,4 +1,5 @@
-"""Tensor factories (``zeros``, ``randn``, ...) with PyTorch's signatures; float32 by default."""
+"""Tensor factories (``zeros``, ``randn``, ...) with PyTorch's signatures; float32 by default; and
+``from_numpy``, a tensor on a NumPy array's own memory."""
 from __future__ import annotations
 
 from typing import Any
@@ -74,3 +75,15 @@ def arange(start: float, end: float | None = None, step: float = 1, dtype: Any =
     if dtype is None:
         dtype = np.int64 if values.dtype.kind in "iu" else np.float32
     return _make(values, dtype, device, False)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A CPU tensor on ``array``'s own memory, as ``torch.from_numpy``: no copy, the array's dtype kept
+    (float64 stays float64), and a change through either one shows in the other. ``array`` must be a
+    NumPy array of a supported dtype; negative strides are refused, as PyTorch refuses them."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
+    as_dtype(array.dtype)  # a clear TypeError for unsupported dtypes (complex, strings, objects)
+    if any(stride < 0 for stride in array.strides):
+        raise ValueError("from_numpy: at least one stride of the array is negative; pass array.copy()")
+    return Tensor(array)

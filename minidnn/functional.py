@@ -9,19 +9,22 @@ check once and name the argument; this module only translates PyTorch's options 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from . import random as _random
-from .autograd import Function
+from .autograd import Function, is_grad_enabled
+from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
 from .primitives import pair
+from .primitives.activation import check_negative_slope
 from .primitives.dropout import check_probability
 from .tensor import Tensor
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "batch_norm", "add_relu",
-    "local_response_norm", "flatten",
+    "local_response_norm", "flatten", "leaky_relu", "silu", "gelu", "layer_norm", "dropout2d",
 ]
 
 
@@ -181,6 +184,72 @@ def log_softmax(input: Tensor, dim: int) -> Tensor:
     return _require_tensor(input, "input").log_softmax(dim)
 
 
+class LeakyReLUFunction(Function):
+    """x where x > 0, else negative_slope·x. The backward reads x; written in place (``out``), it reads
+    the output instead, which has x's signs when negative_slope >= 0 (the in-place form needs that;
+    a later write to the output is caught by its version counter)."""
+
+    def forward(self, x, negative_slope, out=None):
+        self.negative_slope = negative_slope
+        y = library.leaky_relu_forward(x, negative_slope, out=out)
+        self.save_for_backward(x if out is None else y)
+        return y
+
+    def backward(self, dy):
+        return library.leaky_relu_backward(dy, self.saved[0], self.negative_slope), None
+
+
+class SiLUFunction(Function):
+    """x·σ(x). The backward reads x: written in place, a copy of x is kept first (only when a
+    gradient will be asked for)."""
+
+    def forward(self, x, out=None):
+        saved = None
+        if is_grad_enabled() and self.needs_input_grad[0]:
+            saved = x if out is None else x.copy()  # in place, x is about to be overwritten
+        self.save_for_backward(saved)
+        return library.silu_forward(x, out=out)
+
+    def backward(self, dy):
+        return library.silu_backward(dy, self.saved[0])
+
+
+class GELUFunction(Function):
+    def forward(self, x, approximate):
+        self.approximate = approximate
+        self.save_for_backward(x)
+        return library.gelu_forward(x, approximate)
+
+    def backward(self, dy):
+        return library.gelu_backward(dy, self.saved[0], self.approximate), None
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """input where input > 0, else negative_slope·input. ``inplace`` writes over input and returns it (as
+    ``Tensor.relu_``); with a gradient to compute, that needs negative_slope >= 0, as in PyTorch."""
+    _require_tensor(input, "input")
+    negative_slope = check_negative_slope(negative_slope)
+    if not inplace:
+        return LeakyReLUFunction.apply(input, negative_slope)
+    if negative_slope < 0 and input.requires_grad and is_grad_enabled():
+        raise ValueError("leaky_relu: inplace=True with a negative negative_slope cannot be differentiated "
+                         "(the output no longer tells the input's sign); use inplace=False")
+    return LeakyReLUFunction.apply_in_place("leaky_relu_", input, negative_slope)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """input·sigmoid(input) (SiLU, swish). ``inplace`` writes over input and returns it (its old values
+    kept for the backward when a gradient is recorded)."""
+    _require_tensor(input, "input")
+    return SiLUFunction.apply_in_place("silu_", input) if inplace else SiLUFunction.apply(input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """input·Φ(input), Φ the standard normal CDF; ``approximate="tanh"``: PyTorch's tanh approximation."""
+    _require_tensor(input, "input")
+    return GELUFunction.apply(input, approximate)
+
+
 # ----------------------------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------------------------
@@ -283,6 +352,28 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     return DropoutFunction.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
 
 
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero whole channels: each (sample, channel) plane of input (N, C, *spatial) is dropped with
+    probability p, and the kept ones scaled by 1/(1-p); identity when not training. As in PyTorch, a
+    3-D input is read as (N, C, L), with PyTorch's warning. ``inplace`` multiplies input itself
+    (``Tensor.mul_``) and returns it."""
+    _require_tensor(input, "input")
+    p = check_probability(p)
+    if input.ndim < 2:
+        raise ValueError(f"dropout2d: input must be (N, C, H, W) (or (N, C, L)), got shape {input.shape}")
+    if input.ndim == 3:
+        warnings.warn("dropout2d: received a 3-D input; as PyTorch does, it is read as (N, C, L), each (sample, "
+                      "channel) row dropped whole, not as one unbatched (C, H, W) image", UserWarning, stacklevel=2)
+    elif input.ndim != 4:
+        warnings.warn(f"dropout2d: received a {input.ndim}-D input; dropout2d is meant for 3-D or 4-D inputs",
+                      UserWarning, stacklevel=2)
+    if not training or p == 0.0:
+        return input
+    planes = ones(input.shape[:2] + (1,) * (input.ndim - 2), dtype=input.dtype, device=input.device)
+    scale = dropout(planes, p, training=True)  # 0 or 1/(1-p) per (sample, channel), from the counter stream
+    return input.mul_(scale) if inplace else input * scale
+
+
 class BatchNormTrainingFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
@@ -323,6 +414,27 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when training=False")
     return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps, relu)
+
+
+class LayerNormFunction(Function):
+    def forward(self, x, weight, bias, normalized_shape, eps):
+        y, mean, invstd = library.layer_norm_forward(x, normalized_shape, weight, bias, eps)
+        self.normalized_shape = normalized_shape
+        self.save_for_backward(x, weight, mean, invstd)
+        return y
+
+    def backward(self, dy):
+        x, weight, mean, invstd = self.saved
+        dx, dweight, dbias = library.layer_norm_backward(dy, x, self.normalized_shape, weight, mean, invstd)
+        return dx, (dweight if weight is not None else None), (dbias if self.needs_input_grad[2] else None), None, None
+
+
+def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise each sample over its trailing ``normalized_shape`` axes (PyTorch's layer_norm):
+    input (*, *normalized_shape); weight, bias: normalized_shape, or None."""
+    _require_tensor(input, "input")
+    return LayerNormFunction.apply(input, weight, bias, normalized_shape, eps)
 
 
 class AddReLUFunction(Function):

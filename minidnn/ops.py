@@ -12,6 +12,7 @@ overwrites saves a copy of them.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -156,27 +157,68 @@ class AbsFunction(Function):
 
 
 class ClampFunction(Function):
-    def forward(self, a, low=None, high=None):
+    """min(max(a, low), high), either bound a number, an array (broadcast against a) or None.
+
+    The gradients are PyTorch's, ties and crossed bounds included: a's flows where
+    low <= a <= high; low's where a < low < high; high's where a > high or high < low (the output
+    is then high everywhere)."""
+
+    def forward(self, a, low, high):
         xp = _xp(a)
-        out = xp.clip(a, low, high)
-        self.save_for_backward((out == a) if low is not None or high is not None else None)
-        return out
+        out = a if low is None else xp.maximum(a, low)
+        out = out if high is None else xp.minimum(out, high)
+        inside = None
+        if self.needs_input_grad[0]:
+            inside = xp.ones(a.shape, dtype=bool) if low is None else a >= low
+            inside = inside if high is None else inside & (a <= high)
+        below = above = None
+        if self.needs_input_grad[1]:
+            below = a < low if high is None else (a < low) & (low < high)
+        if self.needs_input_grad[2]:
+            above = a > high if low is None else (a > high) | (high < low)
+        self.save_for_backward(inside, below, above)
+        return out if out is not a else a.copy()
 
     def backward(self, grad):
-        (inside,) = self.saved
-        return grad if inside is None else grad * inside
+        zero = grad.dtype.type(0)
+        xp = _xp(grad)
+        return tuple(None if mask is None else xp.where(mask, grad, zero) for mask in self.saved)
 
 
 class WhereFunction(Function):
     def forward(self, condition, a, b):
         self.save_for_backward(condition)
-        return _xp(a).where(condition, a, b)
+        return _xp(condition, a, b).where(condition, a, b)
 
     def backward(self, grad):
         (condition,) = self.saved
         zero = grad.dtype.type(0)
         xp = _xp(grad)
         return None, xp.where(condition, grad, zero), xp.where(condition, zero, grad)
+
+
+class CloneFunction(Function):
+    """A copy of a, in the graph: the gradient passes through unchanged."""
+
+    def forward(self, a):
+        return a.copy()
+
+    def backward(self, grad):
+        return grad
+
+
+class GradientHookFunction(Function):
+    """The identity in the forward (the output is a view of a: one memory, one version counter); in
+    the backward ``hook(grad)`` runs and what it returns, unless None, becomes the gradient passed on.
+    The seam module hooks use to see (and replace) the gradients at a module's inputs and outputs."""
+
+    def forward(self, a, hook):
+        self.hook = hook
+        return a.view()
+
+    def backward(self, grad):
+        replaced = self.hook(grad)
+        return grad if replaced is None else replaced
 
 
 class CastFunction(Function):
@@ -224,6 +266,55 @@ class MeanFunction(Function):
         if not self.keepdim and self.axes is not None:
             grad = xp.expand_dims(grad, self.axes)
         return xp.broadcast_to(grad / self.count, self.shape)
+
+
+class VarFunction(Function):
+    """Σ(a − mean)² / max(0, count − correction) over ``axes`` (all when None): the variance with
+    PyTorch's ``correction`` (1: Bessel's, the unbiased estimate; 0: the population variance). No
+    degrees of freedom left gives inf (or NaN for 0/0), as in PyTorch."""
+
+    def forward(self, a, axes=None, correction=1.0, keepdim=False):
+        xp = _xp(a)
+        centered = a - a.mean(axis=axes, keepdims=True)
+        count = a.size if axes is None else int(np.prod([a.shape[axis] for axis in axes]))
+        self.axes, self.keepdim = axes, keepdim
+        self.divisor = max(count - correction, 0)
+        self.save_for_backward(centered if self.needs_input_grad[0] else None)
+        if self.divisor <= 0:
+            warnings.warn("var(): degrees of freedom is <= 0: correction should be strictly less than the number "
+                          "of elements reduced", UserWarning, stacklevel=4)
+        squares = (centered * centered).sum(axis=axes, keepdims=keepdim)
+        with np.errstate(divide="ignore", invalid="ignore"):  # x/0: inf or NaN, as PyTorch
+            return xp.true_divide(squares, squares.dtype.type(self.divisor))
+
+    def backward(self, grad):
+        (centered,) = self.saved
+        xp = _xp(grad)
+        if not self.keepdim and self.axes is not None:
+            grad = xp.expand_dims(grad, self.axes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return grad * centered * grad.dtype.type(2.0 / self.divisor if self.divisor else np.inf)
+
+
+class TopKFunction(Function):
+    """The k largest (or smallest) values of a along ``axis``, in order; their indices go to
+    ``indices_out`` (a list the caller reads). The gradient goes back to the chosen elements."""
+
+    def forward(self, a, k, axis, largest, indices_out):
+        xp = _xp(a)
+        order = xp.argsort(a, axis=axis)  # ascending, NaN last (the largest, as PyTorch ranks it)
+        if largest:
+            order = xp.flip(order, axis=axis)
+        self.index = xp.take(order, xp.arange(k), axis=axis)
+        self.shape, self.axis = a.shape, axis
+        indices_out.append(self.index)
+        return xp.take_along_axis(a, self.index, axis=axis)
+
+    def backward(self, grad):
+        xp = _xp(grad)
+        out = xp.zeros(self.shape, dtype=grad.dtype)
+        xp.put_along_axis(out, self.index, grad, axis=self.axis)
+        return out
 
 
 class MaxReduceFunction(Function):
@@ -279,6 +370,21 @@ class ExpandFunction(Function):
 
     def backward(self, grad):
         return unbroadcast(grad, self.shape)
+
+
+class RepeatFunction(Function):
+    """a tiled ``repeats[i]`` times along each axis (PyTorch's ``repeat``, NumPy's ``tile``); a gets
+    leading axes of size 1 when ``repeats`` is longer. The gradient sums the copies."""
+
+    def forward(self, a, repeats):
+        self.shape, self.repeats = a.shape, repeats
+        self.padded = (1,) * (len(repeats) - a.ndim) + tuple(a.shape)
+        return _xp(a).tile(a.reshape(self.padded), repeats)
+
+    def backward(self, grad):
+        # (r0·s0, r1·s1, ...) -> (r0, s0, r1, s1, ...), summed over the r axes.
+        split = tuple(n for pair in zip(self.repeats, self.padded) for n in pair)
+        return grad.reshape(split).sum(axis=tuple(range(0, len(split), 2))).reshape(self.shape)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ import numpy as np
 from . import backend, ops
 from .autograd import Value, bump_version, is_grad_enabled, version_of
 
-__all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "flatten", "MaxMin"]
+__all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "flatten", "clamp", "topk", "var",
+           "std", "clone", "MaxMin", "TopK"]
 
 MaxMin = namedtuple("MaxMin", ["values", "indices"])
+TopK = namedtuple("TopK", ["values", "indices"])
 
 _ALLOWED_DTYPES = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
                                          np.uint8, np.bool_)}
@@ -72,6 +74,23 @@ def _reshapable(source: tuple[int, ...], target: tuple[int, ...]) -> bool:
     if unknown > 1:
         return False
     return (known == size) if unknown == 0 else (known != 0 and size % known == 0)
+
+
+def _correction(unbiased: bool | None, correction: float | None, tensor: "Tensor", name: str) -> float:
+    """The ``correction`` of var/std from PyTorch's two spellings (``unbiased`` or ``correction``)."""
+    if tensor.dtype.kind != "f":
+        raise TypeError(f"{name}() needs a floating-point tensor, got {tensor.dtype}")
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{name}(): pass either unbiased or correction, not both")
+    if unbiased is not None:
+        if not isinstance(unbiased, (bool, np.bool_)):
+            raise TypeError(f"{name}(): unbiased must be a bool, got {unbiased!r}")
+        return 1.0 if unbiased else 0.0
+    if correction is None:
+        return 1.0
+    if isinstance(correction, bool) or not isinstance(correction, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}(): correction must be a number, got {correction!r}")
+    return float(correction)
 
 
 class Tensor(Value):
@@ -315,8 +334,30 @@ class Tensor(Value):
     def abs(self) -> "Tensor":
         return ops.AbsFunction.apply(self)
 
-    def clamp(self, min: float | None = None, max: float | None = None) -> "Tensor":  # noqa: A002 - PyTorch names
-        return ops.ClampFunction.apply(self, low=min, high=max)
+    def clamp(self, min: "float | Tensor | None" = None, max: "float | Tensor | None" = None) -> "Tensor":  # noqa: A002 - PyTorch names
+        """min(max(self, min), max); either bound a number or a tensor (broadcast), differentiable in
+        each, with PyTorch's gradients (see :class:`~minidnn.ops.ClampFunction`)."""
+        if min is None and max is None:
+            raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+        low = None if min is None else self._operand(min)
+        high = None if max is None else self._operand(max)
+        return ops.ClampFunction.apply(self, low, high)
+
+    clip = clamp
+
+    def clamp_min(self, min: "float | Tensor") -> "Tensor":  # noqa: A002
+        return self.clamp(min=min)
+
+    def clamp_max(self, max: "float | Tensor") -> "Tensor":  # noqa: A002
+        return self.clamp(max=max)
+
+    def where(self, condition: "Tensor", other: Any) -> "Tensor":
+        """self where ``condition`` holds, else ``other`` (``minidnn.where(condition, self, other)``)."""
+        return where(condition, self, other)
+
+    def clone(self) -> "Tensor":
+        """A copy of the data, in the graph (the gradient flows back to self), as PyTorch's clone."""
+        return ops.CloneFunction.apply(self)
 
     def relu(self) -> "Tensor":
         return ops.ReLUFunction.apply(self)
@@ -342,6 +383,25 @@ class Tensor(Value):
             raise TypeError(f"mean() needs a floating-point tensor, got {self.dtype}")
         return ops.MeanFunction.apply(self, axes=_axes(dim, self.ndim), keepdim=keepdim)
 
+    def var(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+            correction: float | None = None) -> "Tensor":
+        """The variance over ``dim`` (all elements when None): Σ(x − mean)² / (count − correction).
+
+        PyTorch's overloads: ``correction`` (default 1, Bessel's correction; 0 gives the population
+        variance), or the older ``unbiased`` (True: correction 1, False: 0), also as the only
+        positional argument (``x.var(False)``). count − correction <= 0 gives inf or NaN, with a
+        warning, as in PyTorch.
+        """
+        if isinstance(dim, bool):  # var(unbiased)
+            dim, unbiased = None, dim
+        return ops.VarFunction.apply(self, axes=_axes(dim, self.ndim), keepdim=keepdim,
+                                     correction=_correction(unbiased, correction, self, "var"))
+
+    def std(self, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+            correction: float | None = None) -> "Tensor":
+        """√var, with :meth:`var`'s arguments."""
+        return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
+
     def _extreme(self, dim: int | None, keepdim: bool, use_min: bool) -> Any:
         if dim is None:
             return ops.MaxReduceFunction.apply(self, use_min=use_min)
@@ -358,13 +418,40 @@ class Tensor(Value):
     def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
         return self._extreme(dim, keepdim, use_min=True)
 
-    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+    def _arg_extreme(self, dim: int | None, keepdim: bool, use_min: bool) -> "Tensor":
         xp = backend.get_array_module(self.data)
-        if dim is None:
-            return Tensor(xp.asarray(xp.argmax(self.data)))
-        axis = _axes(dim, self.ndim)[0]
-        result = xp.argmax(self.data, axis=axis)
+        find = xp.argmin if use_min else xp.argmax
+        if dim is None:  # the flat index; keepdim keeps every axis, of size 1 (PyTorch)
+            index = xp.asarray(find(self.data), dtype=np.int64)
+            return Tensor(index.reshape((1,) * self.ndim) if keepdim else index)
+        axis = _dim(dim, self.ndim)
+        result = find(self.data, axis=axis).astype(np.int64, copy=False)
         return Tensor(xp.expand_dims(result, axis) if keepdim else result)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The index of the first largest element (of the flattened tensor when ``dim`` is None); int64,
+        outside the graph. NaN counts as the largest, as in PyTorch."""
+        return self._arg_extreme(dim, keepdim, use_min=False)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        return self._arg_extreme(dim, keepdim, use_min=True)
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> "TopK":  # noqa: A002
+        """``(values, indices)`` of the k largest (``largest=False``: smallest) elements along ``dim``,
+        largest first (smallest first); values are differentiable. ``sorted=False`` is accepted and
+        gives them sorted too (PyTorch leaves that order unspecified)."""
+        if self.ndim == 0:  # a scalar is one element along its only "dimension"
+            _dim(dim, 1)
+            values, indices = self.reshape(1).topk(k, 0, largest, sorted)
+            return TopK(values.reshape(()), Tensor(indices.data.reshape(())))
+        axis = _dim(dim, self.ndim)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"topk: k must be an int, got {k!r}")
+        if not 0 <= k <= self.shape[axis]:
+            raise ValueError(f"topk: k must be in [0, {self.shape[axis]}] (the size of dim {dim}), got {k}")
+        indices: list = []
+        values = ops.TopKFunction.apply(self, int(k), axis, bool(largest), indices)
+        return TopK(values, Tensor(indices[0].astype(np.int64, copy=False)))
 
     # --- shapes -------------------------------------------------------------------------------
     def reshape(self, *shape: Any) -> "Tensor":
@@ -407,9 +494,43 @@ class Tensor(Value):
         return ops.ReshapeFunction.apply(self, shape=self.shape[:dim] + self.shape[dim + 1:])
 
     def expand(self, *shape: Any) -> "Tensor":
+        """A view of the tensor broadcast to ``shape``: size-1 axes stretch, new axes lead, -1 keeps an
+        axis's size (PyTorch's rules, its errors as ``ValueError``). The gradient sums the copies."""
         shape = _shape_arg(shape)
-        full = tuple(self.shape[i - (len(shape) - self.ndim)] if n == -1 else n for i, n in enumerate(shape))
-        return ops.ExpandFunction.apply(self, shape=full)
+        new_axes = len(shape) - self.ndim
+        if new_axes < 0:
+            raise ValueError(f"expand: the number of sizes provided ({len(shape)}) must be greater or equal to the "
+                             f"number of dimensions in the tensor ({self.ndim})")
+        full = []
+        for i, n in enumerate(shape):
+            if i < new_axes:
+                if n < 0:
+                    raise ValueError(f"expand: size {n} isn't allowed in a leading, non-existing dimension {i}")
+                full.append(n)
+                continue
+            size = self.shape[i - new_axes]
+            n = size if n == -1 else n
+            if n != size and size != 1:
+                raise ValueError(f"expand: the expanded size ({n}) must match the existing size ({size}) at "
+                                 f"non-singleton dimension {i}; target sizes {shape}, tensor sizes {self.shape}")
+            if n < 0:
+                raise ValueError(f"expand: sizes must be >= 0 or -1, got {shape}")
+            full.append(n)
+        return ops.ExpandFunction.apply(self, shape=tuple(full))
+
+    def expand_as(self, other: "Tensor") -> "Tensor":
+        return self.expand(other.shape)
+
+    def repeat(self, *sizes: Any) -> "Tensor":
+        """The tensor tiled ``sizes[i]`` times along each axis (more sizes than axes add leading axes):
+        PyTorch's ``repeat``, a copy; the gradient sums the copies."""
+        sizes = _shape_arg(sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"repeat: the number of repeat sizes ({len(sizes)}) can not be smaller than the "
+                             f"number of dimensions of the tensor ({self.ndim})")
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"repeat: sizes must be >= 0, got {sizes}")
+        return ops.RepeatFunction.apply(self, repeats=sizes)
 
     # --- indexing -----------------------------------------------------------------------------
     def __getitem__(self, index: Any) -> "Tensor":
@@ -471,20 +592,55 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
-def where(condition: Any, a: Any, b: Any) -> Tensor:
-    """a where condition holds, else b; differentiable in a and b."""
+def where(condition: Any, a: Any = None, b: Any = None) -> Any:
+    """a where ``condition`` (a bool tensor) holds, else b, broadcast; differentiable in a and b. Either of
+    a and b may be a number. ``where(condition)`` alone is ``condition.nonzero(as_tuple=True)``: a tuple
+    of int64 index tensors, one per dimension, as in PyTorch."""
+    if (a is None) != (b is None):
+        raise TypeError("where() takes a condition alone, or a condition and both a and b")
     like = next((v for v in (a, b, condition) if isinstance(v, Tensor)), None)
     if like is None:
         raise TypeError("where() needs at least one tensor among condition, a and b")
     mask = condition.data if isinstance(condition, Tensor) else like._operand(condition)
+    if getattr(mask, "dtype", None) != np.bool_:
+        raise TypeError(f"where() expects condition to be a bool tensor, got dtype {getattr(mask, 'dtype', type(mask))}")
+    xp = backend.get_array_module(mask)
+    if a is None:
+        return tuple(Tensor(index.astype(np.int64, copy=False)) for index in xp.nonzero(mask))
     a, b = like._operand(a), like._operand(b)
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
-        return Tensor(backend.get_array_module(mask).where(mask, a, b))
+        return Tensor(xp.where(mask, a, b))
     return ops.WhereFunction.apply(mask, a, b)
+
+
+def clamp(input: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 - PyTorch's names
+    return input.clamp(min, max)
+
+
+def clone(input: Tensor) -> Tensor:
+    return input.clone()
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> TopK:  # noqa: A002
+    return input.topk(k, dim, largest, sorted)
+
+
+def var(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: float | None = None) -> Tensor:
+    return input.var(dim, unbiased, keepdim, correction=correction)
+
+
+def std(input: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: float | None = None) -> Tensor:
+    return input.std(dim, unbiased, keepdim, correction=correction)
 
 
 def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return input.argmax(dim, keepdim)
+
+
+def argmin(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    return input.argmin(dim, keepdim)
 
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

@@ -1,4 +1,5 @@
-"""ReLU, sigmoid and tanh primitives against math-module references, finite differences and PyTorch."""
+"""ReLU, sigmoid, tanh, leaky ReLU, SiLU and GELU primitives against math-module references, finite
+differences and PyTorch."""
 from __future__ import annotations
 
 import math
@@ -7,8 +8,9 @@ import warnings
 import numpy as np
 import pytest
 
-from minidnn.primitives.activation import (add_relu_forward, relu_backward, relu_forward, sigmoid_backward,
-                                           sigmoid_forward, tanh_backward, tanh_forward)
+from minidnn.primitives.activation import (add_relu_forward, gelu_backward, gelu_forward, leaky_relu_backward,
+                                           leaky_relu_forward, relu_backward, relu_forward, sigmoid_backward,
+                                           sigmoid_forward, silu_backward, silu_forward, tanh_backward, tanh_forward)
 from tests.helpers import FD_TOLERANCE, float32_tolerance, assert_close, numerical_gradient, to_numpy
 
 
@@ -253,3 +255,146 @@ def test_matches_torch(xp, rng, name):
     y = forward(xp.asarray(x))
     assert_close(y, ty.detach().numpy(), rtol=1e-12, atol=1e-15, name=f"{name} vs torch")
     assert_close(backward(xp.asarray(dy), y), tx.grad.numpy(), rtol=1e-12, atol=1e-15, name=f"{name} grad vs torch")
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaky ReLU, SiLU and GELU: backward from x (leaky ReLU also from y when its slope is >= 0)
+# ----------------------------------------------------------------------------------------------
+def _phi(v: float) -> float:
+    return math.exp(-v * v / 2) / math.sqrt(2 * math.pi)
+
+
+def _gelu_tanh(v: float) -> float:
+    return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+def _gelu_tanh_derivative(v: float) -> float:
+    t = math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * v * v)
+
+
+# name -> (forward(x), backward(dy, x), value(v), derivative(v), torch function name, torch kwargs)
+MODERN = {
+    "leaky_relu": (lambda x: leaky_relu_forward(x, 0.2), lambda dy, x: leaky_relu_backward(dy, x, 0.2),
+                   lambda v: v if v > 0 else 0.2 * v, lambda v: 1.0 if v > 0 else 0.2, "leaky_relu",
+                   {"negative_slope": 0.2}),
+    "leaky_relu negative": (lambda x: leaky_relu_forward(x, -1.5), lambda dy, x: leaky_relu_backward(dy, x, -1.5),
+                            lambda v: v if v > 0 else -1.5 * v, lambda v: 1.0 if v > 0 else -1.5, "leaky_relu",
+                            {"negative_slope": -1.5}),
+    "silu": (silu_forward, silu_backward, lambda v: v * _sigmoid(v),
+             lambda v: _sigmoid(v) * (1 + v * (1 - _sigmoid(v))), "silu", {}),
+    "gelu": (gelu_forward, gelu_backward, lambda v: v * (1 + math.erf(v / math.sqrt(2))) / 2,
+             lambda v: (1 + math.erf(v / math.sqrt(2))) / 2 + v * _phi(v), "gelu", {}),
+    "gelu tanh": (lambda x: gelu_forward(x, "tanh"), lambda dy, x: gelu_backward(dy, x, "tanh"), _gelu_tanh,
+                  _gelu_tanh_derivative, "gelu", {"approximate": "tanh"}),
+}
+MODERN_NAMES = list(MODERN)
+
+
+@pytest.mark.parametrize("name", MODERN_NAMES)
+@pytest.mark.parametrize("shape", [(1,), (2, 3, 5), (1, 3, 5, 7)])
+def test_modern_activations_match_reference_float64(xp, rng, name, shape):
+    forward, backward, value, derivative, _, _ = MODERN[name]
+    x, dy = draw_input(rng, shape), rng.standard_normal(shape)
+    y = forward(xp.asarray(x))
+    assert y.dtype == xp.float64 and y.shape == shape
+    assert_close(y, elementwise(value, x), rtol=1e-13, atol=1e-15, name=f"{name} forward")
+    dx = backward(xp.asarray(dy), xp.asarray(x))
+    assert_close(dx, dy * elementwise(derivative, x), rtol=1e-12, atol=1e-15, name=f"{name} backward")
+
+
+@pytest.mark.parametrize("name", MODERN_NAMES)
+def test_modern_activations_backward_matches_finite_differences(xp, rng, name):
+    forward, backward, *_ = MODERN[name]
+    x, dy = draw_input(rng, (2, 5)), rng.standard_normal((2, 5))
+    expected = numerical_gradient(forward, [x], 0, dy)
+    assert_close(backward(xp.asarray(dy), xp.asarray(x)), expected, **FD_TOLERANCE, name=name)
+
+
+@pytest.mark.parametrize("name", MODERN_NAMES)
+def test_modern_activations_float32(xp, rng, name):
+    forward, backward, value, derivative, _, _ = MODERN[name]
+    x = draw_input(rng, (3, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    y, dx = forward(xp.asarray(x)), backward(xp.asarray(dy), xp.asarray(x))
+    assert y.dtype == xp.float32 and dx.dtype == xp.float32
+    x64 = x.astype(np.float64)
+    assert_close(y, elementwise(value, x64), **float32_tolerance(xp, rtol=2e-6, atol=1e-6), name=f"{name} forward")
+    assert_close(dx, dy * elementwise(derivative, x64), **float32_tolerance(xp, rtol=2e-5, atol=2e-6),
+                 name=f"{name} backward")
+
+
+@pytest.mark.parametrize("name", MODERN_NAMES)
+def test_modern_activations_match_torch(xp, rng, name):
+    torch = pytest.importorskip("torch")
+    forward, backward, _, _, function, kwargs = MODERN[name]
+    x, dy = rng.standard_normal((2, 3, 4, 5)) * 3, rng.standard_normal((2, 3, 4, 5))
+    x[0, 0, 0, :2] = 0.0  # leaky ReLU's gradient at exactly 0 is its slope
+    tx = torch.tensor(x, requires_grad=True)
+    getattr(torch.nn.functional, function)(tx, **kwargs).backward(torch.tensor(dy))
+    y = forward(xp.asarray(x))
+    ty = getattr(torch.nn.functional, function)(torch.tensor(x), **kwargs)
+    assert_close(y, ty.numpy(), rtol=1e-12, atol=1e-15, name=f"{name} vs torch")
+    assert_close(backward(xp.asarray(dy), xp.asarray(x)), tx.grad.numpy(), rtol=1e-12, atol=1e-14,
+                 name=f"{name} grad vs torch")
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (2, 3, 5)])
+def test_leaky_relu_and_silu_into_out_and_in_place_and_leaky_backward_from_y(xp, rng, shape):
+    x, dy = draw_input(rng, shape), rng.standard_normal(shape)
+    for forward, value in ((lambda a, out: leaky_relu_forward(a, 0.1, out=out), lambda v: v if v > 0 else 0.1 * v),
+                           (lambda a, out: silu_forward(a, out=out), lambda v: v * _sigmoid(v))):
+        expected = elementwise(value, x)
+        out = poisoned(xp, shape)
+        assert forward(xp.asarray(x), out) is out
+        assert_close(out, expected, rtol=1e-15, atol=0, name="out")
+        in_place = xp.array(x, copy=True)
+        assert forward(in_place, in_place) is in_place
+        assert_close(in_place, expected, rtol=1e-15, atol=0, name="in place")
+    y = leaky_relu_forward(xp.asarray(x), 0.1)
+    assert_close(leaky_relu_backward(xp.asarray(dy), y, 0.1), leaky_relu_backward(xp.asarray(dy), xp.asarray(x), 0.1),
+                 rtol=0, atol=0, name="leaky backward from y")
+
+
+def test_silu_and_gelu_do_not_overflow(xp):
+    x = xp.asarray(np.array([-1e4, -800.0, -40.0, 0.0, 40.0, 800.0, 1e4]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = [to_numpy(f(x)) for f in (silu_forward, gelu_forward, lambda a: gelu_forward(a, "tanh"))]
+        grads = [to_numpy(f(xp.ones(7), x)) for f in (silu_backward, gelu_backward,
+                                                      lambda dy, a: gelu_backward(dy, a, "tanh"))]
+    for y in values:
+        np.testing.assert_array_equal(y[[0, 1, 3, 5, 6]], [-0.0, -0.0, 0.0, 800.0, 1e4])
+    for dx in grads:
+        np.testing.assert_array_equal(dx[[0, 1, 5, 6]], [0.0, 0.0, 1.0, 1.0])
+
+
+def test_modern_activation_errors_name_the_argument(xp):
+    x = xp.ones((2, 3))
+    with pytest.raises(TypeError, match="negative_slope must be a real number"):
+        leaky_relu_forward(x, "0.1")
+    with pytest.raises(ValueError, match="negative_slope must be a finite number"):
+        leaky_relu_backward(x, x, float("nan"))
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
+        gelu_forward(x, "erf")
+    with pytest.raises(ValueError, match=r"dy and x must have the same shape, got \(2, 3\) and \(3, 2\)"):
+        silu_backward(x, xp.ones((3, 2)))
+    with pytest.raises(TypeError, match="dy and x must have the same dtype"):
+        gelu_backward(x, x.astype(xp.float32))
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
+        silu_forward(xp.arange(3))
+    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+        leaky_relu_forward(x, out=xp.empty((3, 2)).T)
+
+
+@pytest.mark.parametrize("name", MODERN_NAMES)
+def test_gpu_modern_activations_large_input_match_numpy_twin(xp, rng, name):
+    """More elements than one pass of the GPU grid, not contiguous: every element computed as the twin does."""
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    forward, backward, *_ = MODERN[name]
+    x = (rng.standard_normal((1_100_003, 2)) * 4).astype(np.float32)[:, 0]
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    assert_close(forward(xp.asarray(x)), forward(x), rtol=1e-5, atol=1e-6, name=f"{name} forward")
+    assert_close(backward(xp.asarray(dy), xp.asarray(x)), backward(dy, x), rtol=1e-5, atol=1e-6,
+                 name=f"{name} backward")

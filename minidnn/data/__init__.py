@@ -3,7 +3,7 @@ reshuffles every epoch, fetches in the background (worker processes for files) a
 from . import transforms
 from .batch import default_collate
 from .cifar import CIFAR10, CIFAR100
-from .dataset import ArrayDataset, Dataset, Subset, TransformedDataset
+from .dataset import ArrayDataset, Dataset, Subset, TensorDataset, TransformedDataset
 from .folder import ImageFolder
 from .loader import DataLoader
 from .mnist import MNIST, FashionMNIST, read_idx
@@ -11,6 +11,6 @@ from .shapes import CLASSES as SHAPES_CLASSES
 from .shapes import load_shapes, render_shapes
 from .workers import WorkerError
 
-__all__ = ["transforms", "Dataset", "TransformedDataset", "ArrayDataset", "Subset", "DataLoader", "default_collate",
-           "WorkerError", "SHAPES_CLASSES", "load_shapes", "render_shapes", "ImageFolder", "CIFAR10", "CIFAR100",
-           "MNIST", "FashionMNIST", "read_idx"]
+__all__ = ["transforms", "Dataset", "TransformedDataset", "ArrayDataset", "Subset", "TensorDataset", "DataLoader",
+           "default_collate", "WorkerError", "SHAPES_CLASSES", "load_shapes", "render_shapes", "ImageFolder", "CIFAR10",
+           "CIFAR100", "MNIST", "FashionMNIST", "read_idx"]

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import sample_random
+from ..tensor import Tensor
 
 
 class Dataset:
@@ -115,3 +116,27 @@ class Subset(Dataset):
         if not hasattr(self.dataset, "batch_draws"):
             raise TypeError(f"{type(self.dataset).__name__} has no per-sample generators (batch_draws)")
         return self.dataset.batch_draws(self.indices[np.asarray(indices, dtype=np.int64)], calls)
+
+class TensorDataset(Dataset):
+    """PyTorch's ``TensorDataset``: sample i is ``(tensors[0][i], tensors[1][i], ...)``, the tensors
+    indexed together along their first dimension, which they must share."""
+
+    def __init__(self, *tensors: Tensor) -> None:
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one tensor")
+        for position, tensor in enumerate(tensors):
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"TensorDataset: argument {position} must be a minidnn Tensor, got "
+                                f"{type(tensor).__name__}")
+            if tensor.ndim == 0:
+                raise ValueError(f"TensorDataset: argument {position} is 0-d; every tensor needs a first dimension")
+        sizes = [tensor.shape[0] for tensor in tensors]
+        if len(set(sizes)) != 1:
+            raise ValueError(f"TensorDataset: size mismatch between tensors: first dimensions {sizes}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return self.tensors[0].shape[0]
+
+    def __getitem__(self, index: Any) -> tuple[Tensor, ...]:
+        return tuple(tensor[index] for tensor in self.tensors)

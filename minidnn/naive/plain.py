@@ -1,4 +1,4 @@
-"""Batch normalisation, softmax and the losses, dropout: plain array expressions, as a framework
+"""Batch normalisation, layer normalisation, softmax and the losses, dropout: plain array expressions, as a framework
 without a primitives library writes them. Each operation is a separate pass over memory (on the
 GPU, a separate CuPy kernel and temporary); nothing is fused. Caffe's batch norm
 (batch_norm_layer.cu) was in the same spirit, a chain of about twenty BLAS calls and small kernels
@@ -27,6 +27,7 @@ from typing import Any
 from .. import backend
 from ..primitives import batchnorm as bn_checks
 from ..primitives import dropout as dropout_checks
+from ..primitives import layernorm as ln_checks
 from ..primitives import softmax as softmax_checks
 from ..primitives.softmax import _picked_cost, _reduce, _row_scale
 from ..primitives._checks import (check_bool, check_float, check_int, check_like, check_same_dtype,
@@ -134,6 +135,41 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     scale = invstd if weight is None else invstd * weight
     dweight = (dy * (x - _per_channel(running_mean, x)) * _per_channel(invstd, x)).sum(axis=_axes(x))
     return dy * _per_channel(scale, x), dweight, dy.sum(axis=_axes(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer normalisation (Caffe had none: PyTorch's arithmetic, one expression per step)
+# ----------------------------------------------------------------------------------------------
+def layer_norm_forward(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                       eps: float = 1e-5) -> tuple[Any, Any, Any]:
+    """Each row of x normalised over its trailing normalized_shape axes; returns y, and mean, invstd: (M,)."""
+    shape, rows, size, eps = ln_checks.check_forward_arguments(x, normalized_shape, weight, bias, eps)
+    xp = backend.get_array_module(x)
+    values = x.reshape(rows, size).astype(xp.float64)
+    mean = values.mean(axis=1)
+    invstd = 1.0 / xp.sqrt(((values - mean[:, None]) ** 2).mean(axis=1) + eps)
+    y = (values - mean[:, None]) * invstd[:, None]
+    if weight is not None:
+        y = y * weight.reshape(size)
+    if bias is not None:
+        y = y + bias.reshape(size)
+    return y.reshape(x.shape).astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)
+
+
+def layer_norm_backward(dy: Any, x: Any, normalized_shape: Any, weight: Any, mean: Any,
+                        invstd: Any) -> tuple[Any, Any, Any]:
+    """dx through each row's statistics, and dweight, dbias: normalized_shape."""
+    shape, rows, size = ln_checks.check_backward_arguments(dy, x, normalized_shape, weight, mean, invstd)
+    xp = backend.get_array_module(x)
+    grads = dy.reshape(rows, size).astype(xp.float64)
+    normalised = (x.reshape(rows, size) - mean[:, None]) * invstd[:, None]
+    normalised = normalised.astype(xp.float64)
+    g = grads if weight is None else grads * weight.reshape(size)
+    dx = (g - g.mean(axis=1, keepdims=True) - normalised * (g * normalised).mean(axis=1, keepdims=True))
+    dx = dx * invstd[:, None]
+    dweight = (grads * normalised).sum(axis=0).reshape(shape)
+    dbias = grads.sum(axis=0).reshape(shape)
+    return dx.reshape(x.shape).astype(x.dtype), dweight.astype(x.dtype), dbias.astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

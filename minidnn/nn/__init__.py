@@ -1,13 +1,15 @@
 """Layers and containers with PyTorch's names (``torch.nn``)."""
-from . import init
-from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, CrossEntropyLoss, Dropout, Flatten, Identity,
-                     Linear, LocalResponseNorm, LogSoftmax, MaxPool2d, MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh)
+from . import init, utils
+from .layers import (GELU, AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, CrossEntropyLoss, Dropout,
+                     Dropout2d, Flatten, Identity, LayerNorm, LeakyReLU, Linear, LocalResponseNorm, LogSoftmax, MaxPool2d,
+                     MSELoss, NLLLoss, ReLU, Sigmoid, SiLU, Softmax, Tanh)
 from .module import Module, ModuleList, Parameter, Sequential
 
 __all__ = [
-    "init", "Module", "Parameter", "Sequential", "ModuleList", "Conv2d", "Linear", "MaxPool2d", "AvgPool2d",
+    "init", "utils", "Module", "Parameter", "Sequential", "ModuleList", "Conv2d", "Linear", "MaxPool2d", "AvgPool2d",
     "AdaptiveAvgPool2d", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "LocalResponseNorm", "Dropout",
-    "BatchNorm2d", "Flatten", "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss",
+    "BatchNorm2d", "Flatten", "Identity", "CrossEntropyLoss", "NLLLoss", "MSELoss", "BatchNorm1d", "LayerNorm",
+    "GELU", "LeakyReLU", "SiLU", "Dropout2d",
 ]
 
 

@@ -14,6 +14,7 @@ from .. import backend
 from .. import functional as F
 from ..tensor import Tensor
 from ..primitives import pair
+from ..primitives.activation import check_gelu_approximation, check_negative_slope
 from ..primitives.conv.problem import check_channels, conv_arguments
 from ..primitives.dropout import check_probability
 from ..primitives.softmax import check_label_smoothing, check_reduction
@@ -159,6 +160,39 @@ class ReLU(Module):
         return F.relu(x, self.inplace)
 
 
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope, self.inplace = check_negative_slope(negative_slope), inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class SiLU(Module):
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x, self.inplace)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = check_gelu_approximation(approximate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
 class Sigmoid(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.sigmoid(x)
@@ -211,8 +245,26 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
-class BatchNorm2d(Module):
-    """Batch normalisation of (N, C, H, W) per channel; buffers running_mean, running_var, num_batches_tracked."""
+class Dropout2d(Module):
+    """Zero whole channels of (N, C, H, W) with probability p in training (see ``F.dropout2d``)."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        self.p, self.inplace = check_probability(p), inplace
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout2d(x, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class _BatchNorm(Module):
+    """Batch normalisation per channel (axis 1); buffers running_mean, running_var, num_batches_tracked.
+    Subclasses say which input ranks they take (``_ranks``, ``_layout``)."""
+
+    _ranks: tuple[int, ...] = ()
+    _layout = ""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device: Any = None, dtype: Any = None) -> None:
@@ -244,8 +296,8 @@ class BatchNorm2d(Module):
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
         """``relu=True``: max(BN(x), 0) in the same kernels (the fused form models use)."""
-        if x.ndim != 4:
-            raise ValueError(f"BatchNorm2d expects 4-D input (N, C, H, W), got shape {x.shape}")
+        if x.ndim not in self._ranks:
+            raise ValueError(f"{type(self).__name__} expects {self._layout} input, got shape {x.shape}")
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.data += 1
@@ -259,6 +311,47 @@ class BatchNorm2d(Module):
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
                 f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of (N, C) or (N, C, L) per channel C (over N, or N and L)."""
+
+    _ranks, _layout = (2, 3), "2-D (N, C) or 3-D (N, C, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of (N, C, H, W) per channel; buffers running_mean, running_var, num_batches_tracked."""
+
+    _ranks, _layout = (4,), "4-D (N, C, H, W)"
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the trailing ``normalized_shape`` axes of (*, *normalized_shape), with an
+    element-wise weight (ones) and bias (zeros) of normalized_shape when ``elementwise_affine`` (``bias=False``:
+    the weight alone), as PyTorch's."""
+
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        for n in shape:
+            _positive_int(n, "normalized_shape")
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        self.weight = _parameter(shape, dtype, device) if elementwise_affine else None
+        self.bias = _parameter(shape, dtype, device) if elementwise_affine and bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class Flatten(Module):

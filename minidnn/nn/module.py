@@ -1,22 +1,55 @@
-"""Module, Parameter and the containers, with PyTorch's registration rules and state-dict format.
+"""Module, Parameter and the containers, with PyTorch's registration rules, state-dict format and hooks.
 
 Assigning a :class:`Parameter` or a :class:`Module` to an attribute registers it; buffers
 (non-trainable state such as batch norm's running mean) are registered with
 :meth:`Module.register_buffer`. Names compose with dots (``layer1.0.conv1.weight``), exactly as in
 PyTorch, so state dicts line up key for key with torchvision's.
+
+Hooks are PyTorch's too: forward pre-hooks and forward hooks around ``forward``, and full backward
+hooks, called with the gradients at the module's inputs and outputs. Each ``register_*`` returns a
+:class:`RemovableHandle`.
 """
 from __future__ import annotations
 
+import itertools
+import warnings
+import weakref
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .. import backend
-from ..autograd import no_grad
-from ..tensor import Tensor
+from .. import backend, ops
+from ..autograd import is_grad_enabled, no_grad
+from ..tensor import Tensor, cat
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+                "_backward_pre_hooks", "_backward_hooks")
+
+
+class RemovableHandle:
+    """What a ``register_*_hook`` call returns: ``handle.remove()`` takes the hook off again (also on
+    leaving ``with handle:``). It holds the hook tables weakly, so it keeps no module alive."""
+
+    _ids = itertools.count()
+
+    def __init__(self, *tables: "OrderedDict[int, Any]") -> None:
+        self.id = next(self._ids)
+        self._tables = [weakref.ref(table) for table in tables]
+
+    def remove(self) -> None:
+        for reference in self._tables:
+            table = reference()
+            if table is not None:
+                table.pop(self.id, None)
+
+    def __enter__(self) -> "RemovableHandle":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.remove()
 
 
 class Parameter(Tensor):
@@ -44,6 +77,8 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
+        for table in _HOOK_TABLES:
+            object.__setattr__(self, table, OrderedDict())
 
     # --- registration -------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -99,7 +134,79 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        if not (self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks):
+            return self.forward(*args, **kwargs)
+        return self._call_with_hooks(args, kwargs)
+
+    def _call_with_hooks(self, args: tuple, kwargs: dict) -> Any:
+        """forward with PyTorch's order: pre-hooks (which may replace the arguments), the backward taps on
+        the inputs, forward, forward hooks (which may replace the output), the taps on the outputs."""
+        for key, hook in list(self._forward_pre_hooks.items()):
+            if key in self._forward_pre_hooks_with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise TypeError(f"a forward pre-hook registered with_kwargs must return None or "
+                                        f"(args, kwargs), got {type(result).__name__}")
+                    args, kwargs = result
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        taps = None
+        if (self._backward_hooks or self._backward_pre_hooks) and is_grad_enabled():
+            taps = _BackwardHooks(self, list(self._backward_hooks.values()), list(self._backward_pre_hooks.values()))
+            args = taps.setup_inputs(args)
+        output = self.forward(*args, **kwargs)
+        for key, hook in list(self._forward_hooks.items()):
+            if key in self._forward_hooks_with_kwargs:
+                result = hook(self, args, kwargs, output)
+            else:
+                result = hook(self, args, output)
+            if result is not None:
+                output = result
+        return output if taps is None else taps.setup_outputs(output)
+
+    # --- hooks --------------------------------------------------------------------------------
+    def _add_hook(self, table: str, hook: Callable[..., Any], prepend: bool, with_kwargs: bool = False,
+                  kwargs_table: str | None = None) -> RemovableHandle:
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+        hooks = getattr(self, table)
+        tables = (hooks,) if kwargs_table is None else (hooks, getattr(self, kwargs_table))
+        handle = RemovableHandle(*tables)
+        hooks[handle.id] = hook
+        if with_kwargs:
+            getattr(self, kwargs_table)[handle.id] = True
+        if prepend:
+            hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_pre_hook(self, hook: Callable[..., Any], *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args)`` before each forward; a non-None result replaces args (a single value
+        becomes a 1-tuple). With ``with_kwargs``: ``hook(module, args, kwargs)`` returning None or
+        ``(args, kwargs)``. ``prepend`` runs it before the hooks already registered."""
+        return self._add_hook("_forward_pre_hooks", hook, prepend, with_kwargs, "_forward_pre_hooks_with_kwargs")
+
+    def register_forward_hook(self, hook: Callable[..., Any], *, prepend: bool = False,
+                              with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args, output)`` after each forward (``hook(module, args, kwargs, output)`` with
+        ``with_kwargs``); a non-None result replaces the output."""
+        return self._add_hook("_forward_hooks", hook, prepend, with_kwargs, "_forward_hooks_with_kwargs")
+
+    def register_full_backward_pre_hook(self, hook: Callable[..., Any], *, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_output)`` when the gradients of the module's outputs are known, before they
+        flow into it; a non-None result (a tuple like grad_output) replaces them."""
+        return self._add_hook("_backward_pre_hooks", hook, prepend)
+
+    def register_full_backward_hook(self, hook: Callable[..., Any], *, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_input, grad_output)`` once the gradients of the module's inputs are known,
+        as PyTorch calls it: tuples with one entry per positional input (None where an input is not a
+        tensor requiring grad) and per output. A non-None result, a tuple like grad_input, replaces the
+        input gradients that flow on. When no input requires grad the hook runs as soon as grad_output is
+        known, with grad_input all None, and must return None (PyTorch's rule and warning)."""
+        return self._add_hook("_backward_hooks", hook, prepend)
 
     # --- traversal ----------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
@@ -316,3 +423,140 @@ class ModuleList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Full backward hooks: taps on a module's inputs and outputs
+# ----------------------------------------------------------------------------------------------
+def _tap(tensors: list[Tensor], callback: Callable[[list[Any]], Any]) -> list[Tensor]:
+    """The same values as ``tensors``, passed through one ``GradientHookFunction`` node, whose backward
+    calls ``callback(gradient arrays, one per tensor)`` and takes a list of replacements (or None).
+
+    Several tensors are packed into one flat vector first (and unpacked after the node), so that the
+    callback sees all their gradients at once: the graph's nodes have one output each."""
+    if len(tensors) == 1:
+        def single(grad: Any) -> Any:
+            replaced = callback([grad])
+            return None if replaced is None else replaced[0]
+        return [ops.GradientHookFunction.apply(tensors[0], single)]
+    shapes, sizes = [t.shape for t in tensors], [t.numel() for t in tensors]
+    bounds = np.cumsum(sizes)[:-1]
+
+    def packed_hook(grad: Any) -> Any:
+        pieces = [piece.reshape(shape) for piece, shape in zip(backend.get_array_module(grad).split(grad, bounds), shapes)]
+        replaced = callback(pieces)
+        if replaced is None:
+            return None
+        return backend.get_array_module(grad).concatenate([r.reshape(-1).astype(grad.dtype) for r in replaced])
+
+    packed = ops.GradientHookFunction.apply(cat([t.reshape(-1) for t in tensors]), packed_hook)
+    starts = [0] + list(np.cumsum(sizes))
+    return [packed[starts[i]:starts[i + 1]].reshape(shapes[i]).to(t.dtype) for i, t in enumerate(tensors)]
+
+
+class _BackwardHooks:
+    """The full backward hooks of one forward call: the output tap records grad_output (and runs the
+    pre-hooks); the input tap, which the backward reaches after every output tap, runs the hooks."""
+
+    def __init__(self, module: Module, hooks: list[Callable[..., Any]], pre_hooks: list[Callable[..., Any]]) -> None:
+        self.module, self.hooks, self.pre_hooks = module, hooks, pre_hooks
+        self.grad_outputs: tuple | None = None
+        self.input_positions: list[int] | None = None
+        self.output_positions: list[int] = []
+        self.input_count = self.output_count = 0
+        self.input_like: list[Tensor] = []
+        self.output_like: list[Tensor] = []
+
+    @staticmethod
+    def _positions(values: tuple) -> list[int]:
+        return [i for i, v in enumerate(values) if isinstance(v, Tensor) and v.requires_grad]
+
+    @staticmethod
+    def _pack(positions: list[int], grads: list[Any], count: int) -> tuple:
+        packed: list[Any] = [None] * count
+        for position, grad in zip(positions, grads):
+            packed[position] = Tensor(grad)
+        return tuple(packed)
+
+    @staticmethod
+    def _unpack(values: tuple, positions: list[int], like: list[Tensor], what: str) -> list[Any]:
+        """The arrays of the replacement gradients at ``positions`` (zeros for None), checked against the tensors."""
+        arrays = []
+        for position, tensor in zip(positions, like):
+            value = values[position]
+            if value is None:
+                arrays.append(backend.get_array_module(tensor.data).zeros(tensor.shape, dtype=tensor.dtype))
+                continue
+            array = value.data if isinstance(value, Tensor) else value
+            if tuple(array.shape) != tensor.shape:
+                raise ValueError(f"a backward hook returned a gradient of shape {tuple(array.shape)} for module "
+                                 f"{what} of shape {tensor.shape}")
+            arrays.append(array)
+        return arrays
+
+    def _tap_at(self, values: tuple, callback: Callable[[list[Any]], Any]) -> tuple[list[int], list[Tensor], tuple]:
+        """(positions of the tensors requiring grad, those tensors, values with them passed through a tap)."""
+        positions = self._positions(values)
+        like = [values[i] for i in positions]
+        if not positions:
+            return positions, like, values
+        tapped = list(values)
+        for position, tensor in zip(positions, _tap(like, callback)):
+            tapped[position] = tensor
+        return positions, like, tuple(tapped)
+
+    def setup_inputs(self, args: tuple) -> tuple:
+        self.input_count = len(args)
+        positions, self.input_like, args = self._tap_at(args, self._on_input_grads)
+        self.input_positions = positions or None  # None: no input requires grad
+        return args
+
+    def setup_outputs(self, output: Any) -> Any:
+        is_tuple = isinstance(output, tuple)
+        outputs = output if is_tuple else (output,)
+        self.output_count = len(outputs)
+        self.output_positions, self.output_like, outputs = self._tap_at(outputs, self._on_output_grads)
+        return outputs if is_tuple else outputs[0]
+
+    @staticmethod
+    def _run(hooks: list[Callable[..., Any]], call: Callable[[Callable[..., Any], tuple], Any], grads: tuple,
+             kind: str, name: str) -> tuple[tuple, bool]:
+        """Call each hook in turn on ``grads``; a non-None result (as long as grads) replaces them for the
+        next. Returns the final grads and whether any hook replaced them."""
+        replaced = False
+        for hook in hooks:
+            result = call(hook, grads)
+            if result is None:
+                continue
+            result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+            if len(result) != len(grads):
+                raise ValueError(f"a backward {kind} returned {len(result)} {name} entries, expected {len(grads)}")
+            grads, replaced = result, True
+        return grads, replaced
+
+    def _on_output_grads(self, grads: list[Any]) -> list[Any] | None:
+        grad_outputs = self._pack(self.output_positions, grads, self.output_count)
+        grad_outputs, replaced = self._run(self.pre_hooks, lambda hook, g: hook(self.module, g), grad_outputs,
+                                           "pre-hook", "grad_output")
+        self.grad_outputs = grad_outputs
+        if self.input_positions is None:
+            warnings.warn("Full backward hook is firing when gradients are computed with respect to module outputs "
+                          "since no inputs require gradients", UserWarning, stacklevel=2)
+            grad_inputs = (None,) * self.input_count
+            for hook in self.hooks:
+                result = hook(self.module, grad_inputs, grad_outputs)
+                if result is not None and not all(r is None for r in result):
+                    raise ValueError("a backward hook of a module whose inputs do not require gradients must "
+                                     "return None (or None for every gradient)")
+            self.grad_outputs = None
+        return self._unpack(grad_outputs, self.output_positions, self.output_like, "outputs") if replaced else None
+
+    def _on_input_grads(self, grads: list[Any]) -> list[Any] | None:
+        if self.grad_outputs is None:
+            return None
+        grad_inputs = self._pack(self.input_positions, grads, self.input_count)
+        grad_outputs = self.grad_outputs
+        grad_inputs, replaced = self._run(self.hooks, lambda hook, g: hook(self.module, g, grad_outputs), grad_inputs,
+                                          "hook", "grad_input")
+        self.grad_outputs = None
+        return self._unpack(grad_inputs, self.input_positions, self.input_like, "inputs") if replaced else None

@@ -5,12 +5,14 @@ array's type (numpy.ndarray or cupy.ndarray) selects the implementation. Forward
 return what their backward needs (argmax indices, saved statistics); backward functions take it.
 """
 from ._checks import pair
-from .activation import (add_relu_forward, relu_backward, relu_forward, sigmoid_backward, sigmoid_forward, tanh_backward,
-                         tanh_forward)
+from .activation import (add_relu_forward, gelu_backward, gelu_forward, leaky_relu_backward, leaky_relu_forward,
+                         relu_backward, relu_forward, sigmoid_backward, sigmoid_forward, silu_backward, silu_forward,
+                         tanh_backward, tanh_forward)
 from .batchnorm import (batch_norm_backward_inference, batch_norm_backward_training, batch_norm_forward_inference,
                         batch_norm_forward_training)
 from .conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .dropout import dropout_backward, dropout_forward
+from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import bias_add, bias_backward, linear_backward_data, linear_backward_weight, linear_forward
 from .lrn import lrn_backward, lrn_forward
 from .optimizer import adam_update, adam_update_multi, sgd_update, sgd_update_multi

@@ -1,8 +1,10 @@
-// Element-wise activations: ReLU, sigmoid and tanh, forward and backward, and the residual add with
-// its ReLU (activation.py states the maths; its NumPy code is the reference twin of every kernel here).
+// Element-wise activations: ReLU, sigmoid and tanh, forward and backward, the residual add with its
+// ReLU, leaky ReLU, SiLU and GELU (activation.py states the maths; its NumPy code is the reference twin
+// of every kernel here).
 //
-// Layout: every array is contiguous and seen as a flat vector of n elements; the backward kernels
-// take the forward output y, not x (all three derivatives are functions of y, as in cuDNN).
+// Layout: every array is contiguous and seen as a flat vector of n elements; the backward kernels of
+// ReLU, sigmoid and tanh take the forward output y, not x (their derivatives are functions of y, as in
+// cuDNN); those of leaky ReLU, SiLU and GELU take x. Hyper-parameters (the slope) are double, after n.
 //
 // Thread mapping: one thread per element in a grid-stride loop (activation.py caps the grid), so
 // consecutive threads of a warp read and write consecutive addresses. One launch per call.
@@ -72,5 +74,94 @@ extern "C" __global__ void tanh_backward(const scalar_t* __restrict__ dy, const 
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
         const scalar_t v = y[i];
         dx[i] = dy[i] * (scalar_t(1) - v * v);
+    }
+}
+
+// y = x where x > 0, else slope·x. y may be x (in place): no __restrict__ (see relu_forward).
+extern "C" __global__ void leaky_relu_forward(const scalar_t* x, scalar_t* y, const int n, const double slope) {
+    const scalar_t a = scalar_t(slope);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        y[i] = v > scalar_t(0) ? v : v * a;
+    }
+}
+
+// dx = dy where x > 0, else slope·dy (x may be the forward's output when slope >= 0: same signs).
+extern "C" __global__ void leaky_relu_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                               scalar_t* __restrict__ dx, const int n, const double slope) {
+    const scalar_t a = scalar_t(slope);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        dx[i] = x[i] > scalar_t(0) ? dy[i] : dy[i] * a;
+    }
+}
+
+// σ(v) as sigmoid_forward computes it: exp of −|v| only.
+__device__ __forceinline__ scalar_t stable_sigmoid(const scalar_t v) {
+    const scalar_t decay = exp(-fabs(v));
+    return v >= scalar_t(0) ? scalar_t(1) / (scalar_t(1) + decay) : decay / (scalar_t(1) + decay);
+}
+
+// y = x·σ(x). y may be x (in place): no __restrict__.
+extern "C" __global__ void silu_forward(const scalar_t* x, scalar_t* y, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        y[i] = v * stable_sigmoid(v);
+    }
+}
+
+// dx = dy·σ(x)·(1 + x·(1 − σ(x))).
+extern "C" __global__ void silu_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                         scalar_t* __restrict__ dx, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        const scalar_t s = stable_sigmoid(v);
+        dx[i] = dy[i] * s * (scalar_t(1) + v * (scalar_t(1) - s));
+    }
+}
+
+// GELU's constants: 1/√2, 1/√(2π), and the tanh form's √(2/π) and cubic coefficient.
+#define GELU_RSQRT2 0.70710678118654752440
+#define GELU_RSQRT_2PI 0.39894228040143267794
+#define GELU_SQRT_2_OVER_PI 0.79788456080286535588
+#define GELU_CUBIC 0.044715
+
+// y = x·Φ(x) = x·(1 + erf(x/√2))/2.
+extern "C" __global__ void gelu_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        y[i] = v * (scalar_t(1) + erf(v * scalar_t(GELU_RSQRT2))) / scalar_t(2);
+    }
+}
+
+// dx = dy·(Φ(x) + x·φ(x)).
+extern "C" __global__ void gelu_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                         scalar_t* __restrict__ dx, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        const scalar_t cdf = (scalar_t(1) + erf(v * scalar_t(GELU_RSQRT2))) / scalar_t(2);
+        const scalar_t density = exp(-v * v / scalar_t(2)) * scalar_t(GELU_RSQRT_2PI);
+        dx[i] = dy[i] * (cdf + v * density);
+    }
+}
+
+// y = x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2.
+extern "C" __global__ void gelu_tanh_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, const int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        const scalar_t t = tanh(scalar_t(GELU_SQRT_2_OVER_PI) * (v + scalar_t(GELU_CUBIC) * v * v * v));
+        y[i] = v * (scalar_t(1) + t) / scalar_t(2);
+    }
+}
+
+// dx = dy·((1 + t)/2 + x/2·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)), t as in the forward.
+extern "C" __global__ void gelu_tanh_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                              scalar_t* __restrict__ dx, const int n) {
+    const scalar_t scale = scalar_t(GELU_SQRT_2_OVER_PI), cubic = scalar_t(GELU_CUBIC);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        const scalar_t v = x[i];
+        const scalar_t t = tanh(scale * (v + cubic * v * v * v));
+        const scalar_t slope = (scalar_t(1) + t) / scalar_t(2)
+                               + v / scalar_t(2) * (scalar_t(1) - t * t) * scale * (scalar_t(1) + scalar_t(3) * cubic * v * v);
+        dx[i] = dy[i] * slope;
     }
 }

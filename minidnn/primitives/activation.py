@@ -1,24 +1,35 @@
-"""Element-wise activations: ReLU, sigmoid and tanh, forward and backward, and a residual add fused
-with its ReLU.
+"""Element-wise activations: ReLU, sigmoid and tanh, forward and backward, a residual add fused
+with its ReLU, and the activations of newer networks: leaky ReLU, SiLU (swish) and GELU.
 
 Every function works on arrays of any shape and keeps the input dtype (float32 or float64).
-The backward functions take the forward *output* y rather than the input x, as cuDNN's
-activation backward does: all three derivatives are cheap functions of y, so the caller keeps
-one array per layer instead of two. ReLU can write into a given ``out``, the input itself
-included (in place), so a framework can spare the allocation where autograd allows it.
+The backward functions of ReLU, sigmoid and tanh take the forward *output* y rather than the input
+x, as cuDNN's activation backward does: all three derivatives are cheap functions of y, so the
+caller keeps one array per layer instead of two. SiLU's and GELU's derivatives are not functions of
+y, so their backward takes x; leaky ReLU's takes x, or y when the slope is >= 0 (y then has x's
+signs: the in-place form). ReLU, leaky ReLU and SiLU can write into a given ``out``, the input
+itself included (in place), so a framework can spare the allocation where autograd allows it.
 
 On CuPy arrays each function is one launch of a kernel of ``activation.cu`` (one thread per
-element); the results are those of the NumPy code below, up to the rounding of exp and tanh.
+element); the results are those of the NumPy code below, up to the rounding of exp, tanh and erf.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
+
 from .. import backend
-from ._checks import check_contiguous, check_float, check_same_dtype, check_same_shape
+from ._checks import check_contiguous, check_float, check_real, check_same_dtype, check_same_shape
 
 __all__ = ["relu_forward", "relu_backward", "add_relu_forward", "sigmoid_forward", "sigmoid_backward",
-           "tanh_forward", "tanh_backward"]
+           "tanh_forward", "tanh_backward", "leaky_relu_forward", "leaky_relu_backward", "silu_forward",
+           "silu_backward", "gelu_forward", "gelu_backward"]
+
+GELU_APPROXIMATIONS = ("none", "tanh")
+RSQRT_2 = 1 / math.sqrt(2.0)  # Φ(x) = (1 + erf(x/√2))/2
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # the tanh approximation's scale
+GELU_TANH_CUBIC = 0.044715  # ... and its cubic coefficient (Hendrycks & Gimpel 2016)
 
 
 def _check_backward_args(dy: Any, y: Any) -> None:
@@ -136,11 +147,136 @@ def tanh_backward(dy: Any, y: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
+# Leaky ReLU, SiLU, GELU
+# ----------------------------------------------------------------------------------------------
+def check_negative_slope(negative_slope: Any) -> float:
+    """Leaky ReLU's slope for x <= 0: any finite real number (PyTorch allows negative ones)."""
+    return check_real(negative_slope, "negative_slope")
+
+
+def check_gelu_approximation(approximate: Any) -> str:
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
+def _check_gradient_pair(dy: Any, x: Any, name: str) -> None:
+    """dy and x (or y) must be float arrays of one shape and one dtype, on one device."""
+    check_float(dy, "dy")
+    check_float(x, name)
+    check_same_dtype(dy, x, "dy", name)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy and {name} must have the same shape, got {tuple(dy.shape)} and {tuple(x.shape)}")
+    backend.get_array_module(dy, x)
+
+
+def leaky_relu_forward(x: Any, negative_slope: float = 0.01, out: Any = None) -> Any:
+    """y = x where x > 0, else negative_slope·x. x: any shape; returns y: x's shape and dtype.
+
+    out: None (a new array) or a C-contiguous array of x's shape and dtype, returned; ``out=x`` runs
+    in place.
+    """
+    check_float(x, "x")
+    negative_slope = check_negative_slope(negative_slope)
+    _check_out(out, x, "x")
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("leaky_relu_forward", x, out=out, scalars=(negative_slope,))
+    xp = backend.get_array_module(x)
+    y = xp.where(x > 0, x, x * x.dtype.type(negative_slope))
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def leaky_relu_backward(dy: Any, x: Any, negative_slope: float = 0.01) -> Any:
+    """dx = dy where x > 0, else negative_slope·dy (at x = 0 the slope, as PyTorch). dy, x: one shape.
+
+    For negative_slope >= 0 the forward's output y may be passed as x: it has x's signs.
+    """
+    _check_gradient_pair(dy, x, "x")
+    negative_slope = check_negative_slope(negative_slope)
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("leaky_relu_backward", dy, x, scalars=(negative_slope,))
+    xp = backend.get_array_module(dy, x)
+    return xp.where(x > 0, dy, dy * dy.dtype.type(negative_slope))
+
+
+def _sigmoid(x: Any) -> Any:
+    """σ(x) with exp taken of −|x| only (see :func:`sigmoid_forward`)."""
+    xp = backend.get_array_module(x)
+    decay = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + decay), decay / (1 + decay))
+
+
+def silu_forward(x: Any, out: Any = None) -> Any:
+    """y = x·σ(x) (SiLU, swish). x: any shape; returns y: x's shape and dtype; ``out`` as for
+    :func:`leaky_relu_forward` (``out=x`` in place: the caller keeps x if its backward needs it)."""
+    check_float(x, "x")
+    _check_out(out, x, "x")
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("silu_forward", x, out=out)
+    y = x * _sigmoid(x)
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def silu_backward(dy: Any, x: Any) -> Any:
+    """dx = dy·σ(x)·(1 + x·(1 − σ(x))). dy, x: one shape; returns dx: that shape."""
+    _check_gradient_pair(dy, x, "x")
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("silu_backward", dy, x)
+    s = _sigmoid(x)
+    return dy * s * (1 + x * (1 - s))
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function of a NumPy array, in float64. NumPy has none; the standard library's
+    ``math.erf``, applied element by element, is accurate to an ulp, and this is the CPU path only
+    (the GPU kernels call CUDA's erf)."""
+    return np.frompyfunc(math.erf, 1, 1)(np.asarray(x, dtype=np.float64)).astype(np.float64)
+
+
+def gelu_forward(x: Any, approximate: str = "none") -> Any:
+    """y = x·Φ(x), Φ the standard normal CDF: 0.5·x·(1 + erf(x/√2)); with ``approximate="tanh"``
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), PyTorch's two forms. x: any shape; returns y: x's
+    shape and dtype."""
+    check_float(x, "x")
+    approximate = check_gelu_approximation(approximate)
+    if backend.is_cuda_array(x):
+        return _elementwise_gpu("gelu_forward" if approximate == "none" else "gelu_tanh_forward", x)
+    if approximate == "tanh":
+        inner = x.dtype.type(SQRT_2_OVER_PI) * (x + x.dtype.type(GELU_TANH_CUBIC) * x * x * x)
+        return x * (1 + np.tanh(inner)) / 2
+    return (x * (1 + erf(x * x.dtype.type(RSQRT_2))) / 2).astype(x.dtype)
+
+
+def gelu_backward(dy: Any, x: Any, approximate: str = "none") -> Any:
+    """dx = dy·(Φ(x) + x·φ(x)), φ the standard normal density; for ``approximate="tanh"`` the
+    derivative of the tanh form, with t = tanh(√(2/π)·(x + 0.044715·x³)):
+    dy·((1 + t)/2 + x/2·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)). dy, x: one shape; returns dx."""
+    _check_gradient_pair(dy, x, "x")
+    approximate = check_gelu_approximation(approximate)
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("gelu_backward" if approximate == "none" else "gelu_tanh_backward", dy, x)
+    if approximate == "tanh":
+        scale, cubic = x.dtype.type(SQRT_2_OVER_PI), x.dtype.type(GELU_TANH_CUBIC)
+        t = np.tanh(scale * (x + cubic * x * x * x))
+        return dy * ((1 + t) / 2 + x / 2 * (1 - t * t) * scale * (1 + 3 * cubic * x * x))
+    cdf = (1 + erf(x * x.dtype.type(RSQRT_2))) / 2
+    density = np.exp(-(x.astype(np.float64) ** 2) / 2) / math.sqrt(2 * math.pi)
+    return (dy * (cdf + x * density)).astype(dy.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU: the kernels of activation.cu (CuPy arrays only; arguments already checked)
 # ----------------------------------------------------------------------------------------------
-def _elementwise_gpu(name: str, *arrays: Any, out: Any = None) -> Any:
+def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = ()) -> Any:
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
-    output: ``out`` (contiguous, already checked) or a new array."""
+    output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
+    such as a slope) follow the element count."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     cupy = backend.cupy()
@@ -150,5 +286,6 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None) -> Any:
     if out is None:
         out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
     _cuda.check_int32(out)
-    _cuda.launch(_cuda.function("activation.cu", name, out.dtype), out.size, (*inputs, out, _cuda.i32(out.size)))
+    _cuda.launch(_cuda.function("activation.cu", name, out.dtype), out.size,
+                 (*inputs, out, _cuda.i32(out.size), *(_cuda.f64(v) for v in scalars)))
     return out
