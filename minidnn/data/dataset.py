@@ -117,6 +117,7 @@ class Subset(Dataset):
             raise TypeError(f"{type(self.dataset).__name__} has no per-sample generators (batch_draws)")
         return self.dataset.batch_draws(self.indices[np.asarray(indices, dtype=np.int64)], calls)
 
+
 class TensorDataset(Dataset):
     """PyTorch's ``TensorDataset``: sample i is ``(tensors[0][i], tensors[1][i], ...)``, the tensors
     indexed together along their first dimension, which they must share."""

@@ -54,22 +54,23 @@ def _call_key(direction: str, first: Any, second: Any, shape: Any, stride: Any, 
         return None
 
 
-def _cached(key: tuple | None, direction: str) -> tuple[ConvProblem, Plan] | None:
+def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str | None,
+                      workspace_limit: int | None) -> tuple[ConvProblem, Plan]:
+    """The call's (problem, plan): from the call cache, or ``check()``'s problem and a plan for it (then cached).
+    The observer sees every call either way."""
     try:
         hit = None if key is None else _calls.get(key)
     except TypeError:  # an unhashable shape argument (a list): the checking path
-        return None
-    if hit is not None and plans.call_observer is not None:
+        hit = None
+    if hit is None:
+        problem = check()
+        plan = _plan(problem, direction, algo, workspace_limit)
+        if key is not None:
+            _calls[key] = (problem, plan)
+        return problem, plan
+    if plans.call_observer is not None:
         plans.call_observer(direction, *hit)
     return hit
-
-
-def _remember(key: tuple | None, problem: ConvProblem, plan: Plan) -> None:
-    if key is not None:
-        try:
-            _calls[key] = (problem, plan)
-        except TypeError:
-            pass
 
 
 def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
@@ -168,14 +169,11 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) of x's dtype (written into
     ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default.
     """
+    def check() -> ConvProblem:
+        return forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
+
     key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit)
-    hit = _cached(key, "forward")
-    if hit is None:
-        problem = forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
-        plan = _plan(problem, "forward", algo, workspace_limit)
-        _remember(key, problem, plan)
-    else:
-        problem, plan = hit
+    problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
     y = _output(out, problem.y_shape, problem, xp)
     return _run(plan, "forward", xp.ascontiguousarray(x), xp.ascontiguousarray(w), problem, y)
@@ -188,18 +186,16 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
 
     dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape.
     """
-    key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit)
-    hit = _cached(key, "backward_data")
-    if hit is None:
+    def check() -> ConvProblem:
         check_float(w, "weight")
         check_rank(w, 4, "weight", "(K, C/groups, R, S)")
         problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
                                _device(dy, w))
         check_output_grad(dy, problem)
-        plan = _plan(problem, "backward_data", algo, workspace_limit)
-        _remember(key, problem, plan)
-    else:
-        problem, plan = hit
+        return problem
+
+    key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    problem, plan = _problem_and_plan("backward_data", key, check, algo, workspace_limit)
     xp = backend.get_array_module(dy, w)
     dx = _output(out, problem.x_shape, problem, xp)
     return _run(plan, "backward_data", xp.ascontiguousarray(dy), xp.ascontiguousarray(w), problem, dx)
@@ -214,18 +210,16 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     With ``out`` the result is written there, or added to it when ``accumulate`` (cuDNN's
     beta = 1): the seam a caller uses to sum weight gradients over its own micro-batches.
     """
-    _check_accumulate(accumulate, out)
-    key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
-    hit = _cached(key, "backward_filter")
-    if hit is None:
+    def check() -> ConvProblem:
         check_float(x, "input")
         check_rank(x, 4, "input", "(N, C, H, W)")
         problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
         check_output_grad(dy, problem)
-        plan = _plan(problem, "backward_filter", algo, workspace_limit)
-        _remember(key, problem, plan)
-    else:
-        problem, plan = hit
+        return problem
+
+    _check_accumulate(accumulate, out)
+    key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp)
     return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)
