@@ -3,6 +3,7 @@ builds, each compiled once per session in the background."""
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -20,6 +21,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many tests skipped, for which reason, most first; a skipped PyTorch comparison stands out, as it
+    means the independent oracle did not run (``pip install -e ".[oracle]"`` brings torch)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = Counter(_skip_reason(report) for report in skipped)
+    terminalreporter.section(f"{len(skipped)} skipped, by reason")
+    for reason, count in reasons.most_common():
+        terminalreporter.line(f"{count:6d}  {reason}")
+    oracle = sum(count for reason, count in reasons.items() if reason.startswith("could not import 'torch'"))
+    if oracle:
+        terminalreporter.line(f"the PyTorch oracle did not run: {oracle} comparisons with torch skipped", red=True,
+                              bold=True)
+
+
+def _skip_reason(report) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 def _build_of(item) -> nvcc_builds.Build | None:
