@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     """How many tests skipped, for which reason, most first; a skipped PyTorch comparison stands out, as it
-    means the independent oracle did not run (``pip install -e ".[oracle]"`` brings torch)."""
+    means the independent oracle did not run."""
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped:
         return
@@ -35,8 +35,8 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.line(f"{count:6d}  {reason}")
     oracle = sum(count for reason, count in reasons.items() if reason.startswith("could not import 'torch'"))
     if oracle:
-        terminalreporter.line(f"the PyTorch oracle did not run: {oracle} comparisons with torch skipped", red=True,
-                              bold=True)
+        terminalreporter.line(f"the PyTorch oracle did not run: {oracle} comparisons with torch skipped "
+                              '(pip install -e ".[dev,oracle]" brings torch)', red=True, bold=True)
 
 
 def _skip_reason(report) -> str:
