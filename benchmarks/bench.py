@@ -3,7 +3,7 @@
     python benchmarks/bench.py                                      # every model, on the GPU
     python benchmarks/bench.py --models resnet18 --tf32 off         # a subset
     python benchmarks/bench.py --models resnet18 --workspace-limit 8MiB,64MiB,512MiB --microbatch off,wr,wd
-    python benchmarks/bench.py --device cpu --quick                 # a small CPU smoke run
+    python benchmarks/bench.py --quick                              # a small smoke run (on the CPU without a GPU)
     python benchmarks/bench.py --merge a.json b.json --name both    # one report from several runs
 
 This file is the driver: it lists the cells (model and batch × engine × math mode × convolution
@@ -12,7 +12,8 @@ setting, plus an agreement check per model and batch) and runs each in its own w
 switch of one measurement can touch another. The workers share only compiled kernels
 (``CUPY_CACHE_DIR``) and, within one run, the convolution algorithms' measured times
 (``MINIDNN_CACHE_DIR``, a fresh directory per run). Records go to JSON, a markdown report and a
-PNG chart under --out (report.py); docs/benchmarks.md explains every number.
+PNG chart under --out (report.py): runs/bench/, which git ignores, unless a run to keep is sent to
+benchmarks/results/<date>-<machine>-<question>/. docs/benchmarks.md explains every number.
 """
 from __future__ import annotations
 
@@ -60,6 +61,17 @@ def _available(module: str) -> bool:
         return False
 
 
+def _gpu_present() -> bool:
+    """Whether CuPy sees a CUDA device, asked in a child process (the driver itself never touches the GPU)."""
+    if not _available("cupy"):
+        return False
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    asked = subprocess.run([sys.executable, "-c", "import sys; from minidnn import backend; "
+                            "sys.exit(0 if backend.cuda_is_available() else 1)"],
+                           cwd=checkout, capture_output=True, timeout=300)
+    return asked.returncode == 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -70,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
     parser.add_argument("--tf32", default=None, help="math modes, comma-separated: off (fp32: TF32 off everywhere), "
                         "on; default off,on on the GPU, off on the CPU")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=None, help="cuda or cpu; default cuda, and with --quick the CPU "
+                        "where no GPU is there")
     parser.add_argument("--warmup", type=int, default=3, help="untimed training steps before measuring")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps (and forward passes)")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps profiled for GPU-busy time and kernels")
@@ -90,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-seconds", type=float, default=None, help="skip the cells left once this much "
                         "time has passed (a running one is stopped); each skipped cell is recorded")
     parser.add_argument("--quick", action="store_true", help="tiny models and batches (a CPU smoke run)")
-    parser.add_argument("--out", default="benchmarks/results", help="directory for NAME.json, NAME.md, NAME.png")
+    parser.add_argument("--out", default=os.path.join("runs", "bench"), help="directory for NAME.json, NAME.md, "
+                        "NAME.png; a run to keep goes to benchmarks/results/<date>-<machine>-<question>")
     parser.add_argument("--name", default="bench", help="file name stem of the outputs")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier runs' JSON files into one "
                         "report (no measuring)")
@@ -101,6 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args
 
     args.notes = []
+    if args.device is None:
+        args.device = "cuda" if not args.quick or _gpu_present() else "cpu"
+        if args.device == "cpu":
+            args.notes.append("No CUDA GPU: --quick ran on the CPU.")
     args.engines = _list(args.engines)
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown:

@@ -2,7 +2,7 @@
 
 torchvision's AlexNet and ResNets use the very module names minidnn's do, so their state dicts
 load key for key. CaffeNet is one flat Sequential of standard layers, mirrored layer by layer;
-the CIFAR ResNets get a small twin class with the same names. PyTorch is only the reference
+the CIFAR ResNets and the small CNNs get a small twin class with the same names. PyTorch is only the reference
 here: nothing in minidnn imports it.
 """
 from __future__ import annotations
@@ -91,6 +91,23 @@ def _cifar_resnet_twin(model: nn.Module) -> Any:
     return Twin()
 
 
+def _small_cnn_twin(model: nn.Module) -> Any:
+    """models/small.py's SmallCNN (shapes_cnn, tiny_cnn): its features mirrored layer by layer, then global
+    average pooling and the linear classifier, minidnn's names."""
+    t = _torch().nn
+
+    class Twin(t.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = _sequential_twin(model.features)
+            self.pool, self.fc = _layer(model.pool), _layer(model.fc)
+
+        def forward(self, x):
+            return self.fc(self.pool(self.features(x)).flatten(1))
+
+    return Twin()
+
+
 def torch_twin(name: str, model: nn.Module) -> Any:
     """A torch model computing what ``model`` (built by ``models.create(name)``) computes, same weights."""
     torch = _torch()
@@ -103,6 +120,8 @@ def torch_twin(name: str, model: nn.Module) -> Any:
         twin = _sequential_twin(model)
     elif name in ("resnet20", "resnet32", "resnet56"):
         twin = _cifar_resnet_twin(model)
+    elif name in ("shapes_cnn", "tiny_cnn"):
+        twin = _small_cnn_twin(model)
     else:
         twin = _sequential_twin(model) if isinstance(model, nn.Sequential) else None
         if twin is None:

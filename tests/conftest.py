@@ -1,21 +1,70 @@
-"""Shared fixtures: the array-module fixture runs a test on NumPy and, where a GPU is present, CuPy."""
+"""Shared fixtures: the array-module fixture runs a test on NumPy and, where a GPU is present, CuPy; the nvcc
+builds, each compiled once per session in the background."""
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from minidnn import backend
+from tests import nvcc_builds
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests of nvcc builds run last, so that the rest of the suite runs while the builds compile.
+    items.sort(key=lambda item: _build_of(item) is not None)
     if backend.cuda_is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many tests skipped, for which reason, most first; a skipped PyTorch comparison stands out, as it
+    means the independent oracle did not run."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = Counter(_skip_reason(report) for report in skipped)
+    terminalreporter.section(f"{len(skipped)} skipped, by reason")
+    for reason, count in reasons.most_common():
+        terminalreporter.line(f"{count:6d}  {reason}")
+    oracle = sum(count for reason, count in reasons.items() if reason.startswith("could not import 'torch'"))
+    if oracle:
+        terminalreporter.line(f"the PyTorch oracle did not run: {oracle} comparisons with torch skipped "
+                              '(pip install -e ".[dev,oracle]" brings torch)', red=True, bold=True)
+
+
+def _skip_reason(report) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _build_of(item) -> nvcc_builds.Build | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("nvcc_build") if callspec is not None else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_builds(request):
+    """The session's nvcc builds, every one its selected tests need queued as the first test starts."""
+    builds = nvcc_builds.Builds()
+    if nvcc_builds.NVCC is not None:
+        builds.start(build for build in map(_build_of, request.session.items) if build is not None)
+    yield builds
+    builds.close()
+
+
+@pytest.fixture
+def nvcc_build(request, session_builds) -> nvcc_builds.Report:
+    """The report of the build a test is parametrized with (``indirect=True``), compiled once per session."""
+    if nvcc_builds.NVCC is None:
+        pytest.skip("nvcc is not installed")
+    return session_builds.report(request.param)
 
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])

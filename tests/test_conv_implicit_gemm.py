@@ -6,10 +6,7 @@ Every GPU result is compared with the float64 ``reference`` algorithm on the CPU
 explicit loop reference in test_primitives_conv.py), on fresh random inputs, with the output
 poisoned with NaN first so that an element the kernel never writes fails the comparison.
 """
-import os
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,6 +15,7 @@ from minidnn import backend
 from minidnn.primitives import _cuda, conv
 from minidnn.primitives.conv import implicit_gemm
 from tests.helpers import assert_close, cuda_constants, to_numpy
+from tests.nvcc_builds import Build
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups)
 TILE_EDGE_CASES = {
@@ -243,18 +241,15 @@ def test_needs_no_workspace_and_says_it_is_not_deterministic():
 # ----------------------------------------------------------------------------------------------
 # The kernels' resources, from nvcc's report (no GPU needed)
 # ----------------------------------------------------------------------------------------------
-NVCC = shutil.which("nvcc")
 KERNELS = ["implicit_gemm_forward", "implicit_gemm_backward_data", "implicit_gemm_backward_filter",
            "implicit_gemm_backward_data_by_phase"]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("scalar", ["float", "double"])
-def test_kernels_fit_two_ctas_per_sm_without_spills(scalar, tmp_path):
-    result = subprocess.run(
-        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", f"-DSCALAR={scalar}", "-Xptxas", "-v",
-         "-o", os.fspath(tmp_path / "out.cubin"), _cuda.source_path("conv/implicit_gemm.cu")],
-        capture_output=True, text=True, timeout=300)
+# The session's builds of implicit_gemm.cu, the float and double ones shared with test_cuda_sources.
+@pytest.mark.parametrize("nvcc_build", [Build("conv/implicit_gemm.cu", scalar) for scalar in ("float", "double")],
+                         indirect=True, ids=str)
+def test_kernels_fit_two_ctas_per_sm_without_spills(nvcc_build):
+    result, scalar = nvcc_build, nvcc_build.build.scalar
     assert result.returncode == 0, result.stderr
     report = {}
     for name, body in re.findall(r"Compiling entry function '(\w+)' for 'sm_90'\n(.*?)(?=ptxas info\s+: Compiling|\Z)",
@@ -271,14 +266,12 @@ def test_kernels_fit_two_ctas_per_sm_without_spills(scalar, tmp_path):
         assert shared <= 48 * 1024, f"{name}: {shared} bytes of static shared memory"
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_three_cta_build_fits_80_registers(tmp_path):
+@pytest.mark.parametrize("nvcc_build", [Build("conv/implicit_gemm.cu", "float", (("CTAS_PER_SM", 3),))],
+                         indirect=True, ids=str)
+def test_three_cta_build_fits_80_registers(nvcc_build):
     """The second build (CTAS_PER_SM=3) must leave room for three CTAs of 256 threads: 65536 / 768 registers,
     rounded down to the allocation unit of 8, is 80."""
-    result = subprocess.run(
-        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", "-DSCALAR=float", "-DCTAS_PER_SM=3", "-Xptxas", "-v",
-         "-o", os.fspath(tmp_path / "out.cubin"), _cuda.source_path("conv/implicit_gemm.cu")],
-        capture_output=True, text=True, timeout=300)
+    result = nvcc_build
     assert result.returncode == 0, result.stderr
     registers = [int(n) for n in re.findall(r"Used (\d+) registers", result.stderr)]
     assert len(registers) == 2 * len(KERNELS) and max(registers) <= 80, registers

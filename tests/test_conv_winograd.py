@@ -5,10 +5,7 @@ model shapes, the workspace formula, and the kernels' compilation.
 All three directions of every Winograd algorithm are also run against the loop reference by tests/test_primitives_conv.py.
 """
 import dataclasses
-import os
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,12 +15,12 @@ from minidnn.primitives.conv import registry, winograd
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.winograd import TRANSFORMS, Tiling, kernel_suffix
 from tests.helpers import assert_close, to_numpy
+from tests.nvcc_builds import Build
 from tests.test_primitives_conv import DIRECTIONS, call, model_problems, relative_error, run_on_a_poisoned_workspace
 
 SIZES = [(2, 3), (4, 3), (4, 5), (7, 5)]  # (m, r): F(m×m, r×r)
 # F(7×7, 5×5) is backward-filter's alone: no filter or output transform (no kernels for them).
 FORWARD_SIZES = [size for size in SIZES if size not in winograd.WEIGHT_GRADIENT_ONLY]
-NVCC = shutil.which("nvcc")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,12 +410,9 @@ def test_chunked_workspace_does_not_grow_with_the_batch_and_fits_64_mib_on_the_m
 # ----------------------------------------------------------------------------------------------
 # The kernels: every transform compiles for sm_90 with its matrices folded into constants
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_kernels_compile_without_spills_or_local_arrays(tmp_path):
-    result = subprocess.run(
-        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", "-DSCALAR=float", "-Xptxas", "-v",
-         "-o", os.fspath(tmp_path / "winograd.cubin"), _cuda.source_path("conv/winograd.cu")],
-        capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("nvcc_build", [Build("conv/winograd.cu", "float")], indirect=True, ids=str)
+def test_kernels_compile_without_spills_or_local_arrays(nvcc_build):
+    result = nvcc_build  # the session's one float build of winograd.cu, shared with test_cuda_sources
     assert result.returncode == 0, result.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
     assert sorted(kernels) == sorted(f"winograd_{name}_transform{kernel_suffix(m, r)}" for m, r in SIZES

@@ -1,27 +1,26 @@
 """Every CUDA source of the package (the primitives' and the naive engine's) compiles with nvcc for sm_90, in float
 and in double, without register spills; and the GPU timing helper's logic, with a stand-in CuPy (CPU tests: no GPU
 needed)."""
-import os
-import shutil
-import subprocess
+import re
+import time
 
 import pytest
 
 from minidnn.primitives import _cuda
+from tests import nvcc_builds
+from tests.nvcc_builds import Build
 
-NVCC = shutil.which("nvcc")
+# ptxas -v reports every kernel's frame; only this form of it, all zeros, may mention spills.
+NO_SPILLS = re.compile(r"^\s*0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads$")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("scalar", ["float", "double"])
-@pytest.mark.parametrize("source", _cuda.cuda_sources())
-def test_cuda_source_compiles(source, scalar, tmp_path):
-    result = subprocess.run(
-        [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", f"-DSCALAR={scalar}", "-Xptxas", "-warn-spills",
-         "-o", os.fspath(tmp_path / "out.cubin"), _cuda.source_path(source)],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"nvcc failed on {source}:\n{result.stderr}"
-    assert "spill" not in result.stderr, f"{source} spills registers:\n{result.stderr}"
+@pytest.mark.parametrize("nvcc_build", [Build(source, scalar) for source in _cuda.cuda_sources()
+                                        for scalar in ("float", "double")], indirect=True, ids=str)
+def test_cuda_source_compiles(nvcc_build):
+    source = nvcc_build.build.source
+    assert nvcc_build.returncode == 0, f"nvcc failed on {source}:\n{nvcc_build.stderr}"
+    spills = [line for line in nvcc_build.stderr.splitlines() if "spill" in line and not NO_SPILLS.match(line)]
+    assert not spills, f"{source} spills registers:\n{nvcc_build.stderr}"
 
 
 def test_sources_are_found():
@@ -68,3 +67,46 @@ def test_find_times_the_gpu_through_the_queued_timing_helper(monkeypatch):
     monkeypatch.setattr(_cuda, "queued_milliseconds", lambda call, hold, longest: seen.append((hold, longest)) or 2.0)
     assert selection._time(lambda: None, xp=object(), repeats=3) == [2.0, 2.0, 2.0]  # xp not NumPy: the GPU path
     assert seen == [(selection.HOLD_MS, selection.MAX_HOLD_MS)] * 3
+
+
+def _stand_in_nvcc(tmp_path, monkeypatch, body: str):
+    """A shell script in nvcc's place that logs its arguments, then runs ``body``; returns the log's path."""
+    log, script = tmp_path / "calls", tmp_path / "nvcc"
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setattr(nvcc_builds, "NVCC", str(script))
+    return log
+
+
+def test_each_build_compiles_once_per_session(tmp_path, monkeypatch):
+    log = _stand_in_nvcc(tmp_path, monkeypatch, 'echo "ptxas info    : report of $4" >&2')
+    builds = nvcc_builds.Builds()
+    float_build, double_build = Build("lrn.cu", "float"), Build("lrn.cu", "double")
+    three_ctas = Build("conv/implicit_gemm.cu", "float", (("CTAS_PER_SM", 3),))
+    try:
+        builds.start([float_build, double_build, float_build])
+        assert builds.report(float_build) is builds.report(float_build)
+        assert builds.report(double_build) == nvcc_builds.Report(double_build, 0,
+                                                                  "ptxas info    : report of -DSCALAR=double\n")
+        assert builds.report(three_ctas).returncode == 0  # not queued before: compiled when asked
+        assert builds.report(float_build).stderr == "ptxas info    : report of -DSCALAR=float\n"
+    finally:
+        builds.close()
+    calls = log.read_text().splitlines()
+    assert len(calls) == 3, calls
+    assert "-DSCALAR=float" in calls[0] and "-DSCALAR=double" in calls[1] and "-DCTAS_PER_SM=3" in calls[2]
+    assert all(call.endswith(_cuda.source_path(build.source)) for call, build in
+               zip(calls, [float_build, double_build, three_ctas]))
+
+
+def test_closing_the_session_ends_a_running_build_and_its_children(tmp_path, monkeypatch):
+    log = _stand_in_nvcc(tmp_path, monkeypatch, "sleep 60")  # sh waits for its child sleep, as nvcc for ptxas
+    builds = nvcc_builds.Builds()
+    builds.start([Build("lrn.cu"), Build("pooling.cu")])
+    deadline = time.monotonic() + 30
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    builds.close()  # would wait the 60 s if the sleeping child survived and held nvcc's stderr open
+    assert time.monotonic() - started < 20
+    assert len(log.read_text().splitlines()) == 1  # the queued second build never started

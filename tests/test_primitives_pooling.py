@@ -578,10 +578,17 @@ def test_matches_torch(rng):
                                                        return_indices=True)
         dy = draw(rng, tuple(y_torch.shape))
         y_torch.backward(torch.tensor(dy))
-        y, indices = pooling.max_pool2d_forward(x, kernel, stride, padding, dilation, ceil_mode)
+        window = (kernel, stride, padding, dilation, ceil_mode)
+        y, positions = pooling.max_pool2d_forward(x, *window, return_indices=True)  # PyTorch's flat h·W + w
         np.testing.assert_array_equal(y, y_torch.detach().numpy())
-        np.testing.assert_array_equal(indices, indices_torch.numpy())
-        assert_close(pooling.max_pool2d_backward(dy, indices, shape), x_torch.grad.numpy())
+        np.testing.assert_array_equal(positions, indices_torch.numpy())
+        assert_close(pooling.max_pool2d_backward(dy, positions, shape), x_torch.grad.numpy())
+        y, taps = pooling.max_pool2d_forward(x, *window)  # the compact record of winning taps (kernels of <= 16)
+        np.testing.assert_array_equal(y, y_torch.detach().numpy())
+        assert taps.dtype == np.uint8
+        np.testing.assert_array_equal(taps_to_positions(taps, kernel, stride, padding, dilation, shape),
+                                      indices_torch.numpy())
+        assert_close(pooling.max_pool2d_backward(dy, taps, shape, *window), x_torch.grad.numpy())
 
         count_include_pad, divisor_override = bool(rng.integers(2)), [None, 3][rng.integers(2)]
         avg_args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
