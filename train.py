@@ -123,6 +123,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     conv.add_argument("--batch-policy", default="powers_of_two", choices=["undivided", "powers_of_two", "all"],
                       help="micro-batch sizes wr and wd may use")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
+    run.add_argument("--deterministic", action="store_true", help="bitwise-identical runs: only algorithms whose results do not depend on scheduling")
     run.add_argument("--workers", type=_number(int, 0), default=2, help="threads decoding samples")
     run.add_argument("--out", default=None,
                      help="output directory (default: the --resume checkpoint's directory, else runs/<model>)")
@@ -603,6 +604,7 @@ def prepare(args: argparse.Namespace) -> Run:
                                "CuPy are needed: pip install -e '.[cuda13]')")
         replace = [] if args.eval_only else check_out(args)  # before the data: loading it can take long
         minidnn.cuda.set_allow_tf32(args.tf32)
+        minidnn.use_deterministic_algorithms(args.deterministic)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
         if args.workspace_limit is not None:

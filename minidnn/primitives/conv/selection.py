@@ -89,15 +89,32 @@ def get(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.
     """The heuristic's choice for the whole batch within ``workspace_limit`` bytes."""
     registry.check_direction(direction)
     available = registry.algorithms()
+
+    def usable(algorithm: registry.ConvAlgorithm | None) -> bool:
+        return (algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit)
+                and registry.permitted(algorithm, problem, direction))
+
+    for name in preference(problem, direction):
+        if usable(available.get(name)):
+            return available[name]
+    for algorithm in available.values():  # an automatic algorithm the rules do not know yet
+        if algorithm.automatic and usable(algorithm):
+            return algorithm
+    deterministic = " deterministic" if registry.are_deterministic_algorithms_enabled() else ""
+    raise ValueError(f"no{deterministic} convolution algorithm supports {direction} of {problem.describe()} "
+                     f"within a workspace limit of {workspace_limit} bytes")
+
+
+def get_divisible(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.ConvAlgorithm | None:
+    """The first automatic algorithm of the rules that may run here and fits ``workspace_limit`` on one
+    image, to run in micro-batches (:func:`plans.even_split`); None if there is none."""
+    available, one_image = registry.algorithms(), problem.with_batch(1)
     for name in preference(problem, direction):
         algorithm = available.get(name)
-        if algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit):
+        if (algorithm is not None and algorithm.automatic and registry.permitted(algorithm, problem, direction)
+                and registry.fits(algorithm, one_image, direction, workspace_limit)):
             return algorithm
-    for algorithm in available.values():  # an automatic algorithm the rules do not know yet
-        if algorithm.automatic and registry.fits(algorithm, problem, direction, workspace_limit):
-            return algorithm
-    raise ValueError(f"no convolution algorithm supports {direction} of {problem.describe()} "
-                     f"within a workspace limit of {workspace_limit} bytes")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,13 +132,15 @@ def math_mode(problem: ConvProblem) -> str:
 
 def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: int = 3) -> list[AlgoPerf]:
     """Every supported automatic algorithm within ``workspace_limit``, fastest first (measured once, then
-    cached); the others (the reference) only when no automatic one fits."""
+    cached); the others (the reference) only when no automatic one fits. In the deterministic mode
+    (:func:`registry.use_deterministic_algorithms`) only the algorithms deterministic for this direction."""
     registry.check_direction(direction)
     key = (direction, problem, math_mode(problem))
     measured = _measured.get(key)
     if measured is None:
         measured = _measured[key] = _disk_cache(problem.device).lookup(key)
-    fitting = [a for a in registry.algorithms().values() if registry.fits(a, problem, direction, workspace_limit)]
+    fitting = [a for a in registry.algorithms().values()
+               if registry.fits(a, problem, direction, workspace_limit) and registry.permitted(a, problem, direction)]
     # Algorithms that run only by name (the float64 reference) are offered only as a last resort.
     candidates = [a for a in fitting if a.automatic] or fitting
     missing = [a for a in candidates if a.name not in measured]
@@ -161,7 +180,8 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
             algorithm.run(direction, first, second, problem, out, False, workspace)
 
         times = _time(call, xp, repeats)
-        results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size, algorithm.deterministic)
+        results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size,
+                                           algorithm.is_deterministic(problem, direction))
     return results
 
 
@@ -238,13 +258,15 @@ class _DiskCache:
 
     def lookup(self, key: tuple) -> dict[str, AlgoPerf]:
         found = {}
+        direction, problem, _ = key
+        algorithms = registry.algorithms()
         for name, values in self.entries.get(_key_text(key), {}).items():
             try:
-                time_ms, workspace, deterministic = float(values[0]), int(values[1]), bool(values[2])
+                time_ms, workspace = float(values[0]), int(values[1])
             except (TypeError, ValueError, IndexError):
                 continue  # a damaged entry: measure again
-            if name in registry.algorithms():
-                found[name] = AlgoPerf(name, time_ms, workspace, deterministic)
+            if name in algorithms:  # whether it is deterministic is the code's to say, not the file's
+                found[name] = AlgoPerf(name, time_ms, workspace, algorithms[name].is_deterministic(problem, direction))
         return found
 
     def store(self, key: tuple, measured: dict[str, AlgoPerf]) -> None:
