@@ -41,17 +41,14 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
         from . import planner  # noqa: PLC0415 - only micro-batching needs it
 
         return planner.plan(problem, direction, limit, mode, registry.batch_policy())
-    if registry.benchmark(problem.device):
-        chosen = registry.get(selection.find(problem, direction, limit)[0].algorithm)
-    else:
-        chosen = selection.get(problem, direction, limit)
-    if not chosen.automatic and registry.are_deterministic_algorithms_enabled():
-        # Only the reference fits the whole batch among the deterministic algorithms (a strided weight
-        # gradient on the GPU without implicit GEMM): micro-batches of a fast one, summed in order, instead.
+    if not registry.benchmark(problem.device):
+        return selection.get_plan(problem, direction, limit)
+    fastest = registry.get(selection.find(problem, direction, limit)[0].algorithm)
+    if not fastest.automatic:  # only the reference fits the whole batch (the deterministic mode): as get_plan
         divisible = selection.get_divisible(problem, direction, limit)
         if divisible is not None:
             return even_split(divisible, problem, direction, limit)
-    return single(chosen, problem, direction)
+    return single(fastest, problem, direction)
 
 
 def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None) -> Plan:

@@ -30,7 +30,7 @@ import numpy as np
 from ... import backend
 from ..._version import __version__
 from .. import _cuda
-from . import registry
+from . import plans, registry
 from .problem import ConvProblem
 
 CACHE_FORMAT = 2  # 2: GPU times with the launches queued ahead (1 counted the host's gaps)
@@ -53,17 +53,23 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     """Algorithm names in the order ``get`` tries them for this problem.
 
     The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM;
-    Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and a 5x5
-    layer's 6.25x on the GPU (F(4x4, 5x5)); FFT's cost
+    on the GPU Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and
+    a 5x5 layer's 6.25x (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
-    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU, where
-    one large NumPy matmul beats a loop of small ones. The float64 reference comes last.
+    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU.
+    On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
+    products use the BLAS less well than im2col's one product per image: they cost more than the
+    multiplications saved, and Winograd was slower than ``gemm`` on every 3x3 kernel of the small
+    models, in every direction (benchmarks/probes/cpu_conv_menu_small_models.py; docs/convolution.md,
+    Choosing). So on the CPU a 3x3 layer runs ``gemm``, the algorithm ``algo="auto"`` must never be
+    slower than; it is what :func:`get_plan` splits into micro-batches where its columns do not fit.
+    The float64 reference comes last.
     """
     names = []
     stride_1 = problem.stride == (1, 1) and problem.dilation == (1, 1)
     if problem.is_1x1:
         names.append("gemm_1x1")
-    if stride_1 and (problem.R, problem.S) == (3, 3):
+    if stride_1 and (problem.R, problem.S) == (3, 3) and problem.device == "cuda":
         # F(4x4) over the whole batch, else in chunks of images (its workspace bounded), else F(2x2).
         names += (["winograd_4x4", "winograd_4x4_chunked", "winograd_2x2"] if min(problem.H, problem.W) >= 16
                   else ["winograd_2x2"])
@@ -115,6 +121,25 @@ def get_divisible(problem: ConvProblem, direction: str, workspace_limit: int) ->
                 and registry.fits(algorithm, one_image, direction, workspace_limit)):
             return algorithm
     return None
+
+
+def get_plan(problem: ConvProblem, direction: str, workspace_limit: int) -> plans.Plan:
+    """The plan ``algo="auto"`` runs when it guesses (micro-batching off): :func:`get`'s choice for the
+    whole batch, except where the rules' first choice fits only micro-batches, which then run it instead:
+
+    * on the CPU, always: ``gemm`` already multiplies image by image there, so its micro-batches cost
+      little more than one call, and the next rule (implicit GEMM, no workspace) is slower than it for
+      the weight gradient;
+    * in the deterministic mode, where the whole batch fits only the float64 reference (a strided weight
+      gradient on the GPU, implicit GEMM's being excluded): micro-batches of a fast algorithm, added in
+      order, rather than the reference's unbounded float64 temporaries.
+    """
+    whole = get(problem, direction, workspace_limit)
+    if problem.device == "cpu" or not whole.automatic:
+        divisible = get_divisible(problem, direction, workspace_limit)
+        if divisible is not None and divisible is not whole:
+            return plans.even_split(divisible, problem, direction, workspace_limit)
+    return plans.single(whole, problem, direction)
 
 
 # ----------------------------------------------------------------------------------------------
