@@ -8,6 +8,7 @@ non-deterministic, as an algorithm with atomic additions would be; the GPU's own
 checked on ConvProblems that name the GPU (choosing needs no GPU) and, on a GPU, by running them.
 """
 import dataclasses
+import json
 import os
 import re
 
@@ -177,7 +178,7 @@ def test_a_too_small_limit_runs_a_deterministic_algorithm_in_micro_batches_not_t
         assert api.make_plan(strided, "backward_filter", "auto", limit).algorithms == ["implicit_gemm"]
 
 
-def test_find_measures_and_offers_only_deterministic_algorithms(scheduled):
+def test_find_measures_and_offers_only_deterministic_algorithms(scheduled, tmp_path):
     p = problem()
     assert scheduled in [r.algorithm for r in selection.find(p, "forward", 1 << 30)]
     minidnn.use_deterministic_algorithms(True)
@@ -186,8 +187,15 @@ def test_find_measures_and_offers_only_deterministic_algorithms(scheduled):
     assert all(r.deterministic for r in found)
     # The flag comes from the code, not from the cache file: a file saying otherwise is not believed.
     minidnn.use_deterministic_algorithms(False)
+    (path,) = tmp_path.glob("conv_find_cpu.json")
+    content = json.loads(path.read_text())
+    for entries in content["entries"].values():
+        entries[scheduled][2] = True
+    path.write_text(json.dumps(content))
     selection.clear_cache()
     assert {r.algorithm: r.deterministic for r in selection.find(p, "forward", 1 << 30)}[scheduled] is False
+    minidnn.use_deterministic_algorithms(True)
+    assert scheduled not in [r.algorithm for r in selection.find(p, "forward", 1 << 30)]
 
 
 def test_a_forced_non_deterministic_algorithm_raises_or_warns(scheduled, rng):

@@ -11,6 +11,8 @@ A shared machine makes CPU timings noisy, so each figure is the fastest call of 
 --block-seconds each), and a block counts only if the other processes used at most --quiet cores meanwhile
 (the machine's busy time from /proc/stat less this process's own CPU time); blocks are retried until that
 holds or --tries run out, and each record says how busy the others were in its cleanest block.
+``--clock cpu`` times this process's CPU time instead of the wall clock: run with one BLAS thread
+(OPENBLAS_NUM_THREADS=1) it measures each algorithm's work, which other processes hardly change.
 """
 from __future__ import annotations
 
@@ -84,15 +86,19 @@ def _own_seconds() -> float:
     return times.user + times.system
 
 
-def block(call: Callable[[], None], seconds: float) -> tuple[float, float]:
-    """(fastest call in ms, cores the other processes used meanwhile) over calls for at least ``seconds``."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def block(call: Callable[[], None], seconds: float, clock: Callable[[], float]) -> tuple[float, float]:
+    """(fastest call in ms by ``clock``, cores the other processes used meanwhile) over calls for at least
+    ``seconds`` of wall time."""
     fastest, start = float("inf"), time.perf_counter()
     busy, own = _machine_busy_seconds(), _own_seconds()
     calls = 0
     while calls < 2 or time.perf_counter() - start < seconds:
-        before = time.perf_counter()
+        before = clock()
         call()
-        fastest = min(fastest, time.perf_counter() - before)
+        fastest = min(fastest, clock() - before)
         calls += 1
     elapsed = time.perf_counter() - start
     others = (_machine_busy_seconds() - busy) - (_own_seconds() - own)
@@ -104,6 +110,8 @@ def time_all(calls: dict[str, Callable[[], None]], args: argparse.Namespace) -> 
     call with no clean block after ``args.tries`` rounds keeps its least busy one (see the module docstring)."""
     for call in calls.values():
         call()  # warm-up: first touch of the buffers
+    # By CPU time with one BLAS thread, the other cores may be busy: only this one's share matters.
+    allowed = args.quiet + ((os.cpu_count() or 1) - 1 if args.clock == "cpu" else 0)
     clean: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     least_busy: dict[str, tuple[float, float]] = {}
     for round_ in range(args.tries):
@@ -113,8 +121,8 @@ def time_all(calls: dict[str, Callable[[], None]], args: argparse.Namespace) -> 
         if round_ >= args.rounds:
             time.sleep(args.wait)  # the machine was busy: give the others time to finish
         for name in pending:
-            ms, others = block(calls[name], args.block_seconds)
-            if others <= args.quiet:
+            ms, others = block(calls[name], args.block_seconds, CLOCKS[args.clock])
+            if others <= allowed:
                 clean[name].append((ms, others))
             elif name not in least_busy or others < least_busy[name][1]:
                 least_busy[name] = (ms, others)
@@ -193,11 +201,15 @@ def machine() -> dict[str, Any]:
             "workspace_limit_bytes": registry.workspace_limit(), "load_average_at_start": os.getloadavg()}
 
 
-def markdown(records: list[dict[str, Any]], info: dict[str, Any], seconds: float) -> str:
+def markdown(records: list[dict[str, Any]], info: dict[str, Any], seconds: float, clock: str) -> str:
+    measured = ("wall-clock milliseconds per call" if clock == "wall" else
+                "milliseconds of this process's CPU time per call (the work, with "
+                f"OPENBLAS_NUM_THREADS={info['blas_threads']})")
     lines = [f"# CPU convolution menu, every kernel of the small models ({info['date']}, commit {info['commit']})", "",
-             f"{info['cpu']}, {info['cores']} cores, NumPy {info['numpy']} ({info['blas']}), Python {info['python']}; "
-             f"workspace limit {info['workspace_limit_bytes'] >> 20} MiB; {len(records)} kernels in {seconds:.0f} s. "
-             "Milliseconds per call, the fastest of clean blocks (benchmarks/probes/cpu_conv_menu_small_models.py "
+             f"{info['cpu']}, {info['cores']} cores, NumPy {info['numpy']} ({info['blas']}, BLAS threads: "
+             f"{info['blas_threads']}), Python {info['python']}; workspace limit "
+             f"{info['workspace_limit_bytes'] >> 20} MiB; {len(records)} kernels in {seconds:.0f} s. "
+             f"Figures are {measured}, the fastest of clean blocks (benchmarks/probes/cpu_conv_menu_small_models.py "
              "says how); `auto` and `gemm` are the plans `algo=\"auto\"` and `algo=\"gemm\"` make at that limit "
              "(gemm in micro-batches where its columns do not fit).", ""]
     three = [r for r in records if (r["R"], r["S"]) == (3, 3)]
@@ -236,7 +248,10 @@ def write(path: str, text: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder for cpu-conv-menu.json and cpu-conv-menu.md")
+    parser.add_argument("--out", required=True, help="folder for NAME.json and NAME.md")
+    parser.add_argument("--name", default="cpu-conv-menu", help="file name stem of the outputs")
+    parser.add_argument("--clock", default="wall", choices=sorted(CLOCKS), help="wall clock, or this process's "
+                        "CPU time (with one BLAS thread: each algorithm's work)")
     parser.add_argument("--batches", default="both", choices=["usual", "quick", "both"])
     parser.add_argument("--rounds", type=int, default=3, help="clean blocks wanted per figure")
     parser.add_argument("--tries", type=int, default=8, help="rounds at most before a busy figure is kept")
@@ -247,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(0)
     info, start, records = machine(), time.perf_counter(), []
+    info["blas_threads"] = os.environ.get("OPENBLAS_NUM_THREADS", "default")
     with conv.settings(benchmark=False):  # the CPU default, whatever MINIDNN_CONV_FIND says
         for index, kernel in enumerate(kernels(args.batches)):
             records.append(measure(kernel, args, rng))
@@ -254,10 +270,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[{index + 1}] {r['direction']} {r['problem']}: auto {r['auto']['ms']:.2f} ms "
                   f"({r['auto']['plan']}), gemm {r['gemm']['ms']:.2f}, fastest {r['fastest']}", flush=True)
     seconds = time.perf_counter() - start
-    write(os.path.join(args.out, "cpu-conv-menu.json"),
+    write(os.path.join(args.out, f"{args.name}.json"),
           json.dumps({"machine": info, "seconds": round(seconds, 1), "settings": vars(args), "kernels": records},
                      indent=1) + "\n")
-    write(os.path.join(args.out, "cpu-conv-menu.md"), markdown(records, info, seconds))
+    write(os.path.join(args.out, f"{args.name}.md"), markdown(records, info, seconds, args.clock))
 
 
 if __name__ == "__main__":
