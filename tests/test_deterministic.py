@@ -212,6 +212,9 @@ def test_a_forced_non_deterministic_algorithm_raises_or_warns(scheduled, rng):
     with pytest.warns(UserWarning, match="scheduled_gemm' does not have a deterministic implementation"):
         dw = conv.conv2d_backward_filter(x, dy, (4, 3, 3, 3), 1, 1, algo=scheduled)
     assert_close(dw, conv.conv2d_backward_filter(x, dy, (4, 3, 3, 3), 1, 1, algo="reference"), rtol=1e-4, atol=1e-4)
+    minidnn.use_deterministic_algorithms(True)  # the plan made while only warning is not reused
+    with pytest.raises(RuntimeError, match="scheduled_gemm"):
+        conv.conv2d_backward_filter(x, dy, (4, 3, 3, 3), 1, 1, algo=scheduled)
 
 
 def test_a_change_of_the_mode_invalidates_the_cached_plans(scheduled, rng):

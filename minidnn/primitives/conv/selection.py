@@ -59,10 +59,14 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU.
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
-    multiplications saved, and Winograd was slower than ``gemm`` on every 3x3 kernel of the small
-    models, in every direction (benchmarks/probes/cpu_conv_menu_small_models.py; docs/convolution.md,
-    Choosing). So on the CPU a 3x3 layer runs ``gemm``, the algorithm ``algo="auto"`` must never be
-    slower than; it is what :func:`get_plan` splits into micro-batches where its columns do not fit.
+    multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
+    models (benchmarks/probes/cpu_conv_menu_small_models.py; docs/convolution.md, Choosing). So on
+    the CPU a 3x3 layer runs ``gemm``, the algorithm ``algo="auto"`` must never be slower than (which
+    :func:`get_plan` splits into micro-batches where its columns do not fit), except for its
+    backward-data: implicit GEMM's NumPy twin does the same products tap by tap, each adding a
+    dx-sized product that is still in cache where gemm writes all R·S of them into the column matrix
+    and reads them back, and it was faster on every such kernel with at least 8 input channels per
+    group (with fewer, its products are too thin for the BLAS).
     The float64 reference comes last.
     """
     names = []
@@ -87,7 +91,9 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names.append("fft")
     if problem.device == "cuda" and direction == "backward_data" and not stride_1 and problem.dilation == (1, 1):
         names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
-    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" else ["gemm", "implicit_gemm"]
+    tap_by_tap = (direction == "backward_data" and (problem.R, problem.S) == (3, 3)
+                  and problem.dilation == (1, 1) and problem.C // problem.groups >= 8)
+    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 
 
