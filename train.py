@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--batch-policy", default="powers_of_two", choices=["undivided", "powers_of_two", "all"],
                       help="micro-batch sizes wr and wd may use")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
+    run.add_argument("--deterministic", action="store_true",
+                     help="bitwise-identical runs: only algorithms whose results do not depend on scheduling")
     run.add_argument("--workers", type=_number(int, 0), default=2,
                      help="worker processes decoding image files (in-memory data is read in-process)")
     run.add_argument("--out", default=None,
@@ -931,6 +933,7 @@ def prepare(args: argparse.Namespace) -> Run:
         if not args.eval_only:  # before the data: loading it can take long
             lock, replace = check_out(args)
         minidnn.cuda.set_allow_tf32(args.tf32)
+        minidnn.use_deterministic_algorithms(args.deterministic)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
         if args.cuda_graph is None:  # the captured step is the GPU's default: the fastest path there is

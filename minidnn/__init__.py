@@ -20,6 +20,7 @@ from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .tensor import Tensor, argmax, argmin, cat, clamp, clone, flatten, stack, std, tensor, topk, var, where
 from .random import get_rng_state, manual_seed, set_rng_state
+from .primitives.conv.registry import are_deterministic_algorithms_enabled, use_deterministic_algorithms
 
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
@@ -30,6 +31,7 @@ __all__ = [
     "Tensor", "tensor", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "is_grad_enabled", "device",
     "Device", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
     "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
-    "get_rng_state", "set_rng_state", "backend", "cuda", "functional", "nn",
+    "get_rng_state", "set_rng_state", "use_deterministic_algorithms",
+    "are_deterministic_algorithms_enabled", "backend", "cuda", "functional", "nn",
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

@@ -8,12 +8,14 @@ from . import fft, gemm, gemm_1x1, implicit_gemm, reference, strided_dgrad, wino
 from .api import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .plans import Plan
 from .problem import ConvProblem
-from .registry import (ConvAlgorithm, algorithms, default_algorithm, parse_size, register, set_benchmark,
-                       set_microbatch, set_workspace_limit, settings, workspace_limit)
+from .registry import (ConvAlgorithm, algorithms, are_deterministic_algorithms_enabled, default_algorithm, parse_size,
+                       register, set_benchmark, set_microbatch, set_workspace_limit, settings,
+                       use_deterministic_algorithms, workspace_limit)
 from .selection import AlgoPerf, find, get
 
 __all__ = [
     "conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "ConvProblem", "ConvAlgorithm", "Plan",
     "AlgoPerf", "algorithms", "register", "settings", "set_workspace_limit", "workspace_limit", "default_algorithm",
-    "set_benchmark", "set_microbatch", "parse_size", "find", "get",
+    "set_benchmark", "set_microbatch", "parse_size", "find", "get", "use_deterministic_algorithms",
+    "are_deterministic_algorithms_enabled",
 ]

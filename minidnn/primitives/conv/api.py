@@ -23,7 +23,7 @@ from .plans import Plan, even_split, single
 from .problem import ConvProblem, check_output_grad, forward_problem, make_problem
 
 
-# Plans already made: (problem, direction, algo, limit, settings...) -> Plan.
+# Plans already made: (problem, direction, algo, limit, every setting make_plan reads) -> Plan.
 _plans: dict[tuple, Plan] = {}
 registry.cache_clearers.append(_plans.clear)
 _warned_out_of_memory: set = set()
@@ -79,23 +79,29 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
         algorithm = registry.get(algo)
         if not algorithm.supports(problem, direction):
             raise ValueError(f"algo {algo!r} does not support {direction} of {problem.describe()} on {problem.device}")
+        registry.check_forced(algorithm, problem, direction)
         return even_split(algorithm, problem, direction, limit)
     mode = registry.microbatch_mode()
     if mode != "off":
         from . import planner  # noqa: PLC0415 - only micro-batching needs it
 
         return planner.plan(problem, direction, limit, mode, registry.batch_policy())
-    if registry.benchmark(problem.device):
-        fastest = selection.find(problem, direction, limit)[0]
-        return single(registry.get(fastest.algorithm), problem, direction)
-    return single(selection.get(problem, direction, limit), problem, direction)
+    if not registry.benchmark(problem.device):
+        return selection.get_plan(problem, direction, limit)
+    fastest = registry.get(selection.find(problem, direction, limit)[0].algorithm)
+    if not fastest.automatic:  # only the reference fits the whole batch (the deterministic mode): as get_plan
+        divisible = selection.get_divisible(problem, direction, limit)
+        if divisible is not None:
+            return even_split(divisible, problem, direction, limit)
+    return single(fastest, problem, direction)
 
 
 def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None) -> Plan:
     limit = registry.workspace_limit() if workspace_limit is None else registry.check_limit(workspace_limit)
     algo = registry.default_algorithm() if algo is None else algo
     key = (problem, direction, algo, limit, registry.microbatch_mode(), registry.batch_policy(),
-           registry.benchmark(problem.device), selection.math_mode(problem))
+           registry.benchmark(problem.device), selection.math_mode(problem),
+           registry.are_deterministic_algorithms_enabled(), registry.is_deterministic_algorithms_warn_only_enabled())
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = make_plan(problem, direction, algo, limit)

@@ -80,13 +80,17 @@ def steps_per_split(problem: ConvProblem, sms: int) -> int:
 
 class ImplicitGemm(ConvAlgorithm):
     """Implicit GEMM in all three directions; no workspace. Backward-filter on the GPU adds
-    partial sums with ``atomicAdd``, so it is not bit-for-bit reproducible (``deterministic = False``)."""
+    partial sums with ``atomicAdd``, so it is not bit-for-bit reproducible (``deterministic = False``);
+    forward and backward-data write each output once, and the NumPy code has no atomics."""
 
     name = "implicit_gemm"
     deterministic = False
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True
+
+    def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
+        return not (direction == "backward_filter" and problem.device == "cuda")
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         return 0

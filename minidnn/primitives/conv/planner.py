@@ -250,20 +250,27 @@ def plan(problem: ConvProblem, direction: str, limit: int, mode: str, policy: st
 
     ``"wr"``: WR under ``limit``. ``"wd"``: the plan :func:`solve_network` chose for this kernel; before
     it has run, or for a kernel it did not see, the WR plan under ``limit``, and the kernel is
-    registered for the next :func:`solve_network`.
+    registered for the next :func:`solve_network`. Both choose among the algorithms ``find`` offers,
+    so in the deterministic mode only deterministic ones; a WD plan solved with the mode off that uses a
+    non-deterministic one is not used with it on (the WR plan runs, with a warning, until
+    solve_network() runs again).
     """
     if mode not in ("wr", "wd"):
         raise ValueError(f"mode must be 'wr' or 'wd', got {mode!r}")
     kernel = (problem, direction)
     if mode == "wd":
         solved = _solved.get(kernel)
-        if solved is not None:
+        stale = solved is not None and not all(registry.permitted(algorithm, problem.with_batch(images), direction)
+                                               for images, algorithm in solved.segments)
+        if solved is not None and not stale:
             return solved
         if _solved and kernel not in _warned:
             _warned.add(kernel)
-            warnings.warn(f"conv2d {direction} of {problem.describe()} first ran after solve_network(): it uses "
-                          f"its WR plan under the {limit}-byte limit per call until solve_network() runs again",
-                          RuntimeWarning, stacklevel=5)
+            why = ("has a WD plan with an algorithm the deterministic mode excludes" if stale
+                   else "first ran after solve_network()")
+            warnings.warn(f"conv2d {direction} of {problem.describe()} {why}: it uses its WR plan under the "
+                          f"{limit}-byte limit per call until solve_network() runs again", RuntimeWarning,
+                          stacklevel=5)
         _registered[kernel] = policy
     return to_plan(wr_plan(cost_table(problem, direction, limit, policy), problem.N, limit), problem, direction)
 

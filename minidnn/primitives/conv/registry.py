@@ -13,12 +13,17 @@ Settings (process-wide defaults, overridable per call or per ``with settings(...
   "on the GPU, yes; on the CPU, no" (``MINIDNN_CONV_FIND=1`` or ``0`` forces it);
 * ``microbatch``: ``"off"`` (undivided: the whole batch in one call, as cuDNN), ``"wr"`` or ``"wd"``
   (μ-cuDNN's per-layer and whole-network plans, :mod:`.planner`), with ``batch_policy`` giving the
-  micro-batch sizes a plan may use.
+  micro-batch sizes a plan may use;
+* ``deterministic`` (:func:`use_deterministic_algorithms`, PyTorch's name): only algorithms whose
+  result does not depend on the order in which the device schedules their work, for every
+  direction; a forced algorithm that is not raises a ``RuntimeError`` (a warning with
+  ``warn_only=True``).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Iterator
 
 from .problem import DIRECTIONS, ConvProblem
@@ -33,9 +38,11 @@ BATCH_POLICIES = ("undivided", "powers_of_two", "all")
 class ConvAlgorithm:
     """Base class: one convolution algorithm, all three directions.
 
-    Subclasses set ``name`` (and ``deterministic``: False when results may change from run to
-    run, e.g. with atomic additions; ``automatic``: False for an algorithm that runs only when
-    asked for by name, which ``find`` offers only when nothing else fits), and implement
+    Subclasses set ``name`` (and ``deterministic``: False when some direction's results may change
+    from run to run, e.g. with atomic additions of partial sums, whose order the scheduler decides;
+    such an algorithm overrides :meth:`is_deterministic` to say which directions; ``automatic``:
+    False for an algorithm that runs only when asked for by name, which ``find`` offers only when
+    nothing else fits), and implement
     ``supports``, ``workspace_bytes`` and the directions they support, on arrays of one
     (micro-)batch:
 
@@ -57,6 +64,11 @@ class ConvAlgorithm:
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError
+
+    def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
+        """Whether ``direction`` of ``problem`` gives the same bits on every run (cuDNN's per-algorithm
+        ``determinism``): by default ``deterministic``, the same answer for every direction and device."""
+        return self.deterministic
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         """Workspace needed to run ``problem`` (its whole batch of ``problem.N`` images) in one call."""
@@ -202,7 +214,8 @@ class _Settings(dict):
 
 def _from_environment() -> _Settings:
     settings = _Settings({"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None,
-                          "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None})
+                          "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None,
+                          "deterministic": False, "deterministic_warn_only": False})
     find = os.environ.get("MINIDNN_CONV_FIND")
     if find is not None:
         if find not in ("0", "1"):
@@ -246,9 +259,63 @@ def batch_policy() -> str:
 
 
 def benchmark(device: str) -> bool:
-    """Whether ``algo="auto"`` times the algorithms (``find``) on ``device`` rather than guessing."""
+    """Whether ``algo="auto"`` times the algorithms (``find``) on ``device`` rather than guessing.
+
+    The default (``None``) times on the GPU, except in the deterministic mode: bitwise-identical runs
+    need the same algorithm in every run, and timing can rank two algorithms differently from one
+    process to the next (PyTorch's docs say the same of ``cudnn.benchmark``, off by default there).
+    ``set_benchmark(True)`` times in the deterministic mode too, among the deterministic algorithms."""
     forced = _defaults["benchmark"]
-    return device == "cuda" if forced is None else forced
+    if forced is None:
+        return device == "cuda" and not _defaults["deterministic"]
+    return forced
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether the deterministic mode is on (``torch.are_deterministic_algorithms_enabled``)."""
+    return _defaults["deterministic"]
+
+
+def is_deterministic_algorithms_warn_only_enabled() -> bool:
+    """Whether the deterministic mode only warns about a forced non-deterministic algorithm."""
+    return _defaults["deterministic_warn_only"]
+
+
+def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+    """Convolutions use only algorithms whose results do not depend on scheduling (PyTorch's
+    ``torch.use_deterministic_algorithms``): ``get`` and ``find`` skip the others, and so do the
+    micro-batch planners; a forced non-deterministic ``algo=`` raises a ``RuntimeError``, or with
+    ``warn_only=True`` warns and runs. ``algo="auto"`` then chooses by shape on the GPU too, unless
+    :func:`set_benchmark` asked for timing (see :func:`benchmark`). docs/convolution.md lists which
+    algorithms are deterministic, and which other primitives are."""
+    for value, name in ((mode, "mode"), (warn_only, "warn_only")):
+        if not isinstance(value, bool):
+            raise TypeError(f"use_deterministic_algorithms: {name} must be a bool, got {value!r}")
+    _defaults["deterministic"] = mode
+    _defaults["deterministic_warn_only"] = warn_only
+
+
+def permitted(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str) -> bool:
+    """Whether ``algo="auto"`` may choose ``algorithm`` for this call under the current settings:
+    always, except that the deterministic mode excludes a direction that is not deterministic."""
+    return not _defaults["deterministic"] or algorithm.is_deterministic(problem, direction)
+
+
+def check_forced(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str) -> None:
+    """A forced ``algo=`` in the deterministic mode: a ``RuntimeError`` (PyTorch's) if ``algorithm``'s
+    ``direction`` is not deterministic, or a warning when the mode is ``warn_only``."""
+    if permitted(algorithm, problem, direction):
+        return
+    deterministic = sorted(name for name, other in _algorithms.items() if other.supports(problem, direction)
+                           and other.is_deterministic(problem, direction))
+    message = (f"conv2d {direction} with algo={algorithm.name!r} does not have a deterministic implementation on "
+               f"{problem.device}, but you set 'minidnn.use_deterministic_algorithms(True)'. Use algo='auto' or "
+               f"one of {deterministic} for {problem.describe()}, or the 'warn_only=True' option if that is "
+               f"acceptable for your application.")
+    if _defaults["deterministic_warn_only"]:
+        warnings.warn(message, UserWarning, stacklevel=5)
+        return
+    raise RuntimeError(message)
 
 
 def check_limit(limit: Any) -> int:
@@ -288,7 +355,8 @@ def set_microbatch(mode: str, batch_policy: str | None = None) -> None:
 
 @contextlib.contextmanager
 def settings(algo: str | None = None, workspace_limit: int | None = None, benchmark: bool | None = None,
-             microbatch: str | None = None, batch_policy: str | None = None) -> Iterator[None]:
+             microbatch: str | None = None, batch_policy: str | None = None,
+             deterministic: bool | None = None) -> Iterator[None]:
     """Override settings for convolutions run inside the block (``None`` leaves one unchanged).
 
     ``with conv.settings(algo="reference"): loss.backward()`` runs every direction of every
@@ -308,6 +376,8 @@ def settings(algo: str | None = None, workspace_limit: int | None = None, benchm
             _defaults["microbatch"] = _check_choice(microbatch, "microbatch", MICROBATCH_MODES)
         if batch_policy is not None:
             _defaults["batch_policy"] = _check_choice(batch_policy, "batch_policy", BATCH_POLICIES)
+        if deterministic is not None:
+            use_deterministic_algorithms(deterministic, warn_only=_defaults["deterministic_warn_only"])
         yield
     finally:
         _defaults.clear()

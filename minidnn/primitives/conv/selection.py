@@ -30,7 +30,7 @@ import numpy as np
 from ... import backend
 from ..._version import __version__
 from .. import _cuda
-from . import registry
+from . import plans, registry
 from .problem import ConvProblem
 
 CACHE_FORMAT = 2  # 2: GPU times with the launches queued ahead (1 counted the host's gaps)
@@ -53,17 +53,27 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     """Algorithm names in the order ``get`` tries them for this problem.
 
     The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM;
-    Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and a 5x5
-    layer's 6.25x on the GPU (F(4x4, 5x5)); FFT's cost
+    on the GPU Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and
+    a 5x5 layer's 6.25x (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
-    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU, where
-    one large NumPy matmul beats a loop of small ones. The float64 reference comes last.
+    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU.
+    On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
+    products use the BLAS less well than im2col's one product per image: they cost more than the
+    multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
+    models (benchmarks/probes/cpu_conv_menu_small_models.py; docs/convolution.md, Choosing). So on
+    the CPU a 3x3 layer runs ``gemm``, the algorithm ``algo="auto"`` must never be slower than (which
+    :func:`get_plan` splits into micro-batches where its columns do not fit), except for its
+    backward-data: implicit GEMM's NumPy twin does the same products tap by tap, each adding a
+    dx-sized product that is still in cache where gemm writes all R·S of them into the column matrix
+    and reads them back, and it was faster on every such kernel with at least 8 input channels per
+    group (with fewer, its products are too thin for the BLAS).
+    The float64 reference comes last.
     """
     names = []
     stride_1 = problem.stride == (1, 1) and problem.dilation == (1, 1)
     if problem.is_1x1:
         names.append("gemm_1x1")
-    if stride_1 and (problem.R, problem.S) == (3, 3):
+    if stride_1 and (problem.R, problem.S) == (3, 3) and problem.device == "cuda":
         # F(4x4) over the whole batch, else in chunks of images (its workspace bounded), else F(2x2).
         names += (["winograd_4x4", "winograd_4x4_chunked", "winograd_2x2"] if min(problem.H, problem.W) >= 16
                   else ["winograd_2x2"])
@@ -81,7 +91,9 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names.append("fft")
     if problem.device == "cuda" and direction == "backward_data" and not stride_1 and problem.dilation == (1, 1):
         names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
-    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" else ["gemm", "implicit_gemm"]
+    tap_by_tap = (direction == "backward_data" and (problem.R, problem.S) == (3, 3)
+                  and problem.dilation == (1, 1) and problem.C // problem.groups >= 8)
+    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 
 
@@ -89,15 +101,51 @@ def get(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.
     """The heuristic's choice for the whole batch within ``workspace_limit`` bytes."""
     registry.check_direction(direction)
     available = registry.algorithms()
+
+    def usable(algorithm: registry.ConvAlgorithm | None) -> bool:
+        return (algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit)
+                and registry.permitted(algorithm, problem, direction))
+
+    for name in preference(problem, direction):
+        if usable(available.get(name)):
+            return available[name]
+    for algorithm in available.values():  # an automatic algorithm the rules do not know yet
+        if algorithm.automatic and usable(algorithm):
+            return algorithm
+    deterministic = " deterministic" if registry.are_deterministic_algorithms_enabled() else ""
+    raise ValueError(f"no{deterministic} convolution algorithm supports {direction} of {problem.describe()} "
+                     f"within a workspace limit of {workspace_limit} bytes")
+
+
+def get_divisible(problem: ConvProblem, direction: str, workspace_limit: int) -> registry.ConvAlgorithm | None:
+    """The first automatic algorithm of the rules that may run here and fits ``workspace_limit`` on one
+    image, to run in micro-batches (:func:`plans.even_split`); None if there is none."""
+    available, one_image = registry.algorithms(), problem.with_batch(1)
     for name in preference(problem, direction):
         algorithm = available.get(name)
-        if algorithm is not None and registry.fits(algorithm, problem, direction, workspace_limit):
+        if (algorithm is not None and algorithm.automatic and registry.permitted(algorithm, problem, direction)
+                and registry.fits(algorithm, one_image, direction, workspace_limit)):
             return algorithm
-    for algorithm in available.values():  # an automatic algorithm the rules do not know yet
-        if algorithm.automatic and registry.fits(algorithm, problem, direction, workspace_limit):
-            return algorithm
-    raise ValueError(f"no convolution algorithm supports {direction} of {problem.describe()} "
-                     f"within a workspace limit of {workspace_limit} bytes")
+    return None
+
+
+def get_plan(problem: ConvProblem, direction: str, workspace_limit: int) -> plans.Plan:
+    """The plan ``algo="auto"`` runs when it guesses (micro-batching off): :func:`get`'s choice for the
+    whole batch, except where the rules' first choice fits only micro-batches, which then run it instead:
+
+    * on the CPU, always: ``gemm`` already multiplies image by image there, so its micro-batches cost
+      little more than one call, and the next rule (implicit GEMM, no workspace) is slower than it for
+      the weight gradient;
+    * in the deterministic mode, where the whole batch fits only the float64 reference (a strided weight
+      gradient on the GPU, implicit GEMM's being excluded): micro-batches of a fast algorithm, added in
+      order, rather than the reference's unbounded float64 temporaries.
+    """
+    whole = get(problem, direction, workspace_limit)
+    if problem.device == "cpu" or not whole.automatic:
+        divisible = get_divisible(problem, direction, workspace_limit)
+        if divisible is not None and divisible is not whole:
+            return plans.even_split(divisible, problem, direction, workspace_limit)
+    return plans.single(whole, problem, direction)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,13 +163,15 @@ def math_mode(problem: ConvProblem) -> str:
 
 def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: int = 3) -> list[AlgoPerf]:
     """Every supported automatic algorithm within ``workspace_limit``, fastest first (measured once, then
-    cached); the others (the reference) only when no automatic one fits."""
+    cached); the others (the reference) only when no automatic one fits. In the deterministic mode
+    (:func:`registry.use_deterministic_algorithms`) only the algorithms deterministic for this direction."""
     registry.check_direction(direction)
     key = (direction, problem, math_mode(problem))
     measured = _measured.get(key)
     if measured is None:
         measured = _measured[key] = _disk_cache(problem.device).lookup(key)
-    fitting = [a for a in registry.algorithms().values() if registry.fits(a, problem, direction, workspace_limit)]
+    fitting = [a for a in registry.algorithms().values()
+               if registry.fits(a, problem, direction, workspace_limit) and registry.permitted(a, problem, direction)]
     # Algorithms that run only by name (the float64 reference) are offered only as a last resort.
     candidates = [a for a in fitting if a.automatic] or fitting
     missing = [a for a in candidates if a.name not in measured]
@@ -161,7 +211,8 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
             algorithm.run(direction, first, second, problem, out, False, workspace)
 
         times = _time(call, xp, repeats)
-        results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size, algorithm.deterministic)
+        results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size,
+                                           algorithm.is_deterministic(problem, direction))
     return results
 
 
@@ -238,13 +289,15 @@ class _DiskCache:
 
     def lookup(self, key: tuple) -> dict[str, AlgoPerf]:
         found = {}
+        direction, problem, _ = key
+        algorithms = registry.algorithms()
         for name, values in self.entries.get(_key_text(key), {}).items():
             try:
-                time_ms, workspace, deterministic = float(values[0]), int(values[1]), bool(values[2])
+                time_ms, workspace = float(values[0]), int(values[1])
             except (TypeError, ValueError, IndexError):
                 continue  # a damaged entry: measure again
-            if name in registry.algorithms():
-                found[name] = AlgoPerf(name, time_ms, workspace, deterministic)
+            if name in algorithms:  # whether it is deterministic is the code's to say, not the file's
+                found[name] = AlgoPerf(name, time_ms, workspace, algorithms[name].is_deterministic(problem, direction))
         return found
 
     def store(self, key: tuple, measured: dict[str, AlgoPerf]) -> None:
