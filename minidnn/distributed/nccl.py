@@ -62,6 +62,15 @@ class NcclWork(Work):
         return True if self.captured else bool(self.done.done)
 
 
+def _unique_id_argument(nccl: Any, raw: bytes) -> Any:
+    """NCCL's unique id in the form this CuPy's NcclCommunicator takes, told apart by the type get_unique_id
+    returns: the bytes themselves (CuPy 14), or, in older releases, a tuple of C chars (signed here; the
+    caller retries unsigned where char is unsigned, as on ARM)."""
+    if isinstance(nccl.get_unique_id(), (bytes, bytearray)):
+        return bytes(raw)
+    return tuple(v - 256 if v > 127 else v for v in raw)
+
+
 class NcclProcessGroup(ProcessGroup):
     """The ``"nccl"`` backend: see the module's docstring. ``device_id``: the GPU this rank drives."""
 
@@ -85,9 +94,9 @@ class NcclProcessGroup(ProcessGroup):
         # Meet in the store first: a rank that never comes is then a timeout with a message, not a hang in NCCL.
         store.add("nccl/joined", 1)
         store.wait_for_count("nccl/joined", size)
-        try:  # CuPy hands the id over as C chars: signed where char is (x86), unsigned elsewhere (ARM)
-            self.comm = nccl.NcclCommunicator(size, tuple(v - 256 if v > 127 else v for v in raw), rank)
-        except OverflowError:
+        try:
+            self.comm = nccl.NcclCommunicator(size, _unique_id_argument(nccl, raw), rank)
+        except OverflowError:  # a tuple of unsigned chars (char is unsigned on ARM)
             self.comm = nccl.NcclCommunicator(size, tuple(raw), rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         # ncclAvg exists from NCCL 2.10; before it, AVG is a sum divided on the communication stream.

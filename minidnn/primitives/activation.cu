@@ -144,24 +144,35 @@ extern "C" __global__ void gelu_backward(const scalar_t* __restrict__ dy, const 
     }
 }
 
-// y = x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2.
+// The tanh form through the logistic function: (1 + tanh(u))/2 = σ(2u) and (1 − tanh²(u))/2 = 2·σ(2u)·σ(−2u),
+// with e = exp(−2|u|) <= 1 so that neither σ(2u) nor σ(−2u) is ever 1 minus something close to 1 (where x is
+// very negative, 1 + tanh(u) would cancel to a few correct bits in float).
+struct GeluTanhTerms {
+    scalar_t v, sigma, sigma_complement, u_slope;  // x, σ(2u), σ(−2u), du/dx
+};
+
+__device__ inline GeluTanhTerms gelu_tanh_terms(const scalar_t v) {
+    const scalar_t scale = scalar_t(GELU_SQRT_2_OVER_PI), cubic = scalar_t(GELU_CUBIC);
+    const scalar_t u = scale * (v + cubic * v * v * v);
+    const scalar_t e = exp(scalar_t(-2) * fabs(u));
+    const scalar_t near = scalar_t(1) / (scalar_t(1) + e), far = e / (scalar_t(1) + e);
+    const bool positive = u >= scalar_t(0);
+    return {v, positive ? near : far, positive ? far : near, scale * (scalar_t(1) + scalar_t(3) * cubic * v * v)};
+}
+
+// y = x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))/2 = x·σ(2u).
 extern "C" __global__ void gelu_tanh_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        const scalar_t v = x[i];
-        const scalar_t t = tanh(scalar_t(GELU_SQRT_2_OVER_PI) * (v + scalar_t(GELU_CUBIC) * v * v * v));
-        y[i] = v * (scalar_t(1) + t) / scalar_t(2);
+        const GeluTanhTerms t = gelu_tanh_terms(x[i]);
+        y[i] = t.v * t.sigma;
     }
 }
 
-// dx = dy·((1 + t)/2 + x/2·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)), t as in the forward.
+// dx = dy·((1 + t)/2 + x/2·(1 − t²)·u') = dy·(σ(2u) + 2x·σ(2u)·σ(−2u)·u').
 extern "C" __global__ void gelu_tanh_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
                                               scalar_t* __restrict__ dx, const int n) {
-    const scalar_t scale = scalar_t(GELU_SQRT_2_OVER_PI), cubic = scalar_t(GELU_CUBIC);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        const scalar_t v = x[i];
-        const scalar_t t = tanh(scale * (v + cubic * v * v * v));
-        const scalar_t slope = (scalar_t(1) + t) / scalar_t(2)
-                               + v / scalar_t(2) * (scalar_t(1) - t * t) * scale * (scalar_t(1) + scalar_t(3) * cubic * v * v);
-        dx[i] = dy[i] * slope;
+        const GeluTanhTerms t = gelu_tanh_terms(x[i]);
+        dx[i] = dy[i] * (t.sigma + scalar_t(2) * t.v * t.sigma * t.sigma_complement * t.u_slope);
     }
 }

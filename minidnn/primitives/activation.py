@@ -248,23 +248,34 @@ def gelu_forward(x: Any, approximate: str = "none") -> Any:
     if backend.is_cuda_array(x):
         return _elementwise_gpu("gelu_forward" if approximate == "none" else "gelu_tanh_forward", x)
     if approximate == "tanh":
-        inner = x.dtype.type(SQRT_2_OVER_PI) * (x + x.dtype.type(GELU_TANH_CUBIC) * x * x * x)
-        return x * (1 + np.tanh(inner)) / 2
+        return x * _gelu_tanh_terms(x)[0]
     return (x * (1 + erf(x * x.dtype.type(RSQRT_2))) / 2).astype(x.dtype)
+
+
+def _gelu_tanh_terms(x: Any) -> tuple[Any, Any, Any]:
+    """(σ(2u), σ(−2u), du/dx) of GELU's tanh form, u = √(2/π)·(x + 0.044715·x³), as activation.cu computes
+    them: (1 + tanh(u))/2 = σ(2u), through e = exp(−2|u|) <= 1, so that no term is 1 minus nearly 1 (which
+    cancels to a few correct bits where x is very negative)."""
+    scale, cubic = x.dtype.type(SQRT_2_OVER_PI), x.dtype.type(GELU_TANH_CUBIC)
+    u = scale * (x + cubic * x * x * x)
+    e = np.exp(x.dtype.type(-2) * np.abs(u))
+    near, far = 1 / (1 + e), e / (1 + e)
+    positive = u >= 0
+    return np.where(positive, near, far), np.where(positive, far, near), scale * (1 + 3 * cubic * x * x)
 
 
 def gelu_backward(dy: Any, x: Any, approximate: str = "none") -> Any:
     """dx = dy·(Φ(x) + x·φ(x)), φ the standard normal density; for ``approximate="tanh"`` the
-    derivative of the tanh form, with t = tanh(√(2/π)·(x + 0.044715·x³)):
-    dy·((1 + t)/2 + x/2·(1 − t²)·√(2/π)·(1 + 3·0.044715·x²)). dy, x: one shape; returns dx."""
+    derivative of the tanh form, with t = tanh(u), u = √(2/π)·(x + 0.044715·x³):
+    dy·((1 + t)/2 + x/2·(1 − t²)·u'), computed as dy·(σ(2u) + 2x·σ(2u)·σ(−2u)·u'). dy, x: one shape;
+    returns dx."""
     _check_gradient_pair(dy, x, "x")
     approximate = check_gelu_approximation(approximate)
     if backend.is_cuda_array(dy):
         return _elementwise_gpu("gelu_backward" if approximate == "none" else "gelu_tanh_backward", dy, x)
     if approximate == "tanh":
-        scale, cubic = x.dtype.type(SQRT_2_OVER_PI), x.dtype.type(GELU_TANH_CUBIC)
-        t = np.tanh(scale * (x + cubic * x * x * x))
-        return dy * ((1 + t) / 2 + x / 2 * (1 - t * t) * scale * (1 + 3 * cubic * x * x))
+        sigma, complement, slope = _gelu_tanh_terms(x)
+        return dy * (sigma + 2 * x * sigma * complement * slope)
     cdf = (1 + erf(x * x.dtype.type(RSQRT_2))) / 2
     density = np.exp(-(x.astype(np.float64) ** 2) / 2) / math.sqrt(2 * math.pi)
     return (dy * (cdf + x * density)).astype(dy.dtype)
