@@ -127,11 +127,12 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             record = {"engine": engine_name, "model": model, "batch": batch, "mode": mode, "first_step_s": first,
                       "wall_ms": statistics.median(wall), "host_ms": statistics.median(host), "steps": steps}
             record.update(record_extra)
-            engine.synchronize()
-            engine.reset_peak()
-            engine.step()
-            engine.synchronize()
-            record.update(engine.memory())
+            if engine.gpu:
+                engine.synchronize()
+                engine.reset_peak()
+                engine.step()
+                engine.synchronize()
+                record.update(engine.memory())
             if engine_name != "minidnn-graph":  # a replay runs the eager step's kernels: counted there
                 record.update(measure.profile_steps(engine, 3))
                 record["kernels_by_name"] = kernel_names(engine, 2)
