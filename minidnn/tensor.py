@@ -156,6 +156,11 @@ class Tensor(Value):
         body = np.array2string(backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(")
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
+    def _tap_gradient(self, hook: Any) -> "Tensor":
+        """The same values (a view: one memory, one version counter) as a new graph node whose backward calls
+        ``hook(grad)`` and passes on what it returns, unless None: the seam of the modules' backward hooks."""
+        return ops.GradientHookFunction.apply(self, hook)
+
     def detach(self) -> "Tensor":
         """The same data, cut from the graph (sharing the version counter: a write to one is a write to both)."""
         out = Tensor._wrap(self.data, False)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .. import backend, ops
+from .. import backend
 from ..autograd import is_grad_enabled, no_grad
 from ..tensor import Tensor, cat
 
@@ -438,7 +438,7 @@ def _tap(tensors: list[Tensor], callback: Callable[[list[Any]], Any]) -> list[Te
         def single(grad: Any) -> Any:
             replaced = callback([grad])
             return None if replaced is None else replaced[0]
-        return [ops.GradientHookFunction.apply(tensors[0], single)]
+        return [tensors[0]._tap_gradient(single)]
     shapes, sizes = [t.shape for t in tensors], [t.numel() for t in tensors]
     bounds = np.cumsum(sizes)[:-1]
 
@@ -449,7 +449,7 @@ def _tap(tensors: list[Tensor], callback: Callable[[list[Any]], Any]) -> list[Te
             return None
         return backend.get_array_module(grad).concatenate([r.reshape(-1).astype(grad.dtype) for r in replaced])
 
-    packed = ops.GradientHookFunction.apply(cat([t.reshape(-1) for t in tensors]), packed_hook)
+    packed = cat([t.reshape(-1) for t in tensors])._tap_gradient(packed_hook)
     starts = [0] + list(np.cumsum(sizes))
     return [packed[starts[i]:starts[i + 1]].reshape(shapes[i]).to(t.dtype) for i, t in enumerate(tensors)]
 
