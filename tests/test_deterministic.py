@@ -178,6 +178,22 @@ def test_a_too_small_limit_runs_a_deterministic_algorithm_in_micro_batches_not_t
         assert api.make_plan(strided, "backward_filter", "auto", limit).algorithms == ["implicit_gemm"]
 
 
+def test_timing_too_falls_back_to_micro_batches_rather_than_the_reference(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINIDNN_CACHE_DIR", str(tmp_path))
+    selection.clear_cache()
+    # On the CPU implicit GEMM is deterministic; made not to be, a strided weight gradient under a limit
+    # below gemm's whole-batch columns leaves find only the reference, as on the GPU.
+    monkeypatch.setattr(type(registry.get("implicit_gemm")), "is_deterministic", lambda self, p, d: False)
+    strided = problem(N=8, C=4, H=12, W=12, K=6, stride=2)
+    limit = registry.get("gemm").workspace_bytes(strided.with_batch(2), "backward_filter")
+    minidnn.use_deterministic_algorithms(True)
+    with conv.settings(benchmark=True):
+        assert [r.algorithm for r in selection.find(strided, "backward_filter", limit)] == ["reference"]
+        plan = api.make_plan(strided, "backward_filter", "auto", limit)
+    assert plan.algorithms == ["gemm"] * 4
+    selection.clear_cache()
+
+
 def test_find_measures_and_offers_only_deterministic_algorithms(scheduled, tmp_path):
     p = problem()
     assert scheduled in [r.algorithm for r in selection.find(p, "forward", 1 << 30)]

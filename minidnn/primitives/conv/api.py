@@ -89,11 +89,7 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
     if not registry.benchmark(problem.device):
         return selection.get_plan(problem, direction, limit)
     fastest = registry.get(selection.find(problem, direction, limit)[0].algorithm)
-    if not fastest.automatic:  # only the reference fits the whole batch (the deterministic mode): as get_plan
-        divisible = selection.get_divisible(problem, direction, limit)
-        if divisible is not None:
-            return even_split(divisible, problem, direction, limit)
-    return single(fastest, problem, direction)
+    return selection.whole_or_divided(fastest, problem, direction, limit)
 
 
 def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None) -> Plan:

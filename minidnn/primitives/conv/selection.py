@@ -130,18 +130,22 @@ def get_divisible(problem: ConvProblem, direction: str, workspace_limit: int) ->
 
 
 def get_plan(problem: ConvProblem, direction: str, workspace_limit: int) -> plans.Plan:
-    """The plan ``algo="auto"`` runs when it guesses (micro-batching off): :func:`get`'s choice for the
-    whole batch, except where the rules' first choice fits only micro-batches, which then run it instead:
-
-    * on the CPU, always: ``gemm`` already multiplies image by image there, so its micro-batches cost
-      little more than one call, and the next rule (implicit GEMM, no workspace) is slower than it for
-      the weight gradient;
-    * in the deterministic mode, where the whole batch fits only the float64 reference (a strided weight
-      gradient on the GPU, implicit GEMM's being excluded): micro-batches of a fast algorithm, added in
-      order, rather than the reference's unbounded float64 temporaries.
-    """
+    """The plan ``algo="auto"`` runs when it guesses (micro-batching off): :func:`get`'s choice, in
+    :func:`whole_or_divided`, dividing on the CPU: ``gemm`` multiplies image by image there anyway, so
+    its micro-batches cost little more than one call, and the next rule (implicit GEMM, no workspace)
+    is slower than it on weight gradients."""
     whole = get(problem, direction, workspace_limit)
-    if problem.device == "cpu" or not whole.automatic:
+    return whole_or_divided(whole, problem, direction, workspace_limit, divide=problem.device == "cpu")
+
+
+def whole_or_divided(whole: registry.ConvAlgorithm, problem: ConvProblem, direction: str, workspace_limit: int,
+                     divide: bool = False) -> plans.Plan:
+    """``whole`` (an algorithm that fits the whole batch) for the whole batch in one call; or, where
+    ``divide`` asks for it and the rules' first choice fits only micro-batches, that choice in equal
+    micro-batches. Always so where ``whole`` is the float64 reference: in the deterministic mode a
+    strided weight gradient on the GPU fits only it when implicit GEMM is excluded, and micro-batches
+    of a fast algorithm, added in order, beat the reference's unbounded float64 temporaries."""
+    if divide or not whole.automatic:
         divisible = get_divisible(problem, direction, workspace_limit)
         if divisible is not None and divisible is not whole:
             return plans.even_split(divisible, problem, direction, workspace_limit)
