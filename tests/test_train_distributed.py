@@ -7,11 +7,9 @@ train.py and writes each rank's weights to OUT, ``die`` makes rank 1 fail in its
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -25,6 +23,7 @@ if ROOT not in sys.path:
 import minidnn  # noqa: E402
 import train  # noqa: E402
 from minidnn.distributed import run as launcher  # noqa: E402
+from tests.test_distributed import _environment, free_port  # noqa: E402
 
 # 96 images, a global batch of 32: 3 steps an epoch; SyncBatchNorm makes two ranks compute what one process does.
 TINY = ["--model", "tiny_cnn", "--train-size", "96", "--test-size", "40", "--workers", "0", "--log-every", "2",
@@ -37,31 +36,11 @@ def data_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MINIDNN_DATA", str(tmp_path_factory.getbasetemp() / "data"))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch_this_file(mode: str, out, arguments: list[str], nproc: int = 2, grace: float = 5.0) -> int:
     """Start ``nproc`` ranks of this file through the launcher (in this process); returns the job's exit code."""
     with _environment({"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}):
         return launcher.main(["--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--grace-period",
                               str(grace), __file__, mode, str(out), *arguments])
-
-
-@contextlib.contextmanager
-def _environment(values):
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def weights(path) -> dict[str, np.ndarray]:
