@@ -13,6 +13,12 @@ examples/predict.py classifies image files with it). Ctrl-C or SIGTERM saves las
 130 or 143; --resume continues from it, bit for bit as if the run had not stopped, with the run's own
 settings; --init-from starts a new run from its weights. One run at a time holds --out (a lock file,
 train.lock). What a user can rely on is written down in docs/training.md.
+
+    python train.py --device cuda --gpus 4 --batch-size 64   # data-parallel: 4 processes, global batch 256
+    python -m minidnn.distributed.run --nproc-per-node 4 train.py --device cuda --batch-size 64   # the same
+
+Data-parallel (docs/distributed.md): one process per GPU (or CPU rank, --device cpu), each with the whole
+model (DistributedDataParallel) and its shard of every batch; rank 0 alone writes --out and prints.
 """
 from __future__ import annotations
 
@@ -34,12 +40,14 @@ import numpy as np
 from tqdm import tqdm
 
 import minidnn
+import minidnn.distributed as dist
 import minidnn.functional as F
 import models
 from minidnn import backend, data, optim
 from minidnn.checkpoint import Checkpoint, atomic_write, remove_orphans
 from minidnn.serialization import load_weights
 from minidnn.cuda import graphs
+from minidnn.distributed.parallel import broadcast_coalesced
 from minidnn.primitives import conv as conv_settings
 from minidnn.primitives.conv import planner
 from minidnn.data import transforms as T
@@ -57,8 +65,9 @@ LOCK_FILE = "train.lock"
 FIXED = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule", "warmup",
          "label_smoothing", "seed", "format", "image_size", "train_size", "test_size")
 # Taken from the checkpoint unless given: the data may have moved (to a node's local disk), and
-# skipping unreadable images may be switched on to get past a bad file.
-CARRIED = ("data", "skip_corrupt")
+# skipping unreadable images may be switched on to get past a bad file. --sync-batchnorm changes what
+# a data-parallel step computes, so a resumed run keeps it unless told otherwise.
+CARRIED = ("data", "skip_corrupt", "sync_batchnorm")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "budget for the network (wd, budget = limit x convolution calls per step)")
     conv.add_argument("--batch-policy", default="powers_of_two", choices=["undivided", "powers_of_two", "all"],
                       help="micro-batch sizes wr and wd may use")
+    run.add_argument("--gpus", type=_number(int, 1), default=1,
+                     help="data-parallel processes on this machine, one per GPU (or CPU ranks with --device cpu): "
+                          "train.py starts them through python -m minidnn.distributed.run; --batch-size is per "
+                          "process, so the global batch is N x --batch-size")
+    run.add_argument("--sync-batchnorm", action=argparse.BooleanOptionalAction, default=False,
+                     help="data-parallel runs: batch norm with the global batch's statistics (SyncBatchNorm) instead "
+                          "of each process's own")
     run.add_argument("--seed", type=_number(int, 0), default=0, help="seeds weights, shuffling, dropout")
     run.add_argument("--deterministic", action="store_true",
                      help="bitwise-identical runs: only algorithms whose results do not depend on scheduling")
@@ -181,7 +197,65 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.given = {name for name, value in vars(probe).items() if value is not unset}
     if args.lr is None:
         args.lr = 0.05 if args.optimizer == "sgd" else 1e-3
+    if args.gpus > 1 and args.device.startswith("cuda"):
+        if args.device != "cuda":
+            parser.error(f"--gpus {args.gpus} runs one process per GPU, each on its own (GPU LOCAL_RANK): give "
+                         f"--device cuda, not --device {args.device}")
+        visible = minidnn.cuda.device_count()
+        if args.gpus > visible:
+            parser.error(f"--gpus {args.gpus} is more than the {visible} CUDA GPU(s) this machine shows")
     return args
+
+
+class World:
+    """This process's place in a data-parallel run, from the launcher's environment (torchrun's variables):
+    ``rank``, ``size`` (the world size), ``local_rank``, ``local_size``. ``launched``: started by a launcher
+    (``RANK`` and ``WORLD_SIZE`` are set), so the run is data-parallel, also with one process. ``main``: rank 0,
+    the one that writes --out and prints."""
+
+    def __init__(self, environment: Any = None) -> None:
+        environment = os.environ if environment is None else environment
+        self.launched = "RANK" in environment and "WORLD_SIZE" in environment
+        get = (lambda name, default: int(environment.get(name, default))) if self.launched else (lambda _, d: d)
+        self.rank, self.size = get("RANK", 0), get("WORLD_SIZE", 1)
+        self.local_rank, self.local_size = get("LOCAL_RANK", 0), get("LOCAL_WORLD_SIZE", self.size)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def device(self, args: argparse.Namespace) -> str:
+        """The device of this process: --device, and under the launcher with --device cuda, GPU LOCAL_RANK."""
+        device = minidnn.device(args.device)
+        if not self.launched or device.type != "cuda":
+            return str(device)
+        if args.device != "cuda" and device.index != self.local_rank:
+            raise ValueError(f"--device {args.device}: under the launcher each process drives GPU LOCAL_RANK "
+                             f"(cuda:{self.local_rank} here); give --device cuda")
+        return f"cuda:{self.local_rank}"
+
+
+def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, Any]:
+    """--gpus N > 1 outside a launcher: start N copies of this script through ``python -m minidnn.distributed.run``
+    with the same arguments (each sees the launcher's environment, so it trains as one rank) and wait for them;
+    a rank that fails ends the job, and the launcher's exit code (the dead rank's) is this one's."""
+    from minidnn.distributed import run as launcher  # noqa: PLC0415 - only for this path
+
+    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    code = launcher.main(["--nproc-per-node", str(args.gpus), "--master-port", port, os.path.abspath(__file__),
+                          *arguments])
+    if code:
+        raise SystemExit(code)
+    return {"world_size": args.gpus, "exit_code": 0}
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,16 +334,32 @@ def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any,
     return train, test, len(train.classes)
 
 
-def build_loader(args: argparse.Namespace, dataset: Any, device: str, train: bool) -> data.DataLoader:
+def build_loader(args: argparse.Namespace, dataset: Any, device: str, train: bool,
+                 world: World | None = None) -> data.DataLoader:
     """The loader of one split: batches on ``device`` (on a GPU: pinned, copied on a side stream, augmented
     there), image files decoded by --workers worker processes (in-memory data is read in this process:
-    a batch is one gather), the training split reshuffled every epoch."""
+    a batch is one gather), the training split reshuffled every epoch.
+
+    Data-parallel (``world.launched``), this rank's share. Training: a DistributedSampler of the same
+    permutation as one process's loader (seed --seed, reshuffled per epoch through its ``set_epoch``),
+    without padding (``drop_last``): global batch k is then elements k·G..(k+1)·G of the epoch's
+    permutation (G = world size x --batch-size) whatever the world size, which is what lets a run resume
+    with another one. Test: every world-size-th image from the rank's own on, unpadded, so the summed
+    metrics count each test image once, as one process does."""
     files = isinstance(dataset, data.ImageFolder)
     workers = args.workers if files else 0
-    return data.DataLoader(dataset, args.batch_size if train else max(args.batch_size, 128), shuffle=train,
-                           drop_last=train, seed=args.seed if train else None, num_workers=workers,
-                           persistent_workers=workers > 0, batch_transform=getattr(dataset, "batch_transform", None),
-                           device=device if device.startswith("cuda") else None)
+    options = dict(num_workers=workers, persistent_workers=workers > 0,
+                   batch_transform=getattr(dataset, "batch_transform", None),
+                   device=device if device.startswith("cuda") else None)
+    batch = args.batch_size if train else max(args.batch_size, 128)
+    if world is None or not world.launched:
+        return data.DataLoader(dataset, batch, shuffle=train, drop_last=train, seed=args.seed if train else None,
+                               **options)
+    if train:
+        sampler = dist.DistributedSampler(dataset, world.size, world.rank, shuffle=True, seed=args.seed,
+                                          drop_last=True)
+        return data.DataLoader(dataset, batch, drop_last=True, sampler=sampler, **options)
+    return data.DataLoader(dataset, batch, sampler=range(world.rank, len(dataset), world.size), **options)
 
 
 class _GrayToRGB:
@@ -327,10 +417,17 @@ class TrainingError(Exception):
 
 class Meter:
     """Sums of loss and correct predictions kept on the device (reading them is a host sync), and the
-    epoch's training time, so that a resumed epoch reports the same numbers as one never stopped."""
+    epoch's training time, so that a resumed epoch reports the same numbers as one never stopped.
+
+    Data-parallel, each rank adds its own batches and :meth:`all_reduce` (called by every rank at the
+    same step) moves every rank's sums since the last call into ``reduced_loss``/``reduced_correct``
+    (host numbers, the same on every rank): ``count`` then counts every rank's images, and the means
+    are over the global batches, as one process's are."""
 
     def __init__(self) -> None:
         self.loss, self.correct, self.count, self.seconds = None, None, 0, 0.0
+        self.reduced_loss = self.reduced_correct = 0.0
+        self.pending = 0  # this rank's images not yet all-reduced
 
     def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor) -> None:
         batch = labels.shape[0]
@@ -339,11 +436,29 @@ class Meter:
         self.loss = loss_sum if self.loss is None else self.loss + loss_sum
         self.correct = correct if self.correct is None else self.correct + correct
         self.count += batch
+        self.pending += batch
 
     def read(self) -> tuple[float, float]:
         if not self.count:
             return float("nan"), float("nan")
-        return self.loss.item() / self.count, self.correct.item() / self.count
+        loss = self.reduced_loss + (0.0 if self.loss is None else self.loss.item())
+        correct = self.reduced_correct + (0.0 if self.correct is None else self.correct.item())
+        return loss / self.count, correct / self.count
+
+    def all_reduce(self, device: str, flags: Sequence[float] = ()) -> list[float]:
+        """Sum every rank's sums since the last call into the reduced ones (a collective: every rank calls it at
+        the same step); ``flags``, numbers summed over the ranks in the same collective, come back summed."""
+        local = [0.0 if self.loss is None else self.loss.item(), 0.0 if self.correct is None else self.correct.item(),
+                 float(self.pending), *flags]
+        total = minidnn.tensor(np.array(local, dtype=np.float64), device=device)
+        dist.all_reduce(total)
+        values = total.numpy().tolist()
+        self.reduced_loss += values[0]
+        self.reduced_correct += values[1]
+        self.count += int(round(values[2])) - self.pending
+        self.loss = self.correct = None
+        self.pending = 0
+        return values[3:]
 
     def state(self) -> dict[str, float]:
         loss, accuracy = self.read()
@@ -351,10 +466,14 @@ class Meter:
                 "seconds": self.seconds}
 
     @classmethod
-    def from_state(cls, state: dict[str, float]) -> "Meter":
+    def from_state(cls, state: dict[str, float], reduced: bool = False) -> "Meter":
+        """The meter of a saved state; ``reduced`` (data-parallel): as every rank's sums, on every rank."""
         meter = cls()
         if state["count"]:
-            meter.loss, meter.correct = minidnn.tensor(state["loss_sum"]), minidnn.tensor(state["correct"])
+            if reduced:
+                meter.reduced_loss, meter.reduced_correct = float(state["loss_sum"]), float(state["correct"])
+            else:
+                meter.loss, meter.correct = minidnn.tensor(state["loss_sum"]), minidnn.tensor(state["correct"])
             meter.count = int(state["count"])
         meter.seconds = float(state.get("seconds", 0.0))
         return meter
@@ -383,10 +502,12 @@ class LossWatch:
         return (steps[bad[0]], float(values[bad[0]])) if bad.size else None
 
 
-def evaluate(model: Any, loader: data.DataLoader, device: str,
-             stop: "StopRequest | None" = None) -> tuple[float, float]:
+def evaluate(model: Any, loader: data.DataLoader, device: str, stop: "StopRequest | None" = None,
+             world: World | None = None) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over ``loader``, in eval mode (the train mode is restored); with
-    ``stop``, a signal ends the evaluation at the next batch (see :class:`StopRequest`)."""
+    ``stop``, a signal ends the evaluation at the next batch (see :class:`StopRequest`). Data-parallel
+    (``world.launched``), every rank evaluates its shard and the sums are all-reduced: the metrics are the
+    whole test set's, on every rank."""
     model.eval()
     meter = Meter()
     try:
@@ -397,6 +518,8 @@ def evaluate(model: Any, loader: data.DataLoader, device: str,
                 meter.add(logits, labels, F.cross_entropy(logits, labels))
     finally:
         model.train()
+    if world is not None and world.launched:
+        meter.all_reduce(device)
     return meter.read()
 
 
@@ -435,14 +558,19 @@ class StopRequest:
     file removed (an interrupted save never replaces last.npz, see minidnn/checkpoint.py).
 
     ``stop_now(signum)`` saves last.npz and reports the stop; in train.py's own process
-    (``own_process``) every exit after a signal is bounded by :func:`exit_within`."""
+    (``own_process``) every exit after a signal is bounded by :func:`exit_within`.
+
+    ``deferred`` (data-parallel): the ranks must stop after the same step, so a signal is only recorded
+    here; the training loop stops where the ranks agree on it (:meth:`Run.synchronise`, every --log-every
+    steps and at the end of each epoch). ``quiet``: say nothing (the ranks other than 0)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, stop_now: Callable[[int], Any], own_process: bool = False) -> None:
+    def __init__(self, stop_now: Callable[[int], Any], own_process: bool = False, deferred: bool = False,
+                 quiet: bool = False) -> None:
         self.signum: int | None = None
         self.waiting = False  # the main thread waits for a batch: no work is in flight
-        self.stop_now, self.own_process = stop_now, own_process
+        self.stop_now, self.own_process, self.deferred, self.quiet = stop_now, own_process, deferred, quiet
         self.previous = {number: signal.signal(number, self._handle) for number in self.SIGNALS}
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -453,6 +581,11 @@ class StopRequest:
             self.exit(128 + signum)
         self.signum = signum
         # os.write, not print: a handler may interrupt a print (the progress bar's) on the same stream.
+        if self.deferred:
+            if not self.quiet:
+                os.write(2, f"\ntrain.py: {name}: saving last.npz where the ranks next meet (within --log-every "
+                         f"steps; {name} again stops at once)\n".encode())
+            return
         if not self.waiting:
             os.write(2, f"\ntrain.py: {name}: saving last.npz after this step ({name} again stops at once)\n".encode())
             return
@@ -475,7 +608,7 @@ class StopRequest:
         next item is not started: the run stops."""
         iterator = iter(iterable)
         while True:
-            if self.signum is not None:
+            if self.signum is not None and not self.deferred:
                 self.stop()
             self.waiting = True
             try:
@@ -539,21 +672,41 @@ def write_metrics(out: str, history: list[dict[str, Any]]) -> None:
 # ----------------------------------------------------------------------------------------------
 # Setting up: everything that can be checked before the first step is
 # ----------------------------------------------------------------------------------------------
+_quiet = False  # the ranks other than 0 of a data-parallel run print nothing but their errors (see main)
+
+
 def _warn(message: str) -> None:
-    print(f"train.py: warning: {message}", file=sys.stderr)
+    if not _quiet:
+        print(f"train.py: warning: {message}", file=sys.stderr)
 
 
 def _same_file(a: str | None, b: str) -> bool:
     return a is not None and os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
-def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint) -> None:
+def resume_settings(args: argparse.Namespace, checkpoint: Checkpoint, world_size: int = 1) -> None:
     """Take the run's settings from its checkpoint: those not given are carried over (and named),
-    a FIXED one given with another value is a ``ValueError`` naming both values."""
+    a FIXED one given with another value is a ``ValueError`` naming both values.
+
+    The global batch (--batch-size x the run's world size) is what is fixed: resumed by ``world_size``
+    processes, the per-process --batch-size is the global batch divided among them, so the steps, the
+    schedule and the images of each step stay the saved run's (a ``ValueError`` if it does not divide)."""
     saved = checkpoint.extra.get("args")
     if not isinstance(saved, dict) or "history" not in checkpoint.extra:
         raise ValueError(f"{args.resume!r} is a minidnn checkpoint, but not one of train.py (it holds no run settings)")
     check_saved_settings(saved, args.resume)
+    saved_world = checkpoint.extra.get("world_size", 1)
+    if not isinstance(saved_world, int) or isinstance(saved_world, bool) or saved_world < 1:
+        raise ValueError(f"{args.resume!r} is damaged: its world size {saved_world!r} is not a positive int")
+    if "batch_size" in saved and saved_world != world_size:
+        global_batch = saved["batch_size"] * saved_world
+        if global_batch % world_size:
+            raise ValueError(f"the checkpoint's global batch of {global_batch} ({saved['batch_size']} per process x "
+                             f"{saved_world}) does not divide among {world_size} processes; resume with a number of "
+                             f"processes that divides it")
+        saved = {**saved, "batch_size": global_batch // world_size}
+        print(f"train.py: a run of {saved_world} process(es) goes on with {world_size}: --batch-size "
+              f"{saved['batch_size']} per process keeps its global batch of {global_batch}")
     carried = []
     for name in FIXED + CARRIED:
         if name not in saved:  # a checkpoint of an older train.py
@@ -691,12 +844,16 @@ class Run:
     ``meter`` (the current epoch's training sums) and ``saved_step`` (the step of --out/last.npz);
     ``lock`` holds --out for the run (None for --eval-only, which writes nothing), ``description``
     the extras that make its checkpoints self-describing (models.describe), ``stop`` the signal
-    handling while :func:`train` runs."""
+    handling while :func:`train` runs. ``world``: the process's place in a data-parallel run, whose
+    ``network`` (the DistributedDataParallel wrapper of ``model``) the training step calls; ``step``,
+    ``history`` and ``meter`` are then the whole job's (global batches), the same on every rank."""
 
     def __init__(self, args: argparse.Namespace, device: str, model: Any, optimizer: Any, scheduler: Any,
                  train_loader: data.DataLoader, test_loader: data.DataLoader, replace: list[str],
-                 lock: OutLock | None = None, description: dict[str, Any] | None = None) -> None:
+                 lock: OutLock | None = None, description: dict[str, Any] | None = None, *,
+                 world: World | None = None, network: Any = None) -> None:
         self.args, self.device, self.model, self.optimizer, self.scheduler = args, device, model, optimizer, scheduler
+        self.world, self.network = world or World({}), model if network is None else network
         self.train_loader, self.test_loader, self.replace = train_loader, test_loader, replace
         self.lock, self.description = lock, description or {}
         self.stop: StopRequest | None = None
@@ -708,7 +865,7 @@ class Run:
 
     def eager_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
         """Forward, loss, backward and the optimizer's update; returns (logits, loss)."""
-        logits = self.model(images)
+        logits = self.network(images)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
         self.optimizer.zero_grad()
         loss.backward()
@@ -764,7 +921,8 @@ class Run:
                   f"so it is not bit for bit the run that never stopped")
         extra = checkpoint.extra
         try:  # checked before anything is loaded: a damaged run state must not leave a half-restored run
-            history, best, meter = extra["history"], extra["best"], Meter.from_state(extra["meter"])
+            history, best = extra["history"], extra["best"]
+            meter = Meter.from_state(extra["meter"], reduced=self.world.launched)
             if not isinstance(history, list) or not all(isinstance(row, dict) and "epoch" in row for row in history):
                 raise ValueError("its history is not a list of epoch rows")
             if best is not None and not isinstance(best, (int, float)):
@@ -798,26 +956,42 @@ class Run:
                 raise self.non_finite(f"the model's {name} is not finite after step {self.step}")
 
     def save(self, name: str) -> None:
-        """Write --out/``name`` (a resumable checkpoint), never with non-finite weights."""
+        """Write --out/``name`` (a resumable checkpoint), never with non-finite weights. Data-parallel, rank 0
+        writes (every rank holds the same weights) and the position is the job's: the step in global
+        batches, the meter's every-rank sums (all-reduced at the step it is called on), the world size."""
         self.check_finite()
         settings = {key: value for key, value in vars(self.args).items() if key != "given"}
         extra = {"model": self.args.model, **self.description, "history": self.history, "best": self.best,
                  "meter": self.meter.state(), "args": settings, "steps_per_epoch": len(self.train_loader),
-                 "train_images": len(self.train_loader.dataset)}
+                 "train_images": len(self.train_loader.dataset), "world_size": self.world.size}
         path = os.path.join(self.args.out, name)
-        with writing(path):  # a full disk, a folder removed under the run: the old file is intact
-            minidnn.save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step, extra=extra)
+        if self.world.main:
+            with writing(path):  # a full disk, a folder removed under the run: the old file is intact
+                minidnn.save_checkpoint(path, self.model, self.optimizer, self.scheduler, self.step, extra=extra)
         if name == "last.npz":
             self.saved_step = self.step
+
+    def synchronise(self, signum: int | None) -> int | None:
+        """Where the ranks meet (every rank calls it after the same steps): the meter's sums are all-reduced
+        and so is the stop request, so that every rank stops after the same step, with the signal any rank
+        received (SIGTERM first). One process: ``signum`` as it is, the meter untouched."""
+        if not self.world.launched:
+            return signum
+        received = self.meter.all_reduce(self.device, [float(signum == s) for s in StopRequest.SIGNALS])
+        return next((int(s) for s, count in sorted(zip(StopRequest.SIGNALS, received), reverse=True) if count), None)
 
     def end_epoch(self, epoch: int) -> None:
         """Evaluate the epoch just trained, record it, save best.npz (if better) and last.npz, write
         metrics.jsonl. best.npz goes first: a kill between the two leaves last.npz before this epoch,
         so the epoch is trained, evaluated and (if better) saved as best again on resume."""
         self.check_finite()
+        if self.world.size > 1:  # every rank evaluates with rank 0's batch statistics, those it saves
+            buffers = list(self.model.buffers())
+            if buffers:
+                broadcast_coalesced(dist.process_group.default_group(), buffers)
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
-        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop)
+        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)
         if not math.isfinite(test_loss):
             raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")
         self.history.append({
@@ -832,15 +1006,22 @@ class Run:
             self.best = test_accuracy
             self.save("best.npz")
         self.save("last.npz")
-        write_metrics(self.args.out, self.history)
+        if self.world.main:
+            write_metrics(self.args.out, self.history)
 
     def save_and_report_stop(self, signum: int | None) -> dict[str, Any]:
-        """Save last.npz where the run stands and say how to continue (a signal's stop on stderr)."""
+        """Save last.npz where the run stands and say how to continue (a signal's stop on stderr).
+        Data-parallel, no rank goes on (and exits) before rank 0 has written it: the launcher stops the
+        others as soon as one rank ends."""
         self.save("last.npz")
+        if self.world.launched:
+            dist.barrier()
         return self.report_stop(signum)
 
     def report_stop(self, signum: int | None) -> dict[str, Any]:
         """Say where the run stopped (last.npz is saved) and how to continue it."""
+        if not self.world.main:
+            return {"step": self.step, "stopped": True}
         path = os.path.join(self.args.out, "last.npz")
         how = f"stopped by {signal.Signals(signum).name}" if signum else f"stopped at --max-steps {self.args.max_steps}"
         print(f"train.py: {how} after step {self.step}; saved {path}; continue with: python train.py --resume {path}",
@@ -907,15 +1088,20 @@ def _class_names(args: argparse.Namespace, train_set: Any, num_classes: int) -> 
     return names if len(names) == num_classes else tuple(str(index) for index in range(num_classes))
 
 
-def prepare(args: argparse.Namespace) -> Run:
+def prepare(args: argparse.Namespace, world: World | None = None) -> Run:
     """Everything a run needs, checked before the first step; a setting that makes no sense (or a
-    checkpoint that does not fit it) is a ``SystemExit`` with a one-line message."""
+    checkpoint that does not fit it) is a ``SystemExit`` with a one-line message.
+
+    Data-parallel (``world.launched``): joins the process group (NCCL for --device cuda, else the tcp
+    backend), puts the model on GPU LOCAL_RANK, wraps it in DistributedDataParallel (SyncBatchNorm with
+    --sync-batchnorm) and shards the data (:func:`build_loader`); only rank 0 takes --out's lock."""
+    world = world or World({})
     lock = None
     try:
         checkpoint = weights = None
         if args.resume:
             checkpoint = minidnn.read_checkpoint(args.resume)
-            resume_settings(args, checkpoint)
+            resume_settings(args, checkpoint, world.size)
         if args.init_from:
             weights, described = load_weights(args.init_from)
             name = described.get("model", {}).get("name") if isinstance(described.get("model"), dict) else None
@@ -925,12 +1111,14 @@ def prepare(args: argparse.Namespace) -> Run:
         if args.out is None:  # a resumed run goes on in its own folder
             args.out = (os.path.dirname(args.resume) or ".") if args.resume else os.path.join("runs", args.model)
         check_settings(args, checkpoint)
-        device = str(minidnn.device(args.device))
+        device = world.device(args)
         if device.startswith("cuda") and not minidnn.cuda.is_available():
             raise RuntimeError("--device cuda: CUDA is not available on this machine (a GPU and a CUDA build of "
                                "CuPy are needed: pip install -e '.[cuda13]')")
+        if world.launched:
+            dist.init_process_group("nccl" if device.startswith("cuda") else "tcp")
         replace = []
-        if not args.eval_only:  # before the data: loading it can take long
+        if not args.eval_only and world.main:  # before the data: loading it can take long
             lock, replace = check_out(args)
         minidnn.cuda.set_allow_tf32(args.tf32)
         minidnn.use_deterministic_algorithms(args.deterministic)
@@ -953,6 +1141,11 @@ def prepare(args: argparse.Namespace) -> Run:
         if weights is not None:
             init_from(model, args, weights)
         model = model.to(device)
+        network = model
+        if world.launched:
+            if args.sync_batchnorm:
+                model = dist.convert_sync_batchnorm(model)
+            network = dist.DistributedDataParallel(model)
         if args.workspace_limit is not None:
             conv_settings.set_workspace_limit(args.workspace_limit)
         conv_settings.set_microbatch(args.microbatch, args.batch_policy)
@@ -964,12 +1157,15 @@ def prepare(args: argparse.Namespace) -> Run:
             _warn(f"the checkpoints will not describe the model's input ({error}): models.load_pretrained and "
                   f"examples/predict.py cannot use them")
             description = {}
-        train_loader = build_loader(args, train_set, device, train=True)
+        train_loader = build_loader(args, train_set, device, train=True, world=world)
         if len(train_loader) == 0:
-            raise ValueError(f"--batch-size {args.batch_size} is larger than the training set ({len(train_set)} images)")
-        test_loader = build_loader(args, test_set, device, train=False)
+            each = f" x {world.size} processes" if world.size > 1 else ""
+            raise ValueError(f"--batch-size {args.batch_size}{each} is larger than the training set "
+                             f"({len(train_set)} images)")
+        test_loader = build_loader(args, test_set, device, train=False, world=world)
         optimizer, scheduler = build_optimizer(args, model, len(train_loader))
-        run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace, lock, description)
+        run = Run(args, device, model, optimizer, scheduler, train_loader, test_loader, replace, lock, description,
+                  world=world, network=network)
         if checkpoint is not None:
             run.resume(checkpoint)
         return run
@@ -994,11 +1190,12 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
             raise TrainingError(f"--overwrite: cannot remove {path} ({error.strerror or error})") from None
     if run.replace:
         print(f"train.py: --overwrite: removed {', '.join(os.path.basename(p) for p in run.replace)}")
-    if run.history:  # repairs metrics.jsonl after a kill between last.npz and it
+    if run.history and run.world.main:  # repairs metrics.jsonl after a kill between last.npz and it
         write_metrics(args.out, run.history)
     steps_per_epoch = len(run.train_loader)
     total = args.epochs * steps_per_epoch
-    stop = run.stop = StopRequest(run.save_and_report_stop, own_process)
+    launched = run.world.launched
+    stop = run.stop = StopRequest(run.save_and_report_stop, own_process, deferred=launched, quiet=not run.world.main)
     try:
         # An epoch is recorded when it is evaluated, so the first unrecorded one is where to go on.
         # A run stopped on an epoch's last step resumes with that epoch fully trained (first ==
@@ -1007,8 +1204,11 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
             first = run.step - epoch * steps_per_epoch
             if first < steps_per_epoch:
                 run.train_loader.set_epoch(epoch)
+                if run.train_loader.sampler is not None:  # data-parallel: PyTorch's loop tells the sampler too
+                    run.train_loader.sampler.set_epoch(epoch)
                 bar = tqdm(stop.batches(run.train_loader.iterate(first)), total=steps_per_epoch, initial=first,
-                           unit="step", desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True)
+                           unit="step", desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, leave=True,
+                           disable=not run.world.main)
                 tick = time.perf_counter()
                 for images, labels in bar:
                     images, labels = images.to(run.device), labels.to(run.device)
@@ -1020,8 +1220,11 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
                     run.watch.add(run.step, loss)
                     now = time.perf_counter()
                     run.meter.seconds, tick = run.meter.seconds + now - tick, now
-                    if run.step % args.log_every == 0 or run.step % steps_per_epoch == 0:
+                    at_max_steps = args.max_steps is not None and args.max_steps <= run.step < total
+                    signum = None if launched else stop.signum  # data-parallel: only where the ranks agree
+                    if run.step % args.log_every == 0 or run.step % steps_per_epoch == 0 or at_max_steps:
                         run.check_losses()
+                        signum = run.synchronise(stop.signum)
                         train_loss, train_accuracy = run.meter.read()
                         # The reads waited for the GPU: the time now counts every step so far as done, so
                         # img/s is the whole loop's (data, steps, waits), not the rate of queuing steps.
@@ -1030,20 +1233,26 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
                         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{100 * train_accuracy:.1f}%",
                                         lr=f"{run.scheduler.get_last_lr()[0]:.3g}",
                                         img_s=f"{run.meter.count / max(run.meter.seconds, 1e-9):.0f}")
-                    if stop.signum:
+                    if signum:
                         bar.close()
+                        stop.signum = signum  # the rank that received no signal stops with the others
                         stop.stop()
-                    if args.max_steps is not None and args.max_steps <= run.step < total:
+                    if at_max_steps:
                         bar.close()
                         return run.save_and_report_stop(None)
                 bar.close()
             run.end_epoch(epoch)
-            if stop.signum and epoch + 1 < args.epochs:  # came during the last evaluation batch or the saves
-                run.report_stop(stop.signum)  # last.npz is done
-                stop.exit(128 + stop.signum)
+            signum = run.synchronise(stop.signum)  # rank 0's saves are done when the ranks meet here
+            if signum and epoch + 1 < args.epochs:  # came during the last evaluation batch or the saves
+                run.report_stop(signum)  # last.npz is done
+                stop.exit(128 + signum)
     except UnreadableImageError as error:
-        run.save("last.npz")  # the steps before the bad batch are kept
         last = os.path.join(args.out, "last.npz")
+        if launched:  # the other ranks are past the last point where the ranks agreed: nothing new to save
+            raise TrainingError(f"{error}; the job stops, {last} (step {run.saved_step}) is the last checkpoint: "
+                                f"remove or replace the file and continue with --resume {last}, or with --resume "
+                                f"{last} --skip-corrupt") from None
+        run.save("last.npz")  # the steps before the bad batch are kept
         raise TrainingError(f"{error}; saved {last} at step {run.step}: remove or replace the file and continue "
                             f"with --resume {last}, or continue with --resume {last} --skip-corrupt") from None
     finally:
@@ -1055,12 +1264,37 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
 
 def main(argv: Sequence[str] | None = None, own_process: bool = False) -> dict[str, Any]:
     """Run train.py with ``argv``; errors are ``SystemExit`` (a message, or 128 + a signal's number).
-    ``own_process``: see :func:`train`."""
+    ``own_process``: see :func:`train`. With --gpus N > 1 outside a launcher, the run is N processes
+    started through the launcher (:func:`launch`); under one, this process is one rank."""
     args = parse_args(argv)
-    run = prepare(args)
+    world = World()
+    if not world.launched and args.gpus > 1:
+        return launch(args, argv)
+    if world.launched and "gpus" in args.given and args.gpus != world.local_size:
+        raise SystemExit(f"train.py: error: --gpus {args.gpus}, but the launcher started {world.local_size} "
+                         f"process(es) on this machine; leave --gpus out under the launcher")
+    global _quiet
+    quiet, _quiet = _quiet, not world.main
+    try:
+        with contextlib.ExitStack() as quieted:
+            if _quiet:
+                quieted.enter_context(contextlib.redirect_stdout(quieted.enter_context(open(os.devnull, "w"))))
+            return _main(args, world, own_process)
+    except SystemExit as error:
+        if not world.main and isinstance(error.code, str):  # say which rank: every rank may report its own
+            raise SystemExit(error.code.replace("train.py:", f"train.py (rank {world.rank}):", 1)) from None
+        raise
+    finally:
+        _quiet = quiet
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _main(args: argparse.Namespace, world: World, own_process: bool) -> dict[str, Any]:
+    run = prepare(args, world)
     try:
         if args.eval_only:
-            loss, accuracy = evaluate(run.model, run.test_loader, run.device)
+            loss, accuracy = evaluate(run.model, run.test_loader, run.device, world=world)
             print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(run.test_loader.dataset)} images)")
             return {"test_loss": loss, "test_accuracy": accuracy}
         return train(args, run, own_process)

@@ -113,6 +113,78 @@ def test_augmentation_follows_the_epoch_also_without_shuffling():
     np.testing.assert_array_equal(next(iter(loader))[0].numpy(), first)
 
 
+@pytest.mark.parametrize("batch_size, drop_last", [(4, False), (5, True), (7, False)])
+def test_a_sampler_gives_torchs_batches(batch_size, drop_last, rng):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader as TorchLoader, DistributedSampler as TorchSampler  # noqa: PLC0415
+
+    import minidnn.distributed as dist  # noqa: PLC0415
+
+    count = 23
+    images, labels = images_and_labels(count)
+    ours_set, theirs_set = ArrayDataset(images, np.arange(count)), torch.utils.data.TensorDataset(torch.arange(count))
+    order = rng.permutation(count)[:19].tolist()  # any iterable with a len(): a part of the data, in any order
+    ours = [y.numpy().tolist() for _, y in DataLoader(ours_set, batch_size, drop_last=drop_last, sampler=order)]
+    theirs = [b[0].tolist() for b in TorchLoader(theirs_set, batch_size, drop_last=drop_last, sampler=order)]
+    assert ours == theirs and len(DataLoader(ours_set, batch_size, drop_last=drop_last, sampler=order)) == len(theirs)
+    for rank in range(3):  # the unshuffled shards, PyTorch's padding and striding
+        sampler = dist.DistributedSampler(ours_set, num_replicas=3, rank=rank, shuffle=False)
+        ours = [y.numpy().tolist() for _, y in DataLoader(ours_set, batch_size, drop_last=drop_last, sampler=sampler)]
+        torch_sampler = TorchSampler(theirs_set, num_replicas=3, rank=rank, shuffle=False)
+        theirs = [b[0].tolist() for b in TorchLoader(theirs_set, batch_size, drop_last=drop_last,
+                                                     sampler=torch_sampler)]
+        assert ours == theirs, rank
+    with pytest.raises(ValueError, match="sampler option is mutually exclusive with shuffle"):
+        TorchLoader(theirs_set, sampler=order, shuffle=True)  # the message we keep
+    with pytest.raises(ValueError, match="sampler option is mutually exclusive with shuffle"):
+        DataLoader(ours_set, sampler=order, shuffle=True)
+
+
+def test_a_sampler_is_told_its_epoch_by_its_user_and_the_loader_keeps_the_augmentation_epoch():
+    import minidnn.distributed as dist  # noqa: PLC0415
+
+    images, labels = images_and_labels(30, 8)
+    pipeline = T.Compose([T.RandomCrop(8, padding=2), T.ToTensor()])
+    dataset = ArrayDataset(images, np.arange(30), pipeline, seed=5)
+    sampler = dist.DistributedSampler(dataset, num_replicas=2, rank=1, seed=7)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, drop_last=True)
+    assert len(loader) == 3  # 15 of the 30 indices on this rank, in batches of 4
+    epochs = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        epochs.append([(x.numpy(), y.numpy()) for x, y in loader])
+        np.testing.assert_array_equal(np.concatenate([y for _, y in epochs[-1]]), list(sampler)[:12])
+    assert not np.array_equal(epochs[0][0][1], epochs[1][0][1])  # the sampler reshuffled
+    unchanged = [y.numpy() for _, y in loader]  # no set_epoch: PyTorch's loader does not call it either
+    np.testing.assert_array_equal(np.concatenate(unchanged), np.concatenate([y for _, y in epochs[1]]))
+    # A resumed epoch: the sampler's epoch chosen by its user, the loader's (the crops) by set_epoch.
+    again = DataLoader(dataset, batch_size=4, sampler=sampler, drop_last=True)
+    sampler.set_epoch(1)
+    again.set_epoch(1)
+    for (x, y), (x_again, y_again) in zip(epochs[1][1:], again.iterate(start_batch=1), strict=True):
+        np.testing.assert_array_equal(y, y_again.numpy())
+        np.testing.assert_array_equal(x, x_again.numpy())
+
+
+def test_sampler_errors():
+    images, labels = images_and_labels()
+    dataset = ArrayDataset(images, labels)
+
+    class Liar:
+        def __iter__(self):
+            return iter(range(5))
+
+        def __len__(self):
+            return 6
+
+    with pytest.raises(TypeError, match="sampler must be an iterable of dataset indices with a len()"):
+        DataLoader(dataset, sampler=iter(range(5)))
+    with pytest.raises(ValueError, match=r"the sampler gave 5 indices, but its len\(\) is 6"):
+        list(DataLoader(dataset, sampler=Liar()))
+    with pytest.raises(ValueError, match="the sampler gave index 23, outside the dataset's range 0..22"):
+        list(DataLoader(dataset, batch_size=2, sampler=[0, 23]))
+
+
 class SlowDataset(Dataset):
     def __len__(self):
         return 6
@@ -335,6 +407,18 @@ def test_workers_give_the_in_process_batches_in_order_and_end_with_the_iteration
     assert worker_processes() == []  # not persistent: gone with the iteration
     jittery = [y.numpy() for _, y in DataLoader(JitteryDataset(), batch_size=2, num_workers=3, prefetch=3)]
     np.testing.assert_array_equal(np.concatenate(jittery), np.arange(24))  # in order, whatever the timing
+
+
+def test_workers_follow_the_sampler():
+    images, labels = images_and_labels(20, 8)
+    pipeline = T.Compose([T.RandomCrop(8, padding=2), T.ToTensor()])
+    order = list(range(19, -1, -3))
+    here = DataLoader(ArrayDataset(images, labels, pipeline, seed=1), batch_size=3, sampler=order)
+    there = DataLoader(ArrayDataset(images, labels, pipeline, seed=1), batch_size=3, sampler=order, num_workers=2)
+    for (x, y), (x_there, y_there) in zip(here, there, strict=True):
+        np.testing.assert_array_equal(x.numpy(), x_there.numpy())
+        np.testing.assert_array_equal(y.numpy(), y_there.numpy())
+    np.testing.assert_array_equal(np.concatenate(labels_of(there)), labels[order])
 
 
 def test_persistent_workers_serve_every_epoch_and_end_on_close():

@@ -5,7 +5,13 @@ the training step runs, on the CPU or fed to a GPU.
 epoch ``e`` is a permutation drawn from ``(seed, e)``, and each sample's augmentation draws from
 ``(dataset seed, e, index)``. ``set_epoch(e)`` selects the epoch the next iteration uses, and
 ``iterate(start_batch)`` starts it part-way, so a run that stopped anywhere resumes with exactly the
-batches it would have had. The seed is ``seed=``, or drawn once, when the loader is made, from
+batches it would have had.
+
+**Sampler.** ``sampler=`` (PyTorch's: any iterable of dataset indices with a ``len()``, such as
+:class:`minidnn.distributed.DistributedSampler`, a list or a ``range``) gives the order instead:
+each iteration batches what iterating the sampler gives then, so a sampler that reshuffles per epoch
+is told the epoch by its user (``sampler.set_epoch(e)`` before the epoch, as in PyTorch); the loader's
+own epoch still selects the augmentation draws. A sampler and ``shuffle=True`` exclude each other. The seed is ``seed=``, or drawn once, when the loader is made, from
 ``generator=`` or from minidnn's global generator (:func:`minidnn.manual_seed`): two loaders made
 after the same ``manual_seed`` give the same orders.
 
@@ -77,8 +83,11 @@ def _seed_from(generator: Any) -> int:
 
 class DataLoader:
     """``DataLoader(dataset, batch_size=1, shuffle=False, drop_last=False, seed=None, num_workers=0,
-    prefetch=2, collate_fn=None, *, generator=None, pin_memory=False, device=None, batch_transform=None,
-    persistent_workers=False, multiprocessing_context=None)``; see the module docstring.
+    prefetch=2, collate_fn=None, *, sampler=None, generator=None, pin_memory=False, device=None,
+    batch_transform=None, persistent_workers=False, multiprocessing_context=None)``; see the module docstring.
+
+    ``sampler``: the order of the indices (see the module docstring); ``len(loader)`` then counts the
+    sampler's indices, not the dataset's.
 
     ``prefetch``: batches prepared ahead (and, with workers, queued per worker). ``collate_fn``: turns a
     list of samples into a batch (default: :func:`default_collate`, a tuple of Tensors).
@@ -88,7 +97,7 @@ class DataLoader:
 
     def __init__(self, dataset: Dataset, batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  seed: int | None = None, num_workers: int = 0, prefetch: int = 2,
-                 collate_fn: Callable[[list[Any]], Any] | None = None, *, generator: Any = None,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, *, sampler: Any = None, generator: Any = None,
                  pin_memory: bool = False, device: Any = None, batch_transform: Any = None,
                  persistent_workers: bool = False, multiprocessing_context: str | None = None) -> None:
         _check_count("batch_size", batch_size, 1)
@@ -96,6 +105,13 @@ class DataLoader:
         _check_count("prefetch", prefetch, 1)
         if len(dataset) == 0:
             raise ValueError("dataset is empty")
+        if sampler is not None:
+            if shuffle:
+                raise ValueError("sampler option is mutually exclusive with shuffle: give sampler= (which sets the "
+                                 "order) or shuffle=True (the loader's own permutation), not both")
+            if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
+                raise TypeError(f"sampler must be an iterable of dataset indices with a len(), such as "
+                                f"DistributedSampler, a list or a range; got {type(sampler).__name__}")
         if seed is not None and generator is not None:
             raise ValueError("give seed or generator, not both (the seed is drawn from the generator)")
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
@@ -110,6 +126,7 @@ class DataLoader:
                              f"copies this process mid-way through its threads), got {multiprocessing_context!r}")
         self.multiprocessing_context = multiprocessing_context or DEFAULT_START_METHOD
         self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, bool(shuffle), drop_last
+        self.sampler = sampler
         self.num_workers, self.prefetch, self.collate_fn = num_workers, prefetch, collate_fn
         self.batch_transform, self.persistent_workers = batch_transform, persistent_workers
         # Drawn now, once: the order then depends on the seed and the epoch only (resume, two loaders alike).
@@ -134,15 +151,33 @@ class DataLoader:
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        full, rest = divmod(len(self.dataset), self.batch_size)
+        full, rest = divmod(len(self.dataset) if self.sampler is None else len(self.sampler), self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
     def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:
-        """The index arrays of epoch ``epoch``'s batches (default: the next iteration's), in order."""
+        """The index arrays of epoch ``epoch``'s batches (default: the next iteration's), in order. With a
+        sampler, the order is what iterating the sampler gives now, whatever ``epoch`` is (its own
+        ``set_epoch`` chooses its epoch)."""
         epoch = self.epoch if epoch is None else epoch
-        count = len(self.dataset)
-        order = np.random.default_rng((self.seed, epoch)).permutation(count) if self.shuffle else np.arange(count)
+        if self.sampler is not None:
+            order = self._sampled_order()
+        elif self.shuffle:
+            order = np.random.default_rng((self.seed, epoch)).permutation(len(self.dataset))
+        else:
+            order = np.arange(len(self.dataset))
         return [order[start:start + self.batch_size] for start in range(0, len(self) * self.batch_size, self.batch_size)]
+
+    def _sampled_order(self) -> np.ndarray:
+        """The sampler's indices as an int64 array, checked: as many as its len() says (the loader's length,
+        and so a resumed position, counts on it), each an index of the dataset."""
+        order = np.fromiter((int(index) for index in self.sampler), dtype=np.int64)
+        if order.size != len(self.sampler):
+            raise ValueError(f"the sampler gave {order.size} indices, but its len() is {len(self.sampler)}")
+        size = len(self.dataset)
+        if order.size and (order.min() < 0 or order.max() >= size):
+            bad = order[(order < 0) | (order >= size)][0]
+            raise ValueError(f"the sampler gave index {bad}, outside the dataset's range 0..{size - 1}")
+        return order
 
     def __iter__(self) -> Iterator[Any]:
         return self.iterate()
