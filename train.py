@@ -764,8 +764,7 @@ class OutLock:
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip()
+            holder = self._holder()
             self.file.close()
             raise ValueError(f"--out {out!r} is in use by another train.py run"
                              + (f" (process {holder})" if holder.isdigit() else "")
@@ -777,6 +776,17 @@ class OutLock:
         self.file.truncate(0)
         self.file.write(f"{os.getpid()}\n")
         self.file.flush()
+
+    def _holder(self) -> str:
+        """The holder's process id as the file says it; a run that took the lock an instant ago may not
+        have written it yet, so an empty file is read again for a little while."""
+        for _ in range(40):
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            if holder:
+                return holder
+            time.sleep(0.025)
+        return ""
 
     def release(self) -> None:
         if not self.file.closed:
