@@ -300,7 +300,10 @@ def test_modern_activations_match_reference_float64(xp, rng, name, shape):
     assert y.dtype == xp.float64 and y.shape == shape
     assert_close(y, elementwise(value, x), rtol=1e-13, atol=1e-15, name=f"{name} forward")
     dx = backward(xp.asarray(dy), xp.asarray(x))
-    assert_close(dx, dy * elementwise(derivative, x), rtol=1e-12, atol=1e-15, name=f"{name} backward")
+    # Near a minimum of GELU or SiLU (x about -0.75 and -1.28) the derivative crosses zero: its relative error is
+    # unbounded there, and its absolute error is a few ulps of the O(1) terms that cancel, times |dy|.
+    cancelled = 16 * np.finfo(np.float64).eps * float(np.abs(dy).max())
+    assert_close(dx, dy * elementwise(derivative, x), rtol=1e-12, atol=cancelled, name=f"{name} backward")
 
 
 @pytest.mark.parametrize("name", MODERN_NAMES)

@@ -142,9 +142,9 @@ class NcclProcessGroup(ProcessGroup):
 
         def call(stream: Any) -> None:
             self.comm.allReduce(array.data.ptr, array.data.ptr, array.size, dtype, code, stream.ptr)
-            if divide:
+            if divide:  # in place, on the communication stream (``array /= ...`` would make array local here)
                 with stream:
-                    array /= self.size  # in place: no allocation on the communication stream
+                    backend.cupy().divide(array, self.size, out=array)
 
         return self._issue(array, f"all_reduce {op.name} of {array.size} {array.dtype}", call)
 
