@@ -7,8 +7,9 @@
     model = dist.DistributedDataParallel(model.to(f"cuda:{dist.get_rank()}"))
     sampler = dist.DistributedSampler(dataset)             # this rank's shard; sampler.set_epoch(e) each epoch
 
-The process group (:mod:`.process_group`) meets through a TCP store (:mod:`.store`) and talks through a backend:
-NCCL via CuPy (:mod:`.nccl`, imported only when chosen) or sockets (:mod:`.tcp`). DistributedDataParallel
+The process group (:mod:`.process_group`) meets through a TCP store (:mod:`.store`) and talks through a backend
+that implements :mod:`.group`'s interface: NCCL via CuPy (:mod:`.nccl`, imported only when chosen) or sockets
+(:mod:`.tcp`). DistributedDataParallel
 (:mod:`.parallel`) averages gradients in buckets (:mod:`.buckets`) started from inside backward (:mod:`.reducer`).
 See docs/distributed.md.
 """

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .process_group import ProcessGroup, ReduceOp, Work
+from .group import ProcessGroup, ReduceOp, Work
 from .store import TCPStore
 
 __all__ = ["NcclProcessGroup", "nccl_dtype"]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import backend
-from .process_group import ProcessGroup, ReduceOp, Work
+from .group import ProcessGroup, ReduceOp, Work
 from .store import TCPStore, recv_exactly
 
 __all__ = ["TcpProcessGroup"]
