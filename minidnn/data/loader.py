@@ -5,15 +5,15 @@ the training step runs, on the CPU or fed to a GPU.
 epoch ``e`` is a permutation drawn from ``(seed, e)``, and each sample's augmentation draws from
 ``(dataset seed, e, index)``. ``set_epoch(e)`` selects the epoch the next iteration uses, and
 ``iterate(start_batch)`` starts it part-way, so a run that stopped anywhere resumes with exactly the
-batches it would have had.
+batches it would have had. The seed is ``seed=``, or drawn once, when the loader is made, from
+``generator=`` or from minidnn's global generator (:func:`minidnn.manual_seed`): two loaders made
+after the same ``manual_seed`` give the same orders.
 
 **Sampler.** ``sampler=`` (PyTorch's: any iterable of dataset indices with a ``len()``, such as
 :class:`minidnn.distributed.DistributedSampler`, a list or a ``range``) gives the order instead:
 each iteration batches what iterating the sampler gives then, so a sampler that reshuffles per epoch
 is told the epoch by its user (``sampler.set_epoch(e)`` before the epoch, as in PyTorch); the loader's
-own epoch still selects the augmentation draws. A sampler and ``shuffle=True`` exclude each other. The seed is ``seed=``, or drawn once, when the loader is made, from
-``generator=`` or from minidnn's global generator (:func:`minidnn.manual_seed`): two loaders made
-after the same ``manual_seed`` give the same orders.
+own epoch still selects the augmentation draws. A sampler and ``shuffle=True`` exclude each other.
 
 **Where samples are fetched.** ``num_workers=0`` (the default): by one background thread of this
 process, which is the fast path for in-memory datasets (:class:`~minidnn.data.ArrayDataset`, so
