@@ -7,7 +7,6 @@ algorithm is deterministic, so the CPU tests use a stand-in: gemm's arithmetic d
 non-deterministic, as an algorithm with atomic additions would be; the GPU's own algorithms are
 checked on ConvProblems that name the GPU (choosing needs no GPU) and, on a GPU, by running them.
 """
-import dataclasses
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from minidnn.primitives import conv
 from minidnn.primitives.conv import api, planner, plans, registry, selection
 from minidnn.primitives.conv.problem import ConvProblem
 from tests.helpers import assert_close, to_numpy
+from tests.test_primitives_conv import model_problems
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -294,17 +294,9 @@ def test_the_micro_batch_planners_respect_the_mode(scheduled, rng):
 
 
 def _model_problems(name, device):
-    seen = {}
-    model = models.create(name)
-    image = models.input_size(name)
-    plans.call_observer = lambda direction, problem, plan: seen.setdefault(problem, None)
-    try:
-        with minidnn.no_grad(), conv.settings(algo="gemm", workspace_limit=1 << 40):
-            model(minidnn.zeros(1, 3, image, image))
-    finally:
-        plans.call_observer = None
+    """The model's distinct convolution problems at the batch it trains at (test_primitives_conv's recorder)."""
     batch = 128 if name in ("alexnet_caffe", "resnet20") else 64
-    return [dataclasses.replace(p, N=batch, device=device) for p in seen]
+    return model_problems(name, models.input_size(name), batch, device)
 
 
 # ----------------------------------------------------------------------------------------------
