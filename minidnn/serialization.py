@@ -42,11 +42,10 @@ def save(obj: Any, f: str | os.PathLike | BinaryIO) -> None:
     arrays: dict[str, np.ndarray] = {}
     tree = _encode(obj, arrays, "obj", set())
     text = json.dumps({"format": FORMAT, "version": VERSION, "object": tree}, allow_nan=False)
-    members = {f"arrays/{index}": array for index, array in enumerate(arrays.values())}
-    members["metadata"] = np.array(text)
+    arrays["metadata"] = np.array(text)  # beside the "arrays/N" members _array_node named
 
     def write(file: BinaryIO) -> None:
-        np.savez(file, **members)
+        np.savez(file, **arrays)
 
     if isinstance(f, (str, os.PathLike)):
         atomic_write(f, write)

@@ -23,7 +23,7 @@ from minidnn.checkpoint import load_checkpoint, read_checkpoint
 from minidnn.data import transforms as T
 from minidnn.data.folder import to_rgb
 
-from . import MODELS, spec
+from . import spec
 
 # The deterministic transforms an evaluation pipeline may hold, by the name the description uses.
 _SPATIAL = ("Resize", "CenterCrop")
@@ -44,8 +44,7 @@ def describe(name: str, arguments: dict[str, Any], classes: Sequence[str], trans
     size to that side, as train.py does for data of another side. A random or unknown step is a
     ``ValueError``: prediction must be deterministic.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    spec(name)  # an unknown name: spec's ValueError
     steps: list[list[Any]] = []
     mean = std = None
     for step in _flatten(transform):

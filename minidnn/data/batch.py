@@ -71,6 +71,19 @@ def flatten(batch: Any, collated: bool) -> tuple[list[Any], Any]:
     return arrays, visit(batch)
 
 
+def fetch(dataset: Any, indices: list[int], collate_fn: Callable[[list[Any]], Any] | None) -> tuple[list[Any], Any]:
+    """One batch, flattened (:func:`flatten`): one ``get_batch`` gather when the dataset can and no
+    ``collate_fn`` is given (ArrayDataset: no Python per sample), else its samples collated."""
+    batch = None
+    if collate_fn is None:
+        getter = getattr(dataset, "get_batch", None)
+        batch = getter(indices) if getter is not None else None
+    if batch is None:
+        samples = [dataset[i] for i in indices]
+        batch = collate_arrays(samples) if collate_fn is None else collate_fn(samples)
+    return flatten(batch, collated=collate_fn is None)
+
+
 def unflatten(arrays: list[Any], tree: Any, make_tensor: Callable[[Any], Any] = Tensor) -> Any:
     """The batch :func:`flatten` took apart, with ``arrays`` (moved, copied) in place of its arrays."""
     kind, content = tree

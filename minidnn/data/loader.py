@@ -52,7 +52,7 @@ import numpy as np
 from .. import backend
 from .. import random as _random
 from ..tensor import Tensor
-from .batch import collate_arrays, default_collate, flatten, unflatten
+from .batch import default_collate, fetch, unflatten
 from .dataset import Dataset
 from .device import DeviceFeeder, HostBatch, pinned_copy
 from .workers import DEFAULT_START_METHOD, START_METHODS, WorkerPool
@@ -298,19 +298,12 @@ class DataLoader:
 
     def _fetch_here(self, batches: list[np.ndarray]) -> Iterator[Any]:
         """num_workers=0: each batch in this thread, one gather when the dataset can (ArrayDataset.get_batch)."""
-        getter = getattr(self.dataset, "get_batch", None) if self.collate_fn is None else None
         for indices in batches:
-            batch = getter(indices) if getter is not None else None
-            if batch is None:
-                samples = [self.dataset[i] for i in indices.tolist()]
-                batch = collate_arrays(samples) if self.collate_fn is None else self.collate_fn(samples)
-            arrays, tree = flatten(batch, collated=self.collate_fn is None)
+            arrays, tree = fetch(self.dataset, indices.tolist(), self.collate_fn)
             yield _Fetched(arrays, tree, None)
 
     def _prepare(self, batch: Any, indices: np.ndarray, feeder: DeviceFeeder | None, stop: threading.Event) -> Any:
         """A fetched batch made ready: for the GPU a HostBatch in a pinned slot, else the batch itself."""
-        if not isinstance(batch, _Fetched):  # a worker's batch, in its shared memory
-            batch = _Fetched(batch.arrays, batch.tree, batch.release)
         arrays, extra = list(batch.arrays), 0
         if self.batch_transform is not None:
             if not arrays or arrays[0].ndim != 4 or arrays[0].dtype != np.uint8:
@@ -326,13 +319,14 @@ class DataLoader:
             if batch.release is not None:
                 batch.release()
             return HostBatch(host, batch.tree, extra, slot)
+        fresh = 0  # leading arrays made here, in no worker's shared memory
         if extra:
             kept = arrays[:len(arrays) - extra]
-            arrays = [self.batch_transform(kept[0], *arrays[len(kept):]), *kept[1:]]
+            arrays, fresh = [self.batch_transform(kept[0], *arrays[len(kept):]), *kept[1:]], 1
         if self.pin_memory:
             arrays = [pinned_copy(a) for a in arrays]
-        elif batch.release is not None:
-            arrays = [np.array(a) for a in arrays]
+        elif batch.release is not None:  # out of the worker's memory before it is reused
+            arrays = arrays[:fresh] + [np.array(a) for a in arrays[fresh:]]
         if batch.release is not None:
             batch.release()
         return unflatten(arrays, batch.tree, Tensor)

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .batch import collate_arrays, flatten
+from .batch import fetch
 
 START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods())
 DEFAULT_START_METHOD = START_METHODS[0]
@@ -108,14 +108,6 @@ def _write_batch(arrays: list[np.ndarray], blocks: dict, free: set, worker: int)
     return name, layout
 
 
-def _fetch(dataset: Any, indices: list[int], collate_fn: Callable | None) -> Any:
-    if collate_fn is None:
-        getter = getattr(dataset, "get_batch", None)
-        batch = getter(indices) if getter is not None else None
-        return batch if batch is not None else collate_arrays([dataset[i] for i in indices])
-    return collate_fn([dataset[i] for i in indices])
-
-
 def worker_main(worker: int, dataset: Any, collate_fn: Callable | None, tasks: Any, results: Any) -> None:
     """A worker's loop: tasks ``(generation, batch, epoch, indices, released block names)`` in, results
     ``(generation, batch, pickled message)`` out, until None."""
@@ -134,7 +126,7 @@ def worker_main(worker: int, dataset: Any, collate_fn: Callable | None, tasks: A
             try:
                 if hasattr(dataset, "set_epoch"):
                     dataset.set_epoch(epoch)
-                arrays, tree = flatten(_fetch(dataset, indices, collate_fn), collated=collate_fn is None)
+                arrays, tree = fetch(dataset, indices, collate_fn)
                 arrays = [np.ascontiguousarray(a) for a in arrays]
                 name, layout = _write_batch(arrays, blocks, free, worker)
                 message = pickle.dumps(("batch", number, worker, name, layout, tree))
