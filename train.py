@@ -995,10 +995,8 @@ class Run:
         metrics.jsonl. best.npz goes first: a kill between the two leaves last.npz before this epoch,
         so the epoch is trained, evaluated and (if better) saved as best again on resume."""
         self.check_finite()
-        if self.world.size > 1:  # every rank evaluates with rank 0's batch statistics, those it saves
-            buffers = list(self.model.buffers())
-            if buffers:
-                broadcast_coalesced(dist.process_group.default_group(), buffers)
+        if self.world.launched:  # every rank evaluates with rank 0's batch statistics, those it saves
+            broadcast_coalesced(self.network.process_group, list(self.model.buffers()))
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
         test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)

@@ -236,6 +236,18 @@ def rank_buffers(out: str) -> None:
     save(out, "buffers", after_no_grad=after_no_grad, after_forward=norm.running_mean.numpy())
 
 
+def rank_mismatch(out: str) -> None:
+    """Models of the same parameter count but other shapes (4x6 against 6x4): every rank refuses to wrap them."""
+    rank = dist.get_rank()
+    model = nn.Linear(4, 6, bias=False) if rank == 0 else nn.Linear(6, 4, bias=False)
+    try:
+        dist.DistributedDataParallel(model.double())
+        refused = ""
+    except ValueError as error:
+        refused = str(error)
+    save(out, "mismatch", refused=np.array(refused))
+
+
 def rank_script(scenarios: list[str], out: str) -> None:
     dist.init_process_group("tcp", timeout=60)
     try:
@@ -246,7 +258,7 @@ def rank_script(scenarios: list[str], out: str) -> None:
 
 
 SCENARIOS = {"training": rank_training, "no_sync": rank_no_sync, "sync_batchnorm": rank_sync_batchnorm,
-             "unused": rank_unused, "buffers": rank_buffers}
+             "unused": rank_unused, "buffers": rank_buffers, "mismatch": rank_mismatch}
 
 
 def launch(tmp_path, scenarios, nproc=2, script_args=()):
@@ -781,6 +793,12 @@ def two_rank_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     assert launch(out, list(SCENARIOS)) == 0
     return out
+
+
+def test_ranks_whose_parameter_shapes_differ_are_refused_on_every_rank(two_rank_results):
+    for rank in range(2):
+        refused = str(load(two_rank_results, "mismatch", rank)["refused"])
+        assert "the ranks' models differ" in refused, f"rank {rank} wrapped a model of other shapes"
 
 
 def test_ddp_two_processes_equal_one_process_on_the_global_batch(two_rank_results):

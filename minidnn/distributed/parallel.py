@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import backend
-from ..autograd import bump_version, is_grad_enabled, no_grad
+from ..autograd import bump_version, is_grad_enabled
 from ..nn.module import Module
 from .buckets import bucket_size_limits
 from .process_group import ProcessGroup, ReduceOp, default_group
@@ -29,6 +29,8 @@ def broadcast_coalesced(group: ProcessGroup, tensors: list, src: int = 0) -> Non
     """Broadcast ``tensors`` from rank ``src`` in one collective per (device, dtype): packed into one flat array,
     broadcast, and copied back into each tensor's own memory (their addresses stay: a captured graph or an
     optimizer holding them sees the new values)."""
+    if group.size == 1 or not tensors:  # one rank already holds rank 0's values
+        return
     groups: dict[tuple, list] = {}
     for tensor in tensors:
         groups.setdefault((backend.device_of(tensor.data), tensor.data.dtype.str), []).append(tensor)
@@ -50,22 +52,20 @@ def _verify_shapes_match(group: ProcessGroup, module: Module, device: backend.De
     every rank together (one all-reduce of a flag) when one differs, rather than reduce mismatched buckets."""
     shapes = [p.data.shape for p in module.parameters()]
     signature = np.array([len(shapes)] + [n for shape in shapes for n in (len(shape), *shape)], dtype=np.int64)
-    xp = np if device.type == "cpu" else backend.cupy()
-    with backend.on_device(device):
-        lengths = xp.asarray(np.array([signature.size, -signature.size], dtype=np.int64))
-        group.all_reduce(lengths, ReduceOp.MAX).wait()  # [the longest, minus the shortest]
-        longest, shortest = backend.to_device(lengths, "cpu") * np.array([1, -1])
-        mismatch = longest != shortest
-        if not mismatch:
-            theirs = xp.asarray(signature)
-            group.broadcast(theirs, 0).wait()
-            mismatch = not np.array_equal(backend.to_device(theirs, "cpu"), signature)
-        flag = xp.asarray(np.array([int(mismatch)], dtype=np.int32))
-        group.all_reduce(flag, ReduceOp.MAX).wait()
-        if int(backend.to_device(flag, "cpu")[0]):
-            raise ValueError(f"DistributedDataParallel: the ranks' models differ (rank {group.rank} has "
-                             f"{len(shapes)} parameters; some rank's parameter count or shapes are not rank 0's): "
-                             "every rank must wrap the same architecture")
+    lengths = backend.to_device(np.array([signature.size, -signature.size], dtype=np.int64), device)
+    group.all_reduce(lengths, ReduceOp.MAX).wait()  # [the longest, minus the shortest]
+    longest, shortest = backend.to_device(lengths, "cpu") * np.array([1, -1])
+    mismatch = longest != shortest
+    if not mismatch:
+        theirs = backend.to_device(signature.copy(), device)  # a copy: on the CPU to_device returns the array
+        group.broadcast(theirs, 0).wait()
+        mismatch = not np.array_equal(backend.to_device(theirs, "cpu"), signature)
+    flag = backend.to_device(np.array([int(mismatch)], dtype=np.int32), device)
+    group.all_reduce(flag, ReduceOp.MAX).wait()
+    if int(backend.to_device(flag, "cpu")[0]):
+        raise ValueError(f"DistributedDataParallel: the ranks' models differ (rank {group.rank} has "
+                         f"{len(shapes)} parameters; some rank's parameter count or shapes are not rank 0's): "
+                         "every rank must wrap the same architecture")
 
 
 class DistributedDataParallel(Module):
@@ -116,8 +116,9 @@ class DistributedDataParallel(Module):
         self.process_group, self.device, self.broadcast_buffers = group, device, bool(broadcast_buffers)
         self.require_backward_grad_sync = True
         _verify_shapes_match(group, module, device)
-        with no_grad():
-            broadcast_coalesced(group, list(module.parameters()) + list(module.buffers()))
+        # The buffers keep their identity (.to() and load_state_dict write into them), so list them once.
+        self._buffers_to_sync = list(module.buffers())
+        broadcast_coalesced(group, list(module.parameters()) + self._buffers_to_sync)
         self.reducer = Reducer([p for _, p in named], [n for n, _ in named], group, limits, find_unused_parameters)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -126,10 +127,7 @@ class DistributedDataParallel(Module):
         sync = self.require_backward_grad_sync
         self.reducer.prepare_for_forward(sync)
         if sync and self.broadcast_buffers:
-            buffers = list(self.module.buffers())
-            if buffers and self.process_group.size > 1:
-                with no_grad():
-                    broadcast_coalesced(self.process_group, buffers)
+            broadcast_coalesced(self.process_group, self._buffers_to_sync)
         output = self.module(*inputs, **kwargs)
         if sync and self.reducer.find_unused_parameters:
             self.reducer.mark_unused(output)
