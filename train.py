@@ -241,21 +241,13 @@ def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> dict[str, An
     a rank that fails ends the job, and the launcher's exit code (the dead rank's) is this one's."""
     from minidnn.distributed import run as launcher  # noqa: PLC0415 - only for this path
 
-    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    port = os.environ.get("MASTER_PORT") or str(launcher.free_port())
     arguments = list(sys.argv[1:] if argv is None else argv)
     code = launcher.main(["--nproc-per-node", str(args.gpus), "--master-port", port, os.path.abspath(__file__),
                           *arguments])
     if code:
         raise SystemExit(code)
     return {"world_size": args.gpus, "exit_code": 0}
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import minidnn.functional as F  # noqa: E402
 import minidnn.nn as nn  # noqa: E402
 from minidnn import optim  # noqa: E402
 from minidnn.distributed import buckets, run  # noqa: E402
+from minidnn.distributed.run import free_port  # noqa: E402
 from minidnn.distributed.process_group import ReduceOp  # noqa: E402
 from minidnn.distributed.sampler import shard  # noqa: E402
 from minidnn.distributed.store import TCPStore  # noqa: E402
@@ -42,12 +42,6 @@ def _multigpu(request):
     """``@pytest.mark.multigpu``: skipped unless this machine has two GPUs or more."""
     if request.node.get_closest_marker("multigpu") and minidnn.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs or more")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------------------------

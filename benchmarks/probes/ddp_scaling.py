@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,9 @@ import time
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, CHECKOUT)
 
+from minidnn.distributed.run import free_port  # noqa: E402 - after the checkout is on the path
+
 PER_GPU_BATCH, CLASSES, SIDE = 64, 1000, 224
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def median_ms(run, steps: int, synchronize) -> float:

@@ -145,6 +145,17 @@ def _array_of(tensor: Any) -> Any:
     return tensor.data if isinstance(tensor, Value) else tensor
 
 
+def _complete(work: Work, tensor: Any, operation: str, async_op: bool) -> Work | None:
+    """What every in-place collective ends with: a Tensor's version counts the write (autograd must see
+    it); then the Work, or a wait for it."""
+    if isinstance(tensor, Value):
+        bump_version(tensor, operation)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
 def all_reduce(tensor: Any, op: "ReduceOp | str" = ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False) -> Work | None:
     """Combine ``tensor`` (a Tensor or an array) across the ranks, in place: every rank ends with the same result.
@@ -157,13 +168,7 @@ def all_reduce(tensor: Any, op: "ReduceOp | str" = ReduceOp.SUM, group: ProcessG
     group.check_array(array, "all_reduce")
     if op is ReduceOp.AVG and array.dtype.kind != "f":
         raise TypeError(f"all_reduce: ReduceOp.AVG needs a floating-point array, got {array.dtype}")
-    work = group.all_reduce(array, op)
-    if isinstance(tensor, Value):
-        bump_version(tensor, "all_reduce")
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _complete(group.all_reduce(array, op), tensor, "all_reduce", async_op)
 
 
 def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None, async_op: bool = False) -> Work | None:
@@ -173,13 +178,7 @@ def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None, async_op
         raise ValueError(f"broadcast: src must be a rank in 0..{group.size - 1}, got {src!r}")
     array = _array_of(tensor)
     group.check_array(array, "broadcast")
-    work = group.broadcast(array, int(src))
-    if isinstance(tensor, Value):
-        bump_version(tensor, "broadcast")
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _complete(group.broadcast(array, int(src)), tensor, "broadcast", async_op)
 
 
 def barrier(group: ProcessGroup | None = None) -> None:

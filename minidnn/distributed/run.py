@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from typing import Sequence
 
-__all__ = ["main", "rank_environment"]
+__all__ = ["main", "rank_environment", "free_port"]
 
 PROGRAM = "python -m minidnn.distributed.run"
 
@@ -30,6 +31,13 @@ def rank_environment(local_rank: int, nproc_per_node: int, nnodes: int, node_ran
             "WORLD_SIZE": str(nnodes * nproc_per_node), "LOCAL_WORLD_SIZE": str(nproc_per_node),
             "GROUP_RANK": str(node_rank), "NODE_RANK": str(node_rank), "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port)}
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for ``--master-port`` when none is given by the user."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _parser() -> argparse.ArgumentParser:
