@@ -103,15 +103,6 @@ class SyncBatchNorm(BatchNorm2d):
                                            None if self.running_var is None else self.running_var.data,
                                            momentum, self.eps, relu, group)
 
-    def _momentum(self) -> float:
-        """This step's momentum, counting the batch as BatchNorm2d does (``momentum=None``: the cumulative mean)."""
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            self.num_batches_tracked.data += 1
-            if self.momentum is None:
-                momentum = 1.0 / float(self.num_batches_tracked.item())
-        return momentum
-
     @classmethod
     def convert_sync_batchnorm(cls, module: Module, process_group: ProcessGroup | None = None) -> Module:
         """``module`` with every BatchNorm2d replaced by a SyncBatchNorm holding the same parameters and buffers

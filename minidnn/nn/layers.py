@@ -298,15 +298,21 @@ class _BatchNorm(Module):
         """``relu=True``: max(BN(x), 0) in the same kernels (the fused form models use)."""
         if x.ndim not in self._ranks:
             raise ValueError(f"{type(self).__name__} expects {self._layout} input, got shape {x.shape}")
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            self.num_batches_tracked.data += 1
-            if self.momentum is None:  # cumulative moving average, as PyTorch
-                momentum = 1.0 / float(self.num_batches_tracked.item())
+        momentum = self._momentum()
         # Without running statistics (track_running_stats=False) even eval() normalises with the batch's.
         use_batch_statistics = self.training or not self.track_running_stats
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_statistics,
                             momentum, self.eps, relu)
+
+    def _momentum(self) -> float:
+        """This step's momentum for the running statistics, counting the batch in training
+        (``momentum=None``: the cumulative moving average, as PyTorch)."""
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.data += 1
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked.item())
+        return momentum
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
