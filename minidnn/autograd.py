@@ -309,7 +309,8 @@ class Function:
         if record and target._version is not None and target._version.shared:
             raise RuntimeError(f"{operation} on a tensor that shares its memory with a view is not supported while "
                                "a graph is recorded; use the out-of-place form")
-        function.needs_input_grad = needs
+        # Unrecorded, no input needs a gradient: forward then keeps no copy of what it overwrites.
+        function.needs_input_grad = needs if record else (False,) * len(needs)
         first_edge = _edge(target)
         data = function.forward(target.data, *(a.data if isinstance(a, Value) else a for a in args),
                                 out=target.data, **kwargs)

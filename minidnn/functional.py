@@ -205,7 +205,7 @@ class SiLUFunction(Function):
 
     def forward(self, x, out=None):
         saved = None
-        if is_grad_enabled() and self.needs_input_grad[0]:
+        if self.needs_input_grad[0]:
             saved = x if out is None else x.copy()  # in place, x is about to be overwritten
         self.save_for_backward(saved)
         return library.silu_forward(x, out=out)

@@ -133,8 +133,12 @@ class Module:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
+    # Set once a hook is registered (never cleared: with empty tables the hooked path runs no hook), so a
+    # module without hooks, every module of a training step in practice, pays one attribute read per call.
+    _has_hooks = False
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not (self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks):
+        if not self._has_hooks:
             return self.forward(*args, **kwargs)
         return self._call_with_hooks(args, kwargs)
 
@@ -173,6 +177,7 @@ class Module:
         if not callable(hook):
             raise TypeError(f"hook must be callable, got {type(hook).__name__}")
         hooks = getattr(self, table)
+        object.__setattr__(self, "_has_hooks", True)
         tables = (hooks,) if kwargs_table is None else (hooks, getattr(self, kwargs_table))
         handle = RemovableHandle(*tables)
         hooks[handle.id] = hook

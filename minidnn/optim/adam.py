@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .. import backend
-from ..autograd import bump_version, no_grad
+from ..autograd import no_grad
 from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
@@ -66,8 +66,7 @@ class Adam(Optimizer):
                                               eps=group["eps"], weight_decay=group["weight_decay"],
                                               decoupled_weight_decay=self.decoupled_weight_decay,
                                               amsgrad=group["amsgrad"], maximize=group["maximize"])
-                    for p in params:  # updated in place: a graph that saved them must not backward through
-                        bump_version(p, type(self).__name__ + ".step")
+                    self._mark_updated(params)
 
 
 class AdamW(Adam):

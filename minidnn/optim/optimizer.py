@@ -9,6 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import backend
+from ..autograd import bump_version
 from ..tensor import Tensor
 
 
@@ -91,6 +92,12 @@ class Optimizer:
     # of one element on that GPU, which their kernel reads: a captured step (CUDA graph) then follows
     # schedule changes without a new capture. The copies live outside param_groups (the state dict
     # holds numbers only), keyed by (group index, device), each with the value it holds.
+    def _mark_updated(self, params: list) -> None:
+        """The step wrote ``params`` in place: a graph that saved them must not backward through them."""
+        operation = type(self).__name__ + ".step"
+        for p in params:
+            bump_version(p, operation)
+
     def _learning_rate(self, index: int, group: dict[str, Any], device: backend.Device) -> Any:
         """group["lr"] for the updates of the group's parameters on ``device``: the number on the CPU;
         on a GPU the group's device copy, refreshed (one fill) when group["lr"] has changed."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .. import backend
-from ..autograd import bump_version, no_grad
+from ..autograd import no_grad
 from ..engine import library
 from .optimizer import Optimizer, check_hyperparameter, contiguous_grad
 
@@ -52,5 +52,4 @@ class SGD(Optimizer):
                                              dampening=group["dampening"], weight_decay=group["weight_decay"],
                                              nesterov=group["nesterov"], maximize=group["maximize"],
                                              first_step=first_step)
-                    for p in params:  # updated in place: a graph that saved them must not backward through
-                        bump_version(p, type(self).__name__ + ".step")
+                    self._mark_updated(params)
