@@ -16,7 +16,7 @@ from .. import backend
 from ..primitives import _cuda
 from ..primitives import activation as primitive_activation
 from ..primitives._checks import check_float
-from ..primitives.activation import (_check_backward_args, _check_gradient_pair, _check_out, check_gelu_approximation,
+from ..primitives.activation import (_check_gradient_pair, _check_out, check_gelu_approximation,
                                      check_negative_slope)
 from . import kernels
 
@@ -38,7 +38,7 @@ def relu_forward(x: Any, out: Any = None) -> Any:
 
 def relu_backward(dy: Any, y: Any) -> Any:
     """dx = dy where y > 0, else 0 (ReLUBackward, from the output). dy, y: same shape; returns dx."""
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
         dx = xp.empty(dy.shape, dtype=dy.dtype)
@@ -70,7 +70,7 @@ def sigmoid_forward(x: Any) -> Any:
 
 def sigmoid_backward(dy: Any, y: Any) -> Any:
     """dx = dy·y·(1 − y)."""
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     backend.get_array_module(dy, y)
     return dy * y * (1 - y)
 
@@ -82,7 +82,7 @@ def tanh_forward(x: Any) -> Any:
 
 def tanh_backward(dy: Any, y: Any) -> Any:
     """dx = dy·(1 − y²)."""
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     backend.get_array_module(dy, y)
     return dy * (1 - y * y)
 

@@ -32,15 +32,6 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # the tanh approximation's scale
 GELU_TANH_CUBIC = 0.044715  # ... and its cubic coefficient (Hendrycks & Gimpel 2016)
 
 
-def _check_backward_args(dy: Any, y: Any) -> None:
-    """dy and y must be float arrays of one shape and one dtype."""
-    check_float(dy, "dy")
-    check_float(y, "y")
-    check_same_dtype(dy, y, "dy", "y")
-    if dy.shape != y.shape:
-        raise ValueError(f"dy and y must have the same shape, got {tuple(dy.shape)} and {tuple(y.shape)}")
-
-
 def _check_out(out: Any, like: Any, like_name: str) -> None:
     """``out`` (when given) must be a C-contiguous array of ``like``'s shape and dtype, on its device."""
     if out is None:
@@ -72,7 +63,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
     The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
     enough to tell which inputs passed.
     """
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
         return _elementwise_gpu("relu_backward", dy, y)
@@ -122,7 +113,7 @@ def sigmoid_forward(x: Any) -> Any:
 
 def sigmoid_backward(dy: Any, y: Any) -> Any:
     """dx = dy · y · (1 − y). dy, y: same shape; returns dx: that shape."""
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     backend.get_array_module(dy, y)  # one device, or a clear ValueError
     if backend.is_cuda_array(dy):
         return _elementwise_gpu("sigmoid_backward", dy, y)
@@ -139,7 +130,7 @@ def tanh_forward(x: Any) -> Any:
 
 def tanh_backward(dy: Any, y: Any) -> Any:
     """dx = dy · (1 − y²). dy, y: same shape; returns dx: that shape."""
-    _check_backward_args(dy, y)
+    _check_gradient_pair(dy, y, "y")
     backend.get_array_module(dy, y)  # one device, or a clear ValueError
     if backend.is_cuda_array(dy):
         return _elementwise_gpu("tanh_backward", dy, y)
