@@ -19,25 +19,19 @@ from .process_group import default_group, is_initialized
 __all__ = ["DistributedSampler", "shard"]
 
 
+def _per_rank(length: int, num_replicas: int, drop_last: bool) -> int:
+    """How many indices each rank gets (PyTorch's count): the tail dropped, or padded up to a full round."""
+    if drop_last and length % num_replicas:
+        return math.ceil((length - num_replicas) / num_replicas)
+    return math.ceil(length / num_replicas)
+
+
 def shard(order: Sequence[int], num_replicas: int, rank: int, drop_last: bool = False) -> list[int]:
     """Rank ``rank``'s indices of ``order`` (a permutation of the dataset's indices), PyTorch's way: padded with
-    its own head to a multiple of ``num_replicas`` (or, with ``drop_last``, cut down to one), then strided."""
-    order = [int(i) for i in order]
-    length = len(order)
-    if drop_last and length % num_replicas:
-        per_rank = math.ceil((length - num_replicas) / num_replicas)
-    else:
-        per_rank = math.ceil(length / num_replicas)
-    total = per_rank * num_replicas
-    if drop_last:
-        order = order[:total]
-    else:
-        padding = total - length
-        if padding <= length:
-            order += order[:padding]
-        else:
-            order += (order * math.ceil(padding / length))[:padding]
-    return order[rank:total:num_replicas]
+    its own head to a multiple of ``num_replicas`` (or, with ``drop_last``, cut down to one), then strided.
+    ``np.resize`` does both: it repeats the order from its head as often as needed, or cuts it."""
+    total = _per_rank(len(order), num_replicas, drop_last) * num_replicas
+    return np.resize(np.asarray(order, dtype=np.int64), total)[rank::num_replicas].tolist()
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -70,10 +64,7 @@ class DistributedSampler:
                              f"[0, {self.num_replicas - 1}]")
         self.dataset, self.shuffle, self.seed, self.drop_last = dataset, bool(shuffle), int(seed), bool(drop_last)
         length = len(dataset)
-        if drop_last and length % self.num_replicas:
-            self.num_samples = math.ceil((length - self.num_replicas) / self.num_replicas)
-        else:
-            self.num_samples = math.ceil(length / self.num_replicas)
+        self.num_samples = _per_rank(length, self.num_replicas, self.drop_last)
         if self.num_samples == 0:
             raise ValueError(f"DistributedSampler: a dataset of {length} samples leaves nothing to each of "
                              f"{self.num_replicas} ranks with drop_last=True")
