@@ -673,10 +673,17 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
             np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
         copies = [entry for entry in cupy.log if entry[0] == "copy"]
         assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7 * 5  # 5 arrays a batch
-        records = [entry for entry in cupy.log if entry[0] == "record"]
+        log = cupy.log
+        records = [entry for entry in log if entry[0] == "record"]
         copied = [number for _, stream, number in records if stream == "side"]
-        consumed = [number for _, stream, number in records if stream == "compute"]
-        assert len(copied) == len(consumed) == 7
+        # A new device slot's event: recorded on the step's stream and waited on by the side stream at once.
+        allocated = [number for i, (kind, stream, number) in enumerate(log)
+                     if (kind, stream) == ("record", "compute") and log[i + 1:i + 2] == [("wait", "side", number)]]
+        consumed = [number for _, stream, number in records if stream == "compute" and number not in allocated]
+        assert len(copied) == len(consumed) == 7 and len(allocated) == 3  # 3 device slots, made on first use
+        first_copies = [i for i, entry in enumerate(log) if entry[0] == "copy"][::5]
+        for k in range(3):  # a new slot's first copy waits for the work queued on the step's stream before it
+            assert log.index(("wait", "side", allocated[k])) < first_copies[k]
         for number in copied:  # the step's stream waits for each copy, after it is recorded
             assert cupy.log.index(("wait", "compute", number)) > cupy.log.index(("record", "side", number))
         for k in range(3, 7):  # a device slot is refilled only after its last batch was used (3 slots)
@@ -729,6 +736,28 @@ def test_gpu_feed_waits_for_the_compute_stream_on_the_device():
     for (x_sum, y), (x_cpu, y_cpu) in zip(sums, expected):
         np.testing.assert_allclose(x_sum.get(), x_cpu.numpy().sum(axis=(1, 2, 3)), rtol=1e-5)
         np.testing.assert_array_equal(y.get(), y_cpu.numpy())
+
+
+@pytest.mark.gpu
+def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
+    """The pool hands a new device slot memory freed on the step's stream while kernels queued there still
+    write it (here: fills held back 50 ms). The side stream's copy into the slot must wait for them, or they
+    overwrite the batch: labels of -1 made a captured ResNet-20 step's loss NaN on the H200."""
+    from minidnn.primitives import _cuda
+
+    cupy = minidnn.backend.cupy()
+    images, labels = images_and_labels(16, 8)
+    dataset = ArrayDataset(images, labels, seed=2)
+    expected = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4)]
+    _cuda.hold_stream(50)
+    poisoned = [cupy.empty(shape, dtype) for shape, dtype in [((4, 8, 8, 3), np.uint8), ((4,), np.int64)] * 64]
+    for array in poisoned:
+        array.fill(-1 if array.dtype == np.int64 else 255)  # queued behind the hold
+    del poisoned, array  # free in the pool now, still to be written on the device
+    got = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4, device="cuda")]
+    for (x, y), (x_cpu, y_cpu) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(y, y_cpu)
+        np.testing.assert_array_equal(x, x_cpu)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,9 @@ stream while the previous training step runs, then handed to the step's stream t
   batch i is handed out, so it runs while step i computes.
 * **Events, no host waits.** The step's stream waits for an event recorded after the copy (a
   device-side wait: the host goes on queuing work); the copy into a device slot waits for an event
-  recorded after the last use of that slot's previous batch. A pinned slot is refilled only once its
+  recorded after the last use of that slot's previous batch, and the first copy into a new slot for
+  the work queued on the step's stream when it was allocated (CuPy's pool reuses memory freed there
+  at once, safe for that stream's later work only). A pinned slot is refilled only once its
   copy's event has completed: the loader polls the events when it hands out a batch and waits on
   one only when every slot is still in flight (the host is then ahead of the GPU anyway).
 * **Fresh outputs.** What the loader returns is made on the step's stream from the device slot (the
@@ -159,6 +161,12 @@ class DeviceFeeder:
             buffers = self.ring[index]
             if buffers is None or not _fits(buffers, batch.arrays):
                 buffers = self.ring[index] = [cupy.empty(s.shape, s.dtype) for s in batch.slot]
+                # The pool hands out memory freed on the step's stream, where kernels queued earlier may still
+                # read or write it; the pool orders reuse on that stream only, so the side stream's first copy
+                # into the new slot waits for them on the device.
+                allocated = cupy.cuda.Event(block=False, disable_timing=True)
+                allocated.record(cupy.cuda.get_current_stream())
+                self.stream.wait_event(allocated)
             if self.consumed[index] is not None:
                 self.stream.wait_event(self.consumed[index])
             device_arrays = [buffer[:a.shape[0]] for buffer, a in zip(buffers, batch.arrays)]
