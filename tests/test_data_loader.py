@@ -741,7 +741,7 @@ def test_gpu_feed_waits_for_the_compute_stream_on_the_device():
 @pytest.mark.gpu
 def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
     """The pool hands a new device slot memory freed on the step's stream while kernels queued there still
-    write it (here: fills held back 50 ms). The side stream's copy into the slot must wait for them, or they
+    write it (here: fills held back 200 ms). The side stream's copy into the slot must wait for them, or they
     overwrite the batch: labels of -1 made a captured ResNet-20 step's loss NaN on the H200."""
     from minidnn.primitives import _cuda
 
@@ -749,7 +749,9 @@ def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
     images, labels = images_and_labels(16, 8)
     dataset = ArrayDataset(images, labels, seed=2)
     expected = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4)]
-    _cuda.hold_stream(50)
+    list(DataLoader(dataset, batch_size=4, device="cuda"))  # pinned memory in CuPy's pool: no cudaHostAlloc
+    cupy.cuda.Device().synchronize()  # (which waits for the device) in the pass below, as in a later epoch
+    _cuda.hold_stream(200)
     poisoned = [cupy.empty(shape, dtype) for shape, dtype in [((4, 8, 8, 3), np.uint8), ((4,), np.int64)] * 64]
     for array in poisoned:
         array.fill(-1 if array.dtype == np.int64 else 255)  # queued behind the hold
