@@ -750,7 +750,9 @@ def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
     dataset = ArrayDataset(images, labels, seed=2)
     expected = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4)]
     list(DataLoader(dataset, batch_size=4, device="cuda"))  # pinned memory in CuPy's pool: no cudaHostAlloc
-    cupy.cuda.Device().synchronize()  # (which waits for the device) in the pass below, as in a later epoch
+    _cuda.hold_stream(1)  # and every kernel below compiled: the fills must be queued well within the hold
+    cupy.empty(1, np.int64).fill(-1), cupy.empty(1, np.uint8).fill(255)
+    cupy.cuda.Device().synchronize()
     _cuda.hold_stream(200)
     poisoned = [cupy.empty(shape, dtype) for shape, dtype in [((4, 8, 8, 3), np.uint8), ((4,), np.int64)] * 64]
     for array in poisoned:
