@@ -751,8 +751,7 @@ def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
     expected = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4)]
     list(DataLoader(dataset, batch_size=4, device="cuda"))  # pinned memory in CuPy's pool: no cudaHostAlloc
     _cuda.hold_stream(1)  # and every kernel below compiled: the fills must be queued well within the hold
-    for dtype, value in [(np.int64, -1), (np.uint8, 255)]:
-        cupy.empty(1, dtype).fill(value)
+    cupy.empty(1, np.int64).fill(-1), cupy.empty(1, np.uint8).fill(255)
     cupy.cuda.Device().synchronize()
     _cuda.hold_stream(200)
     poisoned = [cupy.empty(shape, dtype) for shape, dtype in [((4, 8, 8, 3), np.uint8), ((4,), np.int64)] * 64]
