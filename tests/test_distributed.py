@@ -771,6 +771,17 @@ def test_launcher_forwards_a_signal_and_stops(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("stopped*")) == ["stopped0", "stopped1"]
 
 
+def test_signalling_the_ranks_leaves_an_ended_rank_for_the_launcher_to_reap():
+    """A rank that ended just before the launcher signals the others must still be reaped by the launcher's
+    own wait: a signal sent through Popen.send_signal polls, reaps it unseen, and the launcher then waited
+    out its whole grace period for a rank that was gone (the signal test above hung 3 runs in 15)."""
+    job = run._Job([[sys.executable, "-c", "pass"]], [dict(os.environ)], [0])
+    pid = job.processes[0].pid
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # it has ended, and is not reaped yet
+    job.signal_all(signal.SIGTERM)
+    assert job.reap(block=True) == (0, 0) and not job.alive
+
+
 def test_launcher_rejects_bad_arguments(capsys):
     for arguments in (["--nproc-per-node", "0", "x.py"], ["--nnodes", "2", "--node-rank", "2", "x.py"],
                       ["--master-port", "70000", "x.py"]):

@@ -101,7 +101,8 @@ class _Job:
         """(rank, exit code) of a process that ended (the first to end, when several have), or None."""
         try:
             pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
+        except ChildProcessError:  # no child left to wait for: none of ours is running
+            self.alive.clear()
             return None
         if pid == 0 or pid not in self.alive:
             return None
@@ -110,9 +111,11 @@ class _Job:
         return self.rank_of[pid], process.returncode
 
     def signal_all(self, signum: int) -> None:
-        for process in self.alive.values():
+        # os.kill, not Popen.send_signal: that polls first, and a poll that reaps a rank which has just
+        # ended hides it from reap's waitpid, so the launcher would wait out the grace period for it.
+        for pid in self.alive:
             try:
-                process.send_signal(signum)
+                os.kill(pid, signum)
             except ProcessLookupError:
                 pass
 
