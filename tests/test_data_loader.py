@@ -671,9 +671,9 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
         for (x, y), (x_cpu, y_cpu) in zip(got, on_cpu, strict=True):
             np.testing.assert_array_equal(x.numpy(), x_cpu.numpy())
             np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
-        copies = [entry for entry in cupy.log if entry[0] == "copy"]
-        assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7 * 5  # 5 arrays a batch
         log = cupy.log
+        copies = [entry for entry in log if entry[0] == "copy"]
+        assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7 * 5  # 5 arrays a batch
         records = [entry for entry in log if entry[0] == "record"]
         copied = [number for _, stream, number in records if stream == "side"]
         # A new device slot's event: recorded on the step's stream and waited on by the side stream at once.
@@ -685,11 +685,10 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
         for k in range(3):  # a new slot's first copy waits for the work queued on the step's stream before it
             assert log.index(("wait", "side", allocated[k])) < first_copies[k]
         for number in copied:  # the step's stream waits for each copy, after it is recorded
-            assert cupy.log.index(("wait", "compute", number)) > cupy.log.index(("record", "side", number))
+            assert log.index(("wait", "compute", number)) > log.index(("record", "side", number))
         for k in range(3, 7):  # a device slot is refilled only after its last batch was used (3 slots)
-            wait = cupy.log.index(("wait", "side", consumed[k - 3]))
-            assert cupy.log.index(("record", "compute", consumed[k - 3])) < wait < cupy.log.index(
-                ("record", "side", copied[k]))
+            wait = log.index(("wait", "side", consumed[k - 3]))
+            assert log.index(("record", "compute", consumed[k - 3])) < wait < log.index(("record", "side", copied[k]))
     assert cupy.pinned <= 2 * (2 + 3 + 1 + 2) * 5  # pinned slots made per pass, not per batch
 
 
@@ -751,7 +750,8 @@ def test_a_new_device_slot_waits_for_the_work_queued_on_its_memory():
     expected = [(x.numpy(), y.numpy()) for x, y in DataLoader(dataset, batch_size=4)]
     list(DataLoader(dataset, batch_size=4, device="cuda"))  # pinned memory in CuPy's pool: no cudaHostAlloc
     _cuda.hold_stream(1)  # and every kernel below compiled: the fills must be queued well within the hold
-    cupy.empty(1, np.int64).fill(-1), cupy.empty(1, np.uint8).fill(255)
+    for dtype, value in [(np.int64, -1), (np.uint8, 255)]:
+        cupy.empty(1, dtype).fill(value)
     cupy.cuda.Device().synchronize()
     _cuda.hold_stream(200)
     poisoned = [cupy.empty(shape, dtype) for shape, dtype in [((4, 8, 8, 3), np.uint8), ((4,), np.int64)] * 64]

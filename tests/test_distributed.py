@@ -771,15 +771,30 @@ def test_launcher_forwards_a_signal_and_stops(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("stopped*")) == ["stopped0", "stopped1"]
 
 
+def run_alone(code: str) -> None:
+    """Run ``code`` (with os, signal, sys and the launcher's module as run) in a fresh process: its waitpid(-1)
+    must see only the job's children, not the test process's other ones (a data loader's workers)."""
+    prelude = f"import os, signal, sys\nsys.path.insert(0, {ROOT!r})\nfrom minidnn.distributed import run\n"
+    done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_signalling_the_ranks_leaves_an_ended_rank_for_the_launcher_to_reap():
     """A rank that ended just before the launcher signals the others must still be reaped by the launcher's
     own wait: a signal sent through Popen.send_signal polls, reaps it unseen, and the launcher then waited
     out its whole grace period for a rank that was gone (the signal test above hung 3 runs in 15)."""
-    job = run._Job([[sys.executable, "-c", "pass"]], [dict(os.environ)], [0])
-    pid = job.processes[0].pid
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # it has ended, and is not reaped yet
-    job.signal_all(signal.SIGTERM)
-    assert job.reap(block=True) == (0, 0) and not job.alive
+    run_alone("job = run._Job([[sys.executable, '-c', 'pass']], [dict(os.environ)], [0])\n"
+              "os.waitid(os.P_PID, job.processes[0].pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped yet\n"
+              "job.signal_all(signal.SIGTERM)\n"
+              "assert job.reap(block=True) == (0, 0) and not job.alive\n")
+
+
+def test_a_job_whose_ranks_were_all_reaped_elsewhere_has_none_alive():
+    """With no child left to wait for, reap says so by leaving no rank alive: the launcher's loop
+    (while job.alive: reap) would otherwise spin for ever on ranks that are gone."""
+    run_alone("job = run._Job([[sys.executable, '-c', 'pass']], [dict(os.environ)], [0])\n"
+              "os.waitpid(job.processes[0].pid, 0)  # reaped behind the job's back\n"
+              "assert job.reap(block=True) is None and not job.alive\n")
 
 
 def test_launcher_rejects_bad_arguments(capsys):
