@@ -156,9 +156,15 @@ def get_array_module(*arrays: Any) -> ModuleType:
             return _cupy_module
     found = None
     for array in arrays:
-        if array is None or isinstance(array, (int, float, bool, np.generic)):
+        kind = type(array)
+        if kind is np.ndarray:
+            where = -1
+        elif kind is _cupy_ndarray:
+            where = array.data.device_id
+        elif array is None or isinstance(array, (int, float, bool, np.generic)):
             continue
-        where = array.data.device_id if is_cuda_array(array) else -1
+        else:
+            where = array.data.device_id if is_cuda_array(array) else -1
         if found is None:
             found = where
         elif where != found:

@@ -44,6 +44,7 @@ import numpy as np
 from .. import backend
 from .. import random as _random
 from ..primitives import blas
+from ..primitives.conv import workspace as conv_workspace
 from ..primitives.dropout import stream_start
 from ..tensor import Tensor
 
@@ -145,6 +146,7 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
         warmup_outputs = step_fn(*inputs)
     _refresh_optimizers()
     cupy.cuda.Device().synchronize()
+    conv_workspace.release()  # the replays use workspaces of the graph's own pool, not the eager steps' shared one
 
     generator = _random.default_generator
     start = cupy.zeros(1, dtype=cupy.uint64)

@@ -13,8 +13,9 @@ micro-batched weight gradient uses it).
 
 Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUDA-graph stream
 capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
-through ``ctypes`` on the very library and handle CuPy loaded (a second copy of libcublas would
-crash on CuPy's handle), with the TF32 choice made per call by ``cublasGemmEx``'s compute type:
+on the very library and handle CuPy loaded (a second copy of libcublas would crash on CuPy's
+handle), through CuPy's low-level Cython bindings (``ctypes`` where a CuPy lacks them), with the TF32
+choice made per call by ``cublasGemmEx``'s compute type:
 ``CUBLAS_COMPUTE_32F_FAST_TF32`` when :func:`minidnn.cuda.allow_tf32` is on. Those calls
 capture into a graph like our own kernels (see :func:`prepare_capture`).
 """
@@ -235,7 +236,7 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# cuBLAS through ctypes, on CuPy's own library and handle
+# cuBLAS on CuPy's own library and handle
 # ----------------------------------------------------------------------------------------------
 # cudaDataType_t and cublasComputeType_t values (cuda's library_types.h, cublas_api.h).
 _DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.complex64): 4,
@@ -248,33 +249,46 @@ CAPTURE_WORKSPACE_BYTES = 32 << 20
 
 
 class _Cublas:
-    """The handful of cuBLAS entry points minidnn needs, bound with exact C signatures."""
+    """The handful of cuBLAS entry points minidnn needs, on CuPy's handle: through CuPy's own Cython
+    bindings of cuBLAS where it has them (they convert a GEMM's twenty-odd arguments in compiled code, where
+    ``ctypes`` goes through a converter object per argument), else bound here with ``ctypes`` and exact C
+    signatures.
+    Either way each entry point takes the C arguments in order and raises on a failed status."""
 
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
         self.handle = cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas first
-        self.library = ctypes.CDLL(_loaded_library("libcublas.so"))
-        int_, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
-        self._set_stream = self._bind("cublasSetStream_v2", [ptr, ptr])
-        self._set_workspace = self._bind("cublasSetWorkspace_v2", [ptr, ptr, ctypes.c_size_t])
-        self._gemm = self._bind("cublasGemmEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, ptr, int_,
-                                                 int_, ptr, ptr, int_, int_, int_, int_])
-        self._gemm_batched = self._bind("cublasGemmStridedBatchedEx",
-                                        [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, i64, ptr, int_, int_,
-                                         i64, ptr, ptr, int_, int_, i64, int_, int_, int_])
+        self.set_stream, self.gemm_one, self.gemm_strided_batched, self.set_workspace = (
+            _cupy_bindings() or self._ctypes_bindings())
         self.workspace = None
 
-    def _bind(self, name: str, argtypes: list) -> Any:
-        function = getattr(self.library, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-        return function
+    @staticmethod
+    def _ctypes_bindings() -> tuple:
+        library = ctypes.CDLL(_loaded_library("libcublas.so"))
+        int_, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
+
+        def bind(name: str, argtypes: list) -> Any:
+            function = getattr(library, name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+
+            def checked(*args: Any) -> None:
+                status = function(*args)
+                if status != 0:
+                    raise RuntimeError(f"cuBLAS {name} failed with status {status}")
+            return checked
+
+        return (bind("cublasSetStream_v2", [ptr, ptr]),
+                bind("cublasGemmEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, ptr, int_, int_, ptr,
+                                      ptr, int_, int_, int_, int_]),
+                bind("cublasGemmStridedBatchedEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, i64, ptr,
+                                                    int_, int_, i64, ptr, ptr, int_, int_, i64, int_, int_, int_]),
+                bind("cublasSetWorkspace_v2", [ptr, ptr, ctypes.c_size_t]))
 
     def call(self, function: Any, *args: Any) -> None:
-        status = self._set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
-        if status == 0:
-            status = function(*args)
-        if status != 0:
-            raise RuntimeError(f"cuBLAS {function.__name__} failed with status {status}")
+        """``function(handle, *args)`` on the current stream (set on the handle every call: CuPy's own
+        cuBLAS calls may have left it on another)."""
+        self.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
+        function(self.handle, *args)
 
     def gemm(self, a_t: bool, b_t: bool, m: int, n: int, k: int, alpha: float, a: Any, lda: int, stride_a: int,
              b: Any, ldb: int, stride_b: int, beta: float, c: Any, ldc: int, stride_c: int, batch: int,
@@ -292,10 +306,10 @@ class _Cublas:
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
-            self.call(self._gemm, self.handle, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+            self.call(self.gemm_one, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
                       b.data.ptr, data_type, ldb, beta_p, c.data.ptr, data_type, ldc, compute, _GEMM_DEFAULT)
         else:
-            self.call(self._gemm_batched, self.handle, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+            self.call(self.gemm_strided_batched, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
                       stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, data_type, ldc, stride_c,
                       batch, compute, _GEMM_DEFAULT)
 
@@ -303,9 +317,7 @@ class _Cublas:
         """Give the handle a workspace that outlives every graph (PyTorch does the same)."""
         if self.workspace is None:
             self.workspace = self.cupy.empty(CAPTURE_WORKSPACE_BYTES, dtype=self.cupy.uint8)
-            status = self._set_workspace(self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
-            if status != 0:
-                raise RuntimeError(f"cuBLAS cublasSetWorkspace_v2 failed with status {status}")
+            self.set_workspace(self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
 
 
 @functools.lru_cache(maxsize=64)  # a few (dtype, alpha, beta) in practice: 1 and 0, or 1 and 1
@@ -314,6 +326,17 @@ def _scalars(dtype: np.dtype, alpha: float, beta: float) -> tuple[np.ndarray, in
     during the call (the caller holds the buffer until then). Cached: building it cost more than the call."""
     buffer = np.array([alpha, beta], dtype=np.complex64 if dtype == np.complex64 else dtype)
     return buffer, buffer.ctypes.data, buffer.ctypes.data + buffer.itemsize
+
+
+def _cupy_bindings() -> tuple | None:
+    """(setStream, gemmEx, gemmStridedBatchedEx, setWorkspace) of CuPy's Cython cuBLAS module, or None when
+    this CuPy lacks one of them."""
+    try:
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 - CuPy is there: the GPU is in use
+
+        return cublas.setStream, cublas.gemmEx, cublas.gemmStridedBatchedEx, cublas.setWorkspace
+    except (ImportError, AttributeError):
+        return None
 
 
 def _loaded_library(stem: str) -> str:

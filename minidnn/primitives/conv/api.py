@@ -18,7 +18,7 @@ import numpy as np
 from ... import backend
 from .. import _cuda
 from .._checks import check_float, check_rank
-from . import plans, registry, selection
+from . import plans, registry, selection, workspace
 from .plans import Plan, even_split, single
 from .problem import ConvProblem, check_output_grad, forward_problem, make_problem
 
@@ -107,13 +107,16 @@ def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limi
 
 
 def _workspace(plan: Plan, problem: ConvProblem, direction: str, xp: Any) -> tuple[Plan, Any]:
-    """The plan's workspace buffer; if the device has no memory left for it, the zero-workspace plan."""
+    """The plan's workspace buffer (its arena, the GPU stream's shared one, or a new CPU array); if the device
+    has no memory left for it, the zero-workspace plan."""
     if plan.workspace_bytes == 0:
         return plan, None
     if plan.arena is not None:
         return plan, plan.arena
     try:
-        return plan, xp.empty(plan.workspace_bytes, dtype=np.uint8)
+        if xp is np:
+            return plan, np.empty(plan.workspace_bytes, dtype=np.uint8)
+        return plan, workspace.workspace(plan.workspace_bytes)
     except MemoryError:
         fallback = selection.get(problem, direction, 0)
         if (problem, direction) not in _warned_out_of_memory:

@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import math
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from ... import backend
 from .. import _cuda, blas
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
+from .workspace import carved
 
 # Transform matrices of F(m, r), keyed (m, r), in float64: Bᵀ (α×α), G (α×r), Aᵀ (m×α), α = m + r − 1.
 # Cook-Toom with the fractions in G, as wincnn (Lavin & Gray) builds them: for the finite points a_j,
@@ -384,23 +385,29 @@ class Winograd(ConvAlgorithm):
         return (filters + data) * problem.itemsize
 
     def _chunk_buffers(self, workspace: Any, problem: ConvProblem, direction: str, rows: tuple[int, int, int],
-                       copies: int = 1) -> Iterator[tuple]:
+                       copies: int = 1) -> list[tuple]:
         """For each chunk: (first, stop, its tiling, the (α², rows, columns) arrays, the same as per-group
         matrices (α²·G, rows/G, columns)). The arrays lie one after another in the workspace: (rows[0], C/G),
         ``copies`` times over (backward-filter's split-K partial products), then (rows[1], tiles) and
         (rows[2], tiles); each chunk size's are carved once, so the first array (U, or backward-filter's M)
-        is the same memory in every chunk."""
-        positions, G, carved = (self.m + self.r - 1) ** 2, problem.groups, {}
+        is the same memory in every chunk. Kept with a shared workspace (:func:`.workspace.carved`)."""
+        return carved(workspace, (self.name, problem, direction, rows, copies),
+                      lambda: self._carve(workspace, problem, direction, rows, copies))
+
+    def _carve(self, workspace: Any, problem: ConvProblem, direction: str, rows: tuple[int, int, int],
+               copies: int) -> list[tuple]:
+        positions, G, carved_by_size, chunks = (self.m + self.r - 1) ** 2, problem.groups, {}, []
         for first, stop in self.chunks(problem, direction):
-            if stop - first not in carved:
+            if stop - first not in carved_by_size:
                 tiling = self.tiling(problem, direction, stop - first)
                 offset, arrays = 0, []
                 for count, height, width in zip((copies * positions, positions, positions), rows,
                                                 (problem.C // G, tiling.count, tiling.count)):
                     arrays.append(workspace_array(workspace, (count, height, width), problem.dtype, offset))
                     offset += arrays[-1].nbytes
-                carved[stop - first] = tiling, arrays, [grouped(array, G) for array in arrays]
-            yield (first, stop, *carved[stop - first])
+                carved_by_size[stop - first] = tiling, arrays, [grouped(array, G) for array in arrays]
+            chunks.append((first, stop, *carved_by_size[stop - first]))
+        return chunks
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         rows = (problem.K, problem.C, problem.K)
