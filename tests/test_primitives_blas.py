@@ -91,6 +91,25 @@ def test_gemm_batched_can_keep_float32_when_tf32_is_on_and_use_tf32_when_off(rng
         assert error(blas.gemm_batched(a, b)) < 1e-6
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_ctypes_bindings_give_the_cython_ones_bits(monkeypatch, rng, batch):
+    """Both ways of calling cuBLAS (CuPy's Cython bindings, ctypes where a CuPy lacks them) run the same
+    GEMM: the same bits, and the float64 product."""
+    cupy = backend.cupy()
+    a, b = (cupy.asarray(rng.standard_normal((batch, *shape)).astype(np.float32)) for shape in ((37, 19), (19, 23)))
+    results = []
+    for cython in (True, False):
+        monkeypatch.setattr(blas, "_cublas", lambda cython=cython: blas._Cublas(cupy, cython))
+        with _cuda.tf32(False):
+            results.append((blas.gemm_batched(a, b) if batch > 1 else blas.gemm(a[0], b[0])).get())
+    assert np.array_equal(results[0], results[1])
+    want = a.get().astype(np.float64) @ b.get().astype(np.float64)
+    assert_close(results[0], want if batch > 1 else want[0], rtol=1e-5, atol=1e-5)
+    ctypes_only = blas._Cublas(cupy, cython=False)
+    assert all(getattr(f, "__name__", "") == "call" for f in (ctypes_only.gemm_one, ctypes_only.set_stream))
+
+
 def test_gemm_batched_tf32_must_be_a_bool_or_none():
     with pytest.raises(TypeError, match="tf32 must be None, True or False"):
         blas.gemm_batched(np.ones((1, 2, 2)), np.ones((1, 2, 2)), tf32="off")

@@ -252,37 +252,14 @@ class _Cublas:
     """The handful of cuBLAS entry points minidnn needs, on CuPy's handle: through CuPy's own Cython
     bindings of cuBLAS where it has them (they convert a GEMM's twenty-odd arguments in compiled code, where
     ``ctypes`` goes through a converter object per argument), else bound here with ``ctypes`` and exact C
-    signatures.
-    Either way each entry point takes the C arguments in order and raises on a failed status."""
+    signatures (all of them with ``cython=False``). Either way each entry point takes the C arguments in order
+    and raises on a failed status."""
 
-    def __init__(self, cupy: Any) -> None:
+    def __init__(self, cupy: Any, cython: bool = True) -> None:
         self.cupy = cupy
         self.handle = cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas first
-        self.set_stream, self.gemm_one, self.gemm_strided_batched, self.set_workspace = (
-            _cupy_bindings() or self._ctypes_bindings())
+        self.set_stream, self.gemm_one, self.gemm_strided_batched, self.set_workspace = _bindings(cython)
         self.workspace = None
-
-    @staticmethod
-    def _ctypes_bindings() -> tuple:
-        library = ctypes.CDLL(_loaded_library("libcublas.so"))
-        int_, ptr, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
-
-        def bind(name: str, argtypes: list) -> Any:
-            function = getattr(library, name)
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-
-            def checked(*args: Any) -> None:
-                status = function(*args)
-                if status != 0:
-                    raise RuntimeError(f"cuBLAS {name} failed with status {status}")
-            return checked
-
-        return (bind("cublasSetStream_v2", [ptr, ptr]),
-                bind("cublasGemmEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, ptr, int_, int_, ptr,
-                                      ptr, int_, int_, int_, int_]),
-                bind("cublasGemmStridedBatchedEx", [ptr, int_, int_, int_, int_, int_, ptr, ptr, int_, int_, i64, ptr,
-                                                    int_, int_, i64, ptr, ptr, int_, int_, i64, int_, int_, int_]),
-                bind("cublasSetWorkspace_v2", [ptr, ptr, ctypes.c_size_t]))
 
     def call(self, function: Any, *args: Any) -> None:
         """``function(handle, *args)`` on the current stream (set on the handle every call: CuPy's own
@@ -328,15 +305,47 @@ def _scalars(dtype: np.dtype, alpha: float, beta: float) -> tuple[np.ndarray, in
     return buffer, buffer.ctypes.data, buffer.ctypes.data + buffer.itemsize
 
 
-def _cupy_bindings() -> tuple | None:
-    """(setStream, gemmEx, gemmStridedBatchedEx, setWorkspace) of CuPy's Cython cuBLAS module, or None when
-    this CuPy lacks one of them."""
-    try:
-        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 - CuPy is there: the GPU is in use
+# Each entry point: CuPy's Cython name, the C name and the C argument types for ctypes.
+_INT, _POINTER, _INT64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong
+_ENTRY_POINTS = (
+    ("setStream", "cublasSetStream_v2", [_POINTER, _POINTER]),
+    ("gemmEx", "cublasGemmEx", [_POINTER, _INT, _INT, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _INT, _POINTER,
+                                _INT, _INT, _POINTER, _POINTER, _INT, _INT, _INT, _INT]),
+    ("gemmStridedBatchedEx", "cublasGemmStridedBatchedEx",
+     [_POINTER, _INT, _INT, _INT, _INT, _INT, _POINTER, _POINTER, _INT, _INT, _INT64, _POINTER, _INT, _INT, _INT64,
+      _POINTER, _POINTER, _INT, _INT, _INT64, _INT, _INT, _INT]),
+    ("setWorkspace", "cublasSetWorkspace_v2", [_POINTER, _POINTER, ctypes.c_size_t]),
+)
 
-        return cublas.setStream, cublas.gemmEx, cublas.gemmStridedBatchedEx, cublas.setWorkspace
-    except (ImportError, AttributeError):
-        return None
+
+def _bindings(cython: bool = True) -> list:
+    """The entry points of :data:`_ENTRY_POINTS`, each CuPy's Cython binding where this CuPy has it (and
+    ``cython``), else bound with ``ctypes`` to CuPy's loaded libcublas; both raise on a failed status."""
+    module = None
+    if cython:
+        try:
+            from cupy_backends.cuda.libs import cublas as module  # noqa: PLC0415 - CuPy is there: the GPU is in use
+        except ImportError:
+            pass
+    library, found = None, []
+    for cython_name, c_name, argtypes in _ENTRY_POINTS:
+        function = getattr(module, cython_name, None)
+        if function is None:
+            library = library or ctypes.CDLL(_loaded_library("libcublas.so"))
+            function = _checked(getattr(library, c_name), c_name, argtypes)
+        found.append(function)
+    return found
+
+
+def _checked(function: Any, name: str, argtypes: list) -> Any:
+    """A ctypes cuBLAS function with exact C argument types, raising on a failed status."""
+    function.argtypes, function.restype = argtypes, ctypes.c_int
+
+    def call(*args: Any) -> None:
+        status = function(*args)
+        if status != 0:
+            raise RuntimeError(f"cuBLAS {name} failed with status {status}")
+    return call
 
 
 def _loaded_library(stem: str) -> str:
