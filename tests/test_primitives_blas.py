@@ -107,7 +107,27 @@ def test_the_ctypes_bindings_give_the_cython_ones_bits(monkeypatch, rng, batch):
     want = a.get().astype(np.float64) @ b.get().astype(np.float64)
     assert_close(results[0], want if batch > 1 else want[0], rtol=1e-5, atol=1e-5)
     ctypes_only = blas._Cublas(cupy, cython=False)
-    assert all(getattr(f, "__name__", "") == "call" for f in (ctypes_only.gemm_one, ctypes_only.set_stream))
+    assert all(getattr(f, "__name__", "") == "call" for f in ctypes_only.eager.values())
+
+
+@pytest.mark.gpu
+def test_a_gemm_captured_into_a_graph_replays_the_product(rng):
+    """CuPy's Cython cuBLAS bindings refuse a call during stream capture: a captured GEMM must go through the
+    capturable ones, and its replays must compute the product of whatever the inputs then hold."""
+    cupy = backend.cupy()
+    a, b = (cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in ((29, 13), (13, 11)))
+    out = cupy.empty((29, 11), dtype=np.float32)
+    blas.prepare_capture()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with _cuda.tf32(False), stream:
+        stream.begin_capture()
+        blas.gemm(a, b, out)
+        graph = stream.end_capture()
+    a[...] = cupy.asarray(rng.standard_normal((29, 13)).astype(np.float32))
+    cupy.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    assert_close(out.get(), a.get().astype(np.float64) @ b.get().astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
 def test_gemm_batched_tf32_must_be_a_bool_or_none():

@@ -14,8 +14,9 @@ micro-batched weight gradient uses it).
 Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUDA-graph stream
 capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
 on the very library and handle CuPy loaded (a second copy of libcublas would crash on CuPy's
-handle), through CuPy's low-level Cython bindings (``ctypes`` where a CuPy lacks them), with the TF32
-choice made per call by ``cublasGemmEx``'s compute type:
+handle): through CuPy's low-level Cython bindings in eager calls, and through ``ctypes`` while the
+stream is being captured into a graph (CuPy's bindings refuse those calls), with the TF32 choice made
+per call by ``cublasGemmEx``'s compute type:
 ``CUBLAS_COMPUTE_32F_FAST_TF32`` when :func:`minidnn.cuda.allow_tf32` is on. Those calls
 capture into a graph like our own kernels (see :func:`prepare_capture`).
 """
@@ -249,23 +250,30 @@ CAPTURE_WORKSPACE_BYTES = 32 << 20
 
 
 class _Cublas:
-    """The handful of cuBLAS entry points minidnn needs, on CuPy's handle: through CuPy's own Cython
-    bindings of cuBLAS where it has them (they convert a GEMM's twenty-odd arguments in compiled code, where
-    ``ctypes`` goes through a converter object per argument), else bound here with ``ctypes`` and exact C
-    signatures (all of them with ``cython=False``). Either way each entry point takes the C arguments in order
-    and raises on a failed status."""
+    """The handful of cuBLAS entry points minidnn needs, on CuPy's handle, bound twice (:func:`_bindings`):
+
+    * ``eager``: CuPy's own Cython bindings where it has them, which convert a GEMM's twenty-odd arguments
+      in compiled code, where ``ctypes`` goes through a converter object per argument;
+    * ``capturable``: all through ``ctypes`` with exact C signatures, for calls made while the stream is
+      being captured into a CUDA graph, which CuPy's bindings refuse.
+
+    ``cython=False`` makes both the ``ctypes`` ones. Each entry point takes the C arguments in order and
+    raises on a failed status."""
 
     def __init__(self, cupy: Any, cython: bool = True) -> None:
         self.cupy = cupy
         self.handle = cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas first
-        self.set_stream, self.gemm_one, self.gemm_strided_batched, self.set_workspace = _bindings(cython)
+        self.capturable = _bindings(cython=False)
+        self.eager = _bindings(cython) if cython else self.capturable
         self.workspace = None
 
-    def call(self, function: Any, *args: Any) -> None:
-        """``function(handle, *args)`` on the current stream (set on the handle every call: CuPy's own
-        cuBLAS calls may have left it on another)."""
-        self.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
-        function(self.handle, *args)
+    def call(self, entry: str, *args: Any) -> None:
+        """The entry point named ``entry`` with ``(handle, *args)`` on the current stream (set on the handle
+        every call: CuPy's own cuBLAS calls may have left it on another)."""
+        stream = self.cupy.cuda.get_current_stream()
+        bindings = self.capturable if stream.is_capturing() else self.eager
+        bindings["setStream"](self.handle, stream.ptr)
+        bindings[entry](self.handle, *args)
 
     def gemm(self, a_t: bool, b_t: bool, m: int, n: int, k: int, alpha: float, a: Any, lda: int, stride_a: int,
              b: Any, ldb: int, stride_b: int, beta: float, c: Any, ldc: int, stride_c: int, batch: int,
@@ -283,10 +291,10 @@ class _Cublas:
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
-            self.call(self.gemm_one, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+            self.call("gemmEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
                       b.data.ptr, data_type, ldb, beta_p, c.data.ptr, data_type, ldc, compute, _GEMM_DEFAULT)
         else:
-            self.call(self.gemm_strided_batched, op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
+            self.call("gemmStridedBatchedEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
                       stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, data_type, ldc, stride_c,
                       batch, compute, _GEMM_DEFAULT)
 
@@ -294,7 +302,7 @@ class _Cublas:
         """Give the handle a workspace that outlives every graph (PyTorch does the same)."""
         if self.workspace is None:
             self.workspace = self.cupy.empty(CAPTURE_WORKSPACE_BYTES, dtype=self.cupy.uint8)
-            self.set_workspace(self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
+            self.capturable["setWorkspace"](self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
 
 
 @functools.lru_cache(maxsize=64)  # a few (dtype, alpha, beta) in practice: 1 and 0, or 1 and 1
@@ -318,22 +326,23 @@ _ENTRY_POINTS = (
 )
 
 
-def _bindings(cython: bool = True) -> list:
-    """The entry points of :data:`_ENTRY_POINTS`, each CuPy's Cython binding where this CuPy has it (and
-    ``cython``), else bound with ``ctypes`` to CuPy's loaded libcublas; both raise on a failed status."""
+def _bindings(cython: bool = True) -> dict[str, Any]:
+    """The entry points of :data:`_ENTRY_POINTS` by their CuPy names, each CuPy's Cython binding where this
+    CuPy has it (and ``cython``), else bound with ``ctypes`` to CuPy's loaded libcublas; both raise on a
+    failed status."""
     module = None
     if cython:
         try:
             from cupy_backends.cuda.libs import cublas as module  # noqa: PLC0415 - CuPy is there: the GPU is in use
         except ImportError:
             pass
-    library, found = None, []
+    library, found = None, {}
     for cython_name, c_name, argtypes in _ENTRY_POINTS:
         function = getattr(module, cython_name, None)
         if function is None:
             library = library or ctypes.CDLL(_loaded_library("libcublas.so"))
             function = _checked(getattr(library, c_name), c_name, argtypes)
-        found.append(function)
+        found[cython_name] = function
     return found
 
 
