@@ -114,6 +114,7 @@ def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int
     return kernel
 
 
+@functools.lru_cache(maxsize=4096)  # a step passes the same few sizes every time: make each scalar once
 def i32(value: int) -> np.int32:
     if not -INT32_LIMIT - 1 <= value <= INT32_LIMIT:
         raise ValueError(f"{value} does not fit the kernels' 32-bit indices")
