@@ -11,6 +11,7 @@ from .activation import (add_relu_forward, gelu_backward, gelu_forward, leaky_re
 from .batchnorm import (batch_norm_backward_inference, batch_norm_backward_training, batch_norm_forward_inference,
                         batch_norm_forward_training)
 from .conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from .convert import float_to_half, half_to_float
 from .dropout import dropout_backward, dropout_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import bias_add, bias_backward, linear_backward_data, linear_backward_weight, linear_forward

@@ -1,0 +1,141 @@
+"""Converting float32 to the half types bfloat16 and float16 and back: storage for mixed precision, where the
+arithmetic stays float32. Rounding to nearest, ties to even, bit for bit as ml_dtypes (bfloat16) and NumPy
+(float16) round, NaNs included; the way back is exact.
+
+    float_to_half(x, dtype)   x: float32, any shape  ->  the same shape in dtype's storage
+    half_to_float(h, dtype)   h: dtype's storage      ->  float32, the same shape
+
+``dtype`` is ``"bfloat16"`` or ``"float16"`` (or the NumPy dtype of either). Storage:
+
+* on the CPU, ``ml_dtypes.bfloat16`` arrays (a well-kept NumPy dtype library) and NumPy ``float16`` arrays;
+* on the GPU, CuPy ``float16`` arrays, and for bfloat16, which CuPy has no dtype for, ``uint16`` arrays of the
+  bfloat16 words (the top 16 bits of the float32 each value rounds from).
+
+The rounding, as convert.cu does it per element on the GPU, with the NumPy twins below:
+
+* bfloat16 keeps float32's sign, its 8 exponent bits and the top 7 of its 23 fraction bits. Adding 0x7fff to the
+  32 bits, plus 1 where the bit that will be the last one kept is set, and keeping the top 16 rounds to the
+  nearest word, a tie to the even one, and the largest floats up to infinity. A NaN becomes the quiet NaN
+  0x7fc0 with its sign (the addition would otherwise make some NaNs infinities).
+* float16 has 5 exponent bits and 10 fraction bits: magnitudes from 65520 round to infinity, below 2^-14 the
+  result is a subnormal multiple of 2^-24, and below 2^-25 it is a signed zero. The GPU's conversion
+  instruction rounds to nearest even in all three; a NaN keeps its sign and top 10 fraction bits (made
+  non-zero), as NumPy's own conversion, the CPU twin, does.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import backend
+
+HALF_TYPES = ("bfloat16", "float16")
+_SOURCE = "convert.cu"
+
+
+def bfloat16() -> np.dtype:
+    """The CPU's bfloat16 dtype (``ml_dtypes.bfloat16``), imported when first asked for."""
+    try:
+        import ml_dtypes  # noqa: PLC0415 - only bfloat16 on the CPU needs it
+    except ImportError as error:
+        raise RuntimeError("bfloat16 on the CPU needs ml_dtypes (pip install ml_dtypes; minidnn depends on it)") \
+            from error
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def half_type(dtype: Any) -> str:
+    """``"bfloat16"`` or ``"float16"`` for a name or a NumPy dtype of either; otherwise a ``ValueError``."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+    if name not in HALF_TYPES:
+        raise ValueError(f"dtype must be one of {HALF_TYPES} (a name or a NumPy dtype), got {dtype!r}")
+    return name
+
+
+def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
+    """The dtype half values of ``dtype`` are stored in on ``xp``'s device (see the module docstring)."""
+    name = half_type(dtype)
+    if name == "float16":
+        return np.dtype(np.float16)
+    return bfloat16() if xp is np else np.dtype(np.uint16)
+
+
+# ----------------------------------------------------------------------------------------------
+# The NumPy twins of convert.cu
+# ----------------------------------------------------------------------------------------------
+def bfloat16_words(x: np.ndarray) -> np.ndarray:
+    """The bfloat16 words (uint16) of float32 ``x``, rounded as convert.cu's ``bfloat16_word``."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    with np.errstate(over="ignore"):  # NaNs may wrap around 2^32 here: they are replaced below
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, ((bits >> 16) & np.uint32(0x8000)) | np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
+def float_from_bfloat16_words(words: np.ndarray) -> np.ndarray:
+    """float32 values of bfloat16 ``words`` (uint16): each word is the top half of its float32, exactly."""
+    return (np.ascontiguousarray(words, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The conversions
+# ----------------------------------------------------------------------------------------------
+def _output(out: Any, shape: tuple, dtype: np.dtype, xp: Any) -> Any:
+    if out is None:
+        return xp.empty(shape, dtype=dtype)
+    if backend.get_array_module(out) is not xp or tuple(out.shape) != shape or out.dtype != dtype \
+            or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {dtype} array of shape {shape} on the input's device, "
+                         f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    return out
+
+
+def _launch(kernel: str, source: Any, out: Any) -> None:
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(source)
+    _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size, (source, out, _cuda.i32(source.size)))
+
+
+def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
+    """x (float32, any shape) rounded to ``dtype`` (``"bfloat16"`` or ``"float16"``), to nearest even; returns
+    an array of x's shape in the storage of the module docstring (written into ``out`` when given)."""
+    name = half_type(dtype)
+    xp = backend.get_array_module(x)
+    if getattr(x, "dtype", None) != np.float32:
+        raise TypeError(f"float_to_half: x must be a float32 array, got {getattr(x, 'dtype', type(x).__name__)}")
+    target = storage_dtype(name, xp)
+    result = _output(out, tuple(x.shape), target, xp)
+    if xp is np:
+        if name == "float16":
+            with np.errstate(over="ignore", invalid="ignore"):  # to infinity, or a NaN: what rounding gives
+                result[...] = x  # NumPy's own conversion rounds to nearest even
+        else:
+            result.view(np.uint16)[...] = bfloat16_words(x)
+        return result
+    _launch("float_to_bfloat16" if name == "bfloat16" else "float_to_float16", xp.ascontiguousarray(x), result)
+    return result
+
+
+def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
+    """float32 values (exact) of ``h``, an array of ``dtype``'s storage (module docstring), any shape; written
+    into ``out`` when given."""
+    name = half_type(dtype)
+    xp = backend.get_array_module(h)
+    expected = storage_dtype(name, xp)
+    if getattr(h, "dtype", None) != expected:
+        raise TypeError(f"half_to_float: h must be a {expected} array holding {name} on its device, got "
+                        f"{getattr(h, 'dtype', type(h).__name__)}")
+    result = _output(out, tuple(h.shape), np.dtype(np.float32), xp)
+    if xp is np:
+        result[...] = (float_from_bfloat16_words(np.ascontiguousarray(h).view(np.uint16)) if name == "bfloat16"
+                       else h)
+        return result
+    _launch("bfloat16_to_float" if name == "bfloat16" else "float16_to_float", xp.ascontiguousarray(h), result)
+    return result
