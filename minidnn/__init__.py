@@ -11,6 +11,7 @@ import numpy as _np
 
 from ._version import __version__
 from . import backend, cuda, functional, nn, optim, primitives
+from . import amp
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .backend import Device, device
 from .checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
@@ -32,6 +33,6 @@ __all__ = [
     "Device", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "rand", "randn", "arange", "from_numpy", "cat",
     "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
     "get_rng_state", "set_rng_state", "use_deterministic_algorithms",
-    "are_deterministic_algorithms_enabled", "backend", "cuda", "functional", "nn",
+    "are_deterministic_algorithms_enabled", "amp", "backend", "cuda", "functional", "nn",
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

@@ -142,3 +142,23 @@ adam_update_multi(const TensorTable table, const double* __restrict__ lr_device,
         }
     }
 }
+
+// Dynamic loss scaling's unscale (lists: grad): notes in found_inf[0] whether any value of the chunk is inf or
+// NaN (it writes 1, never 0: a flag for the whole list, which the caller zeroes), then multiplies every value by
+// inv_scale in place. inv_scale arrives as double and is rounded to float first, for either dtype: PyTorch's
+// GradScaler multiplies by the float32 reciprocal of its float32 scale.
+extern "C" __global__ void __launch_bounds__(THREADS)
+unscale_gradients_multi(const TensorTable table, const double inv_scale, int* __restrict__ found_inf) {
+    const int t = table.block_tensor[blockIdx.x];
+    const int begin = table.block_start[blockIdx.x];
+    const int count = min(table.elements_per_block, table.sizes[t] - begin);
+    scalar_t* __restrict__ grad = table.pointers[0][t] + begin;
+    const scalar_t factor = (scalar_t)(float)inv_scale;
+    bool not_finite = false;
+    for (int k = threadIdx.x; k < count; k += blockDim.x) {
+        const scalar_t g = grad[k];
+        not_finite |= !isfinite(g);
+        grad[k] = g * factor;
+    }
+    if (not_finite) *found_inf = 1;
+}

@@ -243,6 +243,40 @@ def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequen
 
 
 # ----------------------------------------------------------------------------------------------
+# Unscaling gradients (dynamic loss scaling)
+# ----------------------------------------------------------------------------------------------
+def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
+    """grads[i] *= inv_scale in place for every gradient, after setting ``found_inf[0] = 1`` if any value of
+    any of them is inf or NaN (``found_inf`` is otherwise left as it is: the caller zeroes it). The step of
+    ``minidnn.amp.GradScaler``, as PyTorch's ``_amp_foreach_non_finite_check_and_unscale_``: the values are
+    checked before the multiplication, and the factor is ``inv_scale`` rounded to float32 for either dtype.
+
+    grads: C-contiguous float32 or float64 arrays of one dtype and device; inv_scale: a finite number > 0;
+    found_inf: an int32 array of shape (1,) on the grads' device.
+    """
+    if not isinstance(grads, (list, tuple)):
+        raise TypeError(f"grads must be a list or tuple of arrays, got {type(grads).__name__}")
+    _check_lists(lambda name, index: f"grads[{index}]", [("param", grads)])
+    factor = check_number(inv_scale, "inv_scale", lambda v: 0 < v < math.inf, "a finite number > 0")
+    if getattr(found_inf, "dtype", None) != np.int32 or tuple(getattr(found_inf, "shape", ())) != (1,):
+        raise TypeError(f"found_inf must be an int32 array of shape (1,), got {found_inf!r}")
+    if grads and backend.device_of(found_inf) != backend.device_of(grads[0]):
+        raise ValueError(f"found_inf must be on the grads' device {backend.device_of(grads[0])}, "
+                         f"got {backend.device_of(found_inf)}")
+    if not grads:
+        return
+    if backend.is_cuda_array(grads[0]):
+        from ._cuda import f64  # noqa: PLC0415 - GPU only
+
+        _launch_chunks("unscale_gradients_multi", [grads], (f64(factor), found_inf))
+        return
+    for grad in grads:
+        if not np.isfinite(grad).all():
+            found_inf[0] = 1
+        grad *= grad.dtype.type(np.float32(factor))
+
+
+# ----------------------------------------------------------------------------------------------
 # Argument checks
 # ----------------------------------------------------------------------------------------------
 
