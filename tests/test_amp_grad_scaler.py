@@ -6,8 +6,10 @@ import pytest
 
 import minidnn
 import minidnn.functional as F
-from minidnn import amp, backend, nn, optim
+from minidnn import amp, backend, naive, nn, optim, primitives
 from minidnn.primitives import unscale_gradients_multi
+
+ENGINES = {"minidnn": primitives, "naive": naive}
 
 
 def random_gradients(rng, dtype):
@@ -17,9 +19,10 @@ def random_gradients(rng, dtype):
 # ----------------------------------------------------------------------------------------------
 # The primitive
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("poison", [None, np.inf, -np.inf, np.nan])
-def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, dtype, poison):
+def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, engine, dtype, poison):
     torch = pytest.importorskip("torch")
     grads = random_gradients(rng, dtype)
     if poison is not None:
@@ -30,17 +33,21 @@ def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, dtype, poison):
     torch._amp_foreach_non_finite_check_and_unscale_(expected, torch_found, torch.tensor([inv_scale]))
     on_device = [xp.asarray(g) for g in grads]
     found = xp.zeros(1, dtype=np.int32)
-    unscale_gradients_multi(on_device, inv_scale, found)
+    ENGINES[engine].unscale_gradients_multi(on_device, inv_scale, found)
     for got, want in zip(on_device, expected):
-        np.testing.assert_array_equal(backend.to_device(got, "cpu").view(np.uint8), want.numpy().view(np.uint8))
+        got, want = backend.to_device(got, "cpu"), want.numpy()
+        nan = np.isnan(want)  # a NaN stays a NaN; its payload is the device's (the GPU writes its canonical NaN)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))
     assert int(backend.to_device(found, "cpu")[0]) == int(torch_found.item()) == (poison is not None)
 
 
-def test_unscaling_leaves_a_set_flag_set_and_takes_no_gradients(rng):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unscaling_leaves_a_set_flag_set_and_takes_no_gradients(rng, engine):
     found = np.ones(1, np.int32)
-    unscale_gradients_multi([rng.standard_normal(4).astype(np.float32)], 0.5, found)
+    ENGINES[engine].unscale_gradients_multi([rng.standard_normal(4).astype(np.float32)], 0.5, found)
     assert found[0] == 1
-    unscale_gradients_multi([], 0.5, found)
+    ENGINES[engine].unscale_gradients_multi([], 0.5, found)
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -117,6 +124,13 @@ def test_the_scale_grows_only_while_float32_can_hold_it():
     scaler = amp.GradScaler("cpu", init_scale=2.0**127, growth_interval=1)
     scales, skipped, _ = train("cpu", scaler, poisoned_steps=(0,), steps=3)
     assert skipped == [True, False, False] and scales == [2.0**126, 2.0**127, 2.0**127]
+
+
+def test_the_naive_engine_scales_and_skips_as_minidnn():
+    want = train("cpu", amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2), poisoned_steps=(0, 3))
+    with minidnn.use_engine("naive"):
+        got = train("cpu", amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2), poisoned_steps=(0, 3))
+    assert got[:2] == want[:2]
 
 
 def test_the_scaler_agrees_with_pytorchs_on_scales_and_skips():

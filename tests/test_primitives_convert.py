@@ -4,8 +4,10 @@ exact on the way back; the GPU kernels against the same oracles and against PyTo
 import numpy as np
 import pytest
 
-from minidnn import backend
+from minidnn import backend, naive
 from minidnn.primitives import convert
+
+ENGINES = {"minidnn": convert, "naive": naive}
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -34,34 +36,37 @@ def bits_of(array):
     return array.view(np.uint16 if array.itemsize == 2 else np.uint32)
 
 
-def test_the_bfloat16_twin_rounds_as_ml_dtypes_bit_for_bit(rng):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_bfloat16_twin_rounds_as_ml_dtypes_bit_for_bit(rng, engine):
     x = float32_cases(rng)
     with np.errstate(invalid="ignore"):
         want = bits_of(x.astype(ml_dtypes.bfloat16))
     assert np.array_equal(convert.bfloat16_words(x), want)
-    got = convert.float_to_half(x, "bfloat16")
+    got = ENGINES[engine].float_to_half(x, "bfloat16")
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(bits_of(got), want)
 
 
-def test_float16_rounds_as_numpy_bit_for_bit(rng):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_float16_rounds_as_numpy_bit_for_bit(rng, engine):
     x = float32_cases(rng)
     with np.errstate(invalid="ignore", over="ignore"):
         want = bits_of(x.astype(np.float16))
-    got = convert.float_to_half(x, np.float16)
+    got = ENGINES[engine].float_to_half(x, np.float16)
     assert got.dtype == np.float16
     assert np.array_equal(bits_of(got), want)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", convert.HALF_TYPES)
-def test_every_half_word_comes_back_exactly_and_rounds_to_itself(name):
+def test_every_half_word_comes_back_exactly_and_rounds_to_itself(name, engine):
     words = np.arange(65536, dtype=np.uint16)
     half = words.view(convert.storage_dtype(name, np))
-    back = convert.half_to_float(half, name)
+    back = ENGINES[engine].half_to_float(half, name)
     want = half.astype(np.float32)  # ml_dtypes' and NumPy's own widening: exact
     assert np.array_equal(bits_of(back), bits_of(want))
     not_nan = ~np.isnan(back)
-    assert np.array_equal(bits_of(convert.float_to_half(back, name))[not_nan], words[not_nan])
+    assert np.array_equal(bits_of(ENGINES[engine].float_to_half(back, name))[not_nan], words[not_nan])
 
 
 def test_shapes_and_out_are_kept(rng):
@@ -106,6 +111,20 @@ def test_the_gpu_kernels_round_as_ml_dtypes_numpy_and_pytorch(rng):
     finite = np.isfinite(x)  # PyTorch's NaN word is its own; every other value must agree
     from_torch = torch.from_numpy(x[finite]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(bfloat16.get()[finite], from_torch)
+
+
+@pytest.mark.gpu
+def test_the_naive_engine_converts_on_the_gpu_as_the_kernels(rng):
+    cupy = backend.cupy()
+    x = cupy.asarray(float32_cases(rng, random_count=50_000))
+    for name in convert.HALF_TYPES:
+        kernels, plain = convert.float_to_half(x, name), naive.float_to_half(x, name)
+        nan = cupy.isnan(x).get()  # CuPy's float16 conversion writes the GPU's own NaN
+        assert np.array_equal(bits_of(plain.get())[~nan], bits_of(kernels.get())[~nan])
+        widened = convert.half_to_float(kernels, name).get()
+        nan = np.isnan(widened)
+        assert np.array_equal(np.isnan(naive.half_to_float(kernels, name).get()), nan)
+        assert np.array_equal(bits_of(naive.half_to_float(kernels, name).get())[~nan], bits_of(widened)[~nan])
 
 
 @pytest.mark.gpu

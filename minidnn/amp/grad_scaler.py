@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import backend
 from ..autograd import bump_version
-from ..primitives import unscale_gradients_multi
+from ..engine import library
 from ..tensor import Tensor
 
 
@@ -82,7 +82,7 @@ class GradScaler:
             xp = backend.get_array_module(grads[0].data)
             with backend.on_device(backend.device_of(grads[0].data)):
                 found_inf = xp.zeros(1, dtype=np.int32)
-            unscale_gradients_multi([g.data for g in grads], inv_scale, found_inf)
+            library.unscale_gradients_multi([g.data for g in grads], inv_scale, found_inf)
             for grad in grads:
                 bump_version(grad, "unscale_")
             flags.append(found_inf)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from .. import backend
 from ..primitives import _cuda
 from ..primitives import optimizer as checks
@@ -179,3 +181,13 @@ def _host_number(value: Any, name: str) -> Any:
     if value.size != 1:
         raise ValueError(f"{name} must be a number or a 1-element array, got an array of shape {tuple(value.shape)}")
     return value.reshape(()).item()
+
+
+def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
+    """The primitives' unscale (dynamic loss scaling), gradient by gradient in plain array expressions: a test
+    for values that are not finite, then a scal. The flag stays on the device: no host read per gradient."""
+    factor = checks.check_unscale_arguments(grads, inv_scale, found_inf)
+    for grad in grads:
+        xp = backend.get_array_module(grad)
+        xp.maximum(found_inf, xp.logical_not(xp.isfinite(grad)).any().astype(np.int32), out=found_inf)
+        grad *= grad.dtype.type(np.float32(factor))

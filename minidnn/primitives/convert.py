@@ -69,18 +69,21 @@ def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
 # ----------------------------------------------------------------------------------------------
 # The NumPy twins of convert.cu
 # ----------------------------------------------------------------------------------------------
-def bfloat16_words(x: np.ndarray) -> np.ndarray:
-    """The bfloat16 words (uint16) of float32 ``x``, rounded as convert.cu's ``bfloat16_word``."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+def bfloat16_words(x: Any) -> Any:
+    """The bfloat16 words (uint16) of float32 ``x``, rounded as convert.cu's ``bfloat16_word``; whole-array
+    operations, so the same code runs on a CuPy array (the naive engine's way)."""
+    xp = backend.get_array_module(x)
+    bits = xp.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     with np.errstate(over="ignore"):  # NaNs may wrap around 2^32 here: they are replaced below
         rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    return np.where(nan, ((bits >> 16) & np.uint32(0x8000)) | np.uint32(0x7FC0), rounded).astype(np.uint16)
+    return xp.where(nan, ((bits >> 16) & np.uint32(0x8000)) | np.uint32(0x7FC0), rounded).astype(np.uint16)
 
 
-def float_from_bfloat16_words(words: np.ndarray) -> np.ndarray:
+def float_from_bfloat16_words(words: Any) -> Any:
     """float32 values of bfloat16 ``words`` (uint16): each word is the top half of its float32, exactly."""
-    return (np.ascontiguousarray(words, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    xp = backend.get_array_module(words)
+    return (xp.ascontiguousarray(words, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,15 +106,30 @@ def _launch(kernel: str, source: Any, out: Any) -> None:
     _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size, (source, out, _cuda.i32(source.size)))
 
 
-def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
-    """x (float32, any shape) rounded to ``dtype`` (``"bfloat16"`` or ``"float16"``), to nearest even; returns
-    an array of x's shape in the storage of the module docstring (written into ``out`` when given)."""
+def checked_to_half(x: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
+    """:func:`float_to_half`'s checks: (the half type's name, x's array module, the output array)."""
     name = half_type(dtype)
     xp = backend.get_array_module(x)
     if getattr(x, "dtype", None) != np.float32:
         raise TypeError(f"float_to_half: x must be a float32 array, got {getattr(x, 'dtype', type(x).__name__)}")
-    target = storage_dtype(name, xp)
-    result = _output(out, tuple(x.shape), target, xp)
+    return name, xp, _output(out, tuple(x.shape), storage_dtype(name, xp), xp)
+
+
+def checked_to_float(h: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
+    """:func:`half_to_float`'s checks: (the half type's name, h's array module, the output array)."""
+    name = half_type(dtype)
+    xp = backend.get_array_module(h)
+    expected = storage_dtype(name, xp)
+    if getattr(h, "dtype", None) != expected:
+        raise TypeError(f"half_to_float: h must be a {expected} array holding {name} on its device, got "
+                        f"{getattr(h, 'dtype', type(h).__name__)}")
+    return name, xp, _output(out, tuple(h.shape), np.dtype(np.float32), xp)
+
+
+def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
+    """x (float32, any shape) rounded to ``dtype`` (``"bfloat16"`` or ``"float16"``), to nearest even; returns
+    an array of x's shape in the storage of the module docstring (written into ``out`` when given)."""
+    name, xp, result = checked_to_half(x, dtype, out)
     if xp is np:
         if name == "float16":
             with np.errstate(over="ignore", invalid="ignore"):  # to infinity, or a NaN: what rounding gives
@@ -126,13 +144,7 @@ def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
 def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
     """float32 values (exact) of ``h``, an array of ``dtype``'s storage (module docstring), any shape; written
     into ``out`` when given."""
-    name = half_type(dtype)
-    xp = backend.get_array_module(h)
-    expected = storage_dtype(name, xp)
-    if getattr(h, "dtype", None) != expected:
-        raise TypeError(f"half_to_float: h must be a {expected} array holding {name} on its device, got "
-                        f"{getattr(h, 'dtype', type(h).__name__)}")
-    result = _output(out, tuple(h.shape), np.dtype(np.float32), xp)
+    name, xp, result = checked_to_float(h, dtype, out)
     if xp is np:
         result[...] = (float_from_bfloat16_words(np.ascontiguousarray(h).view(np.uint16)) if name == "bfloat16"
                        else h)

@@ -245,15 +245,8 @@ def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequen
 # ----------------------------------------------------------------------------------------------
 # Unscaling gradients (dynamic loss scaling)
 # ----------------------------------------------------------------------------------------------
-def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
-    """grads[i] *= inv_scale in place for every gradient, after setting ``found_inf[0] = 1`` if any value of
-    any of them is inf or NaN (``found_inf`` is otherwise left as it is: the caller zeroes it). The step of
-    ``minidnn.amp.GradScaler``, as PyTorch's ``_amp_foreach_non_finite_check_and_unscale_``: the values are
-    checked before the multiplication, and the factor is ``inv_scale`` rounded to float32 for either dtype.
-
-    grads: C-contiguous float32 or float64 arrays of one dtype and device; inv_scale: a finite number > 0;
-    found_inf: an int32 array of shape (1,) on the grads' device.
-    """
+def check_unscale_arguments(grads: Any, inv_scale: Any, found_inf: Any) -> float:
+    """The checks of :func:`unscale_gradients_multi` (the naive engine checks with them too); returns the factor."""
     if not isinstance(grads, (list, tuple)):
         raise TypeError(f"grads must be a list or tuple of arrays, got {type(grads).__name__}")
     _check_lists(lambda name, index: f"grads[{index}]", [("param", grads)])
@@ -263,6 +256,19 @@ def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: A
     if grads and backend.device_of(found_inf) != backend.device_of(grads[0]):
         raise ValueError(f"found_inf must be on the grads' device {backend.device_of(grads[0])}, "
                          f"got {backend.device_of(found_inf)}")
+    return factor
+
+
+def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
+    """grads[i] *= inv_scale in place for every gradient, after setting ``found_inf[0] = 1`` if any value of
+    any of them is inf or NaN (``found_inf`` is otherwise left as it is: the caller zeroes it). The step of
+    ``minidnn.amp.GradScaler``, as PyTorch's ``_amp_foreach_non_finite_check_and_unscale_``: the values are
+    checked before the multiplication, and the factor is ``inv_scale`` rounded to float32 for either dtype.
+
+    grads: C-contiguous float32 or float64 arrays of one dtype and device; inv_scale: a finite number > 0;
+    found_inf: an int32 array of shape (1,) on the grads' device.
+    """
+    factor = check_unscale_arguments(grads, inv_scale, found_inf)
     if not grads:
         return
     if backend.is_cuda_array(grads[0]):
