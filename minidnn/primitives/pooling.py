@@ -209,8 +209,11 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
                 tap = r * kernel[1] + s
             else:
                 tap = (start_h + r * dilation[0])[:, None] * W + (start_w + s * dilation[1])[None, :]
-            xp.copyto(y, window, where=better)
-            xp.copyto(indices, xp.asarray(tap, dtype=indices.dtype), where=better)
+            # Selects rather than copies under a mask: NumPy's masked copy branches on every element, and
+            # about half of them take each branch here. The indices blend in integers (uint8 wraps modulo
+            # 256, and better is 0 or 1, so indices + better·(tap − indices) is tap or indices exactly).
+            y = xp.where(better, window, y)
+            indices += better * (xp.asarray(tap, dtype=indices.dtype) - indices)
     return y, indices
 
 
