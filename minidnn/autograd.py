@@ -20,8 +20,10 @@ This module imports nothing of minidnn but the backend: operations (:mod:`minidn
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -123,7 +125,7 @@ class Value:
         self.grad: Value | None = None
         self._node: Function | None = None
         self._version: Version | None = None  # made on first need (version_of)
-        self._post_accumulate_grad_hooks: list | None = None
+        self._post_accumulate_grad_hooks: OrderedDict | None = None
         if requires_grad:
             self.requires_grad_(True)
 
@@ -183,9 +185,10 @@ class Value:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
         hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # unset on a detached operation result
         if hooks is None:
-            hooks = self._post_accumulate_grad_hooks = []
-        hooks.append(hook)
-        return RemovableHandle(hooks, hook)
+            hooks = self._post_accumulate_grad_hooks = OrderedDict()
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
 
     def _accumulate_grad(self, grad: Any) -> None:
         # Out of place: one gradient array may be shared by several inputs (e.g. both sides of a + b).
@@ -195,21 +198,33 @@ class Value:
             self.grad.data = self.grad.data + grad
         hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # one attribute read when no hook is set
         if hooks:
-            for hook in tuple(hooks):  # a hook may remove itself
+            for hook in tuple(hooks.values()):  # a hook may remove itself
                 hook(self)
 
 
 class RemovableHandle:
-    """What registering a hook returns: ``remove()`` takes the hook off again (PyTorch's name)."""
+    """What registering a hook returns, for tensors and modules alike (PyTorch's name): the hook is filed
+    under the handle's ``id`` in one or more ordered tables, and ``handle.remove()`` (also on leaving
+    ``with handle:``) takes it out of each. The tables are held weakly, so a handle keeps no tensor or
+    module alive."""
 
-    __slots__ = ("_hooks", "_hook")
+    _ids = itertools.count()
 
-    def __init__(self, hooks: list, hook: Callable) -> None:
-        self._hooks, self._hook = hooks, hook
+    def __init__(self, *tables: "OrderedDict[int, Any]") -> None:
+        self.id = next(self._ids)
+        self._tables = [weakref.ref(table) for table in tables]
 
     def remove(self) -> None:
-        if any(h is self._hook for h in self._hooks):
-            self._hooks.remove(self._hook)
+        for reference in self._tables:
+            table = reference()
+            if table is not None:
+                table.pop(self.id, None)
+
+    def __enter__(self) -> "RemovableHandle":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.remove()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,45 +11,20 @@ hooks, called with the gradients at the module's inputs and outputs. Each ``regi
 """
 from __future__ import annotations
 
-import itertools
 import warnings
-import weakref
 from collections import OrderedDict, namedtuple
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from .. import backend
-from ..autograd import is_grad_enabled, no_grad
+from ..autograd import RemovableHandle, is_grad_enabled, no_grad
 from ..tensor import Tensor, cat
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
                 "_backward_pre_hooks", "_backward_hooks")
-
-
-class RemovableHandle:
-    """What a ``register_*_hook`` call returns: ``handle.remove()`` takes the hook off again (also on
-    leaving ``with handle:``). It holds the hook tables weakly, so it keeps no module alive."""
-
-    _ids = itertools.count()
-
-    def __init__(self, *tables: "OrderedDict[int, Any]") -> None:
-        self.id = next(self._ids)
-        self._tables = [weakref.ref(table) for table in tables]
-
-    def remove(self) -> None:
-        for reference in self._tables:
-            table = reference()
-            if table is not None:
-                table.pop(self.id, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.remove()
 
 
 class Parameter(Tensor):
