@@ -388,13 +388,11 @@ def _edge(value: Any) -> "Function | Value | None":
 
 
 def _check_same_device(tensors: Sequence[Value], operation: str) -> None:
-    kind = type(tensors[0].data)
-    if kind is np.ndarray and all(type(t.data) is np.ndarray for t in tensors):
-        return  # all on the CPU: nothing to compare, and no Device objects to build
-    if kind is backend._cupy_ndarray and all(type(t.data) is kind for t in tensors):
-        index = tensors[0].data.data.device_id  # GPU indices as plain integers: Device objects only for the error
-        if all(t.data.data.device_id == index for t in tensors):
-            return
+    try:  # compares devices as plain integers: Device objects are built only for the error below
+        backend.get_array_module(*[t.data for t in tensors])
+        return
+    except ValueError:
+        pass
     first = backend.device_of(tensors[0].data)
     for other in tensors[1:]:
         where = backend.device_of(other.data)

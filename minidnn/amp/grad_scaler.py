@@ -104,7 +104,7 @@ class GradScaler:
             raise RuntimeError("step(): the optimizer has no gradients to check (call backward on the scaled loss "
                                "first)")
         state["stage"] = _Stage.STEPPED
-        if _any_found(state["found_inf"]):
+        if _overflowed(state):
             return None
         return optimizer.step(**kwargs)
 
@@ -118,11 +118,11 @@ class GradScaler:
             value = new_scale.item() if isinstance(new_scale, Tensor) else new_scale
             self._scale = _scale_value("new_scale", value)
         else:
-            flags = [flag for state in self._optimizers.values() for flag in state["found_inf"]]
-            if not flags:
+            states = [state for state in self._optimizers.values() if state["found_inf"]]
+            if not states:
                 raise RuntimeError("update(): no optimizer was unscaled or stepped through this scaler since the "
                                    "last update()")
-            if _any_found(flags):
+            if any([_overflowed(state) for state in states]):
                 self._scale *= self._backoff_factor
                 self._growth_tracker = 0
             else:
@@ -203,9 +203,12 @@ def _gradients_by_device_and_dtype(optimizer: Any) -> dict[tuple, list[Tensor]]:
     return groups
 
 
-def _any_found(flags: list) -> bool:
-    """Whether any overflow flag is set: reads each flag (a device flag waits for its kernels)."""
-    return any(int(backend.to_device(flag, "cpu")[0]) for flag in flags)
+def _overflowed(state: dict[str, Any]) -> bool:
+    """Whether any of an optimizer's overflow flags is set, read from the device once per iteration (a read
+    waits for the unscale kernels): step() and update() both ask."""
+    if "overflowed" not in state:
+        state["overflowed"] = any([int(backend.to_device(flag, "cpu")[0]) for flag in state["found_inf"]])
+    return state["overflowed"]
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..primitives import convert
 
 
 def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
-    name, xp, result = convert.checked_to_half(x, dtype, out)
-    if name == "float16":
-        with np.errstate(over="ignore", invalid="ignore"):
-            result[...] = x
-    else:
-        result.view(np.uint16)[...] = convert.bfloat16_words(x)
-    return result
+    name, _, result = convert.checked_to_half(x, dtype, out)
+    return convert.to_half_by_expressions(name, x, result)
 
 
 def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
-    name, xp, result = convert.checked_to_float(h, dtype, out)
-    result[...] = convert.float_from_bfloat16_words(xp.ascontiguousarray(h).view(np.uint16)) \
-        if name == "bfloat16" else h
-    return result
+    name, _, result = convert.checked_to_float(h, dtype, out)
+    return convert.to_float_by_expressions(name, h, result)

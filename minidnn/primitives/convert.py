@@ -126,17 +126,31 @@ def checked_to_float(h: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
     return name, xp, _output(out, tuple(h.shape), np.dtype(np.float32), xp)
 
 
+def to_half_by_expressions(name: str, x: Any, result: Any) -> Any:
+    """x rounded into ``result`` (the storage of half type ``name``) with whole-array operations: the CPU's
+    conversion, and the naive engine's on either device. float16 is the array library's own conversion (it
+    rounds to nearest even), bfloat16 the twin :func:`bfloat16_words`."""
+    if name == "float16":
+        with np.errstate(over="ignore", invalid="ignore"):  # to infinity, or a NaN: what rounding gives
+            result[...] = x
+    else:
+        result.view(np.uint16)[...] = bfloat16_words(x)
+    return result
+
+
+def to_float_by_expressions(name: str, h: Any, result: Any) -> Any:
+    """The float32 values of ``h`` (half type ``name``'s storage) into ``result``, with whole-array operations."""
+    xp = backend.get_array_module(h)
+    result[...] = float_from_bfloat16_words(xp.ascontiguousarray(h).view(np.uint16)) if name == "bfloat16" else h
+    return result
+
+
 def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
     """x (float32, any shape) rounded to ``dtype`` (``"bfloat16"`` or ``"float16"``), to nearest even; returns
     an array of x's shape in the storage of the module docstring (written into ``out`` when given)."""
     name, xp, result = checked_to_half(x, dtype, out)
     if xp is np:
-        if name == "float16":
-            with np.errstate(over="ignore", invalid="ignore"):  # to infinity, or a NaN: what rounding gives
-                result[...] = x  # NumPy's own conversion rounds to nearest even
-        else:
-            result.view(np.uint16)[...] = bfloat16_words(x)
-        return result
+        return to_half_by_expressions(name, x, result)
     _launch("float_to_bfloat16" if name == "bfloat16" else "float_to_float16", xp.ascontiguousarray(x), result)
     return result
 
@@ -146,8 +160,6 @@ def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
     into ``out`` when given."""
     name, xp, result = checked_to_float(h, dtype, out)
     if xp is np:
-        result[...] = (float_from_bfloat16_words(np.ascontiguousarray(h).view(np.uint16)) if name == "bfloat16"
-                       else h)
-        return result
+        return to_float_by_expressions(name, h, result)
     _launch("bfloat16_to_float" if name == "bfloat16" else "float16_to_float", xp.ascontiguousarray(h), result)
     return result
