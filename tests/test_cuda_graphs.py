@@ -113,3 +113,48 @@ def test_capture_needs_the_gpu():
     else:
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             graphs.capture(lambda x: x, minidnn.zeros(2))
+
+
+def test_a_changed_hyperparameter_other_than_lr_is_refused_before_a_replay():
+    # On the CPU: the record and the check a captured step makes before each replay.
+    weights = minidnn.zeros(3, requires_grad=True)
+    optimizer = optim.SGD([weights], lr=0.1, momentum=0.9)
+    recorded = graphs._fixed_hyperparameters([optimizer])
+    optimizer.param_groups[0]["lr"] = 0.01  # lr is read from the device at every replay
+    graphs._check_fixed_hyperparameters(recorded)
+    optimizer.param_groups[0]["momentum"] = 0.85
+    with pytest.raises(ValueError, match=r"SGD.param_groups\[0\]\['momentum'\] changed from 0.9 to 0.85"):
+        graphs._check_fixed_hyperparameters(recorded)
+
+    sgd = optim.SGD([minidnn.zeros(2, requires_grad=True)], lr=1e-3, momentum=0.9)
+    recorded = graphs._fixed_hyperparameters([sgd])
+    cycle = optim.lr_scheduler.OneCycleLR(sgd, max_lr=0.01, total_steps=10)  # starts momentum at max_momentum
+    with pytest.raises(ValueError, match=r"\['momentum'\] changed from 0.9 to 0.95"):
+        graphs._check_fixed_hyperparameters(recorded)
+    recorded = graphs._fixed_hyperparameters([sgd])
+    sgd.step()
+    cycle.step()
+    with pytest.raises(ValueError, match="cycle_momentum=False"):
+        graphs._check_fixed_hyperparameters(recorded)
+    recorded = graphs._fixed_hyperparameters([sgd])
+    sgd.add_param_group({"params": [minidnn.zeros(1, requires_grad=True)]})
+    with pytest.raises(ValueError, match="2 parameter groups, the captured step was recorded with 1"):
+        graphs._check_fixed_hyperparameters(recorded)
+
+
+@pytest.mark.gpu
+def test_a_captured_step_under_a_momentum_cycle_is_refused_and_without_it_follows_the_rates():
+    model, optimizer, _, step = make_run()
+    data = batches(3, np.random.default_rng(5))
+    captured = graphs.capture(step, data[0])
+    assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
+    cycle = optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10)
+    with pytest.raises(ValueError, match=r"\['momentum'\] changed"):
+        captured(*data[1])
+
+    model, optimizer, _, step = make_run()
+    cycle = optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10, cycle_momentum=False)
+    captured = graphs.capture(step, data[0])
+    for x, y in data[1:]:
+        assert np.isfinite(captured(x, y).item())
+        cycle.step()

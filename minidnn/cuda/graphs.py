@@ -24,7 +24,10 @@ What capture needs, and how it is met here:
   from the generator's host offset, which then advances by the step's draws. So replay k draws
   the masks eager step k would, and a resumed run draws the same ones.
 * **Hyper-parameters that change.** Optimizers keep the learning rate on the device; before each
-  replay every live optimizer refreshes it (a schedule needs no new capture).
+  replay every live optimizer refreshes it (a schedule needs no new capture). Their other
+  hyper-parameters (momentum, betas, weight decay, ...) are launch arguments the graph recorded: a
+  replay after one of them changed (``OneCycleLR``'s momentum cycle) is a ``ValueError``, not a
+  step with the old value.
 * **No host synchronisation in the step.** Nothing reads the device during the step; the loss is
   a device array until the caller asks for it.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import os
 import traceback
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -68,6 +72,44 @@ def _refresh_optimizers() -> None:
         optimizer.refresh_device_hyperparameters()
 
 
+def _fixed_hyperparameters(optimizers: Sequence[Any]) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """(optimizer, per group {name: value}) of each optimizer: the hyper-parameters other than lr (its
+    ``defaults``' names), which a captured step holds as the capture recorded them."""
+    recorded = []
+    for optimizer in optimizers:
+        names = [name for name in optimizer.defaults if name != "lr"]
+        recorded.append((weakref.ref(optimizer),
+                         [{name: group[name] for name in names} for group in optimizer.param_groups]))
+    return recorded
+
+
+def _gpu_optimizers() -> list[Any]:
+    """Every live optimizer with parameters on the GPU (those a captured step may hold)."""
+    from ..optim.optimizer import live_optimizers  # noqa: PLC0415 - as above
+
+    return [optimizer for optimizer in live_optimizers()
+            if any(p.is_cuda for group in optimizer.param_groups for p in group["params"])]
+
+
+def _check_fixed_hyperparameters(recorded: list[tuple[Any, list[dict[str, Any]]]]) -> None:
+    """A ``ValueError`` naming the first hyper-parameter that differs from what the capture recorded."""
+    for reference, groups in recorded:
+        optimizer = reference()
+        if optimizer is None:
+            continue
+        if len(optimizer.param_groups) != len(groups):
+            raise ValueError(f"{type(optimizer).__name__} has {len(optimizer.param_groups)} parameter groups, the "
+                             f"captured step was recorded with {len(groups)}: capture the step again")
+        for index, (group, values) in enumerate(zip(optimizer.param_groups, groups)):
+            for name, value in values.items():
+                if group[name] != value:
+                    raise ValueError(
+                        f"{type(optimizer).__name__}.param_groups[{index}][{name!r}] changed from {value!r} to "
+                        f"{group[name]!r} since the step was captured; a captured step reads only lr afresh (the "
+                        f"graph recorded {name!r}): capture the step again, or keep {name!r} fixed (for OneCycleLR: "
+                        f"cycle_momentum=False)")
+
+
 class EagerStep:
     """The fallback: the same call interface, running the step eagerly."""
 
@@ -88,6 +130,7 @@ class CapturedStep:
                  draws: int, warmup_outputs: Any) -> None:
         self.graph, self.inputs, self.outputs, self.pool = graph, inputs, outputs, pool
         self.start, self.draws, self.warmup_outputs = start, draws, warmup_outputs
+        self.fixed_hyperparameters = _fixed_hyperparameters(_gpu_optimizers())
 
     @property
     def memory_bytes(self) -> int:
@@ -97,6 +140,7 @@ class CapturedStep:
         return int(self.pool.total_bytes())
 
     def __call__(self, *batch: Tensor) -> Any:
+        _check_fixed_hyperparameters(self.fixed_hyperparameters)
         batch = _batch(batch)
         if len(batch) != len(self.inputs):
             raise ValueError(f"the captured step takes {len(self.inputs)} tensors, got {len(batch)}")
