@@ -82,22 +82,29 @@ def gradcheck(f: Callable[..., Any], *inputs: np.ndarray, seed: int = 0, eps: fl
                                    err_msg=f"gradient of input {index}")
 
 
-def cuda_constants(source: str, dtype: Any) -> dict[str, int]:
+def cuda_constants(source: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> dict[str, int]:
     """The ``constexpr int``/``bool`` constants of a ``.cu`` file of the primitives (``source`` as
-    :func:`minidnn.primitives._cuda.read_source` takes it), evaluated for a build on ``dtype``, with the
-    file's ``#define`` defaults: so that a test can tie the Python launch code to the kernels' tiles."""
+    :func:`minidnn.primitives._cuda.read_source` takes it), evaluated for a build on ``dtype`` (the size of
+    its ``scalar_t``), with ``defines`` and otherwise the file's ``#define`` defaults: so that a test can tie
+    the Python launch code to the kernels' tiles."""
     import re  # noqa: PLC0415
 
     from minidnn.primitives import _cuda  # noqa: PLC0415
 
+    def python(expression: str) -> str:  # C's a ? b : c (nested in its last part), || and && as Python
+        ternary = re.match(r"^(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", expression)
+        if ternary:
+            condition, then, otherwise = ternary.groups()
+            return f"({python(then)}) if ({python(condition)}) else ({python(otherwise)})"
+        return expression.replace("||", " or ").replace("&&", " and ").replace("/", "//")
+
     text = _cuda.read_source(source).replace("sizeof(scalar_t)", str(np.dtype(dtype).itemsize))
     text = text.replace("sizeof(float)", "4")
-    values: dict[str, Any] = {"true": True, "false": False}
+    values: dict[str, Any] = {"true": True, "false": False, **dict(defines)}
     for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+)\b", text, flags=re.MULTILINE):
         values.setdefault(name, int(value))
     for declaration in re.findall(r"^constexpr\s+(?:int|bool)\s+([^;]+);", text, flags=re.MULTILINE):
         for assignment in declaration.split(","):
             name, expression = (part.strip() for part in assignment.split("=", 1))
-            expression = re.sub(r"^(.+?)\s*\?\s*(.+?)\s*:\s*(.+)$", r"(\2) if (\1) else (\3)", expression)
-            values[name] = eval(expression.replace("/", "//"), {}, dict(values))  # noqa: S307 - our own source
+            values[name] = eval(python(expression), {}, dict(values))  # noqa: S307 - our own source
     return {name: value for name, value in values.items() if name not in ("true", "false")}

@@ -210,7 +210,7 @@ def test_forward_bias_activation_matches_float64(xp, rng):
     (np.zeros(5), False, ValueError, "bias must have K=6 values"),
     (np.zeros((6, 1)), False, ValueError, "bias must be 1-D"),
     (np.zeros(6, np.float32), False, TypeError, "bias and input must have the same dtype"),
-    (np.zeros(6, np.int64), False, TypeError, "bias must be a float32 or float64 array"),
+    (np.zeros(6, np.int64), False, TypeError, "bias must be a float32, float64, float16 or bfloat16 array"),
     (None, 1, TypeError, "relu must be a bool"),
 ])
 def test_forward_bias_activation_refuses_bad_arguments(bias, relu, error, match):
@@ -220,12 +220,12 @@ def test_forward_bias_activation_refuses_bad_arguments(bias, relu, error, match)
         implicit_gemm.forward_bias_activation(x, w, problem, np.zeros(problem.y_shape), bias=bias, relu=relu)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_launch_constants_are_the_kernels_tiles(dtype):
+@pytest.mark.parametrize("name", ["float32", "float64", "float16", "bfloat16"])
+def test_launch_constants_are_the_kernels_tiles(name):
     """implicit_gemm.py sizes its grids with the .cu's tile constants: the two must never drift apart."""
-    kernel = cuda_constants("conv/implicit_gemm.cu", dtype)
-    dtype = np.dtype(dtype)
-    assert (implicit_gemm.THREADS, implicit_gemm.TILE_M[dtype], implicit_gemm.TILE_N, implicit_gemm.TILE_K[dtype]) == \
+    half = implicit_gemm.HALF_BUILD.get(name)
+    kernel = cuda_constants("conv/implicit_gemm.cu", np.uint16 if half else name, (("HALF", half),) if half else ())
+    assert (implicit_gemm.THREADS, implicit_gemm.TILE_M[name], implicit_gemm.TILE_N, implicit_gemm.TILE_K[name]) == \
         (kernel["THREADS"], kernel["TILE_M"], kernel["TILE_N"], kernel["TILE_K"])
     assert implicit_gemm.DEFAULT_CTAS_PER_SM == kernel["CTAS_PER_SM"]
 
@@ -246,10 +246,12 @@ KERNELS = ["implicit_gemm_forward", "implicit_gemm_backward_data", "implicit_gem
 
 
 # The session's builds of implicit_gemm.cu, the float and double ones shared with test_cuda_sources.
-@pytest.mark.parametrize("nvcc_build", [Build("conv/implicit_gemm.cu", scalar) for scalar in ("float", "double")],
+@pytest.mark.parametrize("nvcc_build", [Build("conv/implicit_gemm.cu", scalar) for scalar in ("float", "double")]
+                         + [Build("conv/implicit_gemm.cu", "float", (("HALF", half),)) for half in (1, 2)],
                          indirect=True, ids=str)
 def test_kernels_fit_two_ctas_per_sm_without_spills(nvcc_build):
     result, scalar = nvcc_build, nvcc_build.build.scalar
+    half = bool(nvcc_build.build.defines)
     assert result.returncode == 0, result.stderr
     report = {}
     for name, body in re.findall(r"Compiling entry function '(\w+)' for 'sm_90'\n(.*?)(?=ptxas info\s+: Compiling|\Z)",
@@ -258,8 +260,11 @@ def test_kernels_fit_two_ctas_per_sm_without_spills(nvcc_build):
         spills = [int(n) for n in re.findall(r"(\d+) bytes (?:stack frame|spill stores|spill loads)", body)]
         shared = int(re.search(r"(\d+) bytes smem", body).group(1))
         report[name] = (registers, spills, shared)
-    expected = KERNELS + ([f"{name}_tf32" for name in KERNELS] if scalar == "float" else [])
-    assert sorted(report) == sorted(expected)  # the tensor-core kernels exist in the float build only
+    if half:  # the half build has its tensor-core kernels alone
+        expected = [f"{name}_half" for name in KERNELS]
+    else:  # the TF32 tensor-core kernels exist in the float build only
+        expected = KERNELS + ([f"{name}_tf32" for name in KERNELS] if scalar == "float" else [])
+    assert sorted(report) == sorted(expected)
     for name, (registers, spills, shared) in report.items():
         assert registers <= 128, f"{name}: {registers} registers, over 128 (two CTAs of 256 threads per SM)"
         assert spills == [0, 0, 0], f"{name}: stack frame and spills {spills} bytes"

@@ -558,7 +558,7 @@ def test_bad_arguments_name_the_problem(x_shape, w_shape, kwargs, error, match):
 
 
 def test_dtype_errors():
-    with pytest.raises(TypeError, match="input must be a float32 or float64"):
+    with pytest.raises(TypeError, match="input must be a float32, float64, float16 or bfloat16"):
         conv.conv2d_forward(np.zeros((1, 1, 3, 3), np.int64), np.zeros((1, 1, 1, 1)))
     with pytest.raises(TypeError, match="same dtype"):
         conv.conv2d_forward(np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1)))

@@ -17,10 +17,10 @@ import numpy as np
 
 from ... import backend
 from .. import _cuda
-from .._checks import check_float, check_rank
+from .._checks import check_rank
 from . import plans, registry, selection, workspace
 from .plans import Plan, even_split, single
-from .problem import ConvProblem, check_output_grad, forward_problem, make_problem
+from .problem import ConvProblem, check_conv_dtype, check_output_grad, forward_problem, make_problem
 
 
 # Plans already made: (problem, direction, algo, limit, every setting make_plan reads) -> Plan.
@@ -77,7 +77,7 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
     """The plan for one call, from the settings (see :mod:`.registry`)."""
     if algo != "auto":
         algorithm = registry.get(algo)
-        if not algorithm.supports(problem, direction):
+        if not registry.supports(algorithm, problem, direction):
             raise ValueError(f"algo {algo!r} does not support {direction} of {problem.describe()} on {problem.device}")
         registry.check_forced(algorithm, problem, direction)
         return even_split(algorithm, problem, direction, limit)
@@ -192,7 +192,7 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
     dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape.
     """
     def check() -> ConvProblem:
-        check_float(w, "weight")
+        check_conv_dtype(w, "weight")
         check_rank(w, 4, "weight", "(K, C/groups, R, S)")
         problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
                                _device(dy, w))
@@ -216,7 +216,7 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     beta = 1): the seam a caller uses to sum weight gradients over its own micro-batches.
     """
     def check() -> ConvProblem:
-        check_float(x, "input")
+        check_conv_dtype(x, "input")
         check_rank(x, 4, "input", "(N, C, H, W)")
         problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
         check_output_grad(dy, problem)

@@ -19,6 +19,13 @@
 // and, for float with TF32 allowed, tensor cores (mma.sync m16n8k8 TF32, each warp a 32 × 32
 // block, operands rounded with cvt.rna).
 //
+// The half build (HALF = 1 for float16, 2 for bfloat16, both stored as 16-bit words) runs the same
+// producer on 16-bit elements, 32 reduction indices a step, and consumes the tiles on tensor cores
+// with mma.sync m16n8k16 accumulating in float32; ldmatrix.trans reads each fragment from the
+// [k][row] tiles in one instruction per four 8 × 8 blocks. The epilogue adds the bias and applies
+// ReLU in float32 and rounds once, to nearest even; backward-filter adds its float32 partial sums
+// into a float32 accumulator, which implicit_gemm.py rounds to the half type when all are in.
+//
 // Index arithmetic stays out of the inner loop. An element of A is the sum of a part that depends
 // only on its row and a part that depends only on its reduction index (for forward: the pixel
 // (n, p, q) and the tap (c, r, s)). Each CTA decodes its rows once into a shared table, and the
@@ -28,7 +35,15 @@
 #ifndef SCALAR
 #define SCALAR float
 #endif
+#ifndef HALF
+#define HALF 0
+#endif
+#include "../half.cuh"
+#if HALF
+typedef u16 scalar_t;  // the half type's words; arithmetic happens in float32
+#else
 typedef SCALAR scalar_t;
+#endif
 
 // True in the float build only: the tensor-core kernels exist there alone.
 #define IS_FLOAT_float 1
@@ -50,12 +65,14 @@ struct ImplicitGemmShape {
 #endif
 
 constexpr int THREADS = 256;
+constexpr bool HALF_BUILD = HALF != 0;
 constexpr bool FLOAT = sizeof(scalar_t) == sizeof(float);
 // A double takes two registers: the double build halves the rows (each thread 4 × 4 instead of
-// 8 × 4 of C) and the reduction step, so both builds fit 128 registers, two CTAs per SM.
-constexpr int TILE_M = FLOAT ? 128 : 64;
+// 8 × 4 of C) and the reduction step, so both builds fit 128 registers, two CTAs per SM. The half
+// build takes 32 reduction indices a step: two m16n8k16 steps, the same bytes per step as float.
+constexpr int TILE_M = FLOAT || HALF_BUILD ? 128 : 64;
 constexpr int TILE_N = 64;
-constexpr int TILE_K = FLOAT ? 16 : 8;
+constexpr int TILE_K = HALF_BUILD ? 32 : FLOAT ? 16 : 8;
 constexpr int THREAD_ROWS = TILE_M / 16;  // SIMT: rows of C per thread
 // Rows padded by 8 values: a warp's tensor-core fragment reads (rows k0 + t, columns g) then fall
 // on 32 different banks (the SIMT reads are runs along one row, conflict-free at any padding).
@@ -294,19 +311,27 @@ __device__ __forceinline__ float round_tf32(float value) {
     return __uint_as_float(bits);
 }
 
+__device__ __forceinline__ scalar_t tile_value(scalar_t value, bool tensor_cores) {
+#if HALF
+    return value;  // half words go to the tensor cores as they are
+#else
+    return tensor_cores ? round_tf32(value) : value;
+#endif
+}
+
 __device__ __forceinline__ void store_step(const Staged& staged, SharedTiles& tiles, int buffer, bool a_rows_fastest,
                                            bool tensor_cores) {
 #pragma unroll
     for (int e = 0; e < A_LOADS; ++e) {
         int k, row;
         element_of(e, TILE_M, a_rows_fastest, k, row);
-        tiles.a[buffer][k][row] = tensor_cores ? round_tf32(staged.a[e]) : staged.a[e];
+        tiles.a[buffer][k][row] = tile_value(staged.a[e], tensor_cores);
     }
 #pragma unroll
     for (int e = 0; e < B_LOADS; ++e) {
         int k, column;
         element_of(e, TILE_N, false, k, column);
-        tiles.b[buffer][k][column] = tensor_cores ? round_tf32(staged.b[e]) : staged.b[e];
+        tiles.b[buffer][k][column] = tile_value(staged.b[e], tensor_cores);
     }
 }
 
@@ -385,22 +410,101 @@ __device__ __forceinline__ void compute_tensor_cores(float (&acc)[2][4][4], cons
     }
 }
 
+#if HALF
+// Half tensor cores: the same warp tiling with mma.m16n8k16 (g = lane / 4, t = lane % 4). Each 32-bit
+// register holds two elements, the lower index in the low half: a = {A[g][2t..], A[g+8][2t..],
+// A[g][2t+8..], A[g+8][2t+8..]}, b = {B[2t..][g], B[2t+8..][g]}; C as m16n8k8's. The tiles are stored
+// [k][row], so each register's pair runs down a tile column: ldmatrix.trans gathers it, one 8 × 8
+// block per eight lanes' row addresses (16 contiguous bytes each; LDA and LDB keep them 16-byte
+// aligned, and their padding puts the eight rows of a block on different banks).
+__device__ __forceinline__ void load_matrices_transposed(unsigned (&fragment)[4], const scalar_t* address) {
+    const unsigned shared = static_cast<unsigned>(__cvta_generic_to_shared(address));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]), "=r"(fragment[3])
+                 : "r"(shared));
+}
+
+__device__ __forceinline__ void compute_half_tensor_cores(float (&acc)[2][4][4], const scalar_t (*a)[LDA],
+                                                          const scalar_t (*b)[LDB]) {
+    const int lane = threadIdx.x % 32, block = lane / 8, block_row = lane % 8;
+    const int row0 = threadIdx.x / 32 % 4 * 32, column0 = threadIdx.x / 128 * 32;
+#pragma unroll
+    for (int k0 = 0; k0 < TILE_K; k0 += 16) {
+        unsigned fa[2][4], fb[4][2];
+        // A's four blocks: rows +0/+8 (block % 2) by k +0/+8 (block / 2), in the order of a's registers.
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+            load_matrices_transposed(fa[mi], &a[k0 + block / 2 * 8 + block_row][row0 + mi * 16 + block % 2 * 8]);
+        // B's: k +0/+8 (block % 2) by columns of n-tile 2j / 2j + 1 (block / 2): two n-tiles a load.
+#pragma unroll
+        for (int nj = 0; nj < 2; ++nj) {
+            unsigned f[4];
+            load_matrices_transposed(f, &b[k0 + block % 2 * 8 + block_row][column0 + (2 * nj + block / 2) * 8]);
+            fb[2 * nj][0] = f[0];
+            fb[2 * nj][1] = f[1];
+            fb[2 * nj + 1][0] = f[2];
+            fb[2 * nj + 1][1] = f[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                float (&c)[4] = acc[mi][ni];
+                asm volatile(
+#if HALF == 2
+                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+#else
+                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+#endif
+                    "{%0,%1,%2,%3};\n"
+                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                    : "r"(fa[mi][0]), "r"(fa[mi][1]), "r"(fa[mi][2]), "r"(fa[mi][3]), "r"(fb[ni][0]), "r"(fb[ni][1]));
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float half_value(const u16 word) {
+    return HALF == 2 ? bfloat16_value(word) : float16_value(word);
+}
+__device__ __forceinline__ u16 half_word(const float value) {
+    return HALF == 2 ? bfloat16_word(__float_as_uint(value)) : float16_word(__float_as_uint(value), value);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // The epilogue: C (row, column) -> out, with forward's optional bias and ReLU; backward-filter adds
-// its partial sum over one slice of the reduction with atomicAdd.
+// its partial sum over one slice of the reduction with atomicAdd. OutT is scalar_t, except for the
+// half build's backward-filter, whose out is the float32 accumulator.
 // ---------------------------------------------------------------------------------------------
+template <typename A, typename B> struct SameType { static constexpr bool value = false; };
+template <typename A> struct SameType<A, A> { static constexpr bool value = true; };
+
+template <typename OutT, typename Value>
 __device__ __forceinline__ void write_output(const Direction direction, const SharedTiles& tiles, int row, int column,
-                                             scalar_t value, scalar_t* __restrict__ out,
+                                             Value value, OutT* __restrict__ out,
                                              const scalar_t* __restrict__ bias, bool relu, int first_channel) {
     const int r = tiles.c_rows[row], c = tiles.c_columns[column];
     if ((r | c) < 0) return;
-    if (direction == BACKWARD_FILTER) {
+#if HALF
+    if constexpr (SameType<OutT, float>::value) {  // backward-filter: float32 partial sums
         atomicAdd(out + r + c, value);
+    } else {
+        float v = value;
+        if (bias != nullptr) v += half_value(bias[first_channel + column]);
+        if (relu && v < 0.0f) v = 0.0f;
+        out[r + c] = half_word(v);
+    }
+#else
+    if (direction == BACKWARD_FILTER) {
+        atomicAdd(out + r + c, scalar_t(value));
         return;
     }
-    if (bias != nullptr) value += bias[first_channel + column];
-    if (relu && value < scalar_t(0)) value = scalar_t(0);
-    out[r + c] = value;
+    scalar_t v = value;
+    if (bias != nullptr) v += bias[first_channel + column];
+    if (relu && v < scalar_t(0)) v = scalar_t(0);
+    out[r + c] = v;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -409,9 +513,10 @@ __device__ __forceinline__ void write_output(const Direction direction, const Sh
 // blockIdx.x = output tile (column tiles fastest, so CTAs running together share their gathered
 // A tile in L2); blockIdx.y walks (group, reduction slice) jobs. `steps_per_split` (> 0) cuts the
 // reduction into slices of that many steps (split-K, backward-filter), 0 keeps it whole.
+template <typename OutT>
 __device__ __forceinline__ void implicit_gemm(const Direction direction, const bool tensor_cores,
                                               const scalar_t* __restrict__ a_source,
-                                              const scalar_t* __restrict__ b_source, scalar_t* __restrict__ out,
+                                              const scalar_t* __restrict__ b_source, OutT* __restrict__ out,
                                               const scalar_t* __restrict__ bias, bool relu,
                                               const ImplicitGemmShape& shape, int steps_per_split) {
     __shared__ __align__(16) SharedTiles tiles;
@@ -433,7 +538,9 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
     for (int job = blockIdx.y; job < jobs; job += gridDim.y) {
         const int group = job % shape.groups, split = job / shape.groups;
         const int first = split * per_split, last = min(first + per_split, steps);
+#if !HALF
         scalar_t simt[THREAD_ROWS][4] = {};
+#endif
         float mma[2][4][4] = {};
         Staged staged;
 
@@ -450,11 +557,15 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
         for (int step = first; step < last; ++step) {
             const int current = (step - first) & 1, next = current ^ 1;
             if (step + 1 < last) load_step(staged, tiles, next, a_source, b_source, a_rows_fastest, height, width);
+#if HALF
+            compute_half_tensor_cores(mma, tiles.a[current], tiles.b[current]);
+#else
             if (tensor_cores) {
                 compute_tensor_cores(mma, tiles.a[current], tiles.b[current]);
             } else {
                 compute_simt(simt, tiles.a[current], tiles.b[current]);
             }
+#endif
             if (step + 1 < last) store_step(staged, tiles, next, a_rows_fastest, tensor_cores);
             if (step + 2 < last) build_reduction_table(direction, shape, ph, size, group, step + 2, current, tiles);
             __syncthreads();
@@ -471,12 +582,14 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
                         write_output(direction, tiles, mma_row(mi, v / 2), mma_column(ni, v % 2), mma[mi][ni][v], out,
                                      bias, relu, first_channel);
         } else {
+#if !HALF
 #pragma unroll
             for (int i = 0; i < THREAD_ROWS; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     write_output(direction, tiles, simt_row(i), simt_column(j), simt[i][j], out, bias, relu,
                                  first_channel);
+#endif
         }
         __syncthreads();  // the next job rewrites the tables
     }
@@ -485,7 +598,8 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
 // ---------------------------------------------------------------------------------------------
 // Kernels: one per direction, SIMT (float and double) and tensor cores (float only)
 // ---------------------------------------------------------------------------------------------
-// Each takes its operands as implicit_gemm() does; SUFFIX names the consumer ("" SIMT, _tf32 tensor cores).
+// Each takes its operands as implicit_gemm() does; SUFFIX names the consumer ("" SIMT, _tf32 tensor cores,
+// _half the half build's tensor cores, whose backward-filter adds into a float32 dw).
 //   forward                 x (N, C, H, W), w (K, C/G, R, S) -> y (N, K, P, Q) = x ⋆ w (+ bias[k]) (then max(·, 0)
 //                           if relu).
 //   backward_data           dy (N, K, P, Q), w -> dx (N, C, H, W).
@@ -493,7 +607,7 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
 //                           largest phase. Every pixel of dx is written (dilation 1 only: strided_dgrad.py).
 //   backward_filter         x, dy -> dw (K, C/G, R, S) += the slices' partial sums (atomicAdd: dw must hold zeros,
 //                           or the gradient to add to).
-#define IMPLICIT_GEMM_KERNELS(SUFFIX, TENSOR_CORES)                                                                 \
+#define IMPLICIT_GEMM_KERNELS(SUFFIX, TENSOR_CORES, FILTER_OUT)                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_forward##SUFFIX(              \
         const scalar_t* __restrict__ x, const scalar_t* __restrict__ w, const scalar_t* __restrict__ bias,          \
         scalar_t* __restrict__ y, const ImplicitGemmShape shape, int has_bias, int relu) {                          \
@@ -510,12 +624,16 @@ __device__ __forceinline__ void implicit_gemm(const Direction direction, const b
         implicit_gemm(BACKWARD_DATA_BY_PHASE, TENSOR_CORES, dy, w, dx, nullptr, false, shape, 0);                   \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM) implicit_gemm_backward_filter##SUFFIX(      \
-        const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy, scalar_t* __restrict__ dw,                 \
+        const scalar_t* __restrict__ x, const scalar_t* __restrict__ dy, FILTER_OUT* __restrict__ dw,               \
         const ImplicitGemmShape shape, int steps_per_split) {                                                       \
         implicit_gemm(BACKWARD_FILTER, TENSOR_CORES, x, dy, dw, nullptr, false, shape, steps_per_split);            \
     }
 
-IMPLICIT_GEMM_KERNELS(, false)
+#if HALF
+IMPLICIT_GEMM_KERNELS(_half, true, float)
+#else
+IMPLICIT_GEMM_KERNELS(, false, scalar_t)
 #if IS_FLOAT(SCALAR)
-IMPLICIT_GEMM_KERNELS(_tf32, true)
+IMPLICIT_GEMM_KERNELS(_tf32, true, scalar_t)
+#endif
 #endif

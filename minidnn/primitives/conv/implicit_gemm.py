@@ -19,6 +19,12 @@ the order of those additions varies from run to run, so the algorithm is **not d
 (``deterministic = False``, like cuDNN's BWD_FILTER_ALGO_0), its results differing in the last
 bits between runs.
 
+Half precision (float16, bfloat16): the kernels' half build gathers 16-bit tiles and multiplies them on
+tensor cores (mma.sync m16n8k16) into float32 sums, which the epilogue rounds once to the half type, after
+the bias and ReLU; backward-filter's partial sums go into a float32 accumulator in the workspace, rounded
+to the half type when all are in. NumPy, the twin: the half operands widened to float32 (exactly), the
+float32 code below, one rounding at the end. The two differ only in the order of the float32 sums.
+
 On NumPy the same K-loop runs tap by tap: for each filter tap (r, s), the strided view of the
 padded input that the tap reads is one (C/G × P·Q) slice of the lowered matrix, and one batched
 matrix product per tap adds its contribution. Backward-data scatters each tap's product onto the
@@ -32,18 +38,25 @@ from typing import Any
 import numpy as np
 
 from ... import backend
-from .. import _cuda
-from .._checks import check_float, check_rank, check_same_dtype
-from .problem import ConvProblem
+from .. import _cuda, convert
+from .._checks import check_rank, check_same_dtype
+from .problem import ConvProblem, check_conv_dtype
 from .reference import padded, tap_slices
-from .registry import ConvAlgorithm, register, store_filter_gradient
+from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
 
 # The kernels' CTA and tile sizes (implicit_gemm.cu): rows × columns of the product per CTA, and
 # the reduction step, per dtype.
 THREADS = 256
 TILE_N = 64
-TILE_M = {np.dtype(np.float32): 128, np.dtype(np.float64): 64}
-TILE_K = {np.dtype(np.float32): 16, np.dtype(np.float64): 8}
+TILE_M = {"float32": 128, "float64": 64, "float16": 128, "bfloat16": 128}
+TILE_K = {"float32": 16, "float64": 8, "float16": 32, "bfloat16": 32}
+# The half build of implicit_gemm.cu, per half type (its HALF macro).
+HALF_BUILD = {"float16": 1, "bfloat16": 2}
+
+
+def _type(problem: ConvProblem) -> str:
+    """The key of the tables above: the half type's name, or float32 / float64."""
+    return problem.half_type or problem.dtype.name
 # Backward-filter's split-K: aim for about four waves of two CTAs on each SM (2.7 waves of the
 # three-CTA build it runs on), but give each CTA at least this many reduction steps, so its
 # atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps multiply-adds.
@@ -72,8 +85,8 @@ def gemm_shape(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
 def steps_per_split(problem: ConvProblem, sms: int) -> int:
     """Backward-filter's reduction steps per CTA: enough slices of N·P·Q to fill a GPU of ``sms`` SMs."""
     rows, columns, reduction = gemm_shape(problem, "backward_filter")
-    steps = -(-reduction // TILE_K[problem.dtype])
-    output_tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N) * problem.groups
+    steps = -(-reduction // TILE_K[_type(problem)])
+    output_tiles = -(-rows // TILE_M[_type(problem)]) * -(-columns // TILE_N) * problem.groups
     wanted_splits = -(-SPLIT_K_CTAS_PER_SM * sms // output_tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted_splits))
 
@@ -85,6 +98,7 @@ class ImplicitGemm(ConvAlgorithm):
 
     name = "implicit_gemm"
     deterministic = False
+    half_precision = True
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True
@@ -93,6 +107,9 @@ class ImplicitGemm(ConvAlgorithm):
         return not (direction == "backward_filter" and problem.device == "cuda")
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        # A half backward-filter on the GPU sums into a float32 dw before its one rounding.
+        if direction == "backward_filter" and problem.half_type and problem.device == "cuda":
+            return 4 * int(np.prod(problem.w_shape))
         return 0
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
@@ -101,15 +118,29 @@ class ImplicitGemm(ConvAlgorithm):
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if backend.is_cuda_array(dy):
             _launch("backward_data", (dy, w, out), problem)
+        elif problem.half_type:
+            _numpy_in_float32(_numpy_backward_data, dy, w, problem, out)
         else:
             _numpy_backward_data(dy, w, problem, out)
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
+        half = problem.half_type
         if backend.is_cuda_array(x):
-            if not accumulate:  # the kernel adds into out (beta = 1): start from zero for beta = 0
-                out.fill(0)
-            _launch("backward_filter", (x, dy, out), problem)
+            # The kernel adds into its dw (beta = 1): a float32 one for a half problem, carved from the workspace.
+            dw = workspace_array(workspace, problem.w_shape, np.float32) if half else out
+            if accumulate and half:
+                convert.half_to_float(out, half, out=dw)
+            elif not accumulate:
+                dw.fill(0)
+            _launch("backward_filter", (x, dy, dw), problem)
+            if half:
+                convert.float_to_half(dw, half, out=out)
+        elif half:
+            dw = _numpy_backward_filter(convert.half_to_float(x, half), convert.half_to_float(dy, half), problem)
+            if accumulate:
+                dw += convert.half_to_float(out, half)
+            convert.float_to_half(dw.astype(np.float32, copy=False), half, out=out)
         else:
             store_filter_gradient(_numpy_backward_filter(x, dy, problem), out, accumulate)
 
@@ -121,10 +152,10 @@ def forward_bias_activation(x: Any, w: Any, problem: ConvProblem, out: Any, bias
 
     x: (N, C, H, W), w: (K, C/groups, R, S), out: (N, K, P, Q), all C-contiguous and of ``problem``'s
     dtype; bias: (K,) or None. On the GPU bias and ReLU run in the kernel's epilogue, so y is
-    written once.
+    written once (for a half problem: the float32 sum plus bias, ReLU'd, rounded once).
     """
     if bias is not None:
-        check_float(bias, "bias")
+        check_conv_dtype(bias, "bias")
         check_rank(bias, 1, "bias", "(K,)")
         check_same_dtype(bias, x, "bias", "input")
         if bias.shape[0] != problem.K:
@@ -135,11 +166,30 @@ def forward_bias_activation(x: Any, w: Any, problem: ConvProblem, out: Any, bias
     if backend.is_cuda_array(x):
         _launch("forward", (x, w, out), problem, bias=bias, relu=relu)
         return
+    if problem.half_type:
+        half = problem.half_type
+        _numpy_in_float32(_numpy_forward, x, w, problem, out,
+                          None if bias is None else convert.half_to_float(bias, half), relu)
+        return
     _numpy_forward(x, w, problem, out)
     if bias is not None:
         out += bias.reshape(1, -1, 1, 1)
     if relu:
         np.maximum(out, 0, out=out)
+
+
+def _numpy_in_float32(compute: Any, first: Any, second: Any, problem: ConvProblem, out: Any, bias: Any = None,
+                      relu: bool = False) -> None:
+    """The NumPy twin of the half build: ``compute`` (forward or backward-data) on the half operands widened
+    to float32, bias and ReLU in float32, then one rounding into ``out``."""
+    half = problem.half_type
+    wide = np.empty(out.shape, dtype=np.float32)
+    compute(convert.half_to_float(first, half), convert.half_to_float(second, half), problem, wide)
+    if bias is not None:
+        wide += bias.reshape(1, -1, 1, 1)
+    if relu:
+        np.maximum(wide, 0, out=wide)
+    convert.float_to_half(wide, half, out=out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,16 +273,18 @@ def backward_data_by_phase(dy: Any, w: Any, problem: ConvProblem, out: Any, rows
 
 def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = None, relu: bool = False,
             rows: int | None = None, phases: int = 1) -> None:
-    """One launch of ``direction``'s kernel: the SIMT one, or the TF32 tensor-core one for float32
-    when TF32 is allowed. ``arrays`` are (first input, second input, out) as the kernel takes them;
+    """One launch of ``direction``'s kernel: the SIMT one, the TF32 tensor-core one for float32
+    when TF32 is allowed, or the half build's for float16 and bfloat16 (backward-filter's out is then the
+    float32 accumulator). ``arrays`` are (first input, second input, out) as the kernel takes them;
     backward-data by phase gives its largest phase's ``rows`` and the ``phases`` (the grid's z)."""
     _cuda.check_int32(*arrays)
+    half = problem.half_type
     tensor_cores = problem.dtype == np.float32 and _cuda.allow_tf32()
     if direction == "backward_data_by_phase":
         _, columns, reduction = gemm_shape(problem, "backward_data")
     else:
         rows, columns, reduction = gemm_shape(problem, direction)
-    steps = -(-reduction // TILE_K[problem.dtype])
+    steps = -(-reduction // TILE_K[_type(problem)])
     splits, extra = 1, ()
     if direction == "backward_filter":
         per_split = steps_per_split(problem, _cuda.sm_count())
@@ -242,12 +294,16 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         has_bias = bias is not None
         bias = backend.get_array_module(bias).ascontiguousarray(bias) if has_bias else out  # out: an unread pointer
         arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
-    tiles = -(-rows // TILE_M[problem.dtype]) * -(-columns // TILE_N)
+    tiles = -(-rows // TILE_M[_type(problem)]) * -(-columns // TILE_N)
     grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
-    ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _cuda.sm_count())
-    build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)
-    kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""),
-                            problem.dtype, build)
+    if half:  # one build, two CTAs per SM: three would leave its tensor-core loop 85 registers a thread
+        kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}_half", np.float32,
+                                (("HALF", HALF_BUILD[half]),))
+    else:
+        ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _cuda.sm_count())
+        build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)
+        kernel = _cuda.function("conv/implicit_gemm.cu",
+                                f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""), problem.dtype, build)
     _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
 
 

@@ -13,9 +13,33 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_float, check_rank, check_same_dtype, pair
+from ... import backend
+from .._checks import FLOAT_DTYPES, check_rank, check_same_dtype, pair
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
+
+
+def half_type_of(dtype: np.dtype, device: str) -> str | None:
+    """``"float16"`` or ``"bfloat16"`` when ``dtype`` is the storage of a half type on ``device`` (bfloat16:
+    ``ml_dtypes.bfloat16`` on the CPU, uint16 words on the GPU, as :mod:`minidnn.primitives.convert` stores
+    it), None for float32 and float64."""
+    if dtype == np.float16:
+        return "float16"
+    if (device == "cuda" and dtype == np.uint16) or (device == "cpu" and dtype.name == "bfloat16"):
+        return "bfloat16"
+    return None
+
+
+def check_conv_dtype(array: Any, name: str) -> None:
+    """``array`` must hold float32, float64 or a half type (float16; bfloat16 as ml_dtypes on the CPU, uint16
+    words on the GPU)."""
+    dtype = getattr(array, "dtype", None)
+    # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
+    if dtype is not None and (dtype in FLOAT_DTYPES or
+                              half_type_of(dtype, "cuda" if backend.is_cuda_array(array) else "cpu")):
+        return
+    raise TypeError(f"{name} must be a float32, float64, float16 or bfloat16 array (bfloat16: ml_dtypes.bfloat16 on "
+                    f"the CPU, uint16 words on the GPU), got {dtype if dtype is not None else type(array).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +83,12 @@ class ConvProblem:
         return self.dtype.itemsize
 
     @property
+    def half_type(self) -> str | None:
+        """``"float16"`` or ``"bfloat16"`` for a half-precision problem (float32 arithmetic on half storage),
+        else None."""
+        return half_type_of(self.dtype, self.device)
+
+    @property
     def is_1x1(self) -> bool:
         """A 1x1, stride-1, unpadded convolution: im2col would be the identity (Caffe's ``is_1x1_``)."""
         return (self.R, self.S, self.stride, self.padding) == (1, 1, (1, 1), (0, 0))
@@ -77,7 +107,7 @@ class ConvProblem:
         extra += f", groups {self.groups}" if self.groups != 1 else ""
         return (f"[{self.N},{self.C},{self.H},{self.W}] -> [{self.N},{self.K},{self.P},{self.Q}] "
                 f"({self.R}x{self.S}, stride {self.stride[0]}x{self.stride[1]}, "
-                f"pad {self.padding[0]}x{self.padding[1]}{extra}, {self.dtype.name})")
+                f"pad {self.padding[0]}x{self.padding[1]}{extra}, {self.half_type or self.dtype.name})")
 
 
 def conv_arguments(stride: Any, padding: Any, dilation: Any, groups: Any) -> tuple[tuple[int, int], tuple[int, int],
@@ -149,8 +179,8 @@ def _validated_problem(x_shape: tuple, w_shape: tuple, stride: Any, padding: Any
 
 
 def forward_problem(x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: Any, device: str) -> ConvProblem:
-    check_float(x, "input")
-    check_float(w, "weight")
+    check_conv_dtype(x, "input")
+    check_conv_dtype(w, "weight")
     check_rank(x, 4, "input", "(N, C, H, W)")
     check_rank(w, 4, "weight", "(K, C/groups, R, S)")
     check_same_dtype(x, w, "input", "weight")
@@ -158,7 +188,7 @@ def forward_problem(x: Any, w: Any, stride: Any, padding: Any, dilation: Any, gr
 
 
 def check_output_grad(dy: Any, problem: ConvProblem) -> None:
-    check_float(dy, "grad_output")
+    check_conv_dtype(dy, "grad_output")
     if tuple(dy.shape) != problem.y_shape:
         raise ValueError(f"grad_output must have the output's shape {problem.y_shape}, got {tuple(dy.shape)}")
     if dy.dtype != problem.dtype:

@@ -42,7 +42,8 @@ class ConvAlgorithm:
     from run to run, e.g. with atomic additions of partial sums, whose order the scheduler decides;
     such an algorithm overrides :meth:`is_deterministic` to say which directions; ``automatic``:
     False for an algorithm that runs only when asked for by name, which ``find`` offers only when
-    nothing else fits), and implement
+    nothing else fits; ``half_precision``: True for one that runs float16 and bfloat16 problems too,
+    float32 arithmetic on half storage, see :func:`supports`), and implement
     ``supports``, ``workspace_bytes`` and the directions they support, on arrays of one
     (micro-)batch:
 
@@ -61,6 +62,7 @@ class ConvAlgorithm:
     name = "abstract"
     deterministic = True
     automatic = True
+    half_precision = False
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError
@@ -306,7 +308,7 @@ def check_forced(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str)
     ``direction`` is not deterministic, or a warning when the mode is ``warn_only``."""
     if permitted(algorithm, problem, direction):
         return
-    deterministic = sorted(name for name, other in _algorithms.items() if other.supports(problem, direction)
+    deterministic = sorted(name for name, other in _algorithms.items() if supports(other, problem, direction)
                            and other.is_deterministic(problem, direction))
     message = (f"conv2d {direction} with algo={algorithm.name!r} does not have a deterministic implementation on "
                f"{problem.device}, but you set 'minidnn.use_deterministic_algorithms(True)'. Use algo='auto' or "
@@ -384,9 +386,15 @@ def settings(algo: str | None = None, workspace_limit: int | None = None, benchm
         _defaults.update(before)
 
 
+def supports(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str) -> bool:
+    """Whether ``algorithm`` runs ``direction`` of ``problem``: its own ``supports``, and for a half-precision
+    problem only an algorithm written for half storage (the others would compute in the half type itself)."""
+    return (problem.half_type is None or algorithm.half_precision) and algorithm.supports(problem, direction)
+
+
 def fits(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str, limit: int) -> bool:
     """Whether the algorithm supports ``problem`` and can run its whole batch within ``limit``."""
-    return algorithm.supports(problem, direction) and algorithm.workspace_bytes(problem, direction) <= limit
+    return supports(algorithm, problem, direction) and algorithm.workspace_bytes(problem, direction) <= limit
 
 
 def store_filter_gradient(dw: Any, out: Any, accumulate: bool) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ... import backend
 from ..._version import __version__
-from .. import _cuda
+from .. import _cuda, convert
 from . import plans, registry
 from .problem import ConvProblem
 
@@ -193,7 +193,9 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
     rng = np.random.default_rng(0)
 
     def random(shape: tuple) -> Any:
-        return xp.asarray(rng.standard_normal(shape).astype(problem.dtype))
+        if problem.half_type is None:
+            return xp.asarray(rng.standard_normal(shape).astype(problem.dtype))
+        return convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), problem.half_type)
 
     first, second, out_shape = {
         "forward": (problem.x_shape, problem.w_shape, problem.y_shape),

@@ -1,0 +1,132 @@
+# Measures the half build of implicit GEMM (mma.sync m16n8k16, bf16/fp16) against cuDNN per layer and direction, for issue 24's ">= 0.8x cuDNN bf16 on each" (docs/convolution.md, Half precision, Measured).
+"""Each layer-direction timed in one process: minidnn's implicit GEMM in bfloat16 and float16 and in float32 (TF32
+on and off), PyTorch's cuDNN in bfloat16 (NCHW and channels_last, cudnn.benchmark on) and in TF32. CUDA events
+around 20 calls after 3 warm-ups, median; TFLOP/s from the direction's 2·N·K·P·Q·C/G·R·S.
+
+    PYTHONPATH=. python benchmarks/probes/half_implicit_gemm_vs_cudnn.py --out DIR
+
+Writes DIR/half-conv.json and DIR/half-conv.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+import numpy as np
+
+from minidnn import backend
+from minidnn.primitives import _cuda, conv, convert
+
+# (name, N, C, H, W, K, R, S, stride, padding): ResNet-50's 3x3 layers of layer1-3 and a 1x1, CaffeNet's conv2/conv3.
+LAYERS = [
+    ("resnet50.layer1.conv2", 128, 64, 56, 56, 64, 3, 3, 1, 1),
+    ("resnet50.layer2.conv2", 128, 128, 28, 28, 128, 3, 3, 1, 1),
+    ("resnet50.layer3.conv2", 128, 256, 14, 14, 256, 3, 3, 1, 1),
+    ("resnet50.layer3.conv3_1x1", 128, 256, 14, 14, 1024, 1, 1, 1, 0),
+    ("caffenet.conv2", 256, 96, 27, 27, 256, 5, 5, 1, 2),
+    ("caffenet.conv3", 256, 256, 13, 13, 384, 3, 3, 1, 1),
+]
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+
+
+def timed(call, cupy, repeats=20, warmup=3):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def minidnn_call(direction, layer, dtype_name, cupy, rng):
+    _, N, C, H, W, K, R, S, stride, padding = layer
+    x_shape, w_shape = (N, C, H, W), (K, C, R, S)
+    P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    shapes = {"forward": (x_shape, w_shape), "backward_data": ((N, K, P, Q), w_shape),
+              "backward_filter": (x_shape, (N, K, P, Q))}[direction]
+
+    def operand(shape):
+        values = cupy.asarray(rng.standard_normal(shape).astype(np.float32))
+        return values if dtype_name == "float32" else convert.float_to_half(values, dtype_name)
+
+    first, second = (operand(s) for s in shapes)
+    args = dict(stride=stride, padding=padding, algo="implicit_gemm")
+    if direction == "forward":
+        return lambda: conv.conv2d_forward(first, second, **args)
+    if direction == "backward_data":
+        return lambda: conv.conv2d_backward_data(first, second, x_shape, **args)
+    return lambda: conv.conv2d_backward_filter(first, second, w_shape, **args)
+
+
+def torch_call(direction, layer, dtype, channels_last, torch):
+    _, N, C, H, W, K, R, S, stride, padding = layer
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(N, C, H, W, device="cuda", dtype=dtype).to(memory_format=fmt)
+    w = torch.randn(K, C, R, S, device="cuda", dtype=dtype).to(memory_format=fmt)
+    y = torch.nn.functional.conv2d(x, w, stride=stride, padding=padding)
+    dy = torch.randn_like(y).to(memory_format=fmt)
+    if direction == "forward":
+        return lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=padding)
+    if direction == "backward_data":
+        return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                                           [0, 0], 1, [True, False, False])
+    return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False,
+                                                       [0, 0], 1, [False, True, False])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    import torch  # noqa: PLC0415 - the reference only
+
+    cupy = backend.cupy()
+    torch.backends.cudnn.benchmark = True
+    rng = np.random.default_rng(0)
+    rows = []
+    for layer in LAYERS:
+        name, N, C, H, W, K, R, S, stride, padding = layer
+        P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+        flops = 2 * N * K * P * Q * C * R * S
+        for direction in DIRECTIONS:
+            row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
+            for label, dtype_name, tf32 in (("minidnn_bf16", "bfloat16", False), ("minidnn_fp16", "float16", False),
+                                            ("minidnn_tf32", "float32", True), ("minidnn_fp32", "float32", False)):
+                with _cuda.tf32(tf32):
+                    row[label] = timed(minidnn_call(direction, layer, dtype_name, cupy, rng), cupy)
+            for label, dtype, channels_last, tf32 in (("cudnn_bf16_nchw", torch.bfloat16, False, False),
+                                                      ("cudnn_bf16_nhwc", torch.bfloat16, True, False),
+                                                      ("cudnn_tf32_nchw", torch.float32, False, True)):
+                torch.backends.cudnn.allow_tf32 = tf32
+                row[label] = timed(torch_call(direction, layer, dtype, channels_last, torch), torch.cuda)
+            best_cudnn = min(row["cudnn_bf16_nchw"], row["cudnn_bf16_nhwc"])
+            row["bf16_over_best_cudnn_bf16"] = row["minidnn_bf16"] / best_cudnn
+            row["bf16_tflops"] = flops / row["minidnn_bf16"] / 1e9
+            rows.append(row)
+            print(f"{name:28s} {direction:16s} bf16 {row['minidnn_bf16']:.3f} ms ({row['bf16_tflops']:.0f} TFLOP/s)  "
+                  f"cuDNN bf16 {best_cudnn:.3f}  ratio {row['bf16_over_best_cudnn_bf16']:.2f}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    columns = ["minidnn_bf16", "minidnn_fp16", "minidnn_tf32", "minidnn_fp32", "cudnn_bf16_nchw", "cudnn_bf16_nhwc",
+               "cudnn_tf32_nchw"]
+    lines = ["| layer | direction | " + " | ".join(columns) + " | bf16 / best cuDNN bf16 | bf16 TFLOP/s |",
+             "|---" * (len(columns) + 4) + "|"]
+    for row in rows:
+        lines.append(f"| {row['layer']} | {row['direction']} | " + " | ".join(f"{row[c]:.3f}" for c in columns)
+                     + f" | {row['bf16_over_best_cudnn_bf16']:.2f} | {row['bf16_tflops']:.0f} |")
+    for name, text in (("half-conv.json", json.dumps({"torch": torch.__version__,
+                                                      "cudnn": torch.backends.cudnn.version(),
+                                                      "gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1)),
+                       ("half-conv.md", "Times in ms (median of 20, CUDA events).\n\n" + "\n".join(lines) + "\n")):
+        with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as file:
+            file.write(text)
+        os.replace(file.name, os.path.join(args.out, name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Half-precision convolution (float16 and bfloat16 storage, float32 arithmetic): implicit GEMM's half build on
+tensor cores and its NumPy twin, in all three directions, held to a float64 reference by an error bound.
+
+The bound. The operands are half values, so each product is exact in float32 (11 × 11 or 8 × 8 significand
+bits fit float32's 24); the float32 sum of L products is off by at most L·2⁻²⁴·Σ|a·b| whatever its order; and
+the one rounding to the half type adds at most u·|result|, u = 2⁻¹¹ (float16) or 2⁻⁸ (bfloat16), plus, for
+float16, half its smallest subnormal. So every element must lie within
+
+    u·|exact| + (1 + u)·L·2⁻²⁴·Σ|a·b| + (2⁻²⁵ for float16)
+
+of the float64 result of the same half inputs: L is the reduction length (C/G·R·S forward, K/G·R·S
+backward-data, N·P·Q backward-filter) and Σ|a·b| the same convolution of the magnitudes. A wrong tap,
+fragment or rounding misses it by orders of magnitude; outputs start as NaN, so an element never written
+fails too.
+"""
+import numpy as np
+import pytest
+
+from minidnn import backend
+from minidnn.primitives import conv, convert
+from tests.helpers import to_numpy
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd sizes at every tile edge of the half build
+# (128 rows, 64 columns, 32 reduction indices a step).
+CASES = {
+    "no_dimension_a_tile_multiple": (3, 5, 17, 19, 70, 3, 3, 1, 1, 1, 1),
+    "reduction_under_one_step": (2, 1, 9, 11, 3, 3, 3, 1, 1, 1, 1),
+    "caffenet_conv1": (2, 3, 35, 35, 96, 11, 11, 4, 0, 1, 1),
+    "one_by_one_stride_2": (2, 32, 15, 15, 64, 1, 1, 2, 0, 1, 1),
+    "grouped": (2, 8, 13, 12, 12, 3, 3, 1, 1, 1, 4),
+    "depthwise_stride_2": (2, 16, 10, 10, 16, 3, 3, 2, 1, 1, 16),
+    "dilated_strided_one_sided_padding": (2, 5, 16, 13, 9, 3, 2, 2, (2, 0), (2, 3), 1),
+    "many_tiles_and_splits": (8, 32, 28, 28, 96, 3, 3, 1, 1, 1, 1),
+}
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+FLOAT32_UNIT = 2.0 ** -24
+
+
+def arguments(case):
+    N, C, H, W, K, R, S, stride, padding, dilation, groups = case
+    return (N, C, H, W), (K, C // groups, R, S), (stride, padding, dilation, groups)
+
+
+def problem_of(case):
+    x_shape, w_shape, args = arguments(case)
+    return conv.problem.make_problem(x_shape, w_shape, *args, np.dtype(np.float64), "cpu")
+
+
+def run(direction, first, second, case, algo=None, **kwargs):
+    x_shape, w_shape, args = arguments(case)
+    if direction == "forward":
+        return conv.conv2d_forward(first, second, *args, algo=algo, **kwargs)
+    if direction == "backward_data":
+        return conv.conv2d_backward_data(first, second, x_shape, *args, algo=algo, **kwargs)
+    return conv.conv2d_backward_filter(first, second, w_shape, *args, algo=algo, **kwargs)
+
+
+def output_shape(case, direction):
+    problem = problem_of(case)
+    return {"forward": problem.y_shape, "backward_data": problem.x_shape, "backward_filter": problem.w_shape}[direction]
+
+
+def reduction_length(case, direction):
+    p = problem_of(case)
+    return {"forward": p.C // p.groups * p.R * p.S, "backward_data": p.K // p.groups * p.R * p.S,
+            "backward_filter": p.N * p.P * p.Q}[direction]
+
+
+def half_operand(xp, rng, shape, name, scale=1.0):
+    """(half storage on xp's device, its exact values as float64 on the CPU) of random normal values."""
+    stored = convert.float_to_half(xp.asarray((rng.standard_normal(shape) * scale).astype(np.float32)), name)
+    return stored, to_numpy(convert.half_to_float(stored, name)).astype(np.float64)
+
+
+def operand_shapes(case, direction):
+    p = problem_of(case)
+    return {"forward": (p.x_shape, p.w_shape), "backward_data": (p.y_shape, p.w_shape),
+            "backward_filter": (p.x_shape, p.y_shape)}[direction]
+
+
+def poisoned_output(xp, shape, name):
+    return convert.float_to_half(xp.full(shape, np.nan, dtype=np.float32), name)
+
+
+def assert_within_bound(got, exact, magnitude, name, length, label):
+    """``got`` (half storage) against the float64 ``exact`` with the module docstring's bound."""
+    values = to_numpy(convert.half_to_float(got, name)).astype(np.float64)
+    u = UNIT_ROUNDOFF[name]
+    bound = u * np.abs(exact) + (1 + u) * length * FLOAT32_UNIT * magnitude + (2.0 ** -25 if name == "float16" else 0)
+    error = np.abs(values - exact)
+    assert np.all(np.isfinite(values)), f"{label}: {np.count_nonzero(~np.isfinite(values))} elements not finite"
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert np.all(error <= bound), (f"{label}: error {error[worst]:.3g} over the bound {bound[worst]:.3g} at {worst} "
+                                    f"(exact {exact[worst]:.6g})")
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case_name", CASES)
+def test_half_convolution_within_its_error_bound(xp, rng, case_name, direction, name):
+    case = CASES[case_name]
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, first_exact = half_operand(xp, rng, first_shape, name)
+    second, second_exact = half_operand(xp, rng, second_shape, name, scale=0.5)
+    out = poisoned_output(xp, output_shape(case, direction), name)
+    assert run(direction, first, second, case, out=out) is out
+    exact = run(direction, first_exact, second_exact, case, algo="reference")
+    magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
+    assert_within_bound(out, exact, magnitude, name, reduction_length(case, direction),
+                        f"{case_name} {direction} {name} on {xp.__name__}")
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_half_forward_fuses_bias_and_relu_before_its_one_rounding(xp, rng, name):
+    case = CASES["no_dimension_a_tile_multiple"]
+    problem = conv.problem.forward_problem(*(convert.float_to_half(xp.zeros(s, np.float32), name)
+                                             for s in operand_shapes(case, "forward")),
+                                           *arguments(case)[2], "cpu" if xp is np else "cuda")
+    x, x_exact = half_operand(xp, rng, problem.x_shape, name)
+    w, w_exact = half_operand(xp, rng, problem.w_shape, name, scale=0.5)
+    bias, bias_exact = half_operand(xp, rng, (problem.K,), name)
+    out = poisoned_output(xp, problem.y_shape, name)
+    conv.implicit_gemm.forward_bias_activation(x, w, problem, out, bias=bias, relu=True)
+    plain = run("forward", x_exact, w_exact, case, algo="reference")
+    exact = np.maximum(plain + bias_exact.reshape(1, -1, 1, 1), 0)
+    magnitude = run("forward", np.abs(x_exact), np.abs(w_exact), case, algo="reference") + np.abs(bias_exact).reshape(
+        1, -1, 1, 1)
+    length = reduction_length(case, "forward") + 1
+    assert_within_bound(out, exact, magnitude, name, length, f"bias + ReLU {name} on {xp.__name__}")
+    assert np.count_nonzero(exact == 0) > exact.size // 4  # the ReLU had work to do
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_half_backward_filter_accumulates_into_out(xp, rng, name):
+    case = CASES["many_tiles_and_splits"]
+    x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
+    dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
+    out, before = half_operand(xp, rng, output_shape(case, "backward_filter"), name, scale=10.0)
+    run("backward_filter", x, dy, case, out=out, accumulate=True)
+    exact = before + run("backward_filter", x_exact, dy_exact, case, algo="reference")
+    magnitude = np.abs(before) + run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
+    assert_within_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,
+                        f"accumulate {name} on {xp.__name__}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, direction, name):
+    """The same float32 sums in another order, rounded once each: at most one unit in the last place apart,
+    and equal nearly everywhere."""
+    cupy = backend.cupy()
+    case = CASES["many_tiles_and_splits"]
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, _ = half_operand(np, rng, first_shape, name)
+    second, _ = half_operand(np, rng, second_shape, name, scale=0.5)
+    on_cpu = to_numpy(convert.half_to_float(run(direction, first, second, case), name)).astype(np.float64)
+    on_gpu_words = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a)
+                                    for a in (first, second)), case)
+    on_gpu = to_numpy(convert.half_to_float(on_gpu_words, name)).astype(np.float64)
+    ulp = np.spacing(np.abs(on_cpu).astype(np.float16 if name == "float16" else np.float32)).astype(np.float64)
+    if name == "bfloat16":
+        ulp *= 2.0 ** 16  # bfloat16 keeps 7 of float32's 23 fraction bits
+    assert np.all(np.abs(on_gpu - on_cpu) <= ulp)
+    assert np.mean(on_gpu == on_cpu) > 0.9
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_only_algorithms_written_for_half_storage_run_it(xp, name):
+    case = CASES["grouped"]
+    x, w = (convert.float_to_half(xp.ones(s, np.float32), name) for s in operand_shapes(case, "forward"))
+    with pytest.raises(ValueError, match="does not support forward"):
+        run("forward", x, w, case, algo="gemm")
+    problem = conv.problem.forward_problem(x, w, *arguments(case)[2], "cpu" if xp is np else "cuda")
+    assert problem.half_type == name and name in problem.describe()
+    assert conv.selection.get(problem, "forward", 1 << 30).name == "implicit_gemm"
+
+
+def test_half_arguments_are_checked():
+    x = np.zeros((2, 3, 5, 5), np.float16)
+    with pytest.raises(TypeError, match="weight must be a float32, float64, float16 or bfloat16 array"):
+        conv.conv2d_forward(x, np.zeros((4, 3, 3, 3), np.uint16))  # uint16 is bfloat16 only on the GPU
+    with pytest.raises(TypeError, match="input and weight"):
+        conv.conv2d_forward(x, np.zeros((4, 3, 3, 3), np.float32))
+    with pytest.raises(TypeError, match="grad_output must be float16"):
+        conv.conv2d_backward_data(np.zeros((2, 4, 3, 3), np.float32), np.zeros((4, 3, 3, 3), np.float16), x.shape)
