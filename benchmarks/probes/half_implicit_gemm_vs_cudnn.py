@@ -104,7 +104,7 @@ def main() -> None:
                                                       ("cudnn_bf16_nhwc", torch.bfloat16, True, False),
                                                       ("cudnn_tf32_nchw", torch.float32, False, True)):
                 torch.backends.cudnn.allow_tf32 = tf32
-                row[label] = timed(torch_call(direction, layer, dtype, channels_last, torch), torch.cuda)
+                row[label] = timed(torch_call(direction, layer, dtype, channels_last, torch), cupy)  # one device, one stream
             best_cudnn = min(row["cudnn_bf16_nchw"], row["cudnn_bf16_nhwc"])
             row["bf16_over_best_cudnn_bf16"] = row["minidnn_bf16"] / best_cudnn
             row["bf16_tflops"] = flops / row["minidnn_bf16"] / 1e9
