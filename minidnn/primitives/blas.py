@@ -11,6 +11,11 @@ is passed to BLAS as the original storage with the "transpose" flag, so no copy 
 float64, complex64 and complex128 are accepted; ``beta = 1`` accumulates into ``out`` (the
 micro-batched weight gradient uses it).
 
+float16 and bfloat16 (stored as :mod:`.convert` stores them: bfloat16 is ``ml_dtypes.bfloat16`` on the
+CPU and uint16 words on the GPU) are mixed precision: products and sums in float32 (cuBLAS's
+``CUBLAS_COMPUTE_32F`` on the tensor cores), alpha, beta and ``beta · out`` in float32, one rounding to
+the half type at the end. NumPy, the twin, widens the operands to float32 and rounds its float32 result.
+
 Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUDA-graph stream
 capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
 on the very library and handle CuPy loaded (a second copy of libcublas would crash on CuPy's
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
+from . import _cuda, convert
 
 __all__ = ["gemm", "gemm_batched", "gemm_batched_split_k", "split_length", "prepare_capture"]
 
@@ -62,9 +67,10 @@ def _check(a: Any, b: Any, out: Any, batched: bool) -> tuple[int, int, int]:
         if array.ndim != rank:
             raise ValueError(f"{'gemm_batched' if batched else 'gemm'}: {name} must be {rank}-D, "
                              f"got shape {tuple(array.shape)}")
-    if not (a.dtype == b.dtype == out.dtype) or a.dtype not in _DATA_TYPES:
-        raise TypeError(f"gemm: a, b and out must share one dtype of float32, float64, complex64 or complex128, "
-                        f"got {a.dtype}, {b.dtype}, {out.dtype}")
+    if not (a.dtype == b.dtype == out.dtype) or (a.dtype not in _DATA_TYPES and _half_type(a) is None):
+        raise TypeError(f"gemm: a, b and out must share one dtype of float32, float64, complex64, complex128, float16 "
+                        f"or bfloat16 (ml_dtypes on the CPU, uint16 words on the GPU), got {a.dtype}, {b.dtype}, "
+                        f"{out.dtype}")
     M, K = a.shape[-2:]
     K2, N = b.shape[-2:]
     if K != K2 or out.shape[-2:] != (M, N) or (batched and not a.shape[0] == b.shape[0] == out.shape[0]):
@@ -220,9 +226,26 @@ def _split_k_shape(*fields: int) -> np.void:
     return np.array([fields], dtype=_SPLIT_K_SHAPE)[0]
 
 
+def _half_type(a: Any) -> str | None:
+    """The half type ``a`` stores (``"float16"``, ``"bfloat16"``) or None."""
+    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
+
+
 def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
-    """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products)."""
+    """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products); for a half
+    type, in float32 on the widened operands, rounded once into ``out``."""
     xp = backend.get_array_module(out)
+    half = _half_type(out)
+    if half is not None:
+        wide = xp.empty(out.shape, dtype=np.float32)
+        _numpy_gemm(*(convert.half_to_float(xp.ascontiguousarray(m), half) for m in (a, b)),
+                    convert.half_to_float(xp.ascontiguousarray(out), half, out=wide) if beta != 0 else wide,
+                    np.float32(alpha), np.float32(beta))
+        if out.flags.c_contiguous:
+            convert.float_to_half(wide, half, out=out)
+        else:  # rows of a larger matrix
+            out[...] = convert.float_to_half(wide, half)
+        return
     if beta == 0:
         xp.matmul(a, b, out=out)
         if alpha != 1:
@@ -242,6 +265,7 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
 # cudaDataType_t and cublasComputeType_t values (cuda's library_types.h, cublas_api.h).
 _DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.complex64): 4,
                np.dtype(np.complex128): 5}
+_HALF_DATA_TYPES = {"float16": 2, "bfloat16": 14}  # CUDA_R_16F, CUDA_R_16BF
 _COMPUTE_32F, _COMPUTE_32F_PEDANTIC, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 69, 77, 70
 _GEMM_DEFAULT = -1
 _OP_N, _OP_T = 0, 1
@@ -281,13 +305,17 @@ class _Cublas:
         """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1); ``tf32`` as in
         :func:`gemm_batched`."""
         dtype = np.dtype(c.dtype)
-        data_type = _DATA_TYPES[dtype]
-        if dtype in (np.float64, np.complex128):
-            compute = _COMPUTE_64F
-        elif tf32 is None or tf32 == _cuda.allow_tf32():
-            compute = _COMPUTE_32F_FAST_TF32 if _cuda.allow_tf32() else _COMPUTE_32F
-        else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
-            compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
+        half = convert.stored_half_type(dtype, on_gpu=True)
+        if half is not None:  # float32 products and sums (tensor cores), float32 alpha and beta
+            data_type, compute, dtype = _HALF_DATA_TYPES[half], _COMPUTE_32F, np.dtype(np.float32)
+        else:
+            data_type = _DATA_TYPES[dtype]
+            if dtype in (np.float64, np.complex128):
+                compute = _COMPUTE_64F
+            elif tf32 is None or tf32 == _cuda.allow_tf32():
+                compute = _COMPUTE_32F_FAST_TF32 if _cuda.allow_tf32() else _COMPUTE_32F
+            else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
+                compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
         scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:

@@ -58,6 +58,17 @@ def half_type(dtype: Any) -> str:
     return name
 
 
+def stored_half_type(dtype: Any, on_gpu: bool) -> str | None:
+    """``"float16"`` or ``"bfloat16"`` when ``dtype`` is the storage of a half type (see the module docstring:
+    bfloat16 is ``ml_dtypes.bfloat16`` on the CPU and uint16 words on the GPU), None for any other dtype."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return "float16"
+    if (on_gpu and dtype == np.uint16) or (not on_gpu and dtype.name == "bfloat16"):
+        return "bfloat16"
+    return None
+
+
 def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
     """The dtype half values of ``dtype`` are stored in on ``xp``'s device (see the module docstring)."""
     name = half_type(dtype)

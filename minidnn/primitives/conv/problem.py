@@ -15,19 +15,14 @@ import numpy as np
 
 from ... import backend
 from .._checks import FLOAT_DTYPES, check_rank, check_same_dtype, pair
+from ..convert import stored_half_type
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 
 def half_type_of(dtype: np.dtype, device: str) -> str | None:
-    """``"float16"`` or ``"bfloat16"`` when ``dtype`` is the storage of a half type on ``device`` (bfloat16:
-    ``ml_dtypes.bfloat16`` on the CPU, uint16 words on the GPU, as :mod:`minidnn.primitives.convert` stores
-    it), None for float32 and float64."""
-    if dtype == np.float16:
-        return "float16"
-    if (device == "cuda" and dtype == np.uint16) or (device == "cpu" and dtype.name == "bfloat16"):
-        return "bfloat16"
-    return None
+    """``"float16"`` or ``"bfloat16"`` when ``dtype`` stores a half type on ``device``, else None."""
+    return stored_half_type(dtype, device == "cuda")
 
 
 def check_conv_dtype(array: Any, name: str) -> None:
