@@ -176,3 +176,13 @@ def test_bias_add_of_a_strided_array_leaves_it_unchanged(xp, rng):
     assert_close(out, reference_bias_add(y_host[:, ::2], bias, 1))
     assert_close(y, y_host[:, ::2])
     assert to_numpy(out).shape == (3, 4)
+
+
+def test_the_naive_engine_refuses_half_precision_convolutions():
+    x, w = np.zeros((1, 2, 5, 5), np.float16), np.zeros((3, 2, 3, 3), np.float16)
+    with pytest.raises(TypeError, match="naive engine convolves float32 and float64 arrays only, got float16"):
+        naive_conv.conv2d_forward(x, w)
+    with pytest.raises(TypeError, match="only, got float16"):
+        naive_conv.conv2d_backward_data(np.zeros((1, 3, 3, 3), np.float16), w, x.shape)
+    with pytest.raises(TypeError, match="only, got float16"):
+        naive_conv.conv2d_backward_filter(x, np.zeros((1, 3, 3, 3), np.float16), w.shape)

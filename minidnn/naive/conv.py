@@ -30,10 +30,10 @@ from typing import Any
 
 from .. import backend
 from ..primitives import blas
-from ..primitives._checks import check_float, check_rank
+from ..primitives._checks import check_rank
 from ..primitives.conv import api, registry
 from ..primitives.conv import im2col as lowering
-from ..primitives.conv.problem import ConvProblem, check_output_grad, forward_problem, make_problem
+from ..primitives.conv.problem import ConvProblem, check_conv_dtype, check_output_grad, forward_problem, make_problem
 
 _column_buffers: dict[tuple, Any] = {}
 
@@ -71,11 +71,19 @@ def _groups(problem: ConvProblem) -> list[tuple[slice, slice]]:
     return [(slice(g * filters, (g + 1) * filters), slice(g * taps, (g + 1) * taps)) for g in range(problem.groups)]
 
 
+def _full_precision(problem: ConvProblem) -> ConvProblem:
+    """The problem, unless it is half precision: Caffe's engine convolves float32 and float64 only (the same
+    dtype checks as the primitives first, so both engines word every other error alike)."""
+    if problem.half_type is not None:
+        raise TypeError(f"the naive engine convolves float32 and float64 arrays only, got {problem.half_type}")
+    return problem
+
+
 def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
                    algo: str | None = None, workspace_limit: int | None = None, out: Any = None) -> Any:
     """y = x ⋆ w, image by image (Forward_gpu, forward_gpu_gemm). x: (N, C, H, W); w: (K, C/groups, R, S);
     returns y: (N, K, P, Q) (into ``out`` when given)."""
-    problem = forward_problem(x, w, stride, padding, dilation, groups, api._device(x, w))
+    problem = _full_precision(forward_problem(x, w, stride, padding, dilation, groups, api._device(x, w)))
     xp = backend.get_array_module(x)
     y = api._output(out, problem.y_shape, problem, xp)
     _check_settings(algo, workspace_limit)
@@ -93,10 +101,10 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
                          out: Any = None) -> Any:
     """dx, image by image (Backward_gpu, backward_gpu_gemm). dy: (N, K, P, Q); w: (K, C/groups, R, S);
     returns dx: x_shape (into ``out`` when given)."""
-    check_float(w, "weight")
+    check_conv_dtype(w, "weight")
     check_rank(w, 4, "weight", "(K, C/groups, R, S)")
-    problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
-                           api._device(dy, w))
+    problem = _full_precision(make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
+                                           api._device(dy, w)))
     check_output_grad(dy, problem)
     xp = backend.get_array_module(dy)
     dx = api._output(out, problem.x_shape, problem, xp)
@@ -118,9 +126,10 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
                            out: Any = None, accumulate: bool = False) -> Any:
     """dw, summed image by image (Backward_gpu, weight_gpu_gemm). x: (N, C, H, W); dy: (N, K, P, Q);
     returns dw: w_shape, written into ``out`` or, with ``accumulate``, added to it."""
-    check_float(x, "input")
+    check_conv_dtype(x, "input")
     check_rank(x, 4, "input", "(N, C, H, W)")
-    problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, api._device(x, dy))
+    problem = _full_precision(make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype,
+                                           api._device(x, dy)))
     check_output_grad(dy, problem)
     api._check_accumulate(accumulate, out)
     xp = backend.get_array_module(x)
