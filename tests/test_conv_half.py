@@ -19,6 +19,8 @@ import pytest
 from minidnn import backend
 from minidnn.primitives import conv, convert
 from tests.helpers import to_numpy
+from tests.test_conv_implicit_gemm import arguments, output_shape, problem_of
+from tests.test_conv_implicit_gemm import run as run_algorithm
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd sizes at every tile edge of the half build
 # (128 rows, 64 columns, 32 reduction indices a step).
@@ -37,28 +39,9 @@ UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 FLOAT32_UNIT = 2.0 ** -24
 
 
-def arguments(case):
-    N, C, H, W, K, R, S, stride, padding, dilation, groups = case
-    return (N, C, H, W), (K, C // groups, R, S), (stride, padding, dilation, groups)
-
-
-def problem_of(case):
-    x_shape, w_shape, args = arguments(case)
-    return conv.problem.make_problem(x_shape, w_shape, *args, np.dtype(np.float64), "cpu")
-
-
 def run(direction, first, second, case, algo=None, **kwargs):
-    x_shape, w_shape, args = arguments(case)
-    if direction == "forward":
-        return conv.conv2d_forward(first, second, *args, algo=algo, **kwargs)
-    if direction == "backward_data":
-        return conv.conv2d_backward_data(first, second, x_shape, *args, algo=algo, **kwargs)
-    return conv.conv2d_backward_filter(first, second, w_shape, *args, algo=algo, **kwargs)
-
-
-def output_shape(case, direction):
-    problem = problem_of(case)
-    return {"forward": problem.y_shape, "backward_data": problem.x_shape, "backward_filter": problem.w_shape}[direction]
+    """The direction with ``algo`` (None: the default choice, which must be one that runs half problems)."""
+    return run_algorithm(direction, first, second, case, algo=algo, **kwargs)
 
 
 def reduction_length(case, direction):

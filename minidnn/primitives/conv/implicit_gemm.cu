@@ -375,6 +375,25 @@ __device__ __forceinline__ int mma_column(int ni, int odd) {
     return threadIdx.x / 128 * 32 + ni * 8 + threadIdx.x % 4 * 2 + odd;
 }
 
+// One warp's 2 × 4 MMA tiles from its A and B fragments: Mma(c, a, b) is one mma.sync instruction.
+template <typename Mma>
+__device__ __forceinline__ void mma_warp_tiles(float (&acc)[2][4][4], const unsigned (&fa)[2][4],
+                                               const unsigned (&fb)[4][2], const Mma mma) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) mma(acc[mi][ni], fa[mi], fb[ni]);
+}
+
+struct MmaTf32 {  // m16n8k8, TF32 operands
+    __device__ __forceinline__ void operator()(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) const {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
 __device__ __forceinline__ void compute_tensor_cores(float (&acc)[2][4][4], const scalar_t (*a)[LDA],
                                                      const scalar_t (*b)[LDB]) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -395,18 +414,7 @@ __device__ __forceinline__ void compute_tensor_cores(float (&acc)[2][4][4], cons
             fb[ni][0] = __float_as_uint(b[k0 + t][column0 + ni * 8 + g]);
             fb[ni][1] = __float_as_uint(b[k0 + t + 4][column0 + ni * 8 + g]);
         }
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                float (&c)[4] = acc[mi][ni];
-                asm volatile(
-                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                    "{%0,%1,%2,%3};\n"
-                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                    : "r"(fa[mi][0]), "r"(fa[mi][1]), "r"(fa[mi][2]), "r"(fa[mi][3]), "r"(fb[ni][0]), "r"(fb[ni][1]));
-            }
-        }
+        mma_warp_tiles(acc, fa, fb, MmaTf32());
     }
 }
 
@@ -423,6 +431,20 @@ __device__ __forceinline__ void load_matrices_transposed(unsigned (&fragment)[4]
                  : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]), "=r"(fragment[3])
                  : "r"(shared));
 }
+
+struct MmaHalf {  // m16n8k16, bfloat16 or float16 operands
+    __device__ __forceinline__ void operator()(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) const {
+        asm volatile(
+#if HALF == 2
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+#else
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+#endif
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
 
 __device__ __forceinline__ void compute_half_tensor_cores(float (&acc)[2][4][4], const scalar_t (*a)[LDA],
                                                           const scalar_t (*b)[LDB]) {
@@ -445,22 +467,7 @@ __device__ __forceinline__ void compute_half_tensor_cores(float (&acc)[2][4][4],
             fb[2 * nj + 1][0] = f[2];
             fb[2 * nj + 1][1] = f[3];
         }
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                float (&c)[4] = acc[mi][ni];
-                asm volatile(
-#if HALF == 2
-                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-#else
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-#endif
-                    "{%0,%1,%2,%3};\n"
-                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                    : "r"(fa[mi][0]), "r"(fa[mi][1]), "r"(fa[mi][2]), "r"(fa[mi][3]), "r"(fb[ni][0]), "r"(fb[ni][1]));
-            }
-        }
+        mma_warp_tiles(acc, fa, fb, MmaHalf());
     }
 }
 
