@@ -52,11 +52,6 @@ TILE_M = {"float32": 128, "float64": 64, "float16": 128, "bfloat16": 128}
 TILE_K = {"float32": 16, "float64": 8, "float16": 32, "bfloat16": 32}
 # The half build of implicit_gemm.cu, per half type (its HALF macro).
 HALF_BUILD = {"float16": 1, "bfloat16": 2}
-
-
-def _type(problem: ConvProblem) -> str:
-    """The key of the tables above: the half type's name, or float32 / float64."""
-    return problem.half_type or problem.dtype.name
 # Backward-filter's split-K: aim for about four waves of two CTAs on each SM (2.7 waves of the
 # three-CTA build it runs on), but give each CTA at least this many reduction steps, so its
 # atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps multiply-adds.
@@ -70,6 +65,11 @@ WIDE_GRID_CTAS_PER_SM = 3
 # An SM's time per CTA with two or three resident, relative to two: with three, latency hides better
 # than the few spilled registers cost (measured: docs/convolution.md, implicit GEMM, Measured).
 RELATIVE_CTA_COST = {DEFAULT_CTAS_PER_SM: 1.0, WIDE_GRID_CTAS_PER_SM: 0.9}
+
+
+def _type(problem: ConvProblem) -> str:
+    """The key of the tile tables: the half type's name, or float32 / float64."""
+    return problem.half_type or problem.dtype.name
 
 
 def gemm_shape(problem: ConvProblem, direction: str) -> tuple[int, int, int]:
@@ -92,7 +92,8 @@ def steps_per_split(problem: ConvProblem, sms: int) -> int:
 
 
 class ImplicitGemm(ConvAlgorithm):
-    """Implicit GEMM in all three directions; no workspace. Backward-filter on the GPU adds
+    """Implicit GEMM in all three directions; no workspace (but for a half backward-filter's float32
+    accumulator on the GPU). Backward-filter on the GPU adds
     partial sums with ``atomicAdd``, so it is not bit-for-bit reproducible (``deterministic = False``);
     forward and backward-data write each output once, and the NumPy code has no atomics."""
 

@@ -77,7 +77,7 @@ class ConvProblem:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
-    @property
+    @functools.cached_property  # read on every launch: worked out once per problem
     def half_type(self) -> str | None:
         """``"float16"`` or ``"bfloat16"`` for a half-precision problem (float32 arithmetic on half storage),
         else None."""
