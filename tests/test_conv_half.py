@@ -19,21 +19,15 @@ import pytest
 from minidnn import backend
 from minidnn.primitives import conv, convert
 from tests.helpers import to_numpy
-from tests.test_conv_implicit_gemm import arguments, output_shape, problem_of
+from tests.test_conv_implicit_gemm import TILE_EDGE_CASES, arguments, output_shape, problem_of
 from tests.test_conv_implicit_gemm import run as run_algorithm
 
-# (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd sizes at every tile edge of the half build
-# (128 rows, 64 columns, 32 reduction indices a step).
-CASES = {
-    "no_dimension_a_tile_multiple": (3, 5, 17, 19, 70, 3, 3, 1, 1, 1, 1),
-    "reduction_under_one_step": (2, 1, 9, 11, 3, 3, 3, 1, 1, 1, 1),
-    "caffenet_conv1": (2, 3, 35, 35, 96, 11, 11, 4, 0, 1, 1),
-    "one_by_one_stride_2": (2, 32, 15, 15, 64, 1, 1, 2, 0, 1, 1),
-    "grouped": (2, 8, 13, 12, 12, 3, 3, 1, 1, 1, 4),
-    "depthwise_stride_2": (2, 16, 10, 10, 16, 3, 3, 2, 1, 1, 16),
-    "dilated_strided_one_sided_padding": (2, 5, 16, 13, 9, 3, 2, 2, (2, 0), (2, 3), 1),
-    "many_tiles_and_splits": (8, 32, 28, 28, 96, 3, 3, 1, 1, 1, 1),
-}
+# Odd sizes at every tile edge of the half build (128 rows, 64 columns, 32 reduction indices a step): implicit
+# GEMM's own edge cases, CaffeNet's conv1 on smaller images (the CPU twin is slow on 67 x 67).
+CASES = {name: TILE_EDGE_CASES[name] for name in (
+    "no_dimension_a_tile_multiple", "reduction_under_one_step", "one_by_one_stride_2", "grouped", "depthwise_stride_2",
+    "dilated_strided_one_sided_padding", "many_tiles_and_splits")}
+CASES["caffenet_conv1"] = (2, 3, 35, 35, 96, 11, 11, 4, 0, 1, 1)
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 FLOAT32_UNIT = 2.0 ** -24
