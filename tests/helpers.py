@@ -108,3 +108,57 @@ def cuda_constants(source: str, dtype: Any, defines: tuple[tuple[str, int], ...]
             name, expression = (part.strip() for part in assignment.split("=", 1))
             values[name] = eval(python(expression), {}, dict(values))  # noqa: S307 - our own source
     return {name: value for name, value in values.items() if name not in ("true", "false")}
+
+
+# ----------------------------------------------------------------------------------------------
+# Half precision (float16, bfloat16 storage with float32 sums): the bound of tests/test_conv_half.py's docstring
+# ----------------------------------------------------------------------------------------------
+HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+FLOAT32_UNIT = 2.0 ** -24
+
+
+def half_operand(xp: Any, rng: np.random.Generator, shape: tuple, name: str, scale: float = 1.0,
+                 transposed: bool = False) -> tuple[Any, np.ndarray]:
+    """(half storage on xp's device, its exact values as float64 on the CPU) of random normal values times
+    ``scale``; with ``transposed`` both are the transposes of arrays of the reversed shape (views)."""
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    values = (rng.standard_normal(shape[::-1] if transposed else shape) * scale).astype(np.float32)
+    stored = convert.float_to_half(xp.asarray(values), name)
+    exact = to_numpy(convert.half_to_float(stored, name)).astype(np.float64)
+    return (stored.T, exact.T) if transposed else (stored, exact)
+
+
+def half_values(stored: Any, name: str) -> np.ndarray:
+    """The float64 values of half storage ``stored`` (any layout), on the CPU."""
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    contiguous = stored if stored.flags.c_contiguous else stored.copy()
+    return to_numpy(convert.half_to_float(contiguous, name)).astype(np.float64)
+
+
+def assert_within_half_bound(got: Any, exact: np.ndarray, magnitude: np.ndarray, name: str, length: int,
+                             label: str = "") -> None:
+    """``got`` (half storage) within u·|exact| + (1 + u)·length·2⁻²⁴·magnitude (+ 2⁻²⁵ for float16) of the float64
+    ``exact``: one rounding to the half type after a float32 sum of ``length`` exact products."""
+    values = half_values(got, name)
+    u = HALF_UNIT_ROUNDOFF[name]
+    bound = u * np.abs(exact) + (1 + u) * length * FLOAT32_UNIT * magnitude + (2.0 ** -25 if name == "float16" else 0)
+    error = np.abs(values - exact)
+    assert np.all(np.isfinite(values)), f"{label}: {np.count_nonzero(~np.isfinite(values))} elements not finite"
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert np.all(error <= bound), (f"{label}: error {error[worst]:.3g} over the bound {bound[worst]:.3g} at {worst} "
+                                    f"(exact {exact[worst]:.6g})")
+
+
+def assert_half_twins_agree(on_gpu: Any, on_cpu: Any, name: str, sums_apart: np.ndarray) -> None:
+    """The GPU's and the NumPy twin's half results: the same float32 sums in another order, rounded once each,
+    so at most one unit in the last place of the larger apart plus what the two sums may differ by
+    (``sums_apart``), and equal nearly everywhere."""
+    gpu, cpu = half_values(on_gpu, name), half_values(on_cpu, name)
+    larger = np.maximum(np.abs(gpu), np.abs(cpu))
+    ulp = np.spacing(larger.astype(np.float16 if name == "float16" else np.float32)).astype(np.float64)
+    if name == "bfloat16":
+        ulp *= 2.0 ** 16  # bfloat16 keeps 7 of float32's 23 fraction bits
+    assert np.all(np.abs(gpu - cpu) <= ulp + sums_apart)
+    assert np.mean(gpu == cpu) > 0.9

@@ -18,7 +18,7 @@ import pytest
 
 from minidnn import backend
 from minidnn.primitives import conv, convert
-from tests.helpers import to_numpy
+from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, assert_within_half_bound, half_operand
 from tests.test_conv_implicit_gemm import TILE_EDGE_CASES, arguments, output_shape, problem_of
 from tests.test_conv_implicit_gemm import run as run_algorithm
 
@@ -29,8 +29,6 @@ CASES = {name: TILE_EDGE_CASES[name] for name in (
     "dilated_strided_one_sided_padding", "many_tiles_and_splits")}
 CASES["caffenet_conv1"] = (2, 3, 35, 35, 96, 11, 11, 4, 0, 1, 1)
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
-UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-FLOAT32_UNIT = 2.0 ** -24
 
 
 def run(direction, first, second, case, algo=None, **kwargs):
@@ -44,12 +42,6 @@ def reduction_length(case, direction):
             "backward_filter": p.N * p.P * p.Q}[direction]
 
 
-def half_operand(xp, rng, shape, name, scale=1.0):
-    """(half storage on xp's device, its exact values as float64 on the CPU) of random normal values."""
-    stored = convert.float_to_half(xp.asarray((rng.standard_normal(shape) * scale).astype(np.float32)), name)
-    return stored, to_numpy(convert.half_to_float(stored, name)).astype(np.float64)
-
-
 def operand_shapes(case, direction):
     p = problem_of(case)
     return {"forward": (p.x_shape, p.w_shape), "backward_data": (p.y_shape, p.w_shape),
@@ -58,18 +50,6 @@ def operand_shapes(case, direction):
 
 def poisoned_output(xp, shape, name):
     return convert.float_to_half(xp.full(shape, np.nan, dtype=np.float32), name)
-
-
-def assert_within_bound(got, exact, magnitude, name, length, label):
-    """``got`` (half storage) against the float64 ``exact`` with the module docstring's bound."""
-    values = to_numpy(convert.half_to_float(got, name)).astype(np.float64)
-    u = UNIT_ROUNDOFF[name]
-    bound = u * np.abs(exact) + (1 + u) * length * FLOAT32_UNIT * magnitude + (2.0 ** -25 if name == "float16" else 0)
-    error = np.abs(values - exact)
-    assert np.all(np.isfinite(values)), f"{label}: {np.count_nonzero(~np.isfinite(values))} elements not finite"
-    worst = np.unravel_index(np.argmax(error - bound), error.shape)
-    assert np.all(error <= bound), (f"{label}: error {error[worst]:.3g} over the bound {bound[worst]:.3g} at {worst} "
-                                    f"(exact {exact[worst]:.6g})")
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
@@ -84,7 +64,7 @@ def test_half_convolution_within_its_error_bound(xp, rng, case_name, direction, 
     assert run(direction, first, second, case, out=out) is out
     exact = run(direction, first_exact, second_exact, case, algo="reference")
     magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
-    assert_within_bound(out, exact, magnitude, name, reduction_length(case, direction),
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, direction),
                         f"{case_name} {direction} {name} on {xp.__name__}")
 
 
@@ -104,7 +84,7 @@ def test_half_forward_fuses_bias_and_relu_before_its_one_rounding(xp, rng, name)
     magnitude = run("forward", np.abs(x_exact), np.abs(w_exact), case, algo="reference") + np.abs(bias_exact).reshape(
         1, -1, 1, 1)
     length = reduction_length(case, "forward") + 1
-    assert_within_bound(out, exact, magnitude, name, length, f"bias + ReLU {name} on {xp.__name__}")
+    assert_within_half_bound(out, exact, magnitude, name, length, f"bias + ReLU {name} on {xp.__name__}")
     assert np.count_nonzero(exact == 0) > exact.size // 4  # the ReLU had work to do
 
 
@@ -117,7 +97,7 @@ def test_half_backward_filter_accumulates_into_out(xp, rng, name):
     run("backward_filter", x, dy, case, out=out, accumulate=True)
     exact = before + run("backward_filter", x_exact, dy_exact, case, algo="reference")
     magnitude = np.abs(before) + run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
-    assert_within_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,
                         f"accumulate {name} on {xp.__name__}")
 
 
@@ -132,18 +112,11 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, direction, name):
     first_shape, second_shape = operand_shapes(case, direction)
     first, first_exact = half_operand(np, rng, first_shape, name)
     second, second_exact = half_operand(np, rng, second_shape, name, scale=0.5)
-    on_cpu = to_numpy(convert.half_to_float(run(direction, first, second, case), name)).astype(np.float64)
-    on_gpu_words = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a)
-                                    for a in (first, second)), case)
-    on_gpu = to_numpy(convert.half_to_float(on_gpu_words, name)).astype(np.float64)
-    larger = np.maximum(np.abs(on_cpu), np.abs(on_gpu))
-    ulp = np.spacing(larger.astype(np.float16 if name == "float16" else np.float32)).astype(np.float64)
-    if name == "bfloat16":
-        ulp *= 2.0 ** 16  # bfloat16 keeps 7 of float32's 23 fraction bits
+    on_cpu = run(direction, first, second, case)
+    on_gpu = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a) for a in (first, second)),
+                 case)
     magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
-    sums_apart = 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude
-    assert np.all(np.abs(on_gpu - on_cpu) <= ulp + sums_apart)
-    assert np.mean(on_gpu == on_cpu) > 0.9
+    assert_half_twins_agree(on_gpu, on_cpu, name, 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude)
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda, blas, convert
-from tests.helpers import assert_close, cuda_constants, to_numpy
+from minidnn.primitives import _cuda, blas
+from tests.helpers import (FLOAT32_UNIT, assert_close, assert_half_twins_agree, assert_within_half_bound, cuda_constants,
+                           half_operand, to_numpy)
 
 
 def operand(xp, rng, shape, transposed, dtype):
@@ -244,31 +245,13 @@ def test_split_k_launch_constants_are_the_kernels_tiles(dtype):
 # ----------------------------------------------------------------------------------------------
 # Half precision: float32 products and sums, one rounding (the bound of tests/test_conv_half.py)
 # ----------------------------------------------------------------------------------------------
-HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-
-
-def half_operand(xp, rng, shape, name, transposed=False):
-    """(half storage on xp's device, possibly a transposed view; its exact values as float64 on the CPU)."""
-    values = rng.standard_normal(shape[::-1] if transposed else shape).astype(np.float32)
-    stored = convert.float_to_half(xp.asarray(values), name)
-    exact = to_numpy(convert.half_to_float(stored, name)).astype(np.float64)
-    return (stored.T, exact.T) if transposed else (stored, exact)
-
-
-def assert_half_within_bound(got, exact, magnitude, name, length):
-    values = to_numpy(convert.half_to_float(got if got.flags.c_contiguous else got.copy(), name)).astype(np.float64)
-    u = HALF_UNIT_ROUNDOFF[name]
-    bound = u * np.abs(exact) + (1 + u) * length * 2.0 ** -24 * magnitude + (2.0 ** -25 if name == "float16" else 0)
-    assert np.all(np.abs(values - exact) <= bound), float(np.max(np.abs(values - exact) - bound))
-
-
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("a_t, b_t", [(False, False), (True, False), (False, True), (True, True)])
 def test_half_gemm_within_its_error_bound_for_every_layout(xp, rng, name, a_t, b_t):
-    (a, a_exact), (b, b_exact) = half_operand(xp, rng, (37, 129), name, a_t), half_operand(xp, rng, (129, 45), name, b_t)
+    (a, a_exact), (b, b_exact) = half_operand(xp, rng, (37, 129), name, transposed=a_t), half_operand(xp, rng, (129, 45), name, transposed=b_t)
     out = blas.gemm(a, b)
     assert out.dtype == a.dtype and out.shape == (37, 45)
-    assert_half_within_bound(out, a_exact @ b_exact, np.abs(a_exact) @ np.abs(b_exact), name, 129)
+    assert_within_half_bound(out, a_exact @ b_exact, np.abs(a_exact) @ np.abs(b_exact), name, 129)
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
@@ -279,10 +262,10 @@ def test_half_gemm_alpha_beta_into_rows_of_a_larger_matrix_and_batched(xp, rng, 
     expected, magnitude = big_exact.copy(), np.abs(big_exact)
     expected[2:6] += 0.5 * a_exact @ b_exact
     magnitude[2:6] += 0.5 * np.abs(a_exact) @ np.abs(b_exact)
-    assert_half_within_bound(big, expected, magnitude, name, 71)
+    assert_within_half_bound(big, expected, magnitude, name, 71)
     (w, w_exact), (x, x_exact) = half_operand(xp, rng, (3, 70), name), half_operand(xp, rng, (6, 70, 8), name)
     out = blas.gemm_batched(xp.broadcast_to(w, (6, 3, 70)), x)
-    assert_half_within_bound(out, np.einsum("kc,ncl->nkl", w_exact, x_exact),
+    assert_within_half_bound(out, np.einsum("kc,ncl->nkl", w_exact, x_exact),
                              np.einsum("kc,ncl->nkl", np.abs(w_exact), np.abs(x_exact)), name, 70)
 
 
@@ -292,14 +275,8 @@ def test_half_gemm_on_cublas_and_its_numpy_twin_agree_to_a_rounding(rng, name):
     cupy = backend.cupy()
     (a, a_exact), (b, b_exact) = half_operand(np, rng, (300, 520), name), half_operand(np, rng, (520, 130), name)
     words = [cupy.asarray(m.view(np.uint16) if name == "bfloat16" else m) for m in (a, b)]
-    on_gpu = to_numpy(convert.half_to_float(blas.gemm(*words), name)).astype(np.float64)
-    on_cpu = to_numpy(convert.half_to_float(blas.gemm(a, b), name)).astype(np.float64)
-    larger = np.maximum(np.abs(on_gpu), np.abs(on_cpu))
-    ulp = np.spacing(larger.astype(np.float16 if name == "float16" else np.float32)).astype(np.float64)
-    ulp *= 2.0 ** 16 if name == "bfloat16" else 1.0
-    sums_apart = 2 * 520 * 2.0 ** -24 * (np.abs(a_exact) @ np.abs(b_exact))
-    assert np.all(np.abs(on_gpu - on_cpu) <= ulp + sums_apart)
-    assert np.mean(on_gpu == on_cpu) > 0.9
+    sums_apart = 2 * 520 * FLOAT32_UNIT * (np.abs(a_exact) @ np.abs(b_exact))
+    assert_half_twins_agree(blas.gemm(*words), blas.gemm(a, b), name, sums_apart)
 
 
 def test_uint16_is_bfloat16_only_on_the_gpu():

@@ -73,14 +73,9 @@ def _refresh_optimizers() -> None:
 
 
 def _fixed_hyperparameters(optimizers: Sequence[Any]) -> list[tuple[Any, list[dict[str, Any]]]]:
-    """(optimizer, per group {name: value}) of each optimizer: the hyper-parameters other than lr (its
-    ``defaults``' names), which a captured step holds as the capture recorded them."""
-    recorded = []
-    for optimizer in optimizers:
-        names = [name for name in optimizer.defaults if name != "lr"]
-        recorded.append((weakref.ref(optimizer),
-                         [{name: group[name] for name in names} for group in optimizer.param_groups]))
-    return recorded
+    """(optimizer, per group {name: value}) of each optimizer: the hyper-parameters a captured step holds as
+    the capture recorded them (``Optimizer.recorded_hyperparameters``)."""
+    return [(weakref.ref(optimizer), optimizer.recorded_hyperparameters()) for optimizer in optimizers]
 
 
 def _gpu_optimizers() -> list[Any]:
@@ -105,8 +100,8 @@ def _check_fixed_hyperparameters(recorded: list[tuple[Any, list[dict[str, Any]]]
                 if group[name] != value:
                     raise ValueError(
                         f"{type(optimizer).__name__}.param_groups[{index}][{name!r}] changed from {value!r} to "
-                        f"{group[name]!r} since the step was captured; a captured step reads only lr afresh (the "
-                        f"graph recorded {name!r}): capture the step again, or keep {name!r} fixed (for OneCycleLR: "
+                        f"{group[name]!r} since the step was captured; a captured step reads only "
+                        f"{', '.join(optimizer.device_hyperparameters)} afresh (the graph recorded {name!r}): capture the step again, or keep {name!r} fixed (for OneCycleLR: "
                         f"cycle_momentum=False)")
 
 

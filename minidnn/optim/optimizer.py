@@ -110,6 +110,16 @@ class Optimizer:
         self._refresh(copies[index, device], group["lr"])
         return copies[index, device][0]
 
+    # The hyper-parameters step() reads from device copies (refresh_device_hyperparameters): a captured step()
+    # takes those afresh at each replay and holds every other one as the capture recorded it.
+    device_hyperparameters = ("lr",)
+
+    def recorded_hyperparameters(self) -> list[dict[str, Any]]:
+        """Per group, the hyper-parameters a captured step() holds as launch arguments: every name of
+        ``defaults`` but :attr:`device_hyperparameters`."""
+        names = [name for name in self.defaults if name not in self.device_hyperparameters]
+        return [{name: group[name] for name in names} for group in self.param_groups]
+
     def refresh_device_hyperparameters(self) -> None:
         """Write each group's current lr into its device copies (only those that changed).
 

@@ -235,7 +235,7 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
     """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products); for a half
     type, in float32 on the widened operands, rounded once into ``out``."""
     xp = backend.get_array_module(out)
-    half = _half_type(out)
+    half = None if out.dtype in _DATA_TYPES else _half_type(out)
     if half is not None:
         wide = xp.empty(out.shape, dtype=np.float32)
         _numpy_gemm(*(convert.half_to_float(xp.ascontiguousarray(m), half) for m in (a, b)),
@@ -265,7 +265,8 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
 # cudaDataType_t and cublasComputeType_t values (cuda's library_types.h, cublas_api.h).
 _DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.complex64): 4,
                np.dtype(np.complex128): 5}
-_HALF_DATA_TYPES = {"float16": 2, "bfloat16": 14}  # CUDA_R_16F, CUDA_R_16BF
+# The half types' GPU storage (convert.py): float16, and bfloat16 as uint16 words; CUDA_R_16F, CUDA_R_16BF.
+_HALF_DATA_TYPES = {np.dtype(np.float16): 2, np.dtype(np.uint16): 14}
 _COMPUTE_32F, _COMPUTE_32F_PEDANTIC, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 69, 77, 70
 _GEMM_DEFAULT = -1
 _OP_N, _OP_T = 0, 1
@@ -305,9 +306,9 @@ class _Cublas:
         """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1); ``tf32`` as in
         :func:`gemm_batched`."""
         dtype = np.dtype(c.dtype)
-        half = convert.stored_half_type(dtype, on_gpu=True)
-        if half is not None:  # float32 products and sums (tensor cores), float32 alpha and beta
-            data_type, compute, dtype = _HALF_DATA_TYPES[half], _COMPUTE_32F, np.dtype(np.float32)
+        data_type = _HALF_DATA_TYPES.get(dtype)
+        if data_type is not None:  # float32 products and sums (tensor cores), float32 alpha and beta
+            compute, dtype = _COMPUTE_32F, np.dtype(np.float32)
         else:
             data_type = _DATA_TYPES[dtype]
             if dtype in (np.float64, np.complex128):

@@ -141,7 +141,7 @@ class ImplicitGemm(ConvAlgorithm):
             dw = _numpy_backward_filter(convert.half_to_float(x, half), convert.half_to_float(dy, half), problem)
             if accumulate:
                 dw += convert.half_to_float(out, half)
-            convert.float_to_half(dw.astype(np.float32, copy=False), half, out=out)
+            convert.float_to_half(dw, half, out=out)
         else:
             store_filter_gradient(_numpy_backward_filter(x, dy, problem), out, accumulate)
 

@@ -20,18 +20,13 @@ from ..convert import stored_half_type
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 
-def half_type_of(dtype: np.dtype, device: str) -> str | None:
-    """``"float16"`` or ``"bfloat16"`` when ``dtype`` stores a half type on ``device``, else None."""
-    return stored_half_type(dtype, device == "cuda")
-
-
 def check_conv_dtype(array: Any, name: str) -> None:
     """``array`` must hold float32, float64 or a half type (float16; bfloat16 as ml_dtypes on the CPU, uint16
     words on the GPU)."""
     dtype = getattr(array, "dtype", None)
     # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
     if dtype is not None and (dtype in FLOAT_DTYPES or
-                              half_type_of(dtype, "cuda" if backend.is_cuda_array(array) else "cpu")):
+                              stored_half_type(dtype, backend.is_cuda_array(array))):
         return
     raise TypeError(f"{name} must be a float32, float64, float16 or bfloat16 array (bfloat16: ml_dtypes.bfloat16 on "
                     f"the CPU, uint16 words on the GPU), got {dtype if dtype is not None else type(array).__name__}")
@@ -81,7 +76,7 @@ class ConvProblem:
     def half_type(self) -> str | None:
         """``"float16"`` or ``"bfloat16"`` for a half-precision problem (float32 arithmetic on half storage),
         else None."""
-        return half_type_of(self.dtype, self.device)
+        return stored_half_type(self.dtype, self.device == "cuda")
 
     @property
     def is_1x1(self) -> bool:
