@@ -19,12 +19,14 @@ from .serialization import load, save
 from . import engine
 from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
+from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from .tensor import Tensor, argmax, argmin, cat, clamp, clone, flatten, stack, std, tensor, topk, var, where
 from .random import get_rng_state, manual_seed, set_rng_state
 from .primitives.conv.registry import are_deterministic_algorithms_enabled, use_deterministic_algorithms
 
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
+from .tensor import bfloat16  # ml_dtypes' bfloat16 (a GPU tensor stores it as uint16 words)
 int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.int64, _np.uint8, _np.bool_
 half, float, double, long = float16, float32, float64, int64  # noqa: A001 - PyTorch's aliases
 
@@ -34,5 +36,6 @@ __all__ = [
     "stack", "where", "argmax", "argmin", "clamp", "clone", "topk", "var", "std", "flatten", "manual_seed",
     "get_rng_state", "set_rng_state", "use_deterministic_algorithms",
     "are_deterministic_algorithms_enabled", "amp", "backend", "cuda", "functional", "nn",
-    "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+    "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "autocast",
+    "is_autocast_enabled", "get_autocast_dtype", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]

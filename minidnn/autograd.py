@@ -31,7 +31,50 @@ import numpy as np
 from . import backend
 
 __all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
-           "unbroadcast", "bump_version", "version_of", "RemovableHandle"]
+           "unbroadcast", "bump_version", "version_of", "RemovableHandle", "is_half", "is_floating"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Half-precision arrays: which operations take them, and the widening of the others' inputs
+# ----------------------------------------------------------------------------------------------
+_UINT16 = np.dtype(np.uint16)
+_FLOAT16 = np.dtype(np.float16)
+
+
+def is_half(array: Any) -> bool:
+    """True for float16 or bfloat16 storage: ``ml_dtypes.bfloat16`` on the CPU, uint16 words on the GPU (a
+    tensor never holds uint16 for anything else)."""
+    dtype = array.dtype
+    return dtype == _FLOAT16 or dtype.name == "bfloat16" or (dtype == _UINT16 and backend.is_cuda_array(array))
+
+
+def is_floating(array: Any) -> bool:
+    return array.dtype.kind == "f" or is_half(array)
+
+
+class _HalfTensors:
+    """``made``: whether any half-precision tensor was made in this process (until then, no operation looks
+    at its inputs' dtypes). ``widen`` and ``add`` are set by :mod:`minidnn.ops`: a tensor widened to float32
+    by a graph node (whose backward rounds the gradient back), and the sum of two gradient arrays of one
+    half type."""
+
+    made = False
+    widen: Callable[["Value"], "Value"] | None = None
+    add: Callable[[Any, Any], Any] | None = None
+
+
+half_tensors = _HalfTensors()
+
+
+def note_half(data: Any) -> None:
+    """Record that ``data``, about to be a tensor's, may be half precision (checked once per new tensor)."""
+    if not half_tensors.made and data.dtype.itemsize == 2 and is_half(data):
+        half_tensors.made = True
+
+
+def _widen_half_inputs(args: tuple) -> tuple:
+    """``args`` with each half-precision tensor replaced by its float32 widening (a graph node)."""
+    return tuple([half_tensors.widen(a) if isinstance(a, Value) and is_half(a.data) else a for a in args])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,6 +163,7 @@ class Value:
     __slots__ = ("data", "requires_grad", "grad", "_node", "_version", "_post_accumulate_grad_hooks", "__weakref__")
 
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
+        note_half(data)
         self.data = data
         self.requires_grad = False
         self.grad: Value | None = None
@@ -139,7 +183,7 @@ class Value:
         return self._node is None
 
     def requires_grad_(self, requires_grad: bool = True) -> "Value":
-        if requires_grad and self.data.dtype.kind != "f":
+        if requires_grad and not is_floating(self.data):
             raise TypeError(f"only floating-point tensors can require gradients, got dtype {self.data.dtype}")
         if not self.is_leaf and not requires_grad:
             raise RuntimeError("requires_grad can only be switched off on leaf tensors; use detach()")
@@ -194,6 +238,8 @@ class Value:
         # Out of place: one gradient array may be shared by several inputs (e.g. both sides of a + b).
         if self.grad is None:
             self.grad = self._wrap(grad.astype(self.data.dtype, copy=False), False)
+        elif half_tensors.made:
+            self.grad.data = half_tensors.add(self.grad.data, grad)
         else:
             self.grad.data = self.grad.data + grad
         hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # one attribute read when no hook is set
@@ -245,6 +291,10 @@ class Function:
 
     ``saved_versions`` holds, for each saved array that is an input's or the output's, that tensor's
     version counter and its value when it was saved: backward checks them (see :func:`run_backward`).
+
+    ``half_inputs``: whether ``forward`` and ``backward`` take float16 and bfloat16 arrays. Where not, a
+    half-precision input is widened to float32 by a graph node first, so the operation computes and returns
+    float32 (autocast's rule for every operation off its half-precision list).
     """
 
     # Class-level defaults, so that making a node runs no __init__: a step makes hundreds.
@@ -254,6 +304,7 @@ class Function:
     saved: tuple | None = ()
     retained: Any = None  # weak reference to the output tensor when it retains its grad
     saved_versions: tuple = ()
+    half_inputs: bool = False
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
@@ -276,6 +327,8 @@ class Function:
         """Run the node on tensors (and other arguments), recording it when a gradient is needed."""
         # This runs for every operation of every step: list comprehensions, no generators, no helper calls
         # on the common path.
+        if half_tensors.made and not cls.half_inputs:
+            args = _widen_half_inputs(args)
         function = cls()
         tensors = [a for a in args if isinstance(a, Value)]
         if len(tensors) > 1:
@@ -318,6 +371,10 @@ class Function:
         if grad_mode and target.requires_grad and target._node is None:
             raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation ({operation}); "
                                "wrap it in `with minidnn.no_grad():` or use the out-of-place form")
+        if half_tensors.made and (is_half(target.data) or any(isinstance(a, Value) and is_half(a.data)
+                                                               for a in args)):
+            raise TypeError(f"{operation} on a float16 or bfloat16 tensor is not supported; use the out-of-place "
+                            "form (it computes in float32)")
         function = cls()
         needs = (target.requires_grad,) + tuple(isinstance(a, Value) and a.requires_grad for a in args)
         record = grad_mode and True in needs
@@ -467,5 +524,9 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
                 parent._accumulate_grad(parent_grad)
             else:
                 previous = pending.get(id(parent))
-                pending[id(parent)] = parent_grad if previous is None else previous + parent_grad
+                if previous is None:
+                    pending[id(parent)] = parent_grad
+                else:
+                    pending[id(parent)] = half_tensors.add(previous, parent_grad) if half_tensors.made \
+                        else previous + parent_grad
         del input_grads

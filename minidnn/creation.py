@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .tensor import Tensor, as_dtype
+from .primitives import convert
+from .tensor import Tensor, as_dtype, bfloat16
 from .random import default_generator
 
 
@@ -22,7 +23,7 @@ def _shape(size: tuple[Any, ...]) -> tuple[int, ...]:
 def _make(array: np.ndarray, dtype: Any, device: Any, requires_grad: bool) -> Tensor:
     array = array.astype(np.float32 if dtype is None else as_dtype(dtype), copy=False)
     if device is not None:
-        array = backend.to_device(array, device)
+        array = convert.to_device(array, device)
     return Tensor(array, requires_grad=requires_grad)
 
 
@@ -30,8 +31,12 @@ def _filled(size: tuple, value: float, dtype: Any, device: Any, requires_grad: b
     """A constant array made on its device (no host array copied over: a model may make these inside
     a training step, even one captured as a CUDA graph)."""
     xp = np if device is None or backend.device(device).type == "cpu" else backend.cupy()
+    dtype = np.float32 if dtype is None else as_dtype(dtype)
     with backend.on_device(device or "cpu"):
-        array = xp.full(_shape(size), value, dtype=np.float32 if dtype is None else as_dtype(dtype))
+        if dtype == bfloat16 and xp is not np:  # the GPU's bfloat16 words, rounded from float32
+            array = convert.cast(xp.full(_shape(size), value, dtype=np.float32), bfloat16)
+        else:
+            array = xp.full(_shape(size), value, dtype=dtype)
     return Tensor(array, requires_grad=requires_grad)
 
 

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from . import random as _random
+from .autocast import lower_precision
 from .autograd import Function, is_grad_enabled
 from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
@@ -42,6 +43,8 @@ def _data(value: Tensor | None) -> Any:
 # Convolution and linear layers
 # ----------------------------------------------------------------------------------------------
 class Conv2dFunction(Function):
+    half_inputs = True
+
     def forward(self, x, w, b, stride, padding, dilation, groups):
         self.args = (stride, padding, dilation, groups)
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
@@ -80,10 +83,13 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
     _require_tensor(input, "input")
     _require_tensor(weight, "weight")
     padding = _conv_padding(padding, weight, stride, dilation)
+    input, weight, bias = lower_precision(input, weight, bias)
     return Conv2dFunction.apply(input, weight, bias, stride, padding, dilation, groups)
 
 
 class LinearFunction(Function):
+    half_inputs = True
+
     def forward(self, x, w, b):
         self.save_for_backward(x if self.needs_input_grad[1] else None, w if self.needs_input_grad[0] else None)
         return library.linear_forward(x, w, b)
@@ -99,6 +105,7 @@ class LinearFunction(Function):
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = input @ weight.T + bias. input (..., in_features), weight (out_features, in_features)."""
     _require_tensor(input, "input")
+    input, weight, bias = lower_precision(input, weight, bias)
     return LinearFunction.apply(input, weight, bias)
 
 

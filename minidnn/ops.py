@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from . import backend
-from .autograd import Function, unbroadcast
+from .autograd import Function, half_tensors, is_half, unbroadcast
 from .engine import library
+from .primitives import blas, convert
 
 
 def _xp(*arrays: Any):
@@ -93,12 +94,14 @@ class NegFunction(Function):
 
 
 class MatMulFunction(Function):
-    """a @ b with NumPy's rules (1-D operands, batched broadcasting)."""
+    """a @ b with NumPy's rules (1-D operands, batched broadcasting). float16 and bfloat16 operands go to
+    the half-precision GEMMs (float32 sums, one rounding): 2-D, or 3-D with one batch size."""
 
+    half_inputs = True
 
     def forward(self, a, b):
         self.save_for_backward(a, b)
-        return a @ b
+        return _matmul(a, b)
 
     def backward(self, grad):
         a, b = self.saved
@@ -110,12 +113,26 @@ class MatMulFunction(Function):
         g = grad.reshape(batch + (a2.shape[-2], b2.shape[-1]))
         grad_a = grad_b = None
         if self.needs_input_grad[0]:
-            grad_a = g @ xp.swapaxes(b2, -1, -2)
+            grad_a = _matmul(g, xp.swapaxes(b2, -1, -2))
             grad_a = grad_a[..., 0, :] if a.ndim == 1 else grad_a
         if self.needs_input_grad[1]:
-            grad_b = xp.swapaxes(a2, -1, -2) @ g
+            grad_b = _matmul(xp.swapaxes(a2, -1, -2), g)
             grad_b = grad_b[..., 0] if b.ndim == 1 else grad_b
         return grad_a, grad_b
+
+
+def _matmul(a: Any, b: Any) -> Any:
+    """a @ b; half-precision operands through the half GEMMs, which take 2-D or same-batch 3-D operands."""
+    if not (is_half(a) or is_half(b)):
+        return a @ b
+    if a.dtype != b.dtype:
+        raise TypeError(f"matmul: both operands must have one dtype, got {a.dtype} and {b.dtype}")
+    if a.ndim == b.ndim == 2:
+        return blas.gemm(a, b)
+    if a.ndim == b.ndim == 3 and a.shape[0] == b.shape[0]:
+        return blas.gemm_batched(a, b)
+    raise ValueError(f"matmul of float16 or bfloat16 operands takes 2-D ones or 3-D ones of one batch size, got "
+                     f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
 
 
 class ExpFunction(Function):
@@ -200,6 +217,8 @@ class WhereFunction(Function):
 class CloneFunction(Function):
     """A copy of a, in the graph: the gradient passes through unchanged."""
 
+    half_inputs = True  # moves values, never computes on them
+
     def forward(self, a):
         return a.copy()
 
@@ -212,6 +231,8 @@ class GradientHookFunction(Function):
     the backward ``hook(grad)`` runs and what it returns, unless None, becomes the gradient passed on.
     The seam module hooks use to see (and replace) the gradients at a module's inputs and outputs."""
 
+    half_inputs = True  # moves values, never computes on them
+
     def forward(self, a, hook):
         self.hook = hook
         return a.view()
@@ -222,21 +243,42 @@ class GradientHookFunction(Function):
 
 
 class CastFunction(Function):
+    """``a`` as ``dtype`` (a NumPy dtype or ``ml_dtypes.bfloat16``); the gradient is cast back to a's."""
+
+    half_inputs = True
+
     def forward(self, a, dtype):
-        self.source_dtype = a.dtype
-        return a.astype(dtype)
+        self.source_dtype = _logical_dtype(a)
+        out = convert.cast(a, dtype)
+        half_tensors.made = half_tensors.made or is_half(out)
+        return out
 
     def backward(self, grad):
-        return grad.astype(self.source_dtype)
+        return convert.cast(grad, self.source_dtype)
+
+
+def _logical_dtype(array: Any) -> np.dtype:
+    """The dtype ``array`` holds: bfloat16 for GPU words (convert.py's storage), else its own."""
+    return convert.bfloat16() if convert.is_bfloat16_words(array) else array.dtype
+
+
+def widen_to_float32(tensor: Any) -> Any:
+    """A half-precision tensor as float32, in the graph: how operations without half kernels take one."""
+    return CastFunction.apply(tensor, dtype=np.dtype(np.float32))
+
+
+half_tensors.widen, half_tensors.add = widen_to_float32, convert.add
 
 
 class ToDeviceFunction(Function):
+    half_inputs = True
+
     def forward(self, a, target):
         self.source = backend.device_of(a)
-        return backend.to_device(a, target)
+        return convert.to_device(a, target)
 
     def backward(self, grad):
-        return backend.to_device(grad, self.source)
+        return convert.to_device(grad, self.source)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,6 +388,8 @@ class MaxReduceFunction(Function):
 # Shapes
 # ----------------------------------------------------------------------------------------------
 class ReshapeFunction(Function):
+    half_inputs = True  # moves values, never computes on them
+
     def forward(self, a, shape):
         self.shape = a.shape
         return a.reshape(shape)
@@ -355,6 +399,8 @@ class ReshapeFunction(Function):
 
 
 class PermuteFunction(Function):
+    half_inputs = True  # moves values, never computes on them
+
     def forward(self, a, dims):
         self.inverse = tuple(np.argsort(dims))
         return a.transpose(dims)

@@ -16,7 +16,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend, ops
+from .autocast import lower_precision
 from .autograd import Value, bump_version, is_grad_enabled, version_of
+from .primitives import convert
 
 __all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "flatten", "clamp", "topk", "var",
            "std", "clone", "MaxMin", "TopK"]
@@ -24,8 +26,12 @@ __all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "fla
 MaxMin = namedtuple("MaxMin", ["values", "indices"])
 TopK = namedtuple("TopK", ["values", "indices"])
 
+# bfloat16 is ml_dtypes' NumPy dtype; on the GPU a tensor stores it as uint16 words (primitives/convert.py),
+# and ``Tensor.dtype`` says bfloat16.
+bfloat16 = convert.bfloat16()
+_WORDS = np.dtype(np.uint16)
 _ALLOWED_DTYPES = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-                                         np.uint8, np.bool_)}
+                                         np.uint8, np.bool_)} | {bfloat16}
 
 
 def as_dtype(dtype: Any) -> np.dtype:
@@ -35,8 +41,14 @@ def as_dtype(dtype: Any) -> np.dtype:
     except TypeError:
         raise TypeError(f"dtype must be a NumPy dtype or name such as 'float32', got {dtype!r}") from None
     if result not in _ALLOWED_DTYPES:
-        raise TypeError(f"dtype {result} is not supported; use float16/32/64, int8/16/32/64, uint8 or bool")
+        raise TypeError(f"dtype {result} is not supported; use float16/32/64, bfloat16, int8/16/32/64, uint8 or bool")
     return result
+
+
+def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
+    """The dtype an array of ``xp`` (NumPy or CuPy) holds a tensor of ``dtype`` in: bfloat16 is uint16 on CuPy."""
+    dtype = as_dtype(dtype)
+    return _WORDS if dtype == bfloat16 and xp is not np else dtype
 
 
 def _axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
@@ -117,7 +129,8 @@ class Tensor(Value):
 
     @property
     def dtype(self) -> np.dtype:
-        return self.data.dtype
+        dtype = self.data.dtype
+        return bfloat16 if dtype == _WORDS else dtype  # a GPU tensor's bfloat16 words
 
     @property
     def device(self) -> backend.Device:
@@ -153,7 +166,7 @@ class Tensor(Value):
         extra = f", device='{self.device}'" if self.is_cuda else ""
         extra += ", requires_grad=True" if self.requires_grad and self.is_leaf else ""
         extra += f", grad_fn=<{type(self._node).__name__}>" if self._node is not None else ""
-        body = np.array2string(backend.to_device(self.data, "cpu"), separator=", ", prefix="tensor(")
+        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     def _tap_gradient(self, hook: Any) -> "Tensor":
@@ -169,8 +182,8 @@ class Tensor(Value):
 
     # --- conversion ---------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """The data as a NumPy array (shared on the CPU, a host copy from a GPU)."""
-        return backend.to_device(self.data, "cpu")
+        """The data as a NumPy array (shared on the CPU, a host copy from a GPU; bfloat16 as ml_dtypes')."""
+        return convert.to_device(self.data, "cpu")
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -214,6 +227,15 @@ class Tensor(Value):
     def float(self) -> "Tensor":
         return self.to(np.float32)
 
+    def half(self) -> "Tensor":
+        return self.to(np.float16)
+
+    def bfloat16(self) -> "Tensor":
+        return self.to(bfloat16)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.kind == "f" or self.dtype == bfloat16
+
     def double(self) -> "Tensor":
         return self.to(np.float64)
 
@@ -251,14 +273,23 @@ class Tensor(Value):
 
     def fill_(self, value: float) -> "Tensor":
         self._write("fill_")
-        self.data[...] = value
+        self.data[...] = self._stored(value)
         return self
 
     def copy_(self, source: "Tensor | Any") -> "Tensor":
         self._write("copy_", isinstance(source, Tensor) and source.requires_grad)
         source = source.data if isinstance(source, Tensor) else source
-        self.data[...] = backend.to_device(source, self.device)
+        self.data[...] = self._stored(source)
         return self
+
+    def _stored(self, values: Any) -> Any:
+        """``values`` (a scalar or an array) on this tensor's device in its storage: bfloat16 on the GPU is
+        written as words, rounded from float32; anything else is left to the array library."""
+        if self.data.dtype != _WORDS:
+            return values if isinstance(values, (bool, int, float)) else backend.to_device(values, self.device)
+        if isinstance(values, (bool, int, float)):
+            values = np.asarray(values, dtype=np.float32)
+        return convert.cast(convert.to_device(values, self.device), bfloat16)
 
     def add_(self, other: "Tensor | float", alpha: float = 1.0) -> "Tensor":
         if alpha != 1.0:
@@ -283,7 +314,7 @@ class Tensor(Value):
     def __setitem__(self, index: Any, value: Any) -> None:
         self._write("item assignment", isinstance(value, Tensor) and value.requires_grad)
         index = index.data if isinstance(index, Tensor) else index
-        self.data[index] = backend.to_device(value.data, self.device) if isinstance(value, Tensor) else value
+        self.data[index] = self._stored(value.data if isinstance(value, Tensor) else value)
 
     # --- arithmetic and comparisons -----------------------------------------------------------
     def _operand(self, value: Any) -> Any:
@@ -306,17 +337,30 @@ class Tensor(Value):
     def __rtruediv__(self, other): return self._binary(ops.DivFunction, other, reflected=True)  # noqa: E704
     def __pow__(self, exponent): return self._binary(ops.PowFunction, exponent)  # noqa: E704
     def __rpow__(self, base): return self._binary(ops.PowFunction, base, reflected=True)  # noqa: E704
-    def __matmul__(self, other): return self._binary(ops.MatMulFunction, other)  # noqa: E704
-    def __rmatmul__(self, other): return self._binary(ops.MatMulFunction, other, reflected=True)  # noqa: E704
+    def __matmul__(self, other): return self._matmul(other)  # noqa: E704
+    def __rmatmul__(self, other): return self._matmul(other, reflected=True)  # noqa: E704
     def __neg__(self): return ops.NegFunction.apply(self)  # noqa: E704
     def __pos__(self): return self  # noqa: E704
     def __abs__(self): return ops.AbsFunction.apply(self)  # noqa: E704
     def matmul(self, other): return self @ other  # noqa: E704
 
+    def _matmul(self, other: Any, reflected: bool = False) -> "Tensor":
+        """a @ b; on autocast's half-precision list."""
+        other = self._operand(other)
+        if not isinstance(other, Tensor):
+            other = Tensor(other)
+        a, b = (other, self) if reflected else (self, other)
+        return ops.MatMulFunction.apply(*lower_precision(a, b))
+
     def _compare(self, other: Any, name: str) -> "Tensor":
         """Element-wise comparison: a bool tensor, outside the graph."""
-        other = other.data if isinstance(other, Tensor) else self._operand(other)
-        return Tensor(getattr(backend.get_array_module(self.data, other), name)(self.data, other))
+        other = other._values() if isinstance(other, Tensor) else self._operand(other)
+        values = self._values()
+        return Tensor(getattr(backend.get_array_module(values, other), name)(values, other))
+
+    def _values(self) -> Any:
+        """The array to compute on outside the graph: GPU bfloat16 words as float32 (exact), else the data."""
+        return convert.cast(self.data, np.float32) if self.data.dtype == _WORDS else self.data
 
     def __eq__(self, other): return self._compare(other, "equal")  # noqa: E704
     def __ne__(self, other): return self._compare(other, "not_equal")  # noqa: E704
@@ -413,7 +457,7 @@ class Tensor(Value):
         axis = _axes(dim, self.ndim)[0]
         values = ops.MaxReduceFunction.apply(self, axis=axis, keepdim=keepdim, use_min=use_min)
         xp = backend.get_array_module(self.data)
-        indices = (xp.argmin if use_min else xp.argmax)(self.data, axis=axis)
+        indices = (xp.argmin if use_min else xp.argmax)(self._values(), axis=axis)
         return MaxMin(values, Tensor(xp.expand_dims(indices, axis) if keepdim else indices))
 
     def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
@@ -427,10 +471,10 @@ class Tensor(Value):
         xp = backend.get_array_module(self.data)
         find = xp.argmin if use_min else xp.argmax
         if dim is None:  # the flat index; keepdim keeps every axis, of size 1 (PyTorch)
-            index = xp.asarray(find(self.data), dtype=np.int64)
+            index = xp.asarray(find(self._values()), dtype=np.int64)
             return Tensor(index.reshape((1,) * self.ndim) if keepdim else index)
         axis = _dim(dim, self.ndim)
-        result = find(self.data, axis=axis).astype(np.int64, copy=False)
+        result = find(self._values(), axis=axis).astype(np.int64, copy=False)
         return Tensor(xp.expand_dims(result, axis) if keepdim else result)
 
     def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
@@ -557,6 +601,7 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     its GPU and puts everything else on the CPU.
     """
     if isinstance(data, Tensor):
+        dtype = data.dtype if dtype is None else dtype  # GPU bfloat16 words stay bfloat16
         data = data.data
     if backend.is_cuda_array(data) or isinstance(data, np.ndarray):
         array = data.copy()
@@ -567,11 +612,13 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
         elif array.dtype.kind == "U" or array.dtype == object:
             raise TypeError(f"data must be numbers or arrays of numbers, got {type(data).__name__}")
     if dtype is not None:
-        array = array.astype(as_dtype(dtype), copy=False)
+        dtype = as_dtype(dtype)
+        if array.dtype != storage_dtype(dtype, backend.get_array_module(array)):
+            array = convert.cast(array, dtype)
     else:
         as_dtype(array.dtype)
     if device is not None:
-        array = backend.to_device(array, device)
+        array = convert.to_device(array, device)
     return Tensor(array, requires_grad=requires_grad)
 
 

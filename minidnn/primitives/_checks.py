@@ -27,6 +27,17 @@ def check_float(array: Any, name: str) -> None:
         raise TypeError(f"{name} must be a float32 or float64 array, got {dtype if dtype is not None else type(array).__name__}")
 
 
+def check_float_or_half(array: Any, name: str) -> None:
+    """``array`` must be float32, float64, or half-precision storage (float16; bfloat16 as ml_dtypes' dtype on
+    the CPU, uint16 words on the GPU: primitives/convert.py)."""
+    dtype = getattr(array, "dtype", None)
+    if dtype is not None and (dtype in FLOAT_DTYPES or dtype == np.float16 or dtype.name == "bfloat16"
+                              or (dtype == np.uint16 and type(array).__module__.startswith("cupy"))):
+        return
+    raise TypeError(f"{name} must be a float32, float64, float16 or bfloat16 array, got "
+                    f"{dtype if dtype is not None else type(array).__name__}")
+
+
 def check_rank(array: Any, rank: int, name: str, layout: str) -> None:
     """``array`` must have ``rank`` dimensions laid out as ``layout`` (e.g. ``"(N, C, H, W)"``)."""
     if array.ndim != rank:

@@ -174,3 +174,49 @@ def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
         return to_float_by_expressions(name, h, result)
     _launch("bfloat16_to_float" if name == "bfloat16" else "float16_to_float", xp.ascontiguousarray(h), result)
     return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Any dtype to any dtype, and across devices, with bfloat16 held in its device's storage
+# ----------------------------------------------------------------------------------------------
+def is_bfloat16_words(array: Any) -> bool:
+    """True for a GPU array of bfloat16 words (uint16 on the GPU is never anything else to minidnn)."""
+    return array.dtype == np.uint16 and backend.is_cuda_array(array)
+
+
+def cast(array: Any, dtype: Any) -> Any:
+    """``array`` (any shape) as a new array of ``dtype``, a NumPy dtype or ``ml_dtypes.bfloat16``; bfloat16
+    in its device's storage (module docstring), whichever side of the cast it is on.
+
+    NumPy and CuPy convert every other pair themselves (float16 and ml_dtypes' bfloat16 round to nearest
+    even), so the only cast of our own is bfloat16 on the GPU: through float32, with convert.cu's rounding.
+    A float64 or integer source is rounded to float32 first there: two roundings, which differ from one in
+    rare ties.
+    """
+    dtype = np.dtype(dtype)
+    if backend.is_cuda_array(array):
+        if array.dtype == np.uint16:
+            if dtype.name == "bfloat16":
+                return array.copy()
+            return half_to_float(array, "bfloat16").astype(dtype, copy=False)
+        if dtype.name == "bfloat16":
+            return float_to_half(array.astype(np.float32, copy=False), "bfloat16")
+    return array.astype(dtype)
+
+
+def to_device(array: Any, target: Any) -> Any:
+    """:func:`minidnn.backend.to_device` that keeps bfloat16 values bfloat16: uint16 words on the GPU,
+    ``ml_dtypes.bfloat16`` on the CPU (the same 16 bits each)."""
+    on_gpu = backend.is_cuda_array(array)
+    if stored_half_type(array.dtype, on_gpu) != "bfloat16":
+        return backend.to_device(array, target)
+    moved = backend.to_device(array.view(np.uint16), target)
+    return moved if backend.is_cuda_array(moved) else moved.view(bfloat16())
+
+
+def add(a: Any, b: Any) -> Any:
+    """a + b for two arrays of one dtype; bfloat16 words on the GPU are added in float32 and rounded once
+    (as ml_dtypes adds bfloat16 on the CPU)."""
+    if is_bfloat16_words(a):
+        return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
+    return a + b

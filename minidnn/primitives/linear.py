@@ -22,33 +22,40 @@ import math
 from typing import Any
 
 from .. import backend
-from . import blas
-from ._checks import check_float, check_out, check_same_dtype, normalise_axis
+from . import blas, convert
+from ._checks import check_float, check_float_or_half, check_out, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_features(a: Any, name: str, layout: str) -> None:
-    """a must be a float array of rank >= 1, laid out as ``layout`` (e.g. ``"(..., in_features)"``)."""
-    check_float(a, name)
+def _check_features(a: Any, name: str, layout: str, half: bool = False) -> None:
+    """a must be a float array (or, with ``half``, a half-precision one) of rank >= 1, laid out as ``layout``
+    (e.g. ``"(..., in_features)"``)."""
+    (check_float_or_half if half else check_float)(a, name)
     if a.ndim < 1:
         raise ValueError(f"linear: {name} must be at least 1-D {layout}, got a 0-D array")
 
 
-def _check_weight(weight: Any) -> None:
-    check_float(weight, "weight")
+def _check_weight(weight: Any, half: bool = False) -> None:
+    (check_float_or_half if half else check_float)(weight, "weight")
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
 
 
-def _check_bias(bias: Any, x: Any, out_features: int) -> None:
+def _check_bias(bias: Any, x: Any, out_features: int, half: bool = False) -> None:
     """bias must be an (out_features,) array of x's dtype."""
-    check_float(bias, "bias")
+    (check_float_or_half if half else check_float)(bias, "bias")
     if tuple(bias.shape) != (out_features,):
         raise ValueError(f"linear: bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")
     check_same_dtype(x, bias, "x", "bias")
+
+
+def _half_type(a: Any) -> str | None:
+    """The half type ``a`` stores, or None: the public functions take half precision, the naive engine's
+    (which share the checks below with their defaults) do not."""
+    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
 
 
 def _as_rows(a: Any) -> Any:
@@ -63,47 +70,48 @@ def _as_rows(a: Any) -> Any:
 
 # Each public function checks its arguments with the helper named after it; the naive engine
 # checks with the same helpers (one implementation of every check).
-def _check_forward_arguments(x: Any, weight: Any, bias: Any) -> None:
+def _check_forward_arguments(x: Any, weight: Any, bias: Any, half: bool = False) -> None:
     backend.get_array_module(x, weight, bias)  # one device for all
-    _check_features(x, "x", "(..., in_features)")
-    _check_weight(weight)
+    _check_features(x, "x", "(..., in_features)", half)
+    _check_weight(weight, half)
     check_same_dtype(x, weight, "x", "weight")
     out_features, in_features = weight.shape
     if x.shape[-1] != in_features:
         raise ValueError(f"linear: x has in_features={x.shape[-1]} (shape {tuple(x.shape)}) but weight "
                          f"expects in_features={in_features} (shape {tuple(weight.shape)})")
     if bias is not None:
-        _check_bias(bias, x, out_features)
+        _check_bias(bias, x, out_features, half)
 
 
-def _check_backward_data_arguments(dy: Any, weight: Any) -> None:
+def _check_backward_data_arguments(dy: Any, weight: Any, half: bool = False) -> None:
     backend.get_array_module(dy, weight)
-    _check_features(dy, "dy", "(..., out_features)")
-    _check_weight(weight)
+    _check_features(dy, "dy", "(..., out_features)", half)
+    _check_weight(weight, half)
     check_same_dtype(dy, weight, "dy", "weight")
     if dy.shape[-1] != weight.shape[0]:
         raise ValueError(f"linear: dy has out_features={dy.shape[-1]} (shape {tuple(dy.shape)}) but weight "
                          f"has out_features={weight.shape[0]} (shape {tuple(weight.shape)})")
 
 
-def _check_backward_weight_arguments(x: Any, dy: Any) -> None:
+def _check_backward_weight_arguments(x: Any, dy: Any, half: bool = False) -> None:
     backend.get_array_module(x, dy)
-    _check_features(x, "x", "(..., in_features)")
-    _check_features(dy, "dy", "(..., out_features)")
+    _check_features(x, "x", "(..., in_features)", half)
+    _check_features(dy, "dy", "(..., out_features)", half)
     check_same_dtype(x, dy, "x", "dy")
     if tuple(x.shape[:-1]) != tuple(dy.shape[:-1]):
         raise ValueError(f"linear: x {tuple(x.shape)} and dy {tuple(dy.shape)} must have the same leading "
                          f"dimensions (..., in_features) and (..., out_features)")
 
 
-def _check_bias_add_arguments(y: Any, bias: Any, axis: Any, out: Any = None) -> int:
+def _check_bias_add_arguments(y: Any, bias: Any, axis: Any, out: Any = None, half: bool = False) -> int:
     """Returns the axis as a non-negative index."""
     backend.get_array_module(y, bias, out)
-    check_float(y, "y")
+    check = check_float_or_half if half else check_float
+    check(y, "y")
     if y.ndim < 1:
         raise ValueError("bias_add: y must be at least 1-D, got a 0-D array")
     axis = normalise_axis(axis, y.ndim, "y")
-    check_float(bias, "bias")
+    check(bias, "bias")
     if tuple(bias.shape) != (y.shape[axis],):
         raise ValueError(f"bias must have shape ({y.shape[axis]},) (y.shape[{axis}] of y with shape "
                          f"{tuple(y.shape)}), got {tuple(bias.shape)}")
@@ -113,8 +121,8 @@ def _check_bias_add_arguments(y: Any, bias: Any, axis: Any, out: Any = None) -> 
     return axis
 
 
-def _check_bias_backward_arguments(dy: Any, axis: Any) -> int:
-    check_float(dy, "dy")
+def _check_bias_backward_arguments(dy: Any, axis: Any, half: bool = False) -> int:
+    (check_float_or_half if half else check_float)(dy, "dy")
     if dy.ndim < 1:
         raise ValueError("bias_backward: dy must be at least 1-D, got a 0-D array")
     return normalise_axis(axis, dy.ndim, "dy")
@@ -124,12 +132,16 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
     """y = x·weightᵀ + bias.
 
     x: (..., in_features); weight: (out_features, in_features); bias: (out_features,) or None.
-    Returns y: (..., out_features) of x's dtype.
+    Returns y: (..., out_features) of x's dtype. In half precision (float16 or bfloat16 arrays, all one
+    type) the GEMM sums in float32 and rounds once; the bias is added in float32 and rounded again.
     """
-    _check_forward_arguments(x, weight, bias)
+    half = _half_type(x)
+    _check_forward_arguments(x, weight, bias, half is not None)
     y = blas.gemm(_as_rows(backend.get_array_module(x).ascontiguousarray(x)), weight.T)
     if bias is not None:
-        if backend.is_cuda_array(y):
+        if half is not None:
+            y = bias_add(y, bias, 1, out=y)
+        elif backend.is_cuda_array(y):
             y = _bias_add_gpu(y, bias, 1, out=y)
         else:
             y += bias
@@ -141,7 +153,7 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
 
     dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
     """
-    _check_backward_data_arguments(dy, weight)
+    _check_backward_data_arguments(dy, weight, _half_type(dy) is not None)
     xp = backend.get_array_module(dy, weight)
     return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], weight.shape[1])
 
@@ -152,7 +164,7 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
     Returns dweight: (out_features, in_features) of x's dtype.
     """
-    _check_backward_weight_arguments(x, dy)
+    _check_backward_weight_arguments(x, dy, _half_type(x) is not None)
     xp = backend.get_array_module(x, dy)
     return blas.gemm(_as_rows(xp.ascontiguousarray(dy)).T, _as_rows(xp.ascontiguousarray(x)))
 
@@ -167,9 +179,15 @@ def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     (``out`` may be y itself: the bias added in place, with no copy of the output).
 
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
-    -1 for (..., out_features).
+    -1 for (..., out_features). Half-precision arrays are added in float32 and rounded once.
     """
-    axis = _check_bias_add_arguments(y, bias, axis, out)
+    half = _half_type(y)
+    axis = _check_bias_add_arguments(y, bias, axis, out, half is not None)
+    if half is not None:
+        xp = backend.get_array_module(y)
+        wide = convert.half_to_float(xp.ascontiguousarray(y), half)
+        bias_add(wide, convert.half_to_float(xp.ascontiguousarray(bias), half), axis, out=wide)
+        return convert.float_to_half(wide, half, out=out)
     if backend.is_cuda_array(y):
         return _bias_add_gpu(backend.cupy().ascontiguousarray(y), bias, axis, out)
     broadcast = [1] * y.ndim
@@ -182,10 +200,13 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
 
     dy: any shape with rank >= 1. Returns dbias: (dy.shape[axis],) of dy's dtype. The sum is
     accumulated in float64 and rounded once, as a per-channel sum over a whole batch can hold
-    millions of terms.
+    millions of terms. Half precision: the sum of the float32 values, rounded once to dy's type.
     """
     xp = backend.get_array_module(dy)
-    axis = _check_bias_backward_arguments(dy, axis)
+    half = _half_type(dy)
+    axis = _check_bias_backward_arguments(dy, axis, half is not None)
+    if half is not None:
+        return convert.float_to_half(bias_backward(convert.half_to_float(xp.ascontiguousarray(dy), half), axis), half)
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)
