@@ -201,7 +201,8 @@ def cast(array: Any, dtype: Any) -> Any:
             return half_to_float(array, "bfloat16").astype(dtype, copy=False)
         if dtype.name == "bfloat16":
             return float_to_half(array.astype(np.float32, copy=False), "bfloat16")
-    return array.astype(dtype)
+    with np.errstate(over="ignore"):  # a value beyond float16's range becomes infinity: the rounding, not an error
+        return array.astype(dtype)
 
 
 def to_device(array: Any, target: Any) -> Any:

@@ -1,0 +1,264 @@
+"""Half-precision tensors and autocast: bfloat16 storage bit for bit as ml_dtypes, casts and their gradients,
+the float32 widening of operations without half kernels, conv2d/linear/matmul under autocast held to a
+float64 reference by the half-precision bound (tests/helpers.py), gradients reaching float32 master weights
+against PyTorch in float64, the region's rules, and float16 loss scaling that recovers and skips."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import minidnn
+import minidnn.functional as F
+from minidnn import nn
+from tests.helpers import assert_within_half_bound, to_numpy
+
+HALF_DTYPES = {"bfloat16": minidnn.bfloat16, "float16": minidnn.float16}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture(params=sorted(HALF_DTYPES))
+def half(request):
+    return request.param
+
+
+def _reference_dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(np.float16)
+
+
+def _rounded(values: np.ndarray, name: str) -> np.ndarray:
+    """float32 ``values`` rounded to the half type by ml_dtypes / NumPy (the independent rounding), as float64."""
+    return values.astype(np.float32).astype(_reference_dtype(name)).astype(np.float64)
+
+
+def _values(tensor: minidnn.Tensor) -> np.ndarray:
+    return tensor.float().numpy().astype(np.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Storage and casts
+# ----------------------------------------------------------------------------------------------
+def test_bfloat16_is_ml_dtypes_and_a_tensor_dtype():
+    assert minidnn.bfloat16 == np.dtype(ml_dtypes.bfloat16)
+    t = minidnn.zeros(2, 3, dtype=minidnn.bfloat16)
+    assert t.dtype == minidnn.bfloat16 and t.is_floating_point() and "bfloat16" in repr(t)
+    with pytest.raises(TypeError, match="not supported"):
+        minidnn.tensor([1, 2], dtype=np.uint16)
+
+
+def test_half_tensors_round_as_the_reference_and_keep_their_bits_across_devices(device, half, rng):
+    specials = np.array([0.0, -0.0, 1.0, 1.00390625, 1.01171875, 65504.0, 65520.0, 3.4e38, -np.inf, np.nan, 1e-40,
+                         2.0 ** -25], dtype=np.float32)  # ties of bfloat16, float16's largest, overflow, subnormals
+    values = np.concatenate([specials, rng.standard_normal(37).astype(np.float32)])
+    with np.errstate(over="ignore"):  # float16's overflow to infinity is the rounding under test
+        expected = values.astype(_reference_dtype(half))
+    t = minidnn.tensor(values, device=device).to(HALF_DTYPES[half])
+    assert t.dtype == HALF_DTYPES[half] and t.device.type == device
+    np.testing.assert_array_equal(t.numpy().view(np.uint16), expected.view(np.uint16))
+    made_here = minidnn.tensor(values, dtype=HALF_DTYPES[half], device=device)
+    np.testing.assert_array_equal(made_here.numpy().view(np.uint16), expected.view(np.uint16))
+    back = t.cpu().to(device)
+    np.testing.assert_array_equal(back.numpy().view(np.uint16), expected.view(np.uint16))
+    np.testing.assert_array_equal(t.float().numpy(), expected.astype(np.float32))  # widening is exact
+    full = minidnn.full((3,), 1.01171875, dtype=HALF_DTYPES[half], device=device)
+    np.testing.assert_array_equal(full.numpy().view(np.uint16),
+                                  np.full(3, 1.01171875, np.float32).astype(_reference_dtype(half)).view(np.uint16))
+
+
+def test_a_cast_carries_the_gradient_back_in_the_source_type(device, half, rng):
+    weights = rng.standard_normal(23).astype(np.float32)
+    x = minidnn.tensor(rng.standard_normal(23).astype(np.float32), device=device, requires_grad=True)
+    h = x.to(HALF_DTYPES[half])
+    (h.float() * minidnn.tensor(weights, device=device)).sum().backward()
+    assert x.grad.dtype == np.float32
+    # d/dh of h.float()·w is w, rounded to the half type on its way through h, then widened exactly.
+    np.testing.assert_array_equal(x.grad.numpy(), _rounded(weights, half).astype(np.float32))
+
+
+def test_operations_without_half_kernels_widen_to_float32(device, half, rng):
+    values = rng.standard_normal((4, 5)).astype(np.float32)
+    h = minidnn.tensor(values, device=device).to(HALF_DTYPES[half])
+    exact = _rounded(values, half).astype(np.float32)
+    result = h.relu() + 1.0
+    assert result.dtype == np.float32
+    np.testing.assert_array_equal(result.numpy(), np.maximum(exact, 0) + 1.0)
+    np.testing.assert_array_equal((h > 0).numpy(), exact > 0)
+    np.testing.assert_array_equal(h.argmax(dim=1).numpy(), exact.argmax(axis=1))
+    np.testing.assert_array_equal(h.max(dim=0).indices.numpy(), exact.argmax(axis=0))
+    with pytest.raises(TypeError, match="out-of-place"):
+        h.mul_(2.0)
+    h.fill_(1.01171875)
+    np.testing.assert_array_equal(h.numpy().view(np.uint16),
+                                  np.full((4, 5), 1.01171875, np.float32).astype(_reference_dtype(half)).view(np.uint16))
+
+
+def test_two_gradients_of_one_half_tensor_are_summed_in_its_type(device, half, rng):
+    a, b = (rng.standard_normal(31).astype(np.float32) for _ in range(2))
+    x = minidnn.tensor(rng.standard_normal(31).astype(np.float32), device=device, requires_grad=True)
+    h = x.to(HALF_DTYPES[half])
+    ((h * minidnn.tensor(a, device=device)).sum() + (h * minidnn.tensor(b, device=device)).sum()).backward()
+    # Each use widens h (its own cast node), whose backward rounds a and b; h's node sums the two in float32
+    # and rounds once; x's cast widens the sum exactly.
+    expected = _rounded((_rounded(a, half) + _rounded(b, half)).astype(np.float32), half)
+    np.testing.assert_array_equal(x.grad.numpy(), expected.astype(np.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# The half-precision list under autocast, against float64
+# ----------------------------------------------------------------------------------------------
+def _conv_float64(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
+    """Direct cross-correlation in float64 (stride 1): an independent reference."""
+    padded = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, w.shape[2:], axis=(2, 3))  # N, C, P, Q, R, S
+    return np.einsum("ncpqrs,kcrs->nkpq", windows, w)
+
+
+def test_autocast_conv2d_runs_in_the_half_type_within_its_bound(device, half, rng):
+    x = minidnn.tensor(rng.standard_normal((3, 5, 9, 7)).astype(np.float32), device=device)
+    w = minidnn.tensor(rng.standard_normal((6, 5, 3, 3)).astype(np.float32), device=device)
+    b = minidnn.tensor(rng.standard_normal(6).astype(np.float32), device=device)
+    with minidnn.autocast(device, dtype=HALF_DTYPES[half]):
+        y = F.conv2d(x, w, padding=1)
+        y_bias = F.conv2d(x, w, b, padding=1)
+    assert y.dtype == HALF_DTYPES[half] and y_bias.dtype == HALF_DTYPES[half]
+    xs, ws = _rounded(x.numpy(), half), _rounded(w.numpy(), half)
+    exact = _conv_float64(xs, ws, 1)
+    magnitude = _conv_float64(np.abs(xs), np.abs(ws), 1)
+    assert_within_half_bound(y.data, exact, magnitude, half, 5 * 3 * 3, "conv2d under autocast")
+    # The bias is added to the rounded product in float32 and rounded once more.
+    with_bias = _values(y) + _rounded(b.numpy(), half)[None, :, None, None]
+    np.testing.assert_array_equal(_values(y_bias), _rounded(with_bias.astype(np.float32), half))
+
+
+def test_autocast_linear_and_matmul_run_in_the_half_type_within_their_bound(device, half, rng):
+    x = minidnn.tensor(rng.standard_normal((7, 19)).astype(np.float32), device=device)
+    w = minidnn.tensor(rng.standard_normal((5, 19)).astype(np.float32), device=device)
+    a3 = minidnn.tensor(rng.standard_normal((3, 7, 19)).astype(np.float32), device=device)
+    b3 = minidnn.tensor(rng.standard_normal((3, 19, 4)).astype(np.float32), device=device)
+    with minidnn.autocast(device, dtype=HALF_DTYPES[half]):
+        y = F.linear(x, w)
+        product = x @ w.T
+        batched = a3 @ b3
+    xs, ws = _rounded(x.numpy(), half), _rounded(w.numpy(), half)
+    for got in (y, product):
+        assert got.dtype == HALF_DTYPES[half]
+        assert_within_half_bound(got.data, xs @ ws.T, np.abs(xs) @ np.abs(ws).T, half, 19, "linear / matmul")
+    a3s, b3s = _rounded(a3.numpy(), half), _rounded(b3.numpy(), half)
+    assert_within_half_bound(batched.data, a3s @ b3s, np.abs(a3s) @ np.abs(b3s), half, 19, "batched matmul")
+
+
+def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(device, half, rng):
+    """conv -> batch norm -> ReLU -> linear -> cross-entropy under autocast, against PyTorch in float64:
+    the parameters' gradients are float32 and within a few half-type roundings of the exact ones."""
+    torch = pytest.importorskip("torch")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 5)).to(device)
+    images = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
+    labels = rng.integers(0, 5, 4)
+    with minidnn.autocast(device, dtype=HALF_DTYPES[half]):
+        loss = F.cross_entropy(model(minidnn.tensor(images, device=device)), minidnn.tensor(labels, device=device))
+    assert loss.dtype == np.float32
+    loss.backward()
+    params = [to_numpy(p.data).astype(np.float64) for p in model.parameters()]
+    conv_w, gamma, beta, fc_w, fc_b = [torch.tensor(p, requires_grad=True) for p in params]
+    h = torch.nn.functional.conv2d(torch.tensor(images, dtype=torch.float64), conv_w, padding=1)
+    h = torch.relu(torch.nn.functional.batch_norm(h, None, None, gamma, beta, training=True))
+    reference = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h.flatten(1), fc_w, fc_b),
+                                                  torch.tensor(labels))
+    reference.backward()
+    assert abs(loss.item() - reference.item()) < 0.05 * abs(reference.item()) + 1e-3
+    for p, exact in zip(model.parameters(), (conv_w, gamma, beta, fc_w, fc_b)):
+        assert p.grad.dtype == np.float32
+        expected = exact.grad.numpy()
+        np.testing.assert_allclose(p.grad.numpy(), expected, rtol=0, atol=0.06 * np.abs(expected).max() + 1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# The region's rules
+# ----------------------------------------------------------------------------------------------
+def test_autocast_casts_only_its_own_device_and_only_float32_or_half(rng):
+    x, w = minidnn.randn(2, 4), minidnn.randn(3, 4)
+    with minidnn.autocast("cuda", dtype=minidnn.bfloat16):  # CPU tensors are not its business
+        assert minidnn.is_autocast_enabled("cuda") and not minidnn.is_autocast_enabled("cpu")
+        assert F.linear(x, w).dtype == np.float32
+    with minidnn.autocast("cpu"):  # PyTorch's default on the CPU: bfloat16
+        assert minidnn.get_autocast_dtype("cpu") == minidnn.bfloat16
+        assert F.linear(x, w).dtype == minidnn.bfloat16
+        assert F.linear(x.double(), w.double()).dtype == np.float64
+        assert F.linear(x.half(), w).dtype == minidnn.bfloat16  # the other half type is cast too
+        assert F.softmax(F.linear(x, w), dim=1).dtype == np.float32  # off the list: float32
+    assert minidnn.get_autocast_dtype("cpu") is None
+
+
+def test_autocast_regions_nest_switch_off_and_decorate():
+    x, w = minidnn.randn(2, 4), minidnn.randn(3, 4)
+    with minidnn.autocast("cpu", dtype=minidnn.float16):
+        with minidnn.autocast("cpu", enabled=False):
+            assert F.linear(x, w).dtype == np.float32
+        with minidnn.autocast("cpu", dtype=minidnn.bfloat16):
+            assert F.linear(x, w).dtype == minidnn.bfloat16
+        assert F.linear(x, w).dtype == np.float16
+
+    @minidnn.amp.autocast("cpu", dtype=minidnn.float16)
+    def forward():
+        return F.linear(x, w)
+
+    assert forward().dtype == np.float16 and not minidnn.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("arguments, error, match", [
+    (dict(device_type="tpu"), ValueError, "device_type must be 'cuda' or 'cpu'"),
+    (dict(device_type="cpu", dtype=np.float32), TypeError, "dtype must be minidnn.bfloat16 or minidnn.float16"),
+    (dict(device_type="cpu", enabled=1), TypeError, "enabled must be a bool"),
+])
+def test_bad_autocast_arguments_are_clear_errors(arguments, error, match):
+    with pytest.raises(error, match=match):
+        minidnn.autocast(**arguments)
+
+
+# ----------------------------------------------------------------------------------------------
+# float16 with loss scaling
+# ----------------------------------------------------------------------------------------------
+def _float16_run(device: str, init_scale: float, steps: int, rng) -> tuple[list[float], minidnn.amp.GradScaler, nn.Module]:
+    minidnn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+    optimizer = minidnn.optim.SGD(model.parameters(), lr=0.1)
+    scaler = minidnn.amp.GradScaler(device, init_scale=init_scale, growth_interval=1)
+    inputs = minidnn.tensor(rng.standard_normal((32, 8)).astype(np.float32), device=device)
+    labels = minidnn.tensor(rng.integers(0, 3, 32), device=device)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        with minidnn.autocast(device, dtype=minidnn.float16):
+            loss = F.cross_entropy(model(inputs), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    return losses, scaler, model
+
+
+def test_float16_with_a_tiny_initial_scale_recovers(device, rng):
+    # At 2^-30 every scaled gradient flushes to zero in float16: the steps run on zero gradients while the
+    # scale doubles each step, until it is large enough for the gradients to show and the loss to fall.
+    losses, scaler, _ = _float16_run(device, 2.0 ** -30, 60, rng)
+    assert scaler.get_scale() >= 2.0 ** 20
+    assert losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the overflow under test
+def test_float16_with_an_overflowing_scale_skips_the_step(device, rng):
+    # At 2^40 the scaled loss's gradients overflow float16: the step is skipped (the weights stay) and the
+    # scale halves.
+    minidnn.manual_seed(0)
+    _, scaler, model = _float16_run(device, 2.0 ** 40, 1, rng)
+    minidnn.manual_seed(0)
+    untouched = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    for p, q in zip(model.parameters(), untouched.parameters()):
+        np.testing.assert_array_equal(p.numpy() if device == "cpu" else p.cpu().numpy(), q.numpy())
+    assert scaler.get_scale() == 2.0 ** 39
