@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("running")
     run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     run.add_argument("--tf32", action="store_true", help="let float32 GEMMs use TF32 tensor cores (GPU)")
+    run.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
+                     help="mixed precision: convolutions and linear layers in bfloat16 or float16 under autocast "
+                          "(fp16 with dynamic loss scaling); weights and optimizer state stay float32")
     run.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                      help="capture the training step as one CUDA graph after its first step and replay it "
                           "(default: on with --device cuda; --no-cuda-graph runs every step eagerly)")
@@ -863,15 +866,30 @@ class Run:
         self.saved_step: int | None = None
         self.watch = LossWatch()
         self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the first step
+        half = {"bf16": minidnn.bfloat16, "fp16": minidnn.float16}.get(args.amp)
+        self.half_dtype = half  # --amp's autocast dtype, None for float32
+        # float16's narrow range needs the loss scaled (bfloat16 has float32's exponent range and does not)
+        self.scaler = minidnn.amp.GradScaler(device.split(":")[0]) if args.amp == "fp16" else None
         self.solved = False  # whether this process has run its first step (where wd plans are made)
 
+    def autocast(self) -> Any:
+        """--amp's autocast region for the forward pass and the loss (a no-op region without --amp)."""
+        return minidnn.autocast(self.device.split(":")[0], dtype=self.half_dtype, enabled=self.half_dtype is not None)
+
     def eager_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
-        """Forward, loss, backward and the optimizer's update; returns (logits, loss)."""
-        logits = self.network(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
+        """Forward, loss, backward and the optimizer's update; returns (logits, loss). With --amp fp16 the
+        loss is scaled and a step whose gradients overflowed is skipped (GradScaler)."""
+        with self.autocast():
+            logits = self.network(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
         self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         return logits, loss
 
     def train_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
@@ -931,6 +949,8 @@ class Run:
                 raise ValueError(f"its best accuracy is {best!r}")
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{checkpoint.path!r} is damaged: its run state does not parse ({error})") from None
+        if self.scaler is not None and "grad_scaler" in extra:  # a run resumed under --amp fp16 keeps its scale
+            self.scaler.load_state_dict(extra["grad_scaler"])
         minidnn.load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
         self.step, self.history, self.best, self.meter = checkpoint.step, history, best, meter
         if _same_file(checkpoint.path, os.path.join(self.args.out, "last.npz")):
@@ -966,6 +986,8 @@ class Run:
         extra = {"model": self.args.model, **self.description, "history": self.history, "best": self.best,
                  "meter": self.meter.state(), "args": settings, "steps_per_epoch": len(self.train_loader),
                  "train_images": len(self.train_loader.dataset), "world_size": self.world.size}
+        if self.scaler is not None:
+            extra["grad_scaler"] = self.scaler.state_dict()
         path = os.path.join(self.args.out, name)
         if self.world.main:
             with writing(path):  # a full disk, a folder removed under the run: the old file is intact
@@ -991,7 +1013,8 @@ class Run:
             broadcast_coalesced(self.network.process_group, list(self.model.buffers()))
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
-        test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)
+        with self.autocast():
+            test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)
         if not math.isfinite(test_loss):
             raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")
         self.history.append({
@@ -1124,8 +1147,15 @@ def prepare(args: argparse.Namespace, world: World | None = None) -> Run:
         minidnn.use_deterministic_algorithms(args.deterministic)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
+        if args.cuda_graph and args.amp == "fp16":
+            raise ValueError("--cuda-graph cannot capture --amp fp16: its loss scaler reads an overflow flag on the "
+                             "host every step (use --amp bf16, which needs no scaler, or --no-cuda-graph)")
         if args.cuda_graph is None:  # the captured step is the GPU's default: the fastest path there is
             args.cuda_graph = device.startswith("cuda")
+            if args.cuda_graph and args.amp == "fp16":
+                args.cuda_graph = False
+                _warn("the training step runs eagerly: --amp fp16's loss scaler reads an overflow flag on the host "
+                      "every step, which a CUDA graph cannot (--amp bf16 needs no scaler and is captured)")
         image_size = args.image_size or models.input_size(args.model)
         with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
             warnings.simplefilter("always")

@@ -395,3 +395,41 @@ def test_a_description_holds_deterministic_pipelines_only():
         models.describe("tiny_cnn", {}, [], T.Compose([T.Resize(3)]), 10)
     with pytest.raises(ValueError, match="_GrayToRGB"):
         models.describe("tiny_cnn", {}, [], pipeline, 10)  # an RGB step not named as one is not guessed at
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_trains_and_resumes_with_its_loss_scale(tmp_path, amp):
+    """--amp runs the forward under autocast (the parameters stay float32); an fp16 run's loss scale goes into
+    its checkpoints and a resumed run goes on bit for bit as the run that never stopped."""
+    options = TINY + ["--epochs", "2", "--amp", amp]
+    straight = train.main(options + ["--out", str(tmp_path / "straight")])
+    assert straight["history"][-1]["train_loss"] < straight["history"][0]["train_loss"] * 1.05
+    checkpoint = minidnn.read_checkpoint(str(tmp_path / "straight" / "last.npz"))
+    assert ("grad_scaler" in checkpoint.extra) == (amp == "fp16")
+    if amp == "fp16":
+        assert checkpoint.extra["grad_scaler"]["_growth_tracker"] == straight["step"]  # no overflow at 2^16
+    assert all(value.dtype == np.float32 for value in parameters(tmp_path / "straight" / "last.npz").values()
+               if value.dtype.kind == "f")
+    train.main(options + ["--out", str(tmp_path / "resumed"), "--max-steps", "7"])
+    train.main(options + ["--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "resumed" / "last.npz")])
+    straight_weights, resumed = parameters(tmp_path / "straight" / "last.npz"), parameters(tmp_path / "resumed" / "last.npz")
+    for name in straight_weights:
+        np.testing.assert_array_equal(straight_weights[name], resumed[name], err_msg=name)
+    if amp == "fp16":
+        assert minidnn.read_checkpoint(str(tmp_path / "resumed" / "last.npz")).extra["grad_scaler"] == \
+            checkpoint.extra["grad_scaler"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_bf16_is_captured_and_fp16_runs_eagerly(tmp_path, capsys):
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--amp", "bf16", "--out", str(tmp_path / "captured")])
+    assert "the training step runs as one CUDA graph" in capsys.readouterr().out
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--amp", "bf16", "--no-cuda-graph",
+                       "--out", str(tmp_path / "eager")])
+    captured, eager = parameters(tmp_path / "captured" / "last.npz"), parameters(tmp_path / "eager" / "last.npz")
+    for name, value in eager.items():
+        np.testing.assert_allclose(captured[name], value, rtol=1e-3, atol=1e-4, err_msg=name)
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--amp", "fp16", "--out", str(tmp_path / "fp16")])
+    assert "--amp fp16's loss scaler reads an overflow flag" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--cuda-graph cannot capture --amp fp16"):
+        train.main(TINY + ["--device", "cuda", "--cuda-graph", "--amp", "fp16", "--out", str(tmp_path / "no")])
