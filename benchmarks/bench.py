@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py                                      # every model, on the GPU
     python benchmarks/bench.py --models resnet18 --tf32 off         # a subset
+    python benchmarks/bench.py --models resnet20 --precision fp32,bf16 --engines minidnn,torch,minidnn-graph
     python benchmarks/bench.py --models resnet18 --workspace-limit 8MiB,64MiB,512MiB --microbatch off,wr,wd
     python benchmarks/bench.py --quick                              # a small smoke run (on the CPU without a GPU)
     python benchmarks/bench.py --merge a.json b.json --name both    # one report from several runs
@@ -81,7 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=None, help="override every model's input side")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
     parser.add_argument("--tf32", default=None, help="math modes, comma-separated: off (fp32: TF32 off everywhere), "
-                        "on; default off,on on the GPU, off on the CPU")
+                        "on; default off,on on the GPU, off on the CPU (the older spelling of --precision fp32,tf32)")
+    parser.add_argument("--precision", default=None, help="precisions, comma-separated: fp32, tf32, bf16, fp16 "
+                        "(bf16/fp16: autocast, fp16 with a GradScaler; PyTorch's with channels_last; no naive engine, "
+                        "no layer tables); default as --tf32's")
     parser.add_argument("--device", default=None, help="cuda or cpu; default cuda, and with --quick the CPU "
                         "where no GPU is there")
     parser.add_argument("--warmup", type=int, default=3, help="untimed training steps before measuring")
@@ -132,12 +136,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.notes.append("minidnn-graph skipped: " + ("minidnn.cuda.graphs is not importable in this checkout."
                                                         if gpu else "CUDA graphs need the GPU."))
 
-    modes = _list(args.tf32 or ("off,on" if gpu else "off"))
-    if not modes or set(modes) - {"off", "on"}:
-        parser.error(f"--tf32 must be off, on or off,on; got {args.tf32!r}")
-    if "on" in modes and not gpu:
-        parser.error("--tf32 on needs the GPU (TF32 is a tensor-core mode); use --tf32 off on the CPU")
-    args.modes = [mode == "on" for mode in dict.fromkeys(modes)]
+    if args.tf32 is not None and args.precision is not None:
+        parser.error("--tf32 and --precision exclude each other (--tf32 off,on is --precision fp32,tf32)")
+    if args.precision is not None:
+        modes = _list(args.precision)
+        if not modes or set(modes) - set(reports.PRECISIONS):
+            parser.error(f"--precision takes a comma-separated list of {', '.join(reports.PRECISIONS)}; "
+                         f"got {args.precision!r}")
+        if "tf32" in modes and not gpu:
+            parser.error("--precision tf32 needs the GPU (TF32 is a tensor-core mode)")
+    else:
+        switches = _list(args.tf32 or ("off,on" if gpu else "off"))
+        if not switches or set(switches) - {"off", "on"}:
+            parser.error(f"--tf32 must be off, on or off,on; got {args.tf32!r}")
+        if "on" in switches and not gpu:
+            parser.error("--tf32 on needs the GPU (TF32 is a tensor-core mode); use --tf32 off on the CPU")
+        modes = ["tf32" if switch == "on" else "fp32" for switch in switches]
+    args.modes = list(dict.fromkeys(modes))
 
     try:
         limits = ([registry.parse_size(text) for text in _list(args.workspace_limit)] if args.workspace_limit
@@ -205,22 +220,27 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
             compared = [engine for engine in ("naive", "torch") if engine in args.engines]
             if compared and not args.layers_only and not args.no_agreement:
                 cells.append({"kind": "agreement", **shape, "device": args.device, "engines": compared, "tf32": False})
-            for tf32 in args.modes:
+            for precision in args.modes:
+                half = precision in ("bf16", "fp16")
                 for engine in args.engines:
-                    if engine == "minidnn-graph" and args.layers_only:
-                        continue  # its convolutions are minidnn's
+                    if (engine == "minidnn-graph" and args.layers_only) or (engine == "naive" and half):
+                        continue  # the graph's convolutions are minidnn's; Caffe's engine has no half precision
+                    if half and args.layers_only:
+                        continue  # the layer tables time float32 convolutions (half layers: a probe)
                     grid = args.settings if engine in CONV_SETTING_ENGINES else [None]
                     for index, setting in enumerate(grid):
-                        cells.append({"kind": "engine", **shape, **common, "engine": engine, "tf32": tf32,
-                                      "setting": setting, "layer_table": not args.no_layers and engine != "minidnn-graph",
-                                      "menu": engine == "minidnn" and index == 0 and not args.no_menu})
+                        layer_table = not args.no_layers and engine != "minidnn-graph" and not half
+                        cells.append({"kind": "engine", **shape, **common, "engine": engine,
+                                      "precision": precision, "tf32": precision == "tf32", "setting": setting,
+                                      "layer_table": layer_table,
+                                      "menu": engine == "minidnn" and index == 0 and not args.no_menu and not half})
     return cells
 
 
 def describe(cell: dict[str, Any]) -> str:
     text = f"{cell['model']} batch {cell['batch']} {cell['kind'] if cell['kind'] != 'engine' else cell['engine']}"
     if cell["kind"] == "engine":
-        text += f" {reports.mode_name(cell['tf32'])}"
+        text += f" {reports.precision_of(cell)}"
         if cell["setting"]:
             text += f" {reports.setting_label(cell['setting'])}"
     return text

@@ -59,10 +59,12 @@ def _set_torch_flags(torch: Any, flags: tuple[bool, bool]) -> None:
 
 
 @contextlib.contextmanager
-def measurement_state(engine: str, tf32: bool) -> Iterator[None]:
-    """Select minidnn's engine for ``engine`` and set every TF32 switch to ``tf32`` (minidnn's, and
-    PyTorch's matmul and cuDNN ones when PyTorch is loaded); put all of them back on exit, also
-    after an exception. fp32 means TF32 off everywhere, whatever the environment said."""
+def measurement_state(engine: str, precision: str) -> Iterator[None]:
+    """Select minidnn's engine for ``engine`` and set every TF32 switch to whether ``precision`` is
+    ``"tf32"`` (minidnn's, and PyTorch's matmul and cuDNN ones when PyTorch is loaded); put all of them back
+    on exit, also after an exception. fp32 means TF32 off everywhere, whatever the environment said; bf16 and
+    fp16 (autocast, see :class:`Engine`) run their float32 remainder with TF32 off too."""
+    tf32 = precision == "tf32"
     torch = sys.modules.get("torch")
     if torch is None and engine == "torch":
         import torch  # noqa: PLC0415 - loaded now, or its TF32 switches would keep their defaults (on for cuDNN)
@@ -175,23 +177,32 @@ class Engine:
     table lists (for PyTorch, the CPU model its twin copied)."""
 
     name = "engine"
-    # Set by each library's engine: its cross-entropy and its no-grad context.
+    # Set by each library's engine: its cross-entropy, its no-grad context, and for bf16 and fp16 its autocast
+    # region (``autocast()``, a no-op region in fp32 and tf32) and for fp16 its GradScaler (else None).
     cross_entropy: Callable[[Any, Any], Any]
     no_grad: Callable[[], Any]
+    autocast: Callable[[], Any] = staticmethod(contextlib.nullcontext)
+    scaler: Any = None
 
     def step(self) -> None:
         self.train_step(self.x, self.y)
 
     def train_step(self, x: Any, y: Any) -> Any:
-        loss = self.cross_entropy(self.model(x), y)
+        with self.autocast():
+            loss = self.cross_entropy(self.model(x), y)
         self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:  # fp16: as a user's loop does it, loss scaling and a skipped step on overflow
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         return loss
 
     def forward(self) -> None:
         self.model.eval()
-        with self.no_grad():
+        with self.no_grad(), self.autocast():
             self.model(self.x)
         self.model.train()
 
@@ -217,6 +228,11 @@ class MinidnnEngine(Engine):
         self.x, self.y = minidnn.tensor(x, device=self.device), minidnn.tensor(y, device=self.device)
         self.optimizer = optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
         self.minidnn_model, self.minidnn_device = self.model, self.device
+        half = HALF_DTYPES.get(spec.get("precision"))
+        if half is not None:
+            device_type = self.device.split(":")[0]
+            self.autocast = lambda: minidnn.autocast(device_type, dtype=getattr(minidnn, half))
+            self.scaler = minidnn.amp.GradScaler(device_type) if half == "float16" else None
         if self.gpu:
             cupy = backend.cupy()
             self.clock = Clock(cupy.cuda.Event, cupy.cuda.get_elapsed_time)
@@ -294,6 +310,13 @@ class TorchEngine(Engine):
         self.model = torch_twin(spec["architecture"], self.minidnn_model).to(self.device)
         x, y = batch_arrays(spec)
         self.x, self.y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        half = HALF_DTYPES.get(spec.get("precision"))
+        if half is not None:  # PyTorch AMP as a user runs it on tensor cores: autocast with channels_last
+            device_type = self.device.split(":")[0]
+            self.model = self.model.to(memory_format=torch.channels_last)
+            self.x = self.x.contiguous(memory_format=torch.channels_last)
+            self.autocast = lambda: torch.autocast(device_type, dtype=getattr(torch, half))
+            self.scaler = torch.amp.GradScaler(device_type) if half == "float16" else None
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
         if self.gpu:
             self.clock = Clock(lambda: torch.cuda.Event(enable_timing=True), lambda a, b: a.elapsed_time(b))
@@ -324,6 +347,7 @@ class TorchEngine(Engine):
                 "backward_filter": lambda: torch.nn.grad.conv2d_weight(x, problem.w_shape, dy, *arguments)}
 
 
+HALF_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # --precision's half types, by their names in both libraries
 ENGINES: dict[str, type] = {"minidnn": MinidnnEngine, "naive": MinidnnEngine, "minidnn-graph": CapturedMinidnnEngine,
                             "torch": TorchEngine}
 
@@ -567,7 +591,8 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
     engine = ENGINES[spec["engine"]](spec)
     setting = spec.get("setting") or {}
     record: dict[str, Any] = {}
-    with measurement_state(spec["engine"], spec["tf32"]), conv.settings(**setting):
+    with measurement_state(spec["engine"], spec.get("precision") or ("tf32" if spec["tf32"] else "fp32")), \
+            conv.settings(**setting):
         start = time.perf_counter()
         with observing_convolutions() as calls:
             engine.step()
@@ -626,7 +651,7 @@ def measure_agreement(spec: dict[str, Any]) -> dict[str, Any]:
 
         twin = torch_twin(spec["architecture"], minidnn_model(spec)).to(device)
         switch_off_dropout(twin)
-    with measurement_state("minidnn", False):
+    with measurement_state("minidnn", "fp32"):
         def minidnn_gradients(engine: str) -> tuple[float, dict[str, np.ndarray]]:
             with minidnn.use_engine(engine):
                 model.zero_grad()

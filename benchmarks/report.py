@@ -21,8 +21,19 @@ LAYER_SPEED_TARGET = 0.7
 STEP_TARGET = {"fp32": 1.3}
 
 
-def mode_name(tf32: bool) -> str:
-    return "tf32" if tf32 else "fp32"
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # bench.py's --precision, in the reports' order
+
+
+def precision_of(record: dict[str, Any]) -> str:
+    """A record's precision: its ``precision``, or for a record from before --precision its TF32 switch."""
+    return record.get("precision") or ("tf32" if record.get("tf32") else "fp32")
+
+
+def mode_name(precision: "str | bool") -> str:
+    """A precision's name (a bool is the TF32 switch of a record from before --precision)."""
+    if isinstance(precision, str):
+        return precision
+    return "tf32" if precision else "fp32"
 
 
 def size_text(size: int) -> str:
@@ -61,13 +72,13 @@ def _engine_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "engine"]
 
 
-def _find(records: list[dict[str, Any]], model: str, batch: int, engine: str, tf32: bool,
+def _find(records: list[dict[str, Any]], model: str, batch: int, engine: str, precision: str,
           needs: str | None = None) -> dict[str, Any] | None:
     """The measured record of an engine that runs once per mode (naive, torch): the first one, or the
     first holding ``needs`` ("layers", "wall_ms"), since merged runs can hold a layers-only record and a
     whole-step one of the same engine."""
     for record in _engine_records(records):
-        if (record["model"], record["batch"], record["engine"], record["tf32"]) == (model, batch, engine, tf32) \
+        if (record["model"], record["batch"], record["engine"], precision_of(record)) == (model, batch, engine, precision) \
                 and "error" not in record and "skipped" not in record and (needs is None or record.get(needs)):
             return record
     return None
@@ -104,9 +115,9 @@ def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict
     """Sums over the layers training runs for one minidnn record, against cuDNN's and the naive
     engine's (wall and kernel time), the slowest layer-direction against cuDNN (by kernel time
     where profiled), the step against PyTorch's, and the step time outside the convolutions."""
-    torch = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"], "layers")
-    naive = _find(records, ours["model"], ours["batch"], "naive", ours["tf32"], "layers")
-    torch_step = _find(records, ours["model"], ours["batch"], "torch", ours["tf32"], "wall_ms")
+    torch = _find(records, ours["model"], ours["batch"], "torch", precision_of(ours), "layers")
+    naive = _find(records, ours["model"], ours["batch"], "naive", precision_of(ours), "layers")
+    torch_step = _find(records, ours["model"], ours["batch"], "torch", precision_of(ours), "wall_ms")
     result: dict[str, Any] = {}
     for name, record in (("minidnn", ours), ("cudnn", torch), ("naive", naive)):
         if record and record.get("layers"):
@@ -160,9 +171,9 @@ def markdown(report: dict[str, Any]) -> str:
                   "peak MiB | vs naive (wall) | vs naive (GPU-busy) | / PyTorch (wall) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         mine = [r for r in _engine_records(records) if (r["model"], r["batch"]) == (model, batch)]
-        mine.sort(key=lambda r: (r["tf32"], ENGINE_ORDER.index(r["engine"])))
+        mine.sort(key=lambda r: (PRECISIONS.index(precision_of(r)), ENGINE_ORDER.index(r["engine"])))
         for record in mine:
-            mode = mode_name(record["tf32"])
+            mode = mode_name(precision_of(record))
             engine = record["engine"] + (" (not captured: ran eagerly)" if record.get("captured") is False else "")
             head = f"| {engine} | {mode} | {setting_label(record.get('setting'))} |"
             if "error" in record or "skipped" in record:
@@ -171,8 +182,8 @@ def markdown(report: dict[str, Any]) -> str:
                 continue
             if record.get("wall_ms") is None:
                 continue  # a layers-only record
-            naive = _find(records, model, batch, "naive", record["tf32"], "wall_ms")
-            torch = _find(records, model, batch, "torch", record["tf32"], "wall_ms")
+            naive = _find(records, model, batch, "naive", precision_of(record), "wall_ms")
+            torch = _find(records, model, batch, "torch", precision_of(record), "wall_ms")
             compared = record["engine"] in ("minidnn", "minidnn-graph")
             copies = (f"{record['memcpy_per_step']:.0f} / {record['memset_per_step']:.0f}"
                       if "memcpy_per_step" in record else "-")
@@ -202,7 +213,7 @@ def markdown(report: dict[str, Any]) -> str:
         for record in skipped:
             what = " ".join(str(record.get(k)) for k in ("kind", "model", "batch", "engine") if record.get(k) is not None)
             reason = record.get("skipped") or record["error"].strip().splitlines()[-1]
-            lines.append(f"* {what} {mode_name(record.get('tf32', False))} {setting_label(record.get('setting'))}: "
+            lines.append(f"* {what} {mode_name(precision_of(record))} {setting_label(record.get('setting'))}: "
                          f"{reason}")
     return "\n".join(lines) + "\n"
 
@@ -235,23 +246,23 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
              "minidnn / cuDNN (wall) | conv naive ms: GPU / wall | slowest layer-direction vs cuDNN (speed) | "
              "step minidnn / PyTorch (wall) | outside convs, wall ms: minidnn / PyTorch | outside convs, GPU-active ms: "
              "minidnn / PyTorch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for record in sorted(ours, key=lambda r: r["tf32"]):
-        mode = mode_name(record["tf32"])
+    for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
+        mode = mode_name(precision_of(record))
         sums = conv_comparison(records, record)
         slowest = (f"{sums['slowest_layer']} {_check(sums['slowest_speed'], LAYER_SPEED_TARGET, at_most=False)} "
                    f"({sums['slowest_basis']})" if "slowest_speed" in sums else "-")
         lines.append(f"| {mode} | {setting_label(record.get('setting'))} | "
                      f"{_number(sums['minidnn_gpu_ms'])} / {_number(sums.get('cudnn_gpu_ms'))} | "
-                     f"{_check(sums['gpu_ratio'], CONV_SUM_TARGET[mode])} | "
+                     f"{_check(sums['gpu_ratio'], CONV_SUM_TARGET.get(mode))} | "
                      f"{_number(sums['minidnn_ms'])} / {_number(sums.get('cudnn_ms'))} | {_check(sums['ratio'], None)} | "
                      f"{_number(sums.get('naive_gpu_ms'))} / {_number(sums.get('naive_ms'))} | {slowest} | "
                      f"{_check(sums.get('step_ratio'), STEP_TARGET.get(mode))} | "
                      f"{_number(sums.get('minidnn_outside_wall_ms'))} / {_number(sums.get('torch_outside_wall_ms'))} | "
                      f"{_number(sums.get('minidnn_outside_busy_ms'))} / {_number(sums.get('torch_outside_busy_ms'))} |")
-    for record in sorted(ours, key=lambda r: r["tf32"]):
-        mode = mode_name(record["tf32"])
-        torch = _find(records, model, batch, "torch", record["tf32"], "layers")
-        naive = _find(records, model, batch, "naive", record["tf32"], "layers")
+    for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
+        mode = mode_name(precision_of(record))
+        torch = _find(records, model, batch, "torch", precision_of(record), "layers")
+        naive = _find(records, model, batch, "naive", precision_of(record), "layers")
         theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
         naive_rows = {row["shape"]: row for row in (naive or {}).get("layers") or []}
         lines += ["", f"#### {model}, batch {batch}, {mode}, setting {setting_label(record.get('setting'))}: "
@@ -271,10 +282,10 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
                              f"{_pair(mine)} | {_number(mine.get('kernels'), 0)} | "
                              f"{'-' if 'plan' not in mine else _plan_text(mine['plan'])} | {_pair(slow)} | {_pair(cudnn)} | "
                              f"{_check(_ratio(cudnn.get(key), mine[key]), LAYER_SPEED_TARGET, at_most=False)} |")
-    for record in sorted(ours, key=lambda r: r["tf32"]):
+    for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
         if not any("menu" in row for row in record["layers"]):
             continue
-        mode = mode_name(record["tf32"])
+        mode = mode_name(precision_of(record))
         names = sorted({name for row in record["layers"] for menu in row.get("menu", {}).values() for name in menu})
         lines += ["", f"#### Every algorithm of {model}, batch {batch}, {mode}: ms per call (wall / GPU), "
                   "workspace MiB", "",
@@ -323,20 +334,21 @@ def chart(report: dict[str, Any], path: str) -> bool:
     keys = groups(measured)
     if not keys:
         return False
-    labels = sorted({(r["tf32"], ENGINE_ORDER.index(r["engine"]), r["engine"], setting_label(r.get("setting")))
+    labels = sorted({(PRECISIONS.index(precision_of(r)), ENGINE_ORDER.index(r["engine"]), r["engine"], setting_label(r.get("setting")))
                      for r in measured})
     figure, axes = pyplot.subplots(figsize=(max(6.0, 1.2 * len(keys) * max(1, len(labels)) ** 0.5 + 3), 4.5))
     width = 0.8 / len(labels)
-    for i, (tf32, _, engine, setting) in enumerate(labels):
+    for i, (order, _, engine, setting) in enumerate(labels):
+        precision = PRECISIONS[order]
         walls, busies = [], []
         for model, batch in keys:
-            record = next((r for r in measured if (r["model"], r["batch"], r["tf32"], r["engine"],
-                                                   setting_label(r.get("setting"))) == (model, batch, tf32, engine,
+            record = next((r for r in measured if (r["model"], r["batch"], precision_of(r), r["engine"],
+                                                   setting_label(r.get("setting"))) == (model, batch, precision, engine,
                                                                                         setting)), {})
             walls.append(record.get("wall_ms") or 0)
             busies.append(record.get("gpu_busy_ms") or 0)
         positions = [k + i * width for k in range(len(keys))]
-        name = f"{engine} {mode_name(tf32)}" + ("" if setting == "-" else f" {setting}")
+        name = f"{engine} {precision}" + ("" if setting == "-" else f" {setting}")
         axes.bar(positions, walls, width, label=name)
         axes.bar(positions, busies, width * 0.4, color="black", alpha=0.5)
     axes.set_xticks([k + width * (len(labels) - 1) / 2 for k in range(len(keys))])
@@ -351,7 +363,7 @@ def chart(report: dict[str, Any], path: str) -> bool:
     return True
 
 
-def menu_chart(report: dict[str, Any], model: str, batch: int, tf32: bool, path: str) -> bool:
+def menu_chart(report: dict[str, Any], model: str, batch: int, precision: str, path: str) -> bool:
     """Every algorithm's kernel time (GPU ms per call) on each layer-direction of one model, from the
     algorithm menu of minidnn's record, with cuDNN's time on the same problem as a black bar:
     where each algorithm wins, measured. False when matplotlib or the records are missing."""
@@ -363,11 +375,11 @@ def menu_chart(report: dict[str, Any], model: str, batch: int, tf32: bool, path:
     except ImportError:
         return False
     records = report["records"]
-    ours = next((r for r in _engine_records(records) if (r["model"], r["batch"], r["engine"], r["tf32"])
-                 == (model, batch, "minidnn", tf32) and any("menu" in row for row in r.get("layers") or [])), None)
+    ours = next((r for r in _engine_records(records) if (r["model"], r["batch"], r["engine"], precision_of(r))
+                 == (model, batch, "minidnn", precision) and any("menu" in row for row in r.get("layers") or [])), None)
     if ours is None:
         return False
-    torch = _find(records, model, batch, "torch", tf32, "layers")
+    torch = _find(records, model, batch, "torch", precision, "layers")
     theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
     names = sorted({name for row in ours["layers"] for menu in row["menu"].values() for name in menu})
     groups_, timings = [], []
@@ -382,14 +394,14 @@ def menu_chart(report: dict[str, Any], model: str, batch: int, tf32: bool, path:
         axes.bar([g + index * width for g in range(len(groups_))],
                  [times.get(name) or 0 for times, _ in timings], width, label=name)
     axes.bar([g + len(names) * width for g in range(len(groups_))], [cudnn or 0 for _, cudnn in timings], width,
-             color="black", label=f"cuDNN ({mode_name(tf32)}, PyTorch's choice)")
+             color="black", label=f"cuDNN ({precision}, PyTorch's choice)")
     axes.set_xticks([g + width * len(names) / 2 for g in range(len(groups_))])
     axes.set_xticklabels(groups_, fontsize=7, rotation=90)
     axes.set_yscale("log")
     axes.set_ylabel("GPU ms per call (kernel time, log scale)")
     axes.set_xlabel("no bar: the algorithm does not support the problem, or its workspace exceeds the menu's limit",
                     fontsize=8)
-    axes.set_title(f"{model}, batch {batch}, {mode_name(tf32)}: every convolution algorithm on every layer-direction")
+    axes.set_title(f"{model}, batch {batch}, {precision}: every convolution algorithm on every layer-direction")
     axes.legend(fontsize=7, ncol=4)
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
@@ -409,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with open(args.report) as file:
         report = json.load(file)
-    if not menu_chart(report, args.model, args.batch, args.mode == "tf32", args.out + ".tmp"):
+    if not menu_chart(report, args.model, args.batch, args.mode, args.out + ".tmp"):
         parser.error(f"no algorithm menu for {args.model} batch {args.batch} {args.mode} in {args.report} "
                      "(or matplotlib is missing)")
     os.replace(args.out + ".tmp", args.out)

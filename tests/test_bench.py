@@ -128,13 +128,13 @@ def test_measurement_state_is_restored_after_an_exception(monkeypatch):
     minidnn.set_engine("minidnn")
     _cuda.set_allow_tf32(False)
     with pytest.raises(RuntimeError, match="inside"):
-        with measure.measurement_state("naive", True):
+        with measure.measurement_state("naive", "tf32"):
             assert minidnn.get_engine() == "naive" and _cuda.allow_tf32()
             assert flags.allow_tf32 and fake_torch.backends.cudnn.allow_tf32
             raise RuntimeError("inside the measurement")
     assert minidnn.get_engine() == "minidnn" and _cuda.allow_tf32() is False
     assert flags.allow_tf32 is False and fake_torch.backends.cudnn.allow_tf32 is True
-    with measure.measurement_state("torch", False):  # PyTorch's default cuDNN TF32 is on: fp32 turns it off
+    with measure.measurement_state("torch", "fp32"):  # PyTorch's default cuDNN TF32 is on: fp32 turns it off
         assert fake_torch.backends.cudnn.allow_tf32 is False and minidnn.get_engine() == "minidnn"
     assert fake_torch.backends.cudnn.allow_tf32 is True
 
@@ -149,7 +149,7 @@ def test_the_torch_engine_loads_pytorch_before_setting_its_switches(tmp_path, mo
         "                                 cudnn=types.SimpleNamespace(allow_tf32=True))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    with measure.measurement_state("torch", False):
+    with measure.measurement_state("torch", "fp32"):
         assert sys.modules["torch"].backends.cudnn.allow_tf32 is False
     assert sys.modules["torch"].backends.cudnn.allow_tf32 is True
     del sys.modules["torch"]  # the fake; monkeypatch puts back a real one that was loaded before
@@ -245,7 +245,8 @@ def test_a_malformed_workspace_limit_is_a_clear_error(limit, capsys):
 @pytest.mark.parametrize("arguments", [["--engines", "cudnn7"], ["--models", "vgg"], ["--tf32", "on"],
                                        ["--tf32", "maybe"], ["--microbatch", "sometimes"],
                                        ["--batch-policy", "primes"], ["--no-layers", "--layers-only"],
-                                       ["--steps", "0"], ["--budget-seconds", "-1"]])
+                                       ["--steps", "0"], ["--budget-seconds", "-1"], ["--precision", "int8"],
+                                       ["--precision", "tf32"], ["--precision", "bf16", "--tf32", "off"]])
 def test_bad_arguments(arguments, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", *arguments])
@@ -255,7 +256,7 @@ def test_bad_arguments(arguments, capsys):
 def test_quick_picks_the_cpu_where_no_gpu_is_there(monkeypatch):
     monkeypatch.setattr(bench, "_gpu_present", lambda: False)
     args = bench.parse_args(["--quick"])
-    assert args.device == "cpu" and args.modes == [False] and "No CUDA GPU: --quick ran on the CPU." in args.notes
+    assert args.device == "cpu" and args.modes == ["fp32"] and "No CUDA GPU: --quick ran on the CPU." in args.notes
     assert bench.parse_args([]).device == "cuda"  # the full suite is a GPU run: without one, its first cell says so
     monkeypatch.setattr(bench, "_gpu_present", lambda: True)
     assert bench.parse_args(["--quick"]).device == "cuda"
@@ -379,3 +380,33 @@ def test_the_menu_chart_draws_each_algorithm_beside_cudnn(tmp_path):
 def _write(path, content) -> str:
     path.write_text(json.dumps(content))
     return str(path)
+
+
+def test_half_precisions_plan_no_naive_engine_and_no_layer_tables(monkeypatch):
+    monkeypatch.setattr(bench, "_gpu_present", lambda: True)
+    args = bench.parse_args(["--models", "resnet20", "--precision", "fp32,bf16,fp16", "--engines", "minidnn,naive,torch"])
+    cells = [cell for cell in bench.plan_cells(args) if cell["kind"] == "engine"]
+    half = [cell for cell in cells if cell["precision"] in ("bf16", "fp16")]
+    assert {(c["precision"], c["engine"]) for c in half} == {(p, e) for p in ("bf16", "fp16") for e in ("minidnn", "torch")}
+    assert not any(c["layer_table"] or c.get("menu") or c["tf32"] for c in half)
+    assert [c["engine"] for c in cells if c["precision"] == "fp32"] == ["minidnn", "naive", "torch"]
+    assert bench.parse_args(["--models", "resnet20", "--tf32", "off,on"]).modes == ["fp32", "tf32"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_cell_trains_under_autocast(monkeypatch, precision):
+    """The engine's step runs its forward under autocast (fp16 with a GradScaler), as train.py's --amp does."""
+    regions = []
+    real = minidnn.autocast
+
+    def recording(device_type, dtype=None, enabled=True):
+        regions.append((device_type, dtype))
+        return real(device_type, dtype=dtype, enabled=enabled)
+
+    monkeypatch.setattr(minidnn, "autocast", recording)
+    engine = measure.MinidnnEngine({**TINY_CELL, "engine": "minidnn", "precision": precision})
+    loss = engine.train_step(engine.x, engine.y)
+    assert loss.dtype == np.float32 and np.isfinite(loss.item())
+    assert regions == [("cpu", minidnn.bfloat16 if precision == "bf16" else minidnn.float16)]
+    assert (engine.scaler is not None) == (precision == "fp16")
+    assert all(p.grad.dtype == np.float32 for p in engine.model.parameters())
