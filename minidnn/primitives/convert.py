@@ -188,19 +188,22 @@ def cast(array: Any, dtype: Any) -> Any:
     """``array`` (any shape) as a new array of ``dtype``, a NumPy dtype or ``ml_dtypes.bfloat16``; bfloat16
     in its device's storage (module docstring), whichever side of the cast it is on.
 
-    NumPy and CuPy convert every other pair themselves (float16 and ml_dtypes' bfloat16 round to nearest
-    even), so the only cast of our own is bfloat16 on the GPU: through float32, with convert.cu's rounding.
-    A float64 or integer source is rounded to float32 first there: two roundings, which differ from one in
-    rare ties.
+    NumPy converts every pair itself (float16 and ml_dtypes' bfloat16 round to nearest even), and CuPy every
+    pair without a half type. On the GPU the half types go through float32 and convert.cu, so that the bits
+    are the CPU's, NaNs included (CuPy's own float16 conversion makes every NaN 0x7fff). A float64 or integer
+    source is rounded to float32 first there: two roundings, which differ from one in rare ties.
     """
     dtype = np.dtype(dtype)
     if backend.is_cuda_array(array):
-        if array.dtype == np.uint16:
-            if dtype.name == "bfloat16":
-                return array.copy()
-            return half_to_float(array, "bfloat16").astype(dtype, copy=False)
-        if dtype.name == "bfloat16":
-            return float_to_half(array.astype(np.float32, copy=False), "bfloat16")
+        source = stored_half_type(array.dtype, on_gpu=True)
+        target = dtype.name if dtype.name in HALF_TYPES else None
+        if source is not None and source == target:
+            return array.copy()
+        if source is not None:
+            wide = half_to_float(array, source)
+            return wide if target is None and dtype == np.float32 else cast(wide, dtype)
+        if target is not None:
+            return float_to_half(array.astype(np.float32, copy=False), target)
     with np.errstate(over="ignore"):  # a value beyond float16's range becomes infinity: the rounding, not an error
         return array.astype(dtype)
 
