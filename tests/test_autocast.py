@@ -173,6 +173,7 @@ def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(devi
             return grad.to(half_torch).to(torch.float64)
 
     rounded = RoundTrip.apply
+    minidnn.manual_seed(int(rng.integers(2**31)))  # the weights, reproducibly (not the suite's RNG state)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                           nn.Linear(8 * 6 * 6, 5)).to(device)
     images = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
@@ -189,8 +190,8 @@ def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(devi
     logits = rounded(torch.nn.functional.linear(rounded(h.flatten(1)), rounded(fc_w), rounded(fc_b)))
     reference = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
     reference.backward()
-    assert abs(loss.item() - reference.item()) < 1e-3 * abs(reference.item())
     u = 2.0 ** -8 if half == "bfloat16" else 2.0 ** -11
+    assert abs(loss.item() - reference.item()) < 4 * u * abs(reference.item())
     for p, exact in zip(model.parameters(), (conv_w, gamma, beta, fc_w, fc_b)):
         assert p.grad.dtype == np.float32
         expected = exact.grad.numpy()
