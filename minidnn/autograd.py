@@ -371,8 +371,8 @@ class Function:
         if grad_mode and target.requires_grad and target._node is None:
             raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation ({operation}); "
                                "wrap it in `with minidnn.no_grad():` or use the out-of-place form")
-        if half_tensors.made and (is_half(target.data) or any(isinstance(a, Value) and is_half(a.data)
-                                                               for a in args)):
+        if half_tensors.made and not cls.half_inputs and (
+                is_half(target.data) or any(isinstance(a, Value) and is_half(a.data) for a in args)):
             raise TypeError(f"{operation} on a float16 or bfloat16 tensor is not supported; use the out-of-place "
                             "form (it computes in float32)")
         function = cls()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
+
 from . import random as _random
 from .autocast import lower_precision
 from .autograd import Function, is_grad_enabled
@@ -20,7 +22,7 @@ from .engine import library  # the current engine's primitives (minidnn's own, o
 from .primitives import pair
 from .primitives.activation import check_negative_slope
 from .primitives.dropout import check_probability
-from .tensor import Tensor
+from .tensor import Tensor, bfloat16
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
@@ -132,7 +134,12 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     """Max pooling over (H, W). With ``return_indices`` also the flat h·W + w index of each maximum."""
     _require_tensor(input, "input")
     indices: list = []
-    y = MaxPool2dFunction.apply(input, kernel_size, stride, padding, dilation, ceil_mode, indices if return_indices else None)
+    # Half precision: the maximum of half values is one of them, so pooling the float32 widening and
+    # casting back is exact (and keeps a half network's activations half).
+    half = input.dtype if _is_half(input) else None
+    y = MaxPool2dFunction.apply(input if half is None else input.float(), kernel_size, stride, padding, dilation,
+                                ceil_mode, indices if return_indices else None)
+    y = y if half is None else y.to(half)
     return (y, Tensor(indices[0])) if return_indices else y
 
 
@@ -382,6 +389,8 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
 
 
 class BatchNormTrainingFunction(Function):
+    half_inputs = True  # half x, float32 weight and statistics: batch norm under autocast, as PyTorch's
+
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
                                                               relu=relu)
@@ -396,6 +405,8 @@ class BatchNormTrainingFunction(Function):
 
 
 class BatchNormInferenceFunction(Function):
+    half_inputs = True
+
     def forward(self, x, weight, bias, running_mean, running_var, eps, relu=False):
         y = library.batch_norm_forward_inference(x, weight, bias, running_mean, running_var, eps, relu=relu)
         self.save_for_backward(x, weight, running_mean.copy(), running_var.copy(), y if relu else None)
@@ -445,6 +456,8 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
 
 
 class AddReLUFunction(Function):
+    half_inputs = True
+
     def forward(self, a, b):
         y = library.add_relu_forward(a, b)
         self.save_for_backward(y)
@@ -457,8 +470,17 @@ class AddReLUFunction(Function):
 
 def add_relu(input: Tensor, other: Tensor) -> Tensor:
     """max(input + other, 0) in one kernel: a residual block's sum and ReLU (PyTorch's quantized
-    ``FloatFunctional.add_relu``). Same shapes and dtypes."""
-    return AddReLUFunction.apply(_require_tensor(input, "input"), _require_tensor(other, "other"))
+    ``FloatFunctional.add_relu``). Same shapes and dtypes; a half-precision tensor beside a float32 one is
+    widened to float32 first (autocast's promotion)."""
+    _require_tensor(input, "input")
+    _require_tensor(other, "other")
+    if input.dtype != other.dtype and (_is_half(input) or _is_half(other)):
+        input, other = input.float(), other.float()
+    return AddReLUFunction.apply(input, other)
+
+
+def _is_half(tensor: Tensor) -> bool:
+    return tensor.dtype == np.float16 or tensor.dtype == bfloat16
 
 
 class LocalResponseNormFunction(Function):

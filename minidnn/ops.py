@@ -483,6 +483,7 @@ class _ActivationFunction(Function):
 
 class ReLUFunction(_ActivationFunction):
     primitive = "relu"
+    half_inputs = True  # relu_forward and relu_backward take half arrays (exact: values pass or become 0)
 
 
 class SigmoidFunction(_ActivationFunction):

@@ -282,3 +282,32 @@ def test_float16_with_an_overflowing_scale_skips_the_step(device, rng):
     for p, q in zip(model.parameters(), untouched.parameters()):
         np.testing.assert_array_equal(p.numpy() if device == "cpu" else p.cpu().numpy(), q.numpy())
     assert scaler.get_scale() == 2.0 ** 39
+
+
+def test_a_residual_network_keeps_its_activations_in_the_half_type(rng):
+    """Batch norm (with its fused ReLU), the residual add's ReLU, ReLU and max pooling take half tensors, so
+    under autocast a ResNet's activations stay half from the first convolution to the last block; the
+    parameters' gradients are float32."""
+    import models  # noqa: PLC0415
+
+    minidnn.manual_seed(int(rng.integers(2**31)))
+    model = models.create("resnet18", num_classes=5)
+    seen = {}
+    for name in ("maxpool", "layer1", "layer2", "layer4"):
+        getattr(model, name).register_forward_hook(lambda module, inputs, output, name=name: seen.update({name: output.dtype}))
+    images = minidnn.tensor(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    with minidnn.autocast("cpu", dtype=minidnn.bfloat16):
+        loss = F.cross_entropy(model(images), minidnn.tensor([1, 3]))
+    assert seen == {name: minidnn.bfloat16 for name in ("maxpool", "layer1", "layer2", "layer4")}
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == np.float32 for p in model.parameters())
+
+
+def test_an_in_place_relu_after_a_half_convolution(rng):
+    """CaffeNet's pattern, conv then ReLU(inplace=True), under autocast: the ReLU writes the half tensor."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
+    with minidnn.autocast("cpu", dtype=minidnn.float16):
+        out = model(minidnn.tensor(rng.standard_normal((2, 3, 8, 8)).astype(np.float32)))
+    assert out.dtype == np.float16
+    out.float().sum().backward()
+    assert model[0].weight.grad.dtype == np.float32 and np.isfinite(model[0].weight.grad.numpy()).all()

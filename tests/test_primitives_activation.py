@@ -401,3 +401,40 @@ def test_gpu_modern_activations_large_input_match_numpy_twin(xp, rng, name):
     assert_close(forward(xp.asarray(x)), forward(x), rtol=1e-5, atol=1e-6, name=f"{name} forward")
     assert_close(backward(xp.asarray(dy), xp.asarray(x)), backward(dy, x), rtol=1e-5, atol=1e-6,
                  name=f"{name} backward")
+
+
+# ----------------------------------------------------------------------------------------------
+# Half precision: ReLU, its backward and the residual add's ReLU on float16 / bfloat16 storage
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_half_precision_relu_and_add_relu_round_once_from_float32(xp, rng, name):
+    """Against ml_dtypes / NumPy's own rounding of the float32 results: ReLU and its backward are exact,
+    add_relu rounds the float32 sum once (after the ReLU, which commutes with the rounding)."""
+    import ml_dtypes  # noqa: PLC0415
+
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    reference = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(np.float16)
+    shape = (3, 5, 7, 2)
+    a32, b32, dy32 = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    a32.flat[:4] = [0.0, -0.0, np.inf, np.nan]
+    a, b, dy = (convert.float_to_half(xp.asarray(v), name) for v in (a32, b32, dy32))
+    exact_a, exact_b, exact_dy = (to_numpy(convert.half_to_float(v, name)) for v in (a, b, dy))
+
+    def words(array):
+        return to_numpy(array).view(np.uint16)
+
+    with np.errstate(invalid="ignore"):
+        expected_relu = np.maximum(exact_a, np.float32(0)).astype(reference).view(np.uint16)
+        expected_sum = np.maximum(exact_a + exact_b, np.float32(0)).astype(reference).view(np.uint16)
+    np.testing.assert_array_equal(words(relu_forward(a)), expected_relu)
+    y = add_relu_forward(a, b)
+    np.testing.assert_array_equal(words(y), expected_sum)
+    passed = to_numpy(convert.half_to_float(y, name)) > 0
+    expected_dx = np.where(passed, exact_dy, np.float32(0)).astype(reference).view(np.uint16)
+    np.testing.assert_array_equal(words(relu_backward(dy, y)), expected_dx)
+    in_place = a.copy()
+    assert relu_forward(in_place, out=in_place) is in_place
+    np.testing.assert_array_equal(words(in_place), expected_relu)
+    with pytest.raises(TypeError, match="b and a must have the same dtype"):
+        add_relu_forward(a, xp.asarray(b32))

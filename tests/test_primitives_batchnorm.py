@@ -608,3 +608,102 @@ def test_matches_torch(xp, rng):
     assert_close(batch_norm_forward_inference(*on(xp, x, weight, bias), rm, rv), ty.detach().numpy(), name="y")
     dx = batch_norm_backward_inference(*on(xp, dy, x, weight), rm, rv)[0]
     assert_close(dx, tx.grad.numpy(), name="dx inference")
+
+
+# ----------------------------------------------------------------------------------------------
+# Half precision: x, dy, relu_output, y and dx in float16 / bfloat16, the vectors float32
+# ----------------------------------------------------------------------------------------------
+HALF_SHAPES = [(6, 3), (3, 4, 5, 7), (2, 5, 33, 3)]  # the last: several blocks per channel on the GPU
+
+
+def _half_arrays(xp, rng, shape, name, relu):
+    """(x half, weight, bias, running_mean, running_var float32 on xp, x's exact float64 values)."""
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    x, weight, bias, running_mean, running_var = random_inputs(rng, shape, dtype=np.float32)
+    stored = convert.float_to_half(xp.asarray(x), name)
+    return (stored, *on(xp, weight, bias, running_mean, running_var),
+            to_numpy(convert.half_to_float(stored, name)).astype(np.float64))
+
+
+def _assert_half_close(got, exact, scale, name, label):
+    """got (half storage) within one rounding of exact plus 2⁻¹⁶ of ``scale``: the float32 arithmetic of the
+    twin (the GPU's is double) is far inside that."""
+    from tests.helpers import HALF_UNIT_ROUNDOFF, half_values  # noqa: PLC0415
+
+    values = half_values(got, name)
+    bound = HALF_UNIT_ROUNDOFF[name] * np.abs(exact) + 2.0 ** -16 * scale
+    worst = np.unravel_index(np.argmax(np.abs(values - exact) - bound), exact.shape)
+    assert np.all(np.abs(values - exact) <= bound), f"{label}: {values[worst]} against {exact[worst]} at {worst}"
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", HALF_SHAPES)
+@pytest.mark.parametrize("relu", [False, True])
+def test_half_precision_training_against_float64(xp, rng, name, shape, relu):
+    x, weight, bias, running_mean, running_var, exact_x = _half_arrays(xp, rng, shape, name, relu)
+    start_mean, start_var = to_numpy(running_mean).copy(), to_numpy(running_var).copy()
+    y, mean, invstd = batch_norm_forward_training(x, weight, bias, running_mean, running_var, 0.1, EPS, relu=relu)
+    assert y.dtype == x.dtype and mean.dtype == invstd.dtype == np.float32
+    means, variances, count = reference_statistics(exact_x)
+    exact_y = reference_normalise(exact_x, to_numpy(weight), to_numpy(bias), means, variances)
+    terms = np.abs(exact_y) + np.abs(to_numpy(bias)).reshape((1, -1) + (1,) * (len(shape) - 2))
+    _assert_half_close(y, np.maximum(exact_y, 0) if relu else exact_y, terms, name, "y")
+    np.testing.assert_allclose(to_numpy(mean), means, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(invstd), 1 / np.sqrt(np.array(variances) + EPS), rtol=1e-6)
+    np.testing.assert_allclose(to_numpy(running_mean), 0.9 * start_mean + 0.1 * np.array(means), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(to_numpy(running_var), 0.9 * start_var + 0.1 * np.array(variances) * count / (count - 1),
+                               rtol=1e-6)
+
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    dy = convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), name)
+    exact_dy = to_numpy(convert.half_to_float(dy, name)).astype(np.float64)
+    if relu:  # the fused ReLU's gradient mask is the rounded y's, as the backward sees it
+        exact_dy = exact_dy * (to_numpy(convert.half_to_float(y, name)) > 0)
+    dx, dweight, dbias = batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=y if relu else None)
+    assert dx.dtype == x.dtype and dweight.dtype == dbias.dtype == np.float32
+    exact_dx, exact_dweight, exact_dbias = reference_backward_training(exact_dy, exact_x, to_numpy(weight))
+    sigma = np.sqrt(np.array(variances) + EPS).reshape((1, -1) + (1,) * (len(shape) - 2))
+    # dx subtracts two per-channel terms from dy·w/σ: the arithmetic's error scales with their sizes
+    scale = to_numpy(weight).reshape(sigma.shape) / sigma * (np.abs(exact_dy) + np.abs(exact_dbias).reshape(sigma.shape)
+                                                             / count + np.abs(exact_dweight).reshape(sigma.shape) / count
+                                                             * np.abs(reference_normalise(exact_x, None, None, means,
+                                                                                          variances)))
+    _assert_half_close(dx, exact_dx, scale, name, "dx")
+    np.testing.assert_allclose(to_numpy(dbias), exact_dbias, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(dweight), exact_dweight, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_half_precision_inference_against_float64(xp, rng, name, relu):
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    shape = (3, 4, 5, 7)
+    x, weight, bias, running_mean, running_var, exact_x = _half_arrays(xp, rng, shape, name, relu)
+    y = batch_norm_forward_inference(x, weight, bias, running_mean, running_var, EPS, relu=relu)
+    rm, rv = to_numpy(running_mean), to_numpy(running_var)
+    exact_y = reference_normalise(exact_x, to_numpy(weight), to_numpy(bias), list(rm), list(rv))
+    _assert_half_close(y, np.maximum(exact_y, 0) if relu else exact_y, np.abs(exact_y) + 1, name, "y")
+    dy = convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), name)
+    exact_dy = to_numpy(convert.half_to_float(dy, name)).astype(np.float64)
+    if relu:
+        exact_dy = exact_dy * (to_numpy(convert.half_to_float(y, name)) > 0)
+    dx, dweight, dbias = batch_norm_backward_inference(dy, x, weight, running_mean, running_var, EPS,
+                                                       relu_output=y if relu else None)
+    exact_dx, exact_dweight, exact_dbias = reference_backward_inference(exact_dy, exact_x, to_numpy(weight), rm, rv)
+    _assert_half_close(dx, exact_dx, np.abs(exact_dx), name, "dx")
+    np.testing.assert_allclose(to_numpy(dweight), exact_dweight, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(dbias), exact_dbias, rtol=1e-5, atol=1e-5)
+
+
+def test_half_precision_needs_float32_vectors_and_the_naive_engine_refuses_it(xp, rng):
+    from minidnn.naive import plain  # noqa: PLC0415
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    x = convert.float_to_half(xp.asarray(rng.standard_normal((4, 3, 2)).astype(np.float32)), "bfloat16")
+    with pytest.raises(TypeError, match="weight must have dtype float32 for .* x"):
+        batch_norm_forward_training(x, xp.ones(3, dtype=np.float64), None, None, None)
+    with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
+        plain.batch_norm_forward_training(x, None, None, None, None)

@@ -73,20 +73,28 @@ def package_source(path_in_package: str) -> str:
 
 
 def read_source(relative: str) -> str:
-    """The ``.cu`` file with its local ``#include "x.cuh"`` lines replaced by the headers' text.
+    """The ``.cu`` file with its local ``#include "x.cuh"`` lines replaced by the headers' text, headers'
+    own includes too, each header once (as ``#pragma once`` would).
 
     NVRTC compiles a string and knows no directory; inlining the headers also makes their text
     part of CuPy's kernel-cache key, so editing a header recompiles the kernels that use it.
     """
-    path = source_path(relative)
+    return _inlined(source_path(relative), set())
+
+
+def _inlined(path: str, seen: set[str]) -> str:
+    """``path``'s text with its local includes inlined; ``seen`` (the headers inlined so far) grows."""
     with open(path, encoding="utf-8") as file:
         lines = file.read().splitlines(keepends=True)
     for index, line in enumerate(lines):
         match = re.match(r'\s*#include\s+"([^"]+)"', line)
         if match:
-            header = os.path.join(os.path.dirname(path), match.group(1))
-            with open(header, encoding="utf-8") as file:
-                lines[index] = file.read() + "\n"
+            header = os.path.normpath(os.path.join(os.path.dirname(path), match.group(1)))
+            if header in seen:
+                lines[index] = ""
+            else:
+                seen.add(header)
+                lines[index] = _inlined(header, seen) + "\n"
     return "".join(lines)
 
 

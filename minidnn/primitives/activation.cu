@@ -14,6 +14,10 @@
 #endif
 typedef SCALAR scalar_t;
 
+// ReLU, its backward and the residual add with its ReLU also have a half build (HALF = 1 for float16, 2 for
+// bfloat16, SCALAR float): elements are 16-bit words, the arithmetic float, one rounding (elements.cuh).
+#include "elements.cuh"
+
 // max(v, 0). NaN propagates and −0 gives +0, as NumPy's maximum(x, 0) does.
 __device__ __forceinline__ scalar_t relu(const scalar_t v) {
     return (v > scalar_t(0) || isnan(v)) ? v : scalar_t(0);
@@ -21,25 +25,25 @@ __device__ __forceinline__ scalar_t relu(const scalar_t v) {
 
 // y = max(x, 0). y may be x (the in-place ReLU), so the pointers are not __restrict__: each element is
 // read once and then written by the same thread, which is safe when they alias.
-extern "C" __global__ void relu_forward(const scalar_t* x, scalar_t* y, const int n) {
+extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        y[i] = relu(x[i]);
+        y[i] = element_of(relu(element_value(x[i])));
     }
 }
 
 // y = max(a + b, 0), the sum rounded to scalar_t first (as relu_forward(a + b)). y may be a or b
 // (in place), hence no __restrict__ (see relu_forward).
-extern "C" __global__ void add_relu_forward(const scalar_t* a, const scalar_t* b, scalar_t* y, const int n) {
+extern "C" __global__ void add_relu_forward(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        y[i] = relu(a[i] + b[i]);
+        y[i] = element_of(relu(element_value(a[i]) + element_value(b[i])));
     }
 }
 
 // dx = dy where y > 0, else 0: the gradient at x = 0 is 0 (PyTorch), and y > 0 exactly when x > 0.
-extern "C" __global__ void relu_backward(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ y,
-                                         scalar_t* __restrict__ dx, const int n) {
+extern "C" __global__ void relu_backward(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
+                                         elem_t* __restrict__ dx, const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        dx[i] = y[i] > scalar_t(0) ? dy[i] : scalar_t(0);
+        dx[i] = element_value(y[i]) > scalar_t(0) ? dy[i] : elem_t(0);  // a half word 0 is +0
     }
 }
 

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_contiguous, check_float, check_real, check_same_dtype, check_same_shape
+from . import convert
+from ._checks import check_contiguous, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
 
 __all__ = ["relu_forward", "relu_backward", "add_relu_forward", "sigmoid_forward", "sigmoid_backward",
            "tanh_forward", "tanh_backward", "leaky_relu_forward", "leaky_relu_backward", "silu_forward",
@@ -48,7 +49,15 @@ def relu_forward(x: Any, out: Any = None) -> Any:
 
     out: None (y is a new array) or a C-contiguous array of x's shape and dtype that y is written
     into and returned; ``out=x`` is the in-place ReLU. Any other out must not overlap x.
+    float16 and bfloat16 too (exact: the result is one of x's values or 0).
     """
+    half = _half_type(x)
+    if half is not None:
+        _check_half_arrays(("x", x), out=out)
+        if backend.is_cuda_array(x):
+            return _elementwise_gpu("relu_forward", x, out=out, half=half)
+        wide = convert.half_to_float(np.ascontiguousarray(x), half)
+        return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     check_float(x, "x")
     _check_out(out, x, "x")
     if backend.is_cuda_array(x):
@@ -61,8 +70,15 @@ def relu_backward(dy: Any, y: Any) -> Any:
     """dx = dy where y > 0, else 0. dy, y: same shape; returns dx: that shape.
 
     The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
-    enough to tell which inputs passed.
+    enough to tell which inputs passed. float16 and bfloat16 too (dx holds dy's own values or 0).
     """
+    half = _half_type(dy)
+    if half is not None:
+        _check_half_arrays(("dy", dy), ("y", y))
+        if backend.is_cuda_array(dy):
+            return _elementwise_gpu("relu_backward", dy, y, half=half)
+        passed = convert.half_to_float(np.ascontiguousarray(y), half) > 0
+        return np.where(passed, dy, np.zeros((), dtype=dy.dtype))
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
@@ -79,7 +95,15 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
 
     There is no add_relu_backward: the gradient is :func:`relu_backward` (dy, y) with this y, and the
     same array flows to both a and b (the add's gradient is the identity for each input).
+    float16 and bfloat16: the sum in float32, rounded once after the ReLU.
     """
+    half = _half_type(a)
+    if half is not None:
+        _check_half_arrays(("a", a), ("b", b), out=out)
+        if backend.is_cuda_array(a):
+            return _elementwise_gpu("add_relu_forward", a, b, out=out, half=half)
+        wide = convert.half_to_float(np.ascontiguousarray(a), half) + convert.half_to_float(np.ascontiguousarray(b), half)
+        return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     _check_add_relu_arguments(a, b, out)
     xp = backend.get_array_module(a, b)
     if backend.is_cuda_array(a):
@@ -275,10 +299,34 @@ def gelu_backward(dy: Any, x: Any, approximate: str = "none") -> Any:
 # ----------------------------------------------------------------------------------------------
 # GPU: the kernels of activation.cu (CuPy arrays only; arguments already checked)
 # ----------------------------------------------------------------------------------------------
-def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = ()) -> Any:
+def _half_type(a: Any) -> str | None:
+    """The half type ``a`` stores, or None. The public ReLU functions take half precision; the naive
+    engine's, which share the float checks, do not."""
+    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
+
+
+def _check_half_arrays(*named: tuple[str, Any], out: Any = None) -> None:
+    """Half-precision arrays of one type, shape and device, and ``out`` (when given) like the first."""
+    (first_name, first), *others = named
+    for name, array in named:
+        check_float_or_half(array, name)
+    for name, array in others + ([("out", out)] if out is not None else []):
+        check_same_dtype(array, first, name, first_name)
+        check_same_shape(array, first, name, first_name)
+    if out is not None:
+        check_contiguous(out, "out")
+    backend.get_array_module(*(array for _, array in named), out)
+
+
+def _rounded_into(wide: Any, half: str, out: Any) -> Any:
+    """float32 ``wide`` rounded to the half type, into ``out`` (a new array when None)."""
+    return convert.float_to_half(np.ascontiguousarray(wide, dtype=np.float32), half, out=out)
+
+
+def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = (), half: str | None = None) -> Any:
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
-    such as a slope) follow the element count."""
+    such as a slope) follow the element count. ``half``: the half build for that type's words."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     cupy = backend.cupy()
@@ -288,6 +336,8 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     if out is None:
         out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
     _cuda.check_int32(out)
-    _cuda.launch(_cuda.function("activation.cu", name, out.dtype), out.size,
+    kernel = _cuda.function("activation.cu", name, out.dtype) if half is None else \
+        _cuda.function("activation.cu", name, np.float32, (("HALF", 1 if half == "float16" else 2),))
+    _cuda.launch(kernel, out.size,
                  (*inputs, out, _cuda.i32(out.size), *(_cuda.f64(v) for v in scalars)))
     return out

@@ -1,6 +1,6 @@
 // Batch normalisation on the GPU (batchnorm.py states the maths; its NumPy code is the reference twin).
 //
-// Layout. x, y, dy and dx are contiguous (N, C, S) arrays, S = prod(spatial). Channel c holds
+// Layout. x, y, dy and dx are contiguous (N, C, S) arrays (of elem_t: scalar_t, or half words, below), S = prod(spatial). Channel c holds
 // M = N·S values: value j (0 <= j < M) is x[(n·C + c)·S + s] with n = j / S, s = j % S, so a channel
 // is N planes of S contiguous values, C·S apart. Per-channel vectors (C,) are contiguous, of x's dtype.
 //
@@ -40,6 +40,11 @@
 #endif
 typedef SCALAR scalar_t;
 typedef double acc_t;  // accumulators and per-channel coefficients, for float and double inputs alike
+
+// The elements of x, y, dy, dx and relu_output: scalar_t, or in the half build (HALF = 1 for float16, 2 for
+// bfloat16, with SCALAR float) 16-bit words (elements.cuh). The per-channel vectors (weight, bias, the
+// statistics) stay float there: the master weights of mixed precision.
+#include "elements.cuh"
 
 #include "channels.cuh"
 
@@ -145,9 +150,9 @@ __device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
 // dy[i] where the fused ReLU let its input through (y[i] > 0), else 0: relu_backward folded into the
 // read. A select, not a product, so that dy = ±inf or NaN where y <= 0 gives 0 as relu_backward does.
 // relu_output null: no ReLU, plain dy[i].
-__device__ __forceinline__ acc_t output_grad(const scalar_t* __restrict__ dy,
-                                             const scalar_t* __restrict__ relu_output, const int i) {
-    return (!relu_output || relu_output[i] > scalar_t(0)) ? (acc_t)dy[i] : acc_t(0);
+__device__ __forceinline__ acc_t output_grad(const elem_t* __restrict__ dy,
+                                             const elem_t* __restrict__ relu_output, const int i) {
+    return (!relu_output || element_value(relu_output[i]) > acc_t(0)) ? element_value(dy[i]) : acc_t(0);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -181,7 +186,7 @@ __device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const 
 // to the caller); coef (2, C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is
 // not null, the in-place running-statistics update with the unbiased variance M2/(M − 1).
 // weight may be null (weight 1).
-extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* __restrict__ partial,
+extern "C" __global__ void bn_statistics(const elem_t* __restrict__ x, acc_t* __restrict__ partial,
                                          unsigned int* __restrict__ counters, const int N, const int C,
                                          const int S, const int per, const scalar_t* __restrict__ weight,
                                          scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
@@ -194,20 +199,21 @@ extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* 
     int left = values_of_thread(min(per, M - begin), t, B);
     acc_t n = 0, mean = 0, m2 = 0;
     if (left > 0) {
-        const scalar_t* __restrict__ xc = x + c * S;
+        const elem_t* __restrict__ xc = x + c * S;
         Cursor cursor(begin + t, B, C, S);
         while (left >= 4) {
             // Four values per step: exact two-pass statistics of the four, then one Welford merge,
             // so the division of the merge is paid once per four values.
             int o[4];
             cursor.take4(o, left);
-            const acc_t v0 = xc[o[0]], v1 = xc[o[1]], v2 = xc[o[2]], v3 = xc[o[3]];
+            const acc_t v0 = element_value(xc[o[0]]), v1 = element_value(xc[o[1]]), v2 = element_value(xc[o[2]]),
+                        v3 = element_value(xc[o[3]]);
             const acc_t chunk_mean = (v0 + v1 + v2 + v3) * 0.25;
             const acc_t d0 = v0 - chunk_mean, d1 = v1 - chunk_mean, d2 = v2 - chunk_mean, d3 = v3 - chunk_mean;
             welford_merge(n, mean, m2, 4.0, chunk_mean, d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3);
         }
         while (left > 0) {
-            const acc_t v = xc[cursor.take(left)];
+            const acc_t v = element_value(xc[cursor.take(left)]);
             welford_merge(n, mean, m2, 1.0, v, 0.0);
         }
     }
@@ -245,7 +251,7 @@ extern "C" __global__ void bn_statistics(const scalar_t* __restrict__ x, acc_t* 
 // y = (x − mean)·(invstd·weight) + bias, then max(·, 0) when relu != 0, element-wise, with coef (2, C)
 // from bn_statistics. The mean is subtracted before scaling, in double, so |mean| ≫ std does not
 // cancel. bias may be null.
-extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void bn_apply(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                     const acc_t* __restrict__ coef, const scalar_t* __restrict__ bias,
                                     const int relu, const int C, const int S, const int total) {
     const int G = blockDim.x * gridDim.x;
@@ -253,9 +259,9 @@ extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __
     if (i >= total) return;
     for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
         const int c = channel.c;
-        acc_t v = ((acc_t)x[i] - coef[c]) * coef[C + c];
+        acc_t v = (element_value(x[i]) - coef[c]) * coef[C + c];
         if (bias) v += (acc_t)bias[c];
-        y[i] = (scalar_t)apply_relu(v, relu);
+        y[i] = element_of(apply_relu(v, relu));
     }
 }
 
@@ -266,7 +272,7 @@ extern "C" __global__ void bn_apply(const scalar_t* __restrict__ x, scalar_t* __
 // y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias, then max(·, 0) when relu != 0;
 // weight and bias may be null. The per-channel invstd is recomputed per element (a double rsqrt)
 // rather than in a second launch: the kernel stays memory-bound and inference stays a single launch.
-extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void bn_inference(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                         const scalar_t* __restrict__ running_mean,
                                         const scalar_t* __restrict__ running_var,
                                         const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
@@ -280,9 +286,9 @@ extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t
         const int c = channel.c;
         acc_t scale = inference_invstd(running_var[c], eps);
         if (weight) scale *= (acc_t)weight[c];
-        acc_t v = ((acc_t)x[i] - (acc_t)running_mean[c]) * scale;
+        acc_t v = (element_value(x[i]) - (acc_t)running_mean[c]) * scale;
         if (bias) v += (acc_t)bias[c];
-        y[i] = (scalar_t)apply_relu(v, relu);
+        y[i] = element_of(apply_relu(v, relu));
     }
 }
 
@@ -299,10 +305,10 @@ extern "C" __global__ void bn_inference(const scalar_t* __restrict__ x, scalar_t
 // for bn_backward_dx: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
 // Inference passes dx (not null), and dx = g·weight·invstd is written in the same pass, as its scale
 // is a per-channel constant. weight may be null.
-extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
-                                              const scalar_t* __restrict__ relu_output,
+extern "C" __global__ void bn_backward_reduce(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
+                                              const elem_t* __restrict__ relu_output,
                                               const scalar_t* __restrict__ center, acc_t* __restrict__ partial,
-                                              unsigned int* __restrict__ counters, scalar_t* __restrict__ dx,
+                                              unsigned int* __restrict__ counters, elem_t* __restrict__ dx,
                                               const scalar_t* __restrict__ invstd,
                                               const scalar_t* __restrict__ running_var,
                                               const scalar_t* __restrict__ weight, const double eps_arg,
@@ -318,9 +324,9 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
     acc_t sum_dy = 0, sum_dy_xc = 0;
     if (left > 0) {
         const int base = c * S;
-        const scalar_t* __restrict__ dyc = dy + base;
-        const scalar_t* __restrict__ xc = x + base;
-        const scalar_t* __restrict__ yc = relu_output ? relu_output + base : nullptr;
+        const elem_t* __restrict__ dyc = dy + base;
+        const elem_t* __restrict__ xc = x + base;
+        const elem_t* __restrict__ yc = relu_output ? relu_output + base : nullptr;
         const acc_t mu = (acc_t)center[c];
         acc_t scale = 0;
         if (dx) {
@@ -335,21 +341,21 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 g[u] = output_grad(dyc, yc, o[u]);
-                v[u] = xc[o[u]];
+                v[u] = element_value(xc[o[u]]);
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 sum_dy += g[u];
                 sum_dy_xc += g[u] * (v[u] - mu);
-                if (dx) dx[base + o[u]] = (scalar_t)(g[u] * scale);
+                if (dx) dx[base + o[u]] = element_of(g[u] * scale);
             }
         }
         while (left > 0) {
             const int o = cursor.take(left);
             const acc_t g = output_grad(dyc, yc, o);
             sum_dy += g;
-            sum_dy_xc += g * ((acc_t)xc[o] - mu);
-            if (dx) dx[base + o] = (scalar_t)(g * scale);
+            sum_dy_xc += g * (element_value(xc[o]) - mu);
+            if (dx) dx[base + o] = element_of(g * scale);
         }
     }
     block_sum2(sum_dy, sum_dy_xc);
@@ -382,17 +388,17 @@ extern "C" __global__ void bn_backward_reduce(const scalar_t* __restrict__ dy, c
 
 // Training dx = (g − Σg/M)·scale − (x − mean)·scale·invstd·dweight/M with g = dy·[relu_output > 0] (or
 // dy), the NumPy twin's formula, element-wise with coef (3, C) from bn_backward_reduce and the saved mean.
-extern "C" __global__ void bn_backward_dx(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
-                                          const scalar_t* __restrict__ relu_output,
+extern "C" __global__ void bn_backward_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
+                                          const elem_t* __restrict__ relu_output,
                                           const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef,
-                                          scalar_t* __restrict__ dx, const int C, const int S, const int total) {
+                                          elem_t* __restrict__ dx, const int C, const int S, const int total) {
     const int G = blockDim.x * gridDim.x;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
         const int c = channel.c;
         const acc_t g = output_grad(dy, relu_output, i);
-        const acc_t v = (g - coef[c]) * coef[C + c] - ((acc_t)x[i] - (acc_t)mean[c]) * coef[2 * C + c];
-        dx[i] = (scalar_t)v;
+        const acc_t v = (g - coef[c]) * coef[C + c] - (element_value(x[i]) - (acc_t)mean[c]) * coef[2 * C + c];
+        dx[i] = element_of(v);
     }
 }

@@ -25,30 +25,50 @@ This module is the NumPy twin of the GPU implementation (batchnorm.cu, selected 
 one-pass Welford statistics per channel accumulated in float64, then fused element-wise kernels;
 two launches for each training direction, one for each inference direction. Both give the same
 results up to rounding.
+
+Half precision (mixed precision's batch norm): x, dy, relu_output and the results y, dx in float16 or
+bfloat16 (convert.py's storage), the per-channel vectors (weight, bias, running statistics, mean, invstd,
+dweight, dbias) float32, the master weights' type. The GPU's half build reads the half values exactly,
+computes as above and rounds y and dx once (from the float of its double result); the NumPy twin widens
+to float32, runs the float32 code and rounds once.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import backend
-from ._checks import check_bool, check_float, check_number
+from . import convert
+from ._checks import check_bool, check_float, check_float_or_half, check_number
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_input(x: Any, name: str = "x") -> int:
-    """x must be a float array (N, C, *spatial) of rank >= 2; returns C."""
-    check_float(x, name)
+def _check_input(x: Any, name: str = "x", half: bool = False) -> int:
+    """x must be a float array (N, C, *spatial) of rank >= 2 (or, with ``half``, a half-precision one);
+    returns C. The public functions take half precision; the naive engine's, which share these checks
+    with their defaults, do not."""
+    (check_float_or_half if half else check_float)(x, name)
     if x.ndim < 2:
         raise ValueError(f"batch_norm: {name} must be at least 2-D (N, C, *spatial), got shape {tuple(x.shape)}")
     return int(x.shape[1])
 
 
+def _vector_dtype(x: Any) -> np.dtype:
+    """The dtype of the per-channel vectors for x: x's, and float32 for half-precision x (master weights)."""
+    return np.dtype(np.float32) if _half_type(x) is not None else x.dtype
+
+
+def _half_type(x: Any) -> str | None:
+    return convert.stored_half_type(x.dtype, backend.is_cuda_array(x))
+
+
 def _check_channel_vector(v: Any, name: str, channels: int, x: Any, optional: bool = False) -> None:
-    """v must be a (C,) array of x's dtype (or None when ``optional``)."""
+    """v must be a (C,) array of x's dtype, float32 for half x (or None when ``optional``)."""
     if v is None:
         if optional:
             return
@@ -57,15 +77,17 @@ def _check_channel_vector(v: Any, name: str, channels: int, x: Any, optional: bo
     if tuple(v.shape) != (channels,):
         raise ValueError(f"batch_norm: {name} must have shape (C,) = ({channels},) for x of shape "
                          f"{tuple(x.shape)}, got {tuple(v.shape)}")
-    if v.dtype != x.dtype:
-        raise TypeError(f"batch_norm: {name} must have x's dtype {x.dtype}, got {v.dtype}")
+    expected = _vector_dtype(x)
+    if v.dtype != expected:
+        rule = f"x's dtype {x.dtype}" if expected == x.dtype else f"dtype float32 for {x.dtype} x (master weights)"
+        raise TypeError(f"batch_norm: {name} must have {rule}, got {v.dtype}")
 
 
-def _check_like_x(array: Any, x: Any, name: str, optional: bool = False) -> None:
+def _check_like_x(array: Any, x: Any, name: str, optional: bool = False, half: bool = False) -> None:
     """``array`` (dy, or the fused forward's output) must have x's shape and dtype (or be None when ``optional``)."""
     if array is None and optional:
         return
-    check_float(array, name)
+    (check_float_or_half if half else check_float)(array, name)
     if tuple(array.shape) != tuple(x.shape):
         raise ValueError(f"batch_norm: {name} must have x's shape {tuple(x.shape)}, got {tuple(array.shape)}")
     if array.dtype != x.dtype:
@@ -130,6 +152,12 @@ def _channel_sum(a: Any) -> Any:
     return xp.sum(xp.sum(a, axis=2), axis=0, dtype=xp.float64)
 
 
+def _wide(a: Any, half: str) -> Any:
+    """A half-precision array's float32 values (exact), None as None: the CPU twin computes the float32 code
+    on them and rounds its results once."""
+    return None if a is None else convert.half_to_float(np.ascontiguousarray(a), half)
+
+
 def _values_per_channel(x: Any) -> int:
     return x.size // x.shape[1] if x.shape[1] else 0
 
@@ -175,8 +203,11 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     dtype; the caller saves mean and invstd for :func:`batch_norm_backward_training`. ``relu``:
     y = max(BN(x), 0) (pass y as ``relu_output`` to the backward). The statistics are those of x either way.
     Raises ``ValueError`` when a channel has only one value (M = 1), as PyTorch does.
+    Half precision (module docstring): x float16 or bfloat16, the vectors float32; y in x's type, mean and
+    invstd float32.
     """
-    channels = _check_input(x)
+    half = _half_type(x)
+    channels = _check_input(x, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
     _check_running_statistics(running_mean, running_var, channels, x)
@@ -186,7 +217,11 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     count = _check_training_count(x)
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
-        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu)
+        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu, half)
+    if half is not None:
+        y, mean, invstd = batch_norm_forward_training(_wide(x, half), weight, bias, running_mean, running_var,
+                                                      momentum, eps, relu)
+        return convert.float_to_half(y, half), mean, invstd
 
     xv = _channel_view(x)
     mean = _channel_sum(xv) / count  # float64
@@ -212,7 +247,8 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,).
     Returns y of x's shape and dtype; ``relu``: y = max(that, 0). Any N (including 1) and any M are fine.
     """
-    channels = _check_input(x)
+    half = _half_type(x)
+    channels = _check_input(x, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
     _check_channel_vector(running_mean, "running_mean", channels, x)
@@ -221,7 +257,10 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     relu = check_bool(relu, "batch_norm: relu")
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
-        return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps, relu)
+        return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps, relu, half)
+    if half is not None:
+        return convert.float_to_half(batch_norm_forward_inference(_wide(x, half), weight, bias, running_mean,
+                                                                  running_var, eps, relu), half)
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
     return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd, relu)
 
@@ -245,17 +284,23 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
         dx      = weight·invstd·(dy − dbias/M − x̂·dweight/M)
 
     The two subtracted terms are the paths through the batch mean and the batch variance.
+    Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
-    channels = _check_input(x)
-    _check_like_x(dy, x, "dy")
-    _check_like_x(relu_output, x, "relu_output", optional=True)
+    half = _half_type(x)
+    channels = _check_input(x, half=half is not None)
+    _check_like_x(dy, x, "dy", half=half is not None)
+    _check_like_x(relu_output, x, "relu_output", optional=True, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(mean, "mean", channels, x)
     _check_channel_vector(invstd, "invstd", channels, x)
     count = _check_nonempty_channels(x)
     xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     if backend.is_cuda_array(x):
-        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output)
+        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, half)
+    if half is not None:
+        dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), _wide(x, half), weight, mean, invstd,
+                                                          _wide(relu_output, half))
+        return convert.float_to_half(dx, half), dweight, dbias
 
     xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd64 = invstd.astype(xp.float64)
@@ -281,16 +326,21 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
 
         dx = dy·weight·invstd      dweight = Σ dy·(x − running_mean)·invstd      dbias = Σ dy
     """
-    channels = _check_input(x)
-    _check_like_x(dy, x, "dy")
-    _check_like_x(relu_output, x, "relu_output", optional=True)
+    half = _half_type(x)
+    channels = _check_input(x, half=half is not None)
+    _check_like_x(dy, x, "dy", half=half is not None)
+    _check_like_x(relu_output, x, "relu_output", optional=True, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(running_mean, "running_mean", channels, x)
     _check_channel_vector(running_var, "running_var", channels, x)
     eps = _check_eps(eps)
     xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     if backend.is_cuda_array(x):
-        return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps, relu_output)
+        return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps, relu_output, half)
+    if half is not None:
+        dx, dweight, dbias = batch_norm_backward_inference(_wide(dy, half), _wide(x, half), weight, running_mean,
+                                                           running_var, eps, _wide(relu_output, half))
+        return convert.float_to_half(dx, half), dweight, dbias
 
     xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
@@ -334,14 +384,20 @@ def _layout(x: Any) -> tuple[int, int, int]:
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
 
 
-def _kernel(name: str, dtype: Any) -> Any:
+_HALF_BUILD = {"float16": (("HALF", 1),), "bfloat16": (("HALF", 2),)}  # batchnorm.cu's half builds
+
+
+def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
+    """The kernel for x's dtype, or for half-precision x its half build (float math and vectors)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
+    if half is not None:
+        return _cuda.function(_SOURCE, name, np.float32, _HALF_BUILD[half])
     return _cuda.function(_SOURCE, name, dtype)
 
 
 def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
-                          eps: float, relu: bool) -> tuple[Any, Any, Any]:
+                          eps: float, relu: bool, half: str | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
     channel (mean, invstd, running statistics in place), then the fused normalisation (and ReLU)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -356,13 +412,13 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     splits, per = _cuda.reduction_split(C, N * S)
     partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
-    mean, invstd = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     y = xp.empty(x.shape, dtype=x.dtype)
     i32, f64 = _cuda.i32, _cuda.f64
-    _cuda.launch_blocks(_kernel("bn_statistics", x.dtype), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel("bn_statistics", x.dtype, half), (C, splits), _cuda.THREADS,
                         (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
                          invstd, coef, f64(eps), f64(momentum)))
-    _cuda.launch(_kernel("bn_apply", x.dtype), x.size, (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
+    _cuda.launch(_kernel("bn_apply", x.dtype, half), x.size, (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
     if rv is not running_var:
@@ -371,7 +427,7 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
 
 
 def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float,
-                           relu: bool) -> Any:
+                           relu: bool, half: str | None) -> Any:
     """One element-wise launch."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
@@ -382,14 +438,14 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     _, C, S = _layout(x)
     y = xp.empty(x.shape, dtype=x.dtype)
     i32 = _cuda.i32
-    _cuda.launch(_kernel("bn_inference", x.dtype), x.size,
+    _cuda.launch(_kernel("bn_inference", x.dtype, half), x.size,
                  (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
                   i32(x.size)))
     return y
 
 
 def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                           relu_output: Any) -> tuple[Any, Any, Any]:
+                           relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
     the channel (dweight, dbias, the dx coefficients), then the element-wise dx."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -402,19 +458,19 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     splits, per = _cuda.reduction_split(C, N * S)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
-    dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     dx = xp.empty(x.shape, dtype=x.dtype)
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype, half), (C, splits), _cuda.THREADS,
                         (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
                          weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
-    _cuda.launch(_kernel("bn_backward_dx", x.dtype), x.size,
+    _cuda.launch(_kernel("bn_backward_dx", x.dtype, half), x.size,
                  (dy, x, relu_output, mean, coef, dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
 
 def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any, eps: float,
-                            relu_output: Any) -> tuple[Any, Any, Any]:
+                            relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
     """One launch: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass; the
     last block per channel finishes it (dweight, dbias)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -426,10 +482,10 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     N, C, S = _layout(x)
     splits, per = _cuda.reduction_split(C, N * S)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
-    dweight, dbias = xp.empty(C, dtype=x.dtype), xp.empty(C, dtype=x.dtype)
+    dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     dx = xp.empty(x.shape, dtype=x.dtype)
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel("bn_backward_reduce", x.dtype, half), (C, splits), _cuda.THREADS,
                         (dy, x, relu_output, running_mean, partial, _block_counters(x, C), dx, None, running_var,
                          weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
     return dx, dweight, dbias
