@@ -138,3 +138,32 @@ def test_half_arguments_are_checked():
         conv.conv2d_forward(x, np.zeros((4, 3, 3, 3), np.float32))
     with pytest.raises(TypeError, match="grad_output must be float16"):
         conv.conv2d_backward_data(np.zeros((2, 4, 3, 3), np.float32), np.zeros((4, 3, 3, 3), np.float16), x.shape)
+
+
+ONE_BY_ONE_CASES = {"one_by_one": TILE_EDGE_CASES["one_by_one"], "one_image": (1, 24, 7, 9, 40, 1, 1, 1, 0, 1, 1),
+                    "grouped_1x1": (3, 12, 5, 6, 9, 1, 1, 1, 0, 1, 3)}
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case_name", ONE_BY_ONE_CASES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemm_1x1_runs_half_problems_within_the_bound(xp, rng, case_name, direction, name, accumulate):
+    """The 1x1 algorithm on the half GEMMs: one rounding per result, backward-filter's per-image products and
+    their sum kept in float32 (a rounding per image would break the bound by orders of magnitude)."""
+    if accumulate and direction != "backward_filter":
+        pytest.skip("accumulate is backward-filter's")
+    case = ONE_BY_ONE_CASES[case_name]
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, first_exact = half_operand(xp, rng, first_shape, name)
+    second, second_exact = half_operand(xp, rng, second_shape, name, scale=0.5)
+    before, before_exact = half_operand(xp, rng, output_shape(case, direction), name)
+    out = before.copy() if accumulate else poisoned_output(xp, output_shape(case, direction), name)
+    options = {"accumulate": True} if accumulate else {}
+    assert run(direction, first, second, case, algo="gemm_1x1", out=out, **options) is out
+    exact = run(direction, first_exact, second_exact, case, algo="reference")
+    magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
+    if accumulate:
+        exact, magnitude = exact + before_exact, magnitude + np.abs(before_exact)
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, direction),
+                             f"gemm_1x1 {case_name} {direction} {name} on {xp.__name__}")

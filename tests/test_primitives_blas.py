@@ -282,3 +282,22 @@ def test_half_gemm_on_cublas_and_its_numpy_twin_agree_to_a_rounding(rng, name):
 def test_uint16_is_bfloat16_only_on_the_gpu():
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         blas.gemm(np.zeros((2, 3), np.uint16), np.zeros((3, 2), np.uint16))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_half_operands_with_a_float32_out_are_not_rounded(xp, rng, name, batched):
+    """Half a and b, float32 out: the float32 sums themselves (within float32's summation error of the exact
+    products, far inside one half rounding), with beta accumulating in float32."""
+    shape_a, shape_b = ((3, 9, 37), (3, 37, 5)) if batched else ((9, 37), (37, 5))
+    a, a_exact = half_operand(xp, rng, shape_a, name)
+    b, b_exact = half_operand(xp, rng, shape_b, name)
+    start = rng.standard_normal(shape_a[:-1] + shape_b[-1:]).astype(np.float32)
+    out = xp.asarray(start.copy())
+    (blas.gemm_batched if batched else blas.gemm)(a, b, out, beta=1.0)
+    exact = a_exact @ b_exact + start
+    bound = 38 * 2.0 ** -24 * (np.abs(a_exact) @ np.abs(b_exact) + np.abs(start))
+    assert out.dtype == np.float32
+    assert np.all(np.abs(to_numpy(out) - exact) <= bound)
+    with pytest.raises(TypeError, match="half operands with a float32 out"):
+        (blas.gemm_batched if batched else blas.gemm)(a, b, xp.zeros(out.shape, dtype=np.float64))

@@ -14,7 +14,9 @@ micro-batched weight gradient uses it).
 float16 and bfloat16 (stored as :mod:`.convert` stores them: bfloat16 is ``ml_dtypes.bfloat16`` on the
 CPU and uint16 words on the GPU) are mixed precision: products and sums in float32 (cuBLAS's
 ``CUBLAS_COMPUTE_32F`` on the tensor cores), alpha, beta and ``beta · out`` in float32, one rounding to
-the half type at the end. NumPy, the twin, widens the operands to float32 and rounds its float32 result.
+the half type at the end; or, with a float32 ``out``, no rounding at all (half operands, float32 result:
+partial sums that more sums will follow). NumPy, the twin, widens the operands to float32 and rounds its
+float32 result to ``out``'s type.
 
 Why not ``cupy.matmul`` on the GPU: CuPy 14 refuses every cuBLAS call during CUDA-graph stream
 capture, and its batched matmul ignores the TF32 compute type. Here cuBLAS is called directly
@@ -67,10 +69,12 @@ def _check(a: Any, b: Any, out: Any, batched: bool) -> tuple[int, int, int]:
         if array.ndim != rank:
             raise ValueError(f"{'gemm_batched' if batched else 'gemm'}: {name} must be {rank}-D, "
                              f"got shape {tuple(array.shape)}")
-    if not (a.dtype == b.dtype == out.dtype) or (a.dtype not in _DATA_TYPES and _half_type(a) is None):
+    half = a.dtype not in _DATA_TYPES and _half_type(a) is not None
+    if a.dtype != b.dtype or not (out.dtype == a.dtype or (half and out.dtype == np.float32)) \
+            or (a.dtype not in _DATA_TYPES and not half):
         raise TypeError(f"gemm: a, b and out must share one dtype of float32, float64, complex64, complex128, float16 "
-                        f"or bfloat16 (ml_dtypes on the CPU, uint16 words on the GPU), got {a.dtype}, {b.dtype}, "
-                        f"{out.dtype}")
+                        f"or bfloat16 (ml_dtypes on the CPU, uint16 words on the GPU), or be half operands with a "
+                        f"float32 out, got {a.dtype}, {b.dtype}, {out.dtype}")
     M, K = a.shape[-2:]
     K2, N = b.shape[-2:]
     if K != K2 or out.shape[-2:] != (M, N) or (batched and not a.shape[0] == b.shape[0] == out.shape[0]):
@@ -235,7 +239,11 @@ def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
     """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products); for a half
     type, in float32 on the widened operands, rounded once into ``out``."""
     xp = backend.get_array_module(out)
-    half = None if out.dtype in _DATA_TYPES else _half_type(out)
+    half = None if a.dtype in _DATA_TYPES else _half_type(a)
+    if half is not None and out.dtype == np.float32:  # half operands, a float32 result: no rounding
+        _numpy_gemm(*(convert.half_to_float(xp.ascontiguousarray(m), half) for m in (a, b)), out,
+                    np.float32(alpha), np.float32(beta))
+        return
     if half is not None:
         wide = xp.empty(out.shape, dtype=np.float32)
         _numpy_gemm(*(convert.half_to_float(xp.ascontiguousarray(m), half) for m in (a, b)),
@@ -306,11 +314,12 @@ class _Cublas:
         """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1); ``tf32`` as in
         :func:`gemm_batched`."""
         dtype = np.dtype(c.dtype)
-        data_type = _HALF_DATA_TYPES.get(dtype)
+        data_type = _HALF_DATA_TYPES.get(np.dtype(a.dtype))
         if data_type is not None:  # float32 products and sums (tensor cores), float32 alpha and beta
             compute, dtype = _COMPUTE_32F, np.dtype(np.float32)
+            out_type = _HALF_DATA_TYPES.get(np.dtype(c.dtype), _DATA_TYPES[np.dtype(np.float32)])
         else:
-            data_type = _DATA_TYPES[dtype]
+            data_type = out_type = _DATA_TYPES[dtype]
             if dtype in (np.float64, np.complex128):
                 compute = _COMPUTE_64F
             elif tf32 is None or tf32 == _cuda.allow_tf32():
@@ -321,10 +330,10 @@ class _Cublas:
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
             self.call("gemmEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
-                      b.data.ptr, data_type, ldb, beta_p, c.data.ptr, data_type, ldc, compute, _GEMM_DEFAULT)
+                      b.data.ptr, data_type, ldb, beta_p, c.data.ptr, out_type, ldc, compute, _GEMM_DEFAULT)
         else:
             self.call("gemmStridedBatchedEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
-                      stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, data_type, ldc, stride_c,
+                      stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, out_type, ldc, stride_c,
                       batch, compute, _GEMM_DEFAULT)
 
     def prepare_capture(self) -> None:

@@ -6,12 +6,19 @@ y[n] = W (K × C) · x[n] with no im2col: one strided-batched GEMM per group cov
 dx[n] = Wᵀ · dy[n], the same shape of call. Backward-filter reduces over the images: a batched
 GEMM writes each image's dW_n = dy[n] · x[n]ᵀ into the workspace (N·K·C/G values), and one more
 GEMM sums them (a row of ones times the N partial products), adding into dW when accumulating.
+
+Half precision (float16, bfloat16) is the half GEMMs' (blas.py): float32 sums, one rounding. Forward and
+backward-data round each image's product once; backward-filter keeps the N partial products and their sum
+in float32 (the workspace grows to 4 bytes a value) and rounds dW once, adding a float32 ``out`` first
+when accumulating.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .. import blas
+import numpy as np
+
+from .. import blas, convert
 from .gemm import per_image, repeated, weight_matrix
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, workspace_array
@@ -19,14 +26,19 @@ from .registry import ConvAlgorithm, register, workspace_array
 
 class Gemm1x1(ConvAlgorithm):
     name = "gemm_1x1"
+    half_precision = True
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return problem.is_1x1  # a 1x1 filter's dilation changes nothing
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        if direction != "backward_filter" or problem.N == 1:
+        if direction != "backward_filter":
             return 0
         partials = problem.N * problem.K * (problem.C // problem.groups)
+        if problem.half_type is not None:  # float32 partials, ones and the sum of one group
+            return (partials + problem.N + problem.K // problem.groups * (problem.C // problem.groups)) * 4
+        if problem.N == 1:
+            return 0
         return (partials + problem.N) * problem.itemsize  # the partial products and a row of N ones
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
@@ -46,6 +58,9 @@ class Gemm1x1(ConvAlgorithm):
         N, Cg, Kg = problem.N, problem.C // problem.groups, problem.K // problem.groups
         beta = 1.0 if accumulate else 0.0
         dw = out.reshape(problem.K, Cg)
+        if problem.half_type is not None:
+            self._backward_filter_half(x, dy, problem, dw, accumulate, workspace)
+            return
         if N == 1:
             for g in range(problem.groups):
                 blas.gemm(dy.reshape(problem.K, -1)[g * Kg:(g + 1) * Kg], x.reshape(problem.C, -1)[g * Cg:(g + 1) * Cg].T,
@@ -59,6 +74,22 @@ class Gemm1x1(ConvAlgorithm):
             blas.gemm_batched(per_image(dy, problem, Kg, g), images_x.transpose(0, 2, 1), partials)
             total = dw[g * Kg:(g + 1) * Kg].reshape(1, Kg * Cg)  # a row-major view: dW_g rows are contiguous
             blas.gemm(ones, partials.reshape(N, Kg * Cg), total, beta=beta)
+
+    def _backward_filter_half(self, x: Any, dy: Any, problem: ConvProblem, dw: Any, accumulate: bool,
+                              workspace: Any) -> None:
+        """dW (K, C/G) of half x and dy: each image's product and their sum in float32, one rounding."""
+        N, Cg, Kg, half = problem.N, problem.C // problem.groups, problem.K // problem.groups, problem.half_type
+        partials = workspace_array(workspace, (N, Kg, Cg), np.float32)
+        ones = workspace_array(workspace, (1, N), np.float32, offset=partials.nbytes)
+        total = workspace_array(workspace, (1, Kg * Cg), np.float32, offset=partials.nbytes + ones.nbytes)
+        ones.fill(1)
+        for g in range(problem.groups):
+            blas.gemm_batched(per_image(dy, problem, Kg, g), per_image(x, problem, Cg, g).transpose(0, 2, 1), partials)
+            group = dw[g * Kg:(g + 1) * Kg].reshape(1, Kg * Cg)  # a row-major view: dW_g rows are contiguous
+            if accumulate:
+                convert.half_to_float(group, half, out=total)
+            blas.gemm(ones, partials.reshape(N, Kg * Cg), total, beta=1.0 if accumulate else 0.0)
+            convert.float_to_half(total, half, out=group)
 
 
 register(Gemm1x1())
