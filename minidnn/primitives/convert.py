@@ -31,6 +31,7 @@ import numpy as np
 from .. import backend
 
 HALF_TYPES = ("bfloat16", "float16")
+_FULL_PRECISION = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 _SOURCE = "convert.cu"
 
 
@@ -61,6 +62,8 @@ def half_type(dtype: Any) -> str:
 def stored_half_type(dtype: Any, on_gpu: bool) -> str | None:
     """``"float16"`` or ``"bfloat16"`` when ``dtype`` is the storage of a half type (see the module docstring:
     bfloat16 is ``ml_dtypes.bfloat16`` on the CPU and uint16 words on the GPU), None for any other dtype."""
+    if dtype in _FULL_PRECISION:  # the common case first: every float32 primitive call asks
+        return None
     dtype = np.dtype(dtype)
     if dtype == np.float16:
         return "float16"
