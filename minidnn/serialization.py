@@ -3,7 +3,8 @@ nested values, in an ``.npz`` file that is never unpickled.
 
 Every array and Tensor is a member of its own (``arrays/0``, ``arrays/1``...); the nesting (dicts,
 lists, tuples, numbers, strings, bools, None) is one JSON document in the member ``metadata``, which
-names each array's member, dtype and shape. A path is written atomically (a temporary beside it,
+names each array's member, dtype and shape (bfloat16, which NumPy's format cannot name, is stored as its
+uint16 words under the dtype ``"bfloat16"``). A path is written atomically (a temporary beside it,
 then a rename); a file object is written where it stands, as ``torch.save`` does. Reading checks
 every part, so a damaged or foreign file is a ``ValueError`` naming it, never a traceback from deep
 inside NumPy, and never code run by a pickle.
@@ -21,7 +22,8 @@ import numpy as np
 from . import backend
 from . import checkpoint
 from .checkpoint import atomic_write, read_archive
-from .tensor import Tensor, as_dtype
+from .primitives import convert
+from .tensor import Tensor, as_dtype, bfloat16
 
 FORMAT = "minidnn-save"
 VERSION = 1
@@ -121,12 +123,15 @@ def _label(f: Any) -> str:
 # Writing: the tree as JSON, arrays set aside
 # ----------------------------------------------------------------------------------------------
 def _array_node(kind: str, array: Any, arrays: dict[str, np.ndarray], where: str) -> dict[str, Any]:
-    host = backend.to_device(array, "cpu")
-    if host.dtype.hasobject or host.dtype.kind == "V":
+    host = convert.to_device(array, "cpu") if kind == "tensor" else backend.to_device(array, "cpu")
+    dtype = host.dtype.str
+    if host.dtype == bfloat16:
+        host, dtype = host.view(np.uint16), "bfloat16"  # its words; the node names the type
+    elif host.dtype.hasobject or host.dtype.kind == "V":
         raise TypeError(f"minidnn.save cannot store {where}: an array of dtype {host.dtype} needs pickle")
     name = f"arrays/{len(arrays)}"
     arrays[name] = host
-    return {kind: name, "dtype": host.dtype.str, "shape": list(host.shape)}
+    return {kind: name, "dtype": dtype, "shape": list(host.shape)}
 
 
 def _encode(value: Any, arrays: dict[str, np.ndarray], where: str, open_containers: set[int]) -> Any:
@@ -215,9 +220,12 @@ class _Decoder:
             raise self.damaged(where, f"refers to the member {name} a second time")
         self.used.add(name)
         array = self.arrays[name]
-        if array.dtype.str != node["dtype"] or list(array.shape) != node["shape"]:
+        words = node["dtype"] == "bfloat16"
+        if (array.dtype.str != ("<u2" if words else node["dtype"])) or list(array.shape) != node["shape"]:
             raise self.damaged(where, f"should be {node['dtype']} of shape {tuple(node['shape'])}, but its member "
                                       f"{name} holds {array.dtype.str} of shape {array.shape}")
+        if words:
+            array = array.view(bfloat16)
         if kind == "scalar":
             return array[()]
         if kind == "array":
@@ -227,9 +235,9 @@ class _Decoder:
             as_dtype(array.dtype)
         except TypeError as error:
             raise self.damaged(where, f"cannot be a Tensor ({error})") from None
-        if not isinstance(requires_grad, bool) or (requires_grad and array.dtype.kind != "f"):
+        if not isinstance(requires_grad, bool) or (requires_grad and array.dtype.kind != "f" and not words):
             raise self.damaged(where, f"has requires_grad={requires_grad!r} on a {array.dtype} tensor")
-        data = array if self.device is None else backend.to_device(array, self.device)
+        data = array if self.device is None else convert.to_device(array, self.device)
         return Tensor(data, requires_grad=requires_grad)
 
 

@@ -299,3 +299,22 @@ def test_metadata_that_does_not_fit_its_members_is_named(tmp_path, metadata, mes
 def test_a_missing_file_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         minidnn.load(tmp_path / "missing.npz")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_half_precision_tensors_round_trip_bit_for_bit(tmp_path, rng, device):
+    """bfloat16 (which NumPy's format cannot name) goes as its words under the dtype "bfloat16"; float16 as
+    itself. Both come back with their dtype and bits, on the device asked for."""
+    values = np.concatenate([rng.standard_normal(9), [np.nan, -np.inf, -0.0]]).astype(np.float32)
+    halves = {"bf16": minidnn.tensor(values, device=device).bfloat16(),
+              "fp16": minidnn.tensor(values, device=device).half()}
+    minidnn.save({**halves, "leaf": halves["bf16"].detach().requires_grad_()}, tmp_path / "h.npz")
+    loaded = minidnn.load(tmp_path / "h.npz", map_location=device)
+    with np.load(tmp_path / "h.npz") as archive:  # plain words on disk, no pickle
+        nodes = dict(json.loads(str(archive["metadata"]))["object"]["dict"])
+        assert (nodes["bf16"]["dtype"], nodes["fp16"]["dtype"]) == ("bfloat16", "<f2")
+        assert archive[nodes["bf16"]["tensor"]].dtype == np.uint16
+    for name, tensor in halves.items():
+        assert loaded[name].dtype == tensor.dtype and loaded[name].device.type == device
+        np.testing.assert_array_equal(loaded[name].numpy().view(np.uint16), tensor.numpy().view(np.uint16))
+    assert loaded["leaf"].requires_grad and loaded["leaf"].dtype == minidnn.bfloat16
