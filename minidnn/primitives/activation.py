@@ -51,7 +51,7 @@ def relu_forward(x: Any, out: Any = None) -> Any:
     into and returned; ``out=x`` is the in-place ReLU. Any other out must not overlap x.
     float16 and bfloat16 too (exact: the result is one of x's values or 0).
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     if half is not None:
         _check_half_arrays(("x", x), out=out)
         if backend.is_cuda_array(x):
@@ -72,7 +72,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
     The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
     enough to tell which inputs passed. float16 and bfloat16 too (dx holds dy's own values or 0).
     """
-    half = _half_type(dy)
+    half = convert.half_type_of(dy)
     if half is not None:
         _check_half_arrays(("dy", dy), ("y", y))
         if backend.is_cuda_array(dy):
@@ -97,7 +97,7 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
     same array flows to both a and b (the add's gradient is the identity for each input).
     float16 and bfloat16: the sum in float32, rounded once after the ReLU.
     """
-    half = _half_type(a)
+    half = convert.half_type_of(a)
     if half is not None:
         _check_half_arrays(("a", a), ("b", b), out=out)
         if backend.is_cuda_array(a):
@@ -299,14 +299,9 @@ def gelu_backward(dy: Any, x: Any, approximate: str = "none") -> Any:
 # ----------------------------------------------------------------------------------------------
 # GPU: the kernels of activation.cu (CuPy arrays only; arguments already checked)
 # ----------------------------------------------------------------------------------------------
-def _half_type(a: Any) -> str | None:
-    """The half type ``a`` stores, or None. The public ReLU functions take half precision; the naive
-    engine's, which share the float checks, do not."""
-    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
-
-
 def _check_half_arrays(*named: tuple[str, Any], out: Any = None) -> None:
-    """Half-precision arrays of one type, shape and device, and ``out`` (when given) like the first."""
+    """Half-precision arrays of one type, shape and device, and ``out`` (when given) like the first. (The
+    public ReLU functions take half precision; the naive engine's, which share the float checks, do not.)"""
     (first_name, first), *others = named
     for name, array in named:
         check_float_or_half(array, name)

@@ -60,11 +60,7 @@ def _check_input(x: Any, name: str = "x", half: bool = False) -> int:
 
 def _vector_dtype(x: Any) -> np.dtype:
     """The dtype of the per-channel vectors for x: x's, and float32 for half-precision x (master weights)."""
-    return np.dtype(np.float32) if _half_type(x) is not None else x.dtype
-
-
-def _half_type(x: Any) -> str | None:
-    return convert.stored_half_type(x.dtype, backend.is_cuda_array(x))
+    return np.dtype(np.float32) if convert.half_type_of(x) is not None else x.dtype
 
 
 def _check_channel_vector(v: Any, name: str, channels: int, x: Any, optional: bool = False) -> None:
@@ -206,7 +202,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     Half precision (module docstring): x float16 or bfloat16, the vectors float32; y in x's type, mean and
     invstd float32.
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
@@ -247,7 +243,7 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,).
     Returns y of x's shape and dtype; ``relu``: y = max(that, 0). Any N (including 1) and any M are fine.
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
     _check_channel_vector(bias, "bias", channels, x, optional=True)
@@ -286,7 +282,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     The two subtracted terms are the paths through the batch mean and the batch variance.
     Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_like_x(dy, x, "dy", half=half is not None)
     _check_like_x(relu_output, x, "relu_output", optional=True, half=half is not None)
@@ -326,7 +322,7 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
 
         dx = dy·weight·invstd      dweight = Σ dy·(x − running_mean)·invstd      dbias = Σ dy
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_like_x(dy, x, "dy", half=half is not None)
     _check_like_x(relu_output, x, "relu_output", optional=True, half=half is not None)

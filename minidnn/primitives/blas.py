@@ -69,7 +69,7 @@ def _check(a: Any, b: Any, out: Any, batched: bool) -> tuple[int, int, int]:
         if array.ndim != rank:
             raise ValueError(f"{'gemm_batched' if batched else 'gemm'}: {name} must be {rank}-D, "
                              f"got shape {tuple(array.shape)}")
-    half = a.dtype not in _DATA_TYPES and _half_type(a) is not None
+    half = a.dtype not in _DATA_TYPES and convert.half_type_of(a) is not None
     if a.dtype != b.dtype or not (out.dtype == a.dtype or (half and out.dtype == np.float32)) \
             or (a.dtype not in _DATA_TYPES and not half):
         raise TypeError(f"gemm: a, b and out must share one dtype of float32, float64, complex64, complex128, float16 "
@@ -230,16 +230,11 @@ def _split_k_shape(*fields: int) -> np.void:
     return np.array([fields], dtype=_SPLIT_K_SHAPE)[0]
 
 
-def _half_type(a: Any) -> str | None:
-    """The half type ``a`` stores (``"float16"``, ``"bfloat16"``) or None."""
-    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
-
-
 def _numpy_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> None:
     """The same arithmetic with the array module's matmul (NumPy, or CuPy for empty products); for a half
     type, in float32 on the widened operands, rounded once into ``out``."""
     xp = backend.get_array_module(out)
-    half = None if a.dtype in _DATA_TYPES else _half_type(a)
+    half = None if a.dtype in _DATA_TYPES else convert.half_type_of(a)
     if half is not None and out.dtype == np.float32:  # half operands, a float32 result: no rounding
         _numpy_gemm(*(convert.half_to_float(xp.ascontiguousarray(m), half) for m in (a, b)), out,
                     np.float32(alpha), np.float32(beta))

@@ -72,6 +72,12 @@ def stored_half_type(dtype: Any, on_gpu: bool) -> str | None:
     return None
 
 
+def half_type_of(array: Any) -> str | None:
+    """``"float16"`` or ``"bfloat16"`` when ``array`` holds half values in its device's storage, else None: how
+    a primitive that takes half precision tells a half call from a full-precision one."""
+    return stored_half_type(array.dtype, backend.is_cuda_array(array))
+
+
 def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
     """The dtype half values of ``dtype`` are stored in on ``xp``'s device (see the module docstring)."""
     name = half_type(dtype)

@@ -32,7 +32,8 @@ from ._checks import check_float, check_float_or_half, check_out, check_same_dty
 
 def _check_features(a: Any, name: str, layout: str, half: bool = False) -> None:
     """a must be a float array (or, with ``half``, a half-precision one) of rank >= 1, laid out as ``layout``
-    (e.g. ``"(..., in_features)"``)."""
+    (e.g. ``"(..., in_features)"``). The public functions pass ``half`` for half arrays; the naive engine's,
+    which share these checks with their defaults, take no half precision."""
     (check_float_or_half if half else check_float)(a, name)
     if a.ndim < 1:
         raise ValueError(f"linear: {name} must be at least 1-D {layout}, got a 0-D array")
@@ -50,12 +51,6 @@ def _check_bias(bias: Any, x: Any, out_features: int, half: bool = False) -> Non
     if tuple(bias.shape) != (out_features,):
         raise ValueError(f"linear: bias must have shape (out_features,) = ({out_features},), got {tuple(bias.shape)}")
     check_same_dtype(x, bias, "x", "bias")
-
-
-def _half_type(a: Any) -> str | None:
-    """The half type ``a`` stores, or None: the public functions take half precision, the naive engine's
-    (which share the checks below with their defaults) do not."""
-    return convert.stored_half_type(a.dtype, backend.is_cuda_array(a))
 
 
 def _as_rows(a: Any) -> Any:
@@ -135,7 +130,7 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
     Returns y: (..., out_features) of x's dtype. In half precision (float16 or bfloat16 arrays, all one
     type) the GEMM sums in float32 and rounds once; the bias is added in float32 and rounded again.
     """
-    half = _half_type(x)
+    half = convert.half_type_of(x)
     _check_forward_arguments(x, weight, bias, half is not None)
     y = blas.gemm(_as_rows(backend.get_array_module(x).ascontiguousarray(x)), weight.T)
     if bias is not None:
@@ -153,7 +148,7 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
 
     dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
     """
-    _check_backward_data_arguments(dy, weight, _half_type(dy) is not None)
+    _check_backward_data_arguments(dy, weight, convert.half_type_of(dy) is not None)
     xp = backend.get_array_module(dy, weight)
     return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], weight.shape[1])
 
@@ -164,7 +159,7 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
     Returns dweight: (out_features, in_features) of x's dtype.
     """
-    _check_backward_weight_arguments(x, dy, _half_type(x) is not None)
+    _check_backward_weight_arguments(x, dy, convert.half_type_of(x) is not None)
     xp = backend.get_array_module(x, dy)
     return blas.gemm(_as_rows(xp.ascontiguousarray(dy)).T, _as_rows(xp.ascontiguousarray(x)))
 
@@ -181,7 +176,7 @@ def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
     -1 for (..., out_features). Half-precision arrays are added in float32 and rounded once.
     """
-    half = _half_type(y)
+    half = convert.half_type_of(y)
     axis = _check_bias_add_arguments(y, bias, axis, out, half is not None)
     if half is not None:
         xp = backend.get_array_module(y)
@@ -203,7 +198,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     millions of terms. Half precision: the sum of the float32 values, rounded once to dy's type.
     """
     xp = backend.get_array_module(dy)
-    half = _half_type(dy)
+    half = convert.half_type_of(dy)
     axis = _check_bias_backward_arguments(dy, axis, half is not None)
     if half is not None:
         return convert.float_to_half(bias_backward(convert.half_to_float(xp.ascontiguousarray(dy), half), axis), half)
