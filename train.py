@@ -66,8 +66,9 @@ FIXED = ("model", "epochs", "batch_size", "optimizer", "lr", "momentum", "weight
          "label_smoothing", "seed", "format", "image_size", "train_size", "test_size")
 # Taken from the checkpoint unless given: the data may have moved (to a node's local disk), and
 # skipping unreadable images may be switched on to get past a bad file. --sync-batchnorm changes what
-# a data-parallel step computes, so a resumed run keeps it unless told otherwise.
-CARRIED = ("data", "skip_corrupt", "sync_batchnorm")
+# a data-parallel step computes, so a resumed run keeps it unless told otherwise; so does --amp, the
+# precision the run trains in (which may be changed on resume: the weights are float32 either way).
+CARRIED = ("data", "skip_corrupt", "sync_batchnorm", "amp")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -947,10 +948,10 @@ class Run:
                 raise ValueError("its history is not a list of epoch rows")
             if best is not None and not isinstance(best, (int, float)):
                 raise ValueError(f"its best accuracy is {best!r}")
+            if self.scaler is not None and "grad_scaler" in extra:  # a run resumed under --amp fp16 keeps its scale
+                self.scaler.load_state_dict(extra["grad_scaler"])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{checkpoint.path!r} is damaged: its run state does not parse ({error})") from None
-        if self.scaler is not None and "grad_scaler" in extra:  # a run resumed under --amp fp16 keeps its scale
-            self.scaler.load_state_dict(extra["grad_scaler"])
         minidnn.load_checkpoint(checkpoint, self.model, self.optimizer, self.scheduler)
         self.step, self.history, self.best, self.meter = checkpoint.step, history, best, meter
         if _same_file(checkpoint.path, os.path.join(self.args.out, "last.npz")):
