@@ -19,7 +19,7 @@ from .serialization import load, save
 from . import engine
 from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
+from .autocast_mode import autocast, get_autocast_dtype, is_autocast_enabled
 from .tensor import Tensor, argmax, argmin, cat, clamp, clone, flatten, stack, std, tensor, topk, var, where
 from .random import get_rng_state, manual_seed, set_rng_state
 from .primitives.conv.registry import are_deterministic_algorithms_enabled, use_deterministic_algorithms

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import random as _random
-from .autocast import lower_precision
+from .autocast_mode import lower_precision
 from .autograd import Function, is_grad_enabled
 from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)

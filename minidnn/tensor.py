@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend, ops
-from .autocast import lower_precision
+from .autocast_mode import lower_precision
 from .autograd import Value, bump_version, is_grad_enabled, version_of
 from .primitives import convert
 

@@ -311,3 +311,14 @@ def test_an_in_place_relu_after_a_half_convolution(rng):
     assert out.dtype == np.float16
     out.float().sum().backward()
     assert model[0].weight.grad.dtype == np.float32 and np.isfinite(model[0].weight.grad.numpy()).all()
+
+
+def test_a_disabled_region_leaves_the_operations_fast_path(monkeypatch):
+    """train.py enters a disabled region every step of a float32 run: the operations on the list must then
+    not even look at their tensors' devices."""
+    from minidnn import autocast_mode  # noqa: PLC0415
+
+    x = minidnn.randn(2, 4)
+    monkeypatch.setattr(minidnn.Tensor, "device", property(lambda self: pytest.fail("the device was asked for")))
+    with minidnn.autocast("cpu", enabled=False):
+        assert autocast_mode.lower_precision(x, None) == (x, None)

@@ -1,13 +1,14 @@
 """Autocast: inside ``with minidnn.autocast(device_type, dtype):`` the operations on its list run in a half
-type, and every other operation in float32 (PyTorch's ``torch.autocast``, with a shorter list).
+type (PyTorch's ``torch.autocast``, with a shorter list).
 
 The half-precision list: ``conv2d``, ``linear`` and ``matmul`` (``@``). Their float32 tensor arguments on
 the autocast's device are cast to the half type (a graph node each: the gradient is cast back, so float32
 parameters get float32 gradients, the master weights), they run on the half-precision primitives (float32
-sums, one rounding) and return half tensors. Every other operation (batch norm, activations, pooling,
-additions, softmax, the losses, reductions) takes a half input by widening it to float32 first (see
-``Function.half_inputs`` in :mod:`minidnn.autograd`), so it computes and returns float32; PyTorch's list
-keeps some of those in the half type, ours rounds less. float64 tensors are never cast.
+sums, one rounding) and return half tensors. What follows them takes those half tensors as the
+operation says (``Function.half_inputs`` in :mod:`minidnn.autograd`): batch norm, ReLU, ``add_relu`` and
+max pooling compute in float and return the half type; every other operation (softmax, the losses,
+reductions, arithmetic) widens a half input to float32 first and returns float32, where PyTorch keeps some
+in the half type: ours rounds less. float64 tensors are never cast.
 """
 from __future__ import annotations
 
@@ -59,8 +60,12 @@ class autocast:  # noqa: N801 - PyTorch's name
         self._outer: list[Any] = []
 
     def __enter__(self) -> "autocast":
-        self._outer.append(_state.dtypes.get(self.device_type))
-        _state.dtypes[self.device_type] = self.fast_dtype if self.enabled else None
+        outer = _state.dtypes.get(self.device_type)
+        self._outer.append(outer)
+        if self.enabled:
+            _state.dtypes[self.device_type] = self.fast_dtype
+        elif outer is not None:  # switches an outer region off; with none, the state stays empty (the fast path)
+            _state.dtypes[self.device_type] = None
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
