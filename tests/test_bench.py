@@ -410,3 +410,15 @@ def test_a_half_precision_cell_trains_under_autocast(monkeypatch, precision):
     assert regions == [("cpu", minidnn.bfloat16 if precision == "bf16" else minidnn.float16)]
     assert (engine.scaler is not None) == (precision == "fp16")
     assert all(p.grad.dtype == np.float32 for p in engine.model.parameters())
+
+
+def test_a_captured_fp16_cell_runs_eagerly_and_says_why(monkeypatch):
+    monkeypatch.setattr(minidnn.cuda, "graphs", types.SimpleNamespace(
+        capture=lambda *args: pytest.fail("an fp16 step with a loss scaler must not be captured"),
+        EagerStep=type("EagerStep", (), {})), raising=False)
+    engine = measure.CapturedMinidnnEngine({**TINY_CELL, "engine": "minidnn-graph", "precision": "fp16"})
+    engine.prepare()
+    assert engine.prepared() == {"captured": False, "capture_fallback": "fp16's GradScaler reads an overflow flag "
+                                                                         "on the host every step"}
+    engine.step()  # eagerly, with the scaler
+    assert engine.scaler.get_scale() == 2.0 ** 16
