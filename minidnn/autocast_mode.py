@@ -5,8 +5,8 @@ The half-precision list: ``conv2d``, ``linear`` and ``matmul`` (``@``). Their fl
 the autocast's device are cast to the half type (a graph node each: the gradient is cast back, so float32
 parameters get float32 gradients, the master weights), they run on the half-precision primitives (float32
 sums, one rounding) and return half tensors. What follows them takes those half tensors as the
-operation says (``Function.half_inputs`` in :mod:`minidnn.autograd`): batch norm, ReLU, ``add_relu`` and
-max pooling compute in float and return the half type; every other operation (softmax, the losses,
+operation says (``Function.half_inputs`` in :mod:`minidnn.autograd`): batch norm, ReLU, ``add_relu``,
+pooling and dropout compute in float and return the half type; every other operation (softmax, the losses,
 reductions, arithmetic) widens a half input to float32 first and returns float32, where PyTorch keeps some
 in the half type: ours rounds less. float64 tensors are never cast.
 """

@@ -155,7 +155,8 @@ class AvgPool2dFunction(Function):
 def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     _require_tensor(input, "input")
-    return AvgPool2dFunction.apply(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return _through_float32(AvgPool2dFunction.apply, input, kernel_size, stride, padding, ceil_mode,
+                            count_include_pad, divisor_override)
 
 
 class AdaptiveAvgPool2dFunction(Function):
@@ -169,7 +170,7 @@ class AdaptiveAvgPool2dFunction(Function):
 
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
     _require_tensor(input, "input")
-    return AdaptiveAvgPool2dFunction.apply(input, output_size)
+    return _through_float32(AdaptiveAvgPool2dFunction.apply, input, output_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -363,7 +364,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     if not training or p == 0.0:
         return input
     generator = _random.default_generator
-    return DropoutFunction.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
+    return _through_float32(DropoutFunction.apply, input, float(p), generator.seed, generator.next_offset(input.numel()))
 
 
 def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
@@ -481,6 +482,15 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
 
 def _is_half(tensor: Tensor) -> bool:
     return tensor.dtype == np.float16 or tensor.dtype == bfloat16
+
+
+def _through_float32(apply: Any, input: Tensor, *args: Any) -> Tensor:
+    """``apply(input, *args)``; for a half-precision input, the float32 operation on its widening, rounded
+    back to the half type once: float math and one rounding, as a half kernel gives them, and the activations
+    of a half network stay half (average pooling and dropout have no half kernels of their own)."""
+    if not _is_half(input):
+        return apply(input, *args)
+    return apply(input.float(), *args).to(input.dtype)
 
 
 class LocalResponseNormFunction(Function):

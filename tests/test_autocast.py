@@ -293,12 +293,12 @@ def test_a_residual_network_keeps_its_activations_in_the_half_type(rng):
     minidnn.manual_seed(int(rng.integers(2**31)))
     model = models.create("resnet18", num_classes=5)
     seen = {}
-    for name in ("maxpool", "layer1", "layer2", "layer4"):
+    for name in ("maxpool", "layer1", "layer2", "layer4", "avgpool"):
         getattr(model, name).register_forward_hook(lambda module, inputs, output, name=name: seen.update({name: output.dtype}))
     images = minidnn.tensor(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
     with minidnn.autocast("cpu", dtype=minidnn.bfloat16):
         loss = F.cross_entropy(model(images), minidnn.tensor([1, 3]))
-    assert seen == {name: minidnn.bfloat16 for name in ("maxpool", "layer1", "layer2", "layer4")}
+    assert seen == {name: minidnn.bfloat16 for name in ("maxpool", "layer1", "layer2", "layer4", "avgpool")}
     loss.backward()
     assert all(p.grad is not None and p.grad.dtype == np.float32 for p in model.parameters())
 
@@ -322,3 +322,24 @@ def test_a_disabled_region_leaves_the_operations_fast_path(monkeypatch):
     monkeypatch.setattr(minidnn.Tensor, "device", property(lambda self: pytest.fail("the device was asked for")))
     with minidnn.autocast("cpu", enabled=False):
         assert autocast_mode.lower_precision(x, None) == (x, None)
+
+
+@pytest.mark.parametrize("half", sorted(HALF_DTYPES))
+def test_average_pooling_and_dropout_keep_half_tensors_half_with_one_rounding(rng, half):
+    """Average pooling and dropout of a half tensor: the float32 result on its exact values, rounded once."""
+    values = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    h = minidnn.tensor(values).to(HALF_DTYPES[half])
+    exact = h.float()
+    for name, call in (("avg_pool2d", lambda t: F.avg_pool2d(t, 2)),
+                       ("adaptive_avg_pool2d", lambda t: F.adaptive_avg_pool2d(t, 1))):
+        got = call(h)
+        assert got.dtype == HALF_DTYPES[half], name
+        np.testing.assert_array_equal(got.numpy().view(np.uint16),
+                                      call(exact).numpy().astype(_reference_dtype(half)).view(np.uint16), err_msg=name)
+    state = minidnn.get_rng_state()
+    dropped = F.dropout(h, 0.3)
+    minidnn.set_rng_state(state)
+    reference = F.dropout(exact, 0.3)  # the same mask from the same counter stream
+    assert dropped.dtype == HALF_DTYPES[half]
+    np.testing.assert_array_equal(dropped.numpy().view(np.uint16),
+                                  reference.numpy().astype(_reference_dtype(half)).view(np.uint16))
