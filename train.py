@@ -868,19 +868,17 @@ class Run:
         self.watch = LossWatch()
         self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the first step
         half = {"bf16": minidnn.bfloat16, "fp16": minidnn.float16}.get(args.amp)
-        self.half_dtype = half  # --amp's autocast dtype, None for float32
+        device_type = device.split(":")[0]
+        # --amp's region for the forward pass and the loss (disabled without --amp), made once: it re-enters
+        self.amp_region = minidnn.autocast(device_type, dtype=half, enabled=half is not None)
         # float16's narrow range needs the loss scaled (bfloat16 has float32's exponent range and does not)
-        self.scaler = minidnn.amp.GradScaler(device.split(":")[0]) if args.amp == "fp16" else None
+        self.scaler = minidnn.amp.GradScaler(device_type) if args.amp == "fp16" else None
         self.solved = False  # whether this process has run its first step (where wd plans are made)
-
-    def autocast(self) -> Any:
-        """--amp's autocast region for the forward pass and the loss (a no-op region without --amp)."""
-        return minidnn.autocast(self.device.split(":")[0], dtype=self.half_dtype, enabled=self.half_dtype is not None)
 
     def eager_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
         """Forward, loss, backward and the optimizer's update; returns (logits, loss). With --amp fp16 the
         loss is scaled and a step whose gradients overflowed is skipped (GradScaler)."""
-        with self.autocast():
+        with self.amp_region:
             logits = self.network(images)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
         self.optimizer.zero_grad()
@@ -1014,7 +1012,7 @@ class Run:
             broadcast_coalesced(self.network.process_group, list(self.model.buffers()))
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
-        with self.autocast():
+        with self.amp_region:
             test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)
         if not math.isfinite(test_loss):
             raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")

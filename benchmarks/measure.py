@@ -231,7 +231,8 @@ class MinidnnEngine(Engine):
         half = HALF_DTYPES.get(spec.get("precision"))
         if half is not None:
             device_type = self.device.split(":")[0]
-            self.autocast = lambda: minidnn.autocast(device_type, dtype=getattr(minidnn, half))
+            region = minidnn.autocast(device_type, dtype=getattr(minidnn, half))  # re-entrant: made once
+            self.autocast = lambda: region
             self.scaler = minidnn.amp.GradScaler(device_type) if half == "float16" else None
         if self.gpu:
             cupy = backend.cupy()

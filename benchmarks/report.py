@@ -29,12 +29,6 @@ def precision_of(record: dict[str, Any]) -> str:
     return record.get("precision") or ("tf32" if record.get("tf32") else "fp32")
 
 
-def mode_name(precision: "str | bool") -> str:
-    """A precision's name (a bool is the TF32 switch of a record from before --precision)."""
-    if isinstance(precision, str):
-        return precision
-    return "tf32" if precision else "fp32"
-
 
 def size_text(size: int) -> str:
     """Bytes as the largest binary unit that divides them: 67108864 -> '64MiB'."""
@@ -173,7 +167,7 @@ def markdown(report: dict[str, Any]) -> str:
         mine = [r for r in _engine_records(records) if (r["model"], r["batch"]) == (model, batch)]
         mine.sort(key=lambda r: (PRECISIONS.index(precision_of(r)), ENGINE_ORDER.index(r["engine"])))
         for record in mine:
-            mode = mode_name(precision_of(record))
+            mode = precision_of(record)
             engine = record["engine"] + (" (not captured: ran eagerly)" if record.get("captured") is False else "")
             head = f"| {engine} | {mode} | {setting_label(record.get('setting'))} |"
             if "error" in record or "skipped" in record:
@@ -213,7 +207,7 @@ def markdown(report: dict[str, Any]) -> str:
         for record in skipped:
             what = " ".join(str(record.get(k)) for k in ("kind", "model", "batch", "engine") if record.get(k) is not None)
             reason = record.get("skipped") or record["error"].strip().splitlines()[-1]
-            lines.append(f"* {what} {mode_name(precision_of(record))} {setting_label(record.get('setting'))}: "
+            lines.append(f"* {what} {precision_of(record)} {setting_label(record.get('setting'))}: "
                          f"{reason}")
     return "\n".join(lines) + "\n"
 
@@ -247,7 +241,7 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
              "step minidnn / PyTorch (wall) | outside convs, wall ms: minidnn / PyTorch | outside convs, GPU-active ms: "
              "minidnn / PyTorch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
-        mode = mode_name(precision_of(record))
+        mode = precision_of(record)
         sums = conv_comparison(records, record)
         slowest = (f"{sums['slowest_layer']} {_check(sums['slowest_speed'], LAYER_SPEED_TARGET, at_most=False)} "
                    f"({sums['slowest_basis']})" if "slowest_speed" in sums else "-")
@@ -260,7 +254,7 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
                      f"{_number(sums.get('minidnn_outside_wall_ms'))} / {_number(sums.get('torch_outside_wall_ms'))} | "
                      f"{_number(sums.get('minidnn_outside_busy_ms'))} / {_number(sums.get('torch_outside_busy_ms'))} |")
     for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
-        mode = mode_name(precision_of(record))
+        mode = precision_of(record)
         torch = _find(records, model, batch, "torch", precision_of(record), "layers")
         naive = _find(records, model, batch, "naive", precision_of(record), "layers")
         theirs = {row["shape"]: row for row in (torch or {}).get("layers") or []}
@@ -285,7 +279,7 @@ def conv_sections(records: list[dict[str, Any]], model: str, batch: int) -> list
     for record in sorted(ours, key=lambda r: PRECISIONS.index(precision_of(r))):
         if not any("menu" in row for row in record["layers"]):
             continue
-        mode = mode_name(precision_of(record))
+        mode = precision_of(record)
         names = sorted({name for row in record["layers"] for menu in row.get("menu", {}).values() for name in menu})
         lines += ["", f"#### Every algorithm of {model}, batch {batch}, {mode}: ms per call (wall / GPU), "
                   "workspace MiB", "",

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import backend
 from .primitives import convert
 
 __all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "lower_precision"]
@@ -100,7 +101,7 @@ def lower_precision(*tensors: Any) -> tuple:
     otherwise unchanged (one dictionary read)."""
     if not _state.dtypes:
         return tensors
-    dtype = _state.dtypes.get(tensors[0].device.type)
+    dtype = _state.dtypes.get("cuda" if backend.is_cuda_array(tensors[0].data) else "cpu")
     if dtype is None:
         return tensors
     return tuple(t if t is None or t.dtype == dtype or t.dtype == np.float64 or not t.is_floating_point()

@@ -12,17 +12,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
-
 from . import random as _random
 from .autocast_mode import lower_precision
-from .autograd import Function, is_grad_enabled
+from .autograd import Function, is_grad_enabled, is_half
 from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
 from .primitives import pair
 from .primitives.activation import check_negative_slope
 from .primitives.dropout import check_probability
-from .tensor import Tensor, bfloat16
+from .tensor import Tensor
 
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
@@ -134,12 +132,9 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     """Max pooling over (H, W). With ``return_indices`` also the flat h·W + w index of each maximum."""
     _require_tensor(input, "input")
     indices: list = []
-    # Half precision: the maximum of half values is one of them, so pooling the float32 widening and
-    # casting back is exact (and keeps a half network's activations half).
-    half = input.dtype if _is_half(input) else None
-    y = MaxPool2dFunction.apply(input if half is None else input.float(), kernel_size, stride, padding, dilation,
-                                ceil_mode, indices if return_indices else None)
-    y = y if half is None else y.to(half)
+    # Half precision: the maximum of half values is one of them, so the round trip is exact.
+    y = _through_float32(MaxPool2dFunction.apply, input, kernel_size, stride, padding, dilation, ceil_mode,
+                         indices if return_indices else None)
     return (y, Tensor(indices[0])) if return_indices else y
 
 
@@ -475,20 +470,16 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
     widened to float32 first (autocast's promotion)."""
     _require_tensor(input, "input")
     _require_tensor(other, "other")
-    if input.dtype != other.dtype and (_is_half(input) or _is_half(other)):
+    if input.dtype != other.dtype and (is_half(input.data) or is_half(other.data)):
         input, other = input.float(), other.float()
     return AddReLUFunction.apply(input, other)
-
-
-def _is_half(tensor: Tensor) -> bool:
-    return tensor.dtype == np.float16 or tensor.dtype == bfloat16
 
 
 def _through_float32(apply: Any, input: Tensor, *args: Any) -> Tensor:
     """``apply(input, *args)``; for a half-precision input, the float32 operation on its widening, rounded
     back to the half type once: float math and one rounding, as a half kernel gives them, and the activations
     of a half network stay half (average pooling and dropout have no half kernels of their own)."""
-    if not _is_half(input):
+    if not is_half(input.data):
         return apply(input, *args)
     return apply(input.float(), *args).to(input.dtype)
 

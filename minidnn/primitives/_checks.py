@@ -30,9 +30,10 @@ def check_float(array: Any, name: str) -> None:
 def check_float_or_half(array: Any, name: str) -> None:
     """``array`` must be float32, float64, or half-precision storage (float16; bfloat16 as ml_dtypes' dtype on
     the CPU, uint16 words on the GPU: primitives/convert.py)."""
+    from . import convert  # noqa: PLC0415 - convert's own checks come from here
+
     dtype = getattr(array, "dtype", None)
-    if dtype is not None and (dtype in FLOAT_DTYPES or dtype == np.float16 or dtype.name == "bfloat16"
-                              or (dtype == np.uint16 and type(array).__module__.startswith("cupy"))):
+    if dtype is not None and (dtype in FLOAT_DTYPES or convert.half_type_of(array) is not None):
         return
     raise TypeError(f"{name} must be a float32, float64, float16 or bfloat16 array, got "
                     f"{dtype if dtype is not None else type(array).__name__}")
