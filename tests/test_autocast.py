@@ -320,6 +320,7 @@ def test_a_disabled_region_leaves_the_operations_fast_path(monkeypatch):
 
     x = minidnn.randn(2, 4)
     monkeypatch.setattr(minidnn.Tensor, "device", property(lambda self: pytest.fail("the device was asked for")))
+    monkeypatch.setattr(autocast_mode.backend, "is_cuda_array", lambda array: pytest.fail("the device was asked for"))
     with minidnn.autocast("cpu", enabled=False):
         assert autocast_mode.lower_precision(x, None) == (x, None)
 
@@ -342,3 +343,13 @@ def test_average_pooling_and_dropout_keep_half_tensors_half_with_one_rounding(de
     assert dropped.dtype == HALF_DTYPES[half]
     np.testing.assert_array_equal(dropped.numpy().view(np.uint16),
                                   reference.numpy().astype(_reference_dtype(half)).view(np.uint16))
+
+
+def test_add_relu_widens_a_half_tensor_beside_a_float32_one(rng):
+    """A residual whose shortcut stayed float32 (a block entered from an operation that widened): the sum is
+    taken in float32, as autocast's promotion does."""
+    a32, b32 = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(2))
+    half = minidnn.tensor(a32).bfloat16()
+    out = F.add_relu(half, minidnn.tensor(b32))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.numpy(), np.maximum(half.float().numpy() + b32, 0))
