@@ -123,12 +123,14 @@ def test_the_mode_chooses_by_shape_on_the_gpu_unless_timing_is_asked_for():
 # ----------------------------------------------------------------------------------------------
 def test_each_algorithm_says_which_directions_are_deterministic():
     gpu, cpu = problem(device="cuda"), problem()
-    implicit = registry.get("implicit_gemm")
-    assert not implicit.is_deterministic(gpu, "backward_filter")  # split-K partial sums added with atomics
-    assert implicit.is_deterministic(gpu, "forward") and implicit.is_deterministic(gpu, "backward_data")
-    assert all(implicit.is_deterministic(cpu, d) for d in DIRECTIONS)  # NumPy: no atomics
+    split_k = ("implicit_gemm", "implicit_gemm_nhwc")
+    for name in split_k:
+        implicit = registry.get(name)
+        assert not implicit.is_deterministic(gpu, "backward_filter"), name  # split-K partial sums added with atomics
+        assert implicit.is_deterministic(gpu, "forward") and implicit.is_deterministic(gpu, "backward_data"), name
+        assert all(implicit.is_deterministic(cpu, d) for d in DIRECTIONS), name  # NumPy: no atomics
     for name, algorithm in registry.algorithms().items():
-        if name != "implicit_gemm":
+        if name not in split_k:
             assert all(algorithm.is_deterministic(p, d) for p in (gpu, cpu) for d in DIRECTIONS), name
 
 
@@ -139,6 +141,7 @@ def test_every_atomic_in_the_kernels_is_accounted_for():
         ("minidnn/primitives/batchnorm.cu", "last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);"),
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, value);"),  # the half build's
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, scalar_t(value));"),
+        ("minidnn/primitives/conv/implicit_gemm_nhwc.cu", "if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);"),
     }
     found = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "minidnn")):

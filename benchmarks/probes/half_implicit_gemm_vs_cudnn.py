@@ -44,7 +44,7 @@ def timed(call, cupy, repeats=20, warmup=3):
     return statistics.median(times)
 
 
-def minidnn_call(direction, layer, dtype_name, cupy, rng):
+def minidnn_call(direction, layer, dtype_name, cupy, rng, algo="implicit_gemm"):
     _, N, C, H, W, K, R, S, stride, padding = layer
     x_shape, w_shape = (N, C, H, W), (K, C, R, S)
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
@@ -56,7 +56,7 @@ def minidnn_call(direction, layer, dtype_name, cupy, rng):
         return values if dtype_name == "float32" else convert.float_to_half(values, dtype_name)
 
     first, second = (operand(s) for s in shapes)
-    args = dict(stride=stride, padding=padding, algo="implicit_gemm")
+    args = dict(stride=stride, padding=padding, algo=algo)
     if direction == "forward":
         return lambda: conv.conv2d_forward(first, second, **args)
     if direction == "backward_data":

@@ -93,6 +93,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
     tap_by_tap = (direction == "backward_data" and (problem.R, problem.S) == (3, 3)
                   and problem.dilation == (1, 1) and problem.C // problem.groups >= 8)
+    if problem.half_type and problem.device == "cuda":
+        names.append("implicit_gemm_nhwc")  # whole 16-byte vectors where implicit GEMM gathers 2-byte values
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 

@@ -1,0 +1,402 @@
+// Half-precision implicit GEMM on channels-last copies of the operands: with the channels innermost, eight
+// consecutive reduction values are 16 contiguous bytes, so each CTA gathers its tiles with 16-byte cp.async
+// copies into a three-stage shared-memory pipeline and multiplies them with ldmatrix + mma.sync m16n8k16.
+//
+//                    rows M       columns N   reduction       A (gathered)            B
+//   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
+//   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
+//
+// Backward-data of a stride-1 convolution is the forward kernel run on dy (N, P, Q, K) with the filter turned
+// (C, R, S, K), flipped in r and s, and the padding d·(R − 1) − pad (implicit_gemm_nhwc.py arranges it).
+//
+// One CTA of 256 threads (8 warps) computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a product with
+// 64 columns or fewer, which a 128-wide tile would half waste), BLOCK_K = 32 reduction values a stage: each
+// thread's copies of a stage are one cp.async group, and the copies of the next two stages are in flight while
+// the tensor cores work on the current one. A copy whose tap falls on the padding, or past the matrix, reads
+// zero bytes and fills 16 zero bytes (cp.async's src-size 0). The reduction index a thread copies is kept as
+// (tap r, s; channel c) and advanced by BLOCK_K each stage, so the inner loop divides nothing.
+//
+// Shared-memory rows are padded by 8 values (16 bytes): the eight 16-byte row reads of one ldmatrix then fall
+// on eight different groups of four banks. Forward's tiles are [row][k] (ldmatrix reads A's m16k16 and B's
+// k16n8 fragments as they lie); backward-filter's are [k][row], since both of its operands are contiguous
+// along the rows, and ldmatrix.trans turns them. Sums are float32; forward's epilogue rounds each once to
+// nearest even and writes y in the caller's layout (N, K, P, Q) through shared memory, 32 consecutive pixels
+// of one channel per warp store; backward-filter adds each split's partial sums into a float32 dw
+// (K, C, R, S) with atomicAdd.
+
+#ifndef HALF
+#define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#include "../half.cuh"
+
+struct NhwcShape {
+    int N, C, H, W, K, R, S, P, Q;
+    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+};
+
+constexpr int THREADS = 256;
+constexpr int BLOCK_M = 128;
+constexpr int BLOCK_K = 32;  // two m16n8k16 steps a stage
+constexpr int STAGES = 3;
+constexpr int VECTOR = 8;    // half values in one 16-byte copy
+constexpr int PAD = 8;
+constexpr int WARPS_N = BLOCK_N == 128 ? 4 : 2;
+constexpr int WARPS_M = THREADS / 32 / WARPS_N;
+constexpr int WARP_M = BLOCK_M / WARPS_M;  // 64 (or 32 with BLOCK_N 64)
+constexpr int WARP_N = BLOCK_N / WARPS_N;  // 32
+constexpr int MI = WARP_M / 16;            // m16 tiles per warp
+constexpr int NI = WARP_N / 8;             // n8 tiles per warp
+constexpr int NOWHERE = -(1 << 29);        // a row past the matrix: its taps are never inside the tensor
+
+struct ForwardTiles {
+    u16 a[STAGES][BLOCK_M][BLOCK_K + PAD];
+    u16 b[STAGES][BLOCK_N][BLOCK_K + PAD];
+};
+struct FilterTiles {
+    u16 a[STAGES][BLOCK_K][BLOCK_M + PAD];
+    u16 b[STAGES][BLOCK_K][BLOCK_N + PAD];
+};
+typedef u16 OutputTile[BLOCK_N][BLOCK_M + PAD];  // forward's epilogue, over the pipeline's memory
+
+extern __shared__ __align__(16) unsigned char shared_memory[];
+
+// ---------------------------------------------------------------------------------------------------------------
+// The instructions
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, bypassing L1; `valid` false copies nothing and writes 16 zero bytes.
+__device__ __forceinline__ void copy_16(void* shared, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
+// Four 8 × 8 blocks of 16-bit values, lanes 8j .. 8j + 7 giving block j's row addresses.
+__device__ __forceinline__ void load_matrices(unsigned (&f)[4], const u16* address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                 : "r"(shared_address(address)));
+}
+__device__ __forceinline__ void load_matrices_transposed(unsigned (&f)[4], const u16* address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                 : "r"(shared_address(address)));
+}
+
+// c += a · b for one m16n8k16 tile: a = {A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]},
+// b = {B[2t..][g], B[2t+8..][g]}, c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]} (g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+#if HALF == 2
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#else
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#endif
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u16 half_word(const float value) {
+    return HALF == 2 ? bfloat16_word(__float_as_uint(value)) : float16_word(__float_as_uint(value), value);
+}
+
+// The warp's corner in the CTA's tile: warps along M fastest.
+__device__ __forceinline__ int warp_row() { return threadIdx.x / 32 % WARPS_M * WARP_M; }
+__device__ __forceinline__ int warp_column() { return threadIdx.x / 32 / WARPS_M * WARP_N; }
+
+// One stage of the product on [row][k] tiles (forward). Lane group j = lane / 8 addresses block j: for A,
+// rows +8·(j % 2) and k +8·(j / 2) (a's register order); for B, k +8·(j % 2) and columns +8·(j / 2) (two n8
+// tiles' b registers).
+__device__ __forceinline__ void multiply_row_major(float (&acc)[MI][NI][4], const u16 (*a)[BLOCK_K + PAD],
+                                                   const u16 (*b)[BLOCK_K + PAD]) {
+    const int lane = threadIdx.x % 32, row0 = warp_row(), column0 = warp_column();
+#pragma unroll
+    for (int k0 = 0; k0 < BLOCK_K; k0 += 16) {
+        unsigned fa[MI][4], fb[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+            load_matrices(fa[mi], &a[row0 + mi * 16 + lane % 8 + lane / 8 % 2 * 8][k0 + lane / 16 * 8]);
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; ++nj) {
+            unsigned f[4];
+            load_matrices(f, &b[column0 + nj * 16 + lane % 8 + lane / 16 * 8][k0 + lane / 8 % 2 * 8]);
+            fb[2 * nj][0] = f[0], fb[2 * nj][1] = f[1], fb[2 * nj + 1][0] = f[2], fb[2 * nj + 1][1] = f[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) mma(acc[mi][ni], fa[mi], fb[ni][0], fb[ni][1]);
+    }
+}
+
+// The same on [k][row] tiles (backward-filter), through ldmatrix.trans: for A, k +8·(j / 2) and rows +8·(j % 2);
+// for B, k +8·(j % 2) and columns +8·(j / 2).
+__device__ __forceinline__ void multiply_column_major(float (&acc)[MI][NI][4], const u16 (*a)[BLOCK_M + PAD],
+                                                      const u16 (*b)[BLOCK_N + PAD]) {
+    const int lane = threadIdx.x % 32, row0 = warp_row(), column0 = warp_column();
+#pragma unroll
+    for (int k0 = 0; k0 < BLOCK_K; k0 += 16) {
+        unsigned fa[MI][4], fb[NI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+            load_matrices_transposed(fa[mi], &a[k0 + lane % 8 + lane / 16 * 8][row0 + mi * 16 + lane / 8 % 2 * 8]);
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; ++nj) {
+            unsigned f[4];
+            load_matrices_transposed(f, &b[k0 + lane % 8 + lane / 8 % 2 * 8][column0 + nj * 16 + lane / 16 * 8]);
+            fb[2 * nj][0] = f[0], fb[2 * nj][1] = f[1], fb[2 * nj + 1][0] = f[2], fb[2 * nj + 1][1] = f[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) mma(acc[mi][ni], fa[mi], fb[ni][0], fb[ni][1]);
+    }
+}
+
+// A reduction index r·S·C + s·C + c, as its tap and channel, advanced stage by stage without dividing.
+struct Tap {
+    int index, r, s, c;
+    __device__ __forceinline__ Tap(int first, int C, int S) : index(first), r(first / C / S), s(first / C % S),
+                                                                c(first % C) {}
+    __device__ __forceinline__ void advance(int step, int C, int S) {
+        index += step;
+        c += step;
+        while (c >= C) {
+            c -= C;
+            if (++s == S) s = 0, ++r;
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward: y (N, K, P, Q) = x (N, H, W, C) ⋆ w (K, R, S, C)
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y,
+                           const NhwcShape s) {
+    ForwardTiles& tiles = *reinterpret_cast<ForwardTiles*>(shared_memory);
+    const int rows = s.N * s.P * s.Q, reduction = s.R * s.S * s.C, PQ = s.P * s.Q;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int tid = threadIdx.x, vector = tid % (BLOCK_K / VECTOR), copy_row = tid / (BLOCK_K / VECTOR);
+    constexpr int ROWS_PER_PASS = THREADS / (BLOCK_K / VECTOR);  // 64
+    constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
+
+    // Each thread copies vector `vector` of the rows copy_row + 64·i: for A, the output pixels' first input row
+    // and column and their image's offset; for B, the filters' offsets.
+    int image[A_COPIES], top[A_COPIES], left[A_COPIES];
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+        const int row = tile_m * BLOCK_M + copy_row + ROWS_PER_PASS * i;
+        const int n = row / PQ, pq = row % PQ;
+        const bool inside = row < rows;
+        image[i] = inside ? n * s.H * s.W * s.C : 0;
+        top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
+        left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
+    }
+    int filter[B_COPIES];
+#pragma unroll
+    for (int i = 0; i < B_COPIES; ++i) {
+        const int k = tile_n * BLOCK_N + copy_row + ROWS_PER_PASS * i;
+        filter[i] = k < s.K ? k * reduction : -1;
+    }
+    Tap tap(vector * VECTOR, s.C, s.S);
+
+    auto copy_stage = [&](int stage) {
+        const bool k_inside = tap.index < reduction;
+        const int dh = tap.r * s.dilation_h, dw = tap.s * s.dilation_w;
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int h = top[i] + dh, w_ = left[i] + dw;
+            const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
+            const u16* source = inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x;
+            copy_16(&tiles.a[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR], source, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const bool inside = k_inside && filter[i] >= 0;
+            copy_16(&tiles.b[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR],
+                    inside ? w + filter[i] + tap.index : w, inside);
+        }
+        tap.advance(BLOCK_K, s.C, s.S);
+    };
+
+    const int steps = (reduction + BLOCK_K - 1) / BLOCK_K;
+    float acc[MI][NI][4] = {};
+#pragma unroll
+    for (int stage = 0; stage < STAGES - 1; ++stage) {
+        if (stage < steps) copy_stage(stage);
+        commit_copies();
+    }
+    // Stage `step` has landed once at most STAGES − 2 later groups are pending; the barrier also tells every
+    // thread that the stage read last step is free for the copies of step + STAGES − 1.
+    for (int step = 0; step < steps; ++step) {
+        wait_copies<STAGES - 2>();
+        __syncthreads();
+        if (step + STAGES - 1 < steps) copy_stage((step + STAGES - 1) % STAGES);
+        commit_copies();
+        multiply_row_major(acc, tiles.a[step % STAGES], tiles.b[step % STAGES]);
+    }
+    wait_copies<0>();
+    __syncthreads();  // the output tile reuses the pipeline's memory
+
+    OutputTile& out = *reinterpret_cast<OutputTile*>(shared_memory);
+    const int lane = tid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const int row = warp_row() + mi * 16 + g + v / 2 * 8, column = warp_column() + ni * 8 + 2 * t + v % 2;
+                out[column][row] = half_word(acc[mi][ni][v]);
+            }
+    __syncthreads();
+    // Thread i writes pixel i % BLOCK_M of every other channel (i / BLOCK_M + 2j): a warp, 32 consecutive pixels.
+    const int pixel = tid % BLOCK_M, row = tile_m * BLOCK_M + pixel;
+    if (row < rows) {
+        u16* destination = y + (row / PQ) * s.K * PQ + row % PQ;
+        for (int column = tid / BLOCK_M; column < BLOCK_N; column += THREADS / BLOCK_M) {
+            const int k = tile_n * BLOCK_N + column;
+            if (k < s.K) destination[k * PQ] = out[column][pixel];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward-filter: dw (K, C, R, S) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
+// ---------------------------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+                                   const NhwcShape s, int steps_per_split) {
+    FilterTiles& tiles = *reinterpret_cast<FilterTiles*>(shared_memory);
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
+    const int first = blockIdx.y * steps_per_split, last = min(first + steps_per_split, steps);
+    const int tid = threadIdx.x;
+    constexpr int A_VECTORS = BLOCK_M / VECTOR, B_VECTORS = BLOCK_N / VECTOR;  // per pixel
+    constexpr int A_PIXELS = THREADS / A_VECTORS, B_PIXELS = THREADS / B_VECTORS;  // per pass
+    constexpr int A_COPIES = BLOCK_K / A_PIXELS, B_COPIES = BLOCK_K / B_PIXELS;
+
+    // A: the thread's eight rows (r, s, c..c+7) of dwᵀ, fixed; as an offset from each pixel's first input tap.
+    const int a_vector = tid % A_VECTORS, a_pixel = tid / A_VECTORS;
+    const Tap tap(tile_m * BLOCK_M + a_vector * VECTOR, s.C, s.S);
+    const bool row_inside = tap.index < rows;
+    const int dh = tap.r * s.dilation_h - s.pad_h, dw_ = tap.s * s.dilation_w - s.pad_w;
+    // B: the thread's eight filters k..k+7, fixed.
+    const int b_vector = tid % B_VECTORS, b_pixel = tid / B_VECTORS;
+    const int k0 = tile_n * BLOCK_N + b_vector * VECTOR;
+    const bool column_inside = k0 < s.K;
+
+    auto copy_stage = [&](int stage, int step) {
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int row = a_pixel + A_PIXELS * i, pixel = step * BLOCK_K + row;
+            const int n = pixel / PQ, pq = pixel % PQ;
+            const int h = pq / s.Q * s.stride_h + dh, w_ = pq % s.Q * s.stride_w + dw_;
+            const bool inside = row_inside && pixel < pixels && unsigned(h) < unsigned(s.H) &&
+                                unsigned(w_) < unsigned(s.W);
+            copy_16(&tiles.a[stage][row][a_vector * VECTOR],
+                    inside ? x + ((n * s.H + h) * s.W + w_) * s.C + tap.c : x, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
+            const bool inside = column_inside && pixel < pixels;
+            copy_16(&tiles.b[stage][row][b_vector * VECTOR], inside ? dy + pixel * s.K + k0 : dy, inside);
+        }
+    };
+
+    float acc[MI][NI][4] = {};
+#pragma unroll
+    for (int stage = 0; stage < STAGES - 1; ++stage) {
+        if (first + stage < last) copy_stage(stage, first + stage);
+        commit_copies();
+    }
+    for (int step = first; step < last; ++step) {
+        const int index = step - first;
+        wait_copies<STAGES - 2>();
+        __syncthreads();
+        if (step + STAGES - 1 < last) copy_stage((index + STAGES - 1) % STAGES, step + STAGES - 1);
+        commit_copies();
+        multiply_column_major(acc, tiles.a[index % STAGES], tiles.b[index % STAGES]);
+    }
+    wait_copies<0>();
+
+    // C (row (r, s, c), column k) is dw[k][c][r][s]: each thread's 2·MI rows and 2·NI columns, decoded once.
+    const int lane = tid % 32, g = lane / 4, t = lane % 4, RS = s.R * s.S;
+    int row_offset[MI][2], column_offset[NI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = tile_m * BLOCK_M + warp_row() + mi * 16 + g + h * 8;
+            const int c = row % s.C, rs = row / s.C;
+            row_offset[mi][h] = row < rows ? c * RS + rs : -1;
+        }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int k = tile_n * BLOCK_N + warp_column() + ni * 8 + 2 * t + o;
+            column_offset[ni][o] = k < s.K ? k * s.C * RS : -1;
+        }
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const int r = row_offset[mi][v / 2], c = column_offset[ni][v % 2];
+                if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);
+            }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Layouts: the channels-last copies the two kernels read
+// ---------------------------------------------------------------------------------------------------------------
+// (N, C, HW) -> (N, HW, C) through a 32 × 33 shared tile per block (the extra column keeps the transposed
+// reads off one bank): blockIdx = (HW / 32, C / 32, N), 256 threads as 8 rows of 32.
+extern "C" __global__ void nchw_to_nhwc(const u16* __restrict__ in, u16* __restrict__ out, int C, int HW) {
+    __shared__ u16 tile[32][33];
+    const int n = blockIdx.z, c0 = blockIdx.y * 32, pixel0 = blockIdx.x * 32;
+    const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
+    const u16* source = in + (long long)n * C * HW;
+    u16* destination = out + (long long)n * C * HW;
+    for (int i = row; i < 32; i += 8) {
+        const int c = c0 + i, pixel = pixel0 + lane;
+        if (c < C && pixel < HW) tile[i][lane] = source[c * HW + pixel];
+    }
+    __syncthreads();
+    for (int i = row; i < 32; i += 8) {
+        const int pixel = pixel0 + i, c = c0 + lane;
+        if (c < C && pixel < HW) destination[pixel * C + c] = tile[lane][i];
+    }
+}
+
+// w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
+// (`turned` non-zero): one thread per value.
+extern "C" __global__ void filter_to_channels_last(const u16* __restrict__ w, u16* __restrict__ out, int K, int C,
+                                                   int R, int S, int turned) {
+    const int total = K * C * R * S;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        if (turned) {  // out[c][r][s][k] = w[k][c][R-1-r][S-1-s]
+            const int k = i % K, s_ = i / K % S, r = i / K / S % R, c = i / K / S / R;
+            out[i] = w[((k * C + c) * R + R - 1 - r) * S + S - 1 - s_];
+        } else {       // out[k][r][s][c] = w[k][c][r][s]
+            const int c = i % C, s_ = i / C % S, r = i / C / S % R, k = i / C / S / R;
+            out[i] = w[((k * C + c) * R + r) * S + s_];
+        }
+    }
+}

@@ -1,0 +1,306 @@
+"""The ``implicit_gemm_nhwc`` algorithm: half-precision implicit GEMM on channels-last copies of the operands.
+
+With the channels innermost, eight consecutive reduction values are 16 contiguous bytes: the kernels gather
+whole 16-byte vectors (cp.async, three stages deep) where ``implicit_gemm`` gathers 2-byte values one by one.
+
+Our tensors are NCHW, so each call first copies its activations to (N, H, W, C) in the workspace (one
+transpose, a pass over memory) and its filter to (K, R, S, C); forward writes y straight back as (N, K, P, Q)
+from its epilogue. Each direction is one GEMM (``implicit_gemm_nhwc.cu`` has the kernels):
+
+    direction         rows M      columns N   reduction      operands (channels last)
+    forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
+    backward-data     N·H·W       C           R·S·K          dy (N, P, Q, K), w turned (C, R, S, K)
+    backward-filter   R·S·C       K           N·P·Q, split   x (N, H, W, C), dy (N, P, Q, K)
+
+Backward-data of a stride-1 convolution is a forward convolution of dy with the filter turned (its K and C
+swapped, r and s reversed) and padding d·(R − 1) − pad, so it runs the forward kernel; strided ones are left
+to ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap, so the channels that
+form the reduction (C forward, K backward-data, C and K backward-filter) must be multiples of 8; groups are
+not supported. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32
+dw with ``atomicAdd`` (not deterministic, like ``implicit_gemm``'s), rounded to the half type when all are in.
+
+Numerics: products of half values are exact in float32, the sums are float32, and each output is rounded
+once, as in ``implicit_gemm``'s half build. The NumPy twin does the same on
+the CPU: the same channels-last copies and turned filter, widened to float32, one product per tap, one
+rounding.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from .. import _cuda, convert
+from .problem import ConvProblem
+from .registry import ConvAlgorithm, register, workspace_array
+
+SOURCE = "conv/implicit_gemm_nhwc.cu"
+THREADS = 256
+# implicit_gemm_nhwc.cu's tile: 128 rows, BLOCK_N columns (128, or 64 for products 64 columns wide or less),
+# BLOCK_K reduction values a stage, STAGES stages, rows padded by PAD values; the half types' HALF macro.
+BLOCK_M, BLOCK_K, STAGES, PAD, VECTOR = 128, 32, 3, 8, 8
+HALF_BUILD = {"float16": 1, "bfloat16": 2}
+# A kernel gets more than 48 KiB of shared memory only when its dynamic limit is raised.
+STATIC_SHARED_LIMIT = 48 * 1024
+# Backward-filter's split of N·P·Q: about four waves of two CTAs per SM, but at least this many stages
+# (BLOCK_K pixels each) per CTA, so that its atomicAdd of one tile stays small beside its products.
+SPLIT_K_CTAS_PER_SM = 2 * 4
+MIN_STEPS_PER_SPLIT = 16
+MAX_GRID_Y = 65535
+# Workspace pieces start on 256-byte boundaries (the kernels' 16-byte copies need 16).
+ALIGNMENT = 256
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
+def _pieces(problem: ConvProblem, direction: str) -> list[tuple[tuple[int, ...], Any]]:
+    """The workspace's arrays for ``direction``, in order: (shape, dtype)."""
+    N, C, H, W, K, R, S, P, Q = (problem.N, problem.C, problem.H, problem.W, problem.K, problem.R, problem.S,
+                                 problem.P, problem.Q)
+    half = np.uint16
+    if direction == "forward":
+        return [((N, H, W, C), half), ((K, R, S, C), half)]
+    if direction == "backward_data":
+        return [((N, P, Q, K), half), ((C, R, S, K), half)]
+    return [((N, H, W, C), half), ((N, P, Q, K), half), (problem.w_shape, np.float32)]
+
+
+def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> list[Any]:
+    arrays, offset = [], 0
+    for shape, dtype in _pieces(problem, direction):
+        arrays.append(workspace_array(workspace, shape, dtype, offset))
+        offset += _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return arrays
+
+
+class ImplicitGemmNhwc(ConvAlgorithm):
+    """Half-precision implicit GEMM on channels-last copies, 16-byte copies into a three-stage pipeline; float16
+    and bfloat16 problems only, groups 1, the reduction's channels multiples of 8, backward-data stride 1."""
+
+    name = "implicit_gemm_nhwc"
+    deterministic = False
+    half_precision = True
+
+    def supports(self, problem: ConvProblem, direction: str) -> bool:
+        if problem.half_type is None or problem.groups != 1 or problem.C % VECTOR:
+            return False
+        if direction == "forward":
+            return True
+        if problem.K % VECTOR:
+            return False
+        return direction == "backward_filter" or problem.stride == (1, 1)
+
+    def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
+        return not (direction == "backward_filter" and problem.device == "cuda")
+
+    def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        if problem.device != "cuda":
+            return 0  # the NumPy twin makes its own copies
+        return sum(_aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+                   for shape, dtype in _pieces(problem, direction))
+
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        if backend.is_cuda_array(x):
+            x_last, w_last = _workspace_arrays(workspace, problem, "forward")
+            _to_channels_last(x, x_last)
+            _filter_to_channels_last(w, w_last, turned=False)
+            _launch_forward(x_last, w_last, out, _shape_struct(problem))
+        else:
+            _numpy_forward(_widened_channels_last(x, problem), _numpy_filter(w, problem, turned=False), problem, out)
+
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        turned = backward_data_problem(problem)
+        if backend.is_cuda_array(dy):
+            dy_last, w_turned = _workspace_arrays(workspace, problem, "backward_data")
+            _to_channels_last(dy, dy_last)
+            _filter_to_channels_last(w, w_turned, turned=True)
+            _launch_forward(dy_last, w_turned, out, _shape_struct(turned))
+        else:
+            _numpy_forward(_widened_channels_last(dy, problem), _numpy_filter(w, problem, turned=True), turned, out)
+
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
+        half = problem.half_type
+        if backend.is_cuda_array(x):
+            x_last, dy_last, dw = _workspace_arrays(workspace, problem, "backward_filter")
+            _to_channels_last(x, x_last)
+            _to_channels_last(dy, dy_last)
+            if accumulate:
+                convert.half_to_float(out, half, out=dw)
+            else:
+                dw.fill(0)
+            _launch_backward_filter(x_last, dy_last, dw, problem)
+            convert.float_to_half(dw, half, out=out)
+        else:
+            dw = _numpy_backward_filter(_widened_channels_last(x, problem), _widened_channels_last(dy, problem),
+                                        problem)
+            if accumulate:
+                dw += convert.half_to_float(out, half)
+            convert.float_to_half(dw, half, out=out)
+
+
+def backward_data_problem(problem: ConvProblem) -> ConvProblem:
+    """The forward problem that backward-data of stride-1 ``problem`` is: dy (N, K, P, Q) in, dx (N, C, H, W)
+    out, the turned filter (C, K, R, S), padding d·(R − 1) − pad (negative where pad is wider)."""
+    (d_h, d_w), (pad_h, pad_w) = problem.dilation, problem.padding
+    return _ForwardOnDy(problem.N, problem.K, problem.P, problem.Q, problem.C, problem.R, problem.S, problem.H,
+                        problem.W, (d_h * (problem.R - 1) - pad_h, d_w * (problem.S - 1) - pad_w), problem.dilation,
+                        problem.half_type)
+
+
+class _ForwardOnDy:
+    """A forward problem's sizes, for backward-data's turned convolution (its padding may be negative, which
+    ConvProblem refuses; P and Q are given, since they are the original H and W)."""
+
+    __slots__ = ("N", "C", "H", "W", "K", "R", "S", "P", "Q", "padding", "dilation", "half_type", "stride")
+
+    def __init__(self, N, C, H, W, K, R, S, P, Q, padding, dilation, half_type) -> None:
+        self.N, self.C, self.H, self.W, self.K, self.R, self.S, self.P, self.Q = N, C, H, W, K, R, S, P, Q
+        self.padding, self.dilation, self.half_type, self.stride = padding, dilation, half_type, (1, 1)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ForwardOnDy) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, k) for k in self.__slots__))
+
+
+# ----------------------------------------------------------------------------------------------
+# NumPy: the twin, on the same channels-last copies, float32 sums, one rounding
+# ----------------------------------------------------------------------------------------------
+def _widened_channels_last(array: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """(N, C, H, W) half storage -> (N, H, W, C) float32 (exact)."""
+    return np.ascontiguousarray(convert.half_to_float(array, problem.half_type).transpose(0, 2, 3, 1))
+
+
+def _numpy_filter(w: np.ndarray, problem: ConvProblem, turned: bool) -> np.ndarray:
+    """w (K, C, R, S) half storage -> float32 (K, R, S, C), or turned: (C, R, S, K) with r and s reversed."""
+    wide = convert.half_to_float(w, problem.half_type)
+    if turned:
+        return np.ascontiguousarray(wide[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))
+    return np.ascontiguousarray(wide.transpose(0, 2, 3, 1))
+
+
+def _tap_views(x_last: np.ndarray, problem: Any):
+    """Each tap (r, s) with the (N, P, Q, C) view of channels-last x it reads: row p·u − pad_h + r·d_h of x,
+    zero outside (padding may be negative: a crop)."""
+    (u, v), (pad_h, pad_w), (d_h, d_w) = problem.stride, problem.padding, problem.dilation
+    P, Q, H, W = problem.P, problem.Q, problem.H, problem.W
+    # Zeros enough on each side for every row the taps read, then each tap's rows start at r·d_h − pad_h + low.
+    low_h, low_w = max(pad_h, 0), max(pad_w, 0)
+    high_h = max(0, (P - 1) * u + (problem.R - 1) * d_h - pad_h - (H - 1))
+    high_w = max(0, (Q - 1) * v + (problem.S - 1) * d_w - pad_w - (W - 1))
+    padded = np.pad(x_last, ((0, 0), (low_h, high_h), (low_w, high_w), (0, 0)))
+    for r in range(problem.R):
+        for s in range(problem.S):
+            top, left = r * d_h - pad_h + low_h, s * d_w - pad_w + low_w
+            yield r, s, padded[:, top:top + (P - 1) * u + 1:u, left:left + (Q - 1) * v + 1:v, :]
+
+
+def _numpy_forward(x_last: np.ndarray, w_last: np.ndarray, problem: Any, out: np.ndarray) -> None:
+    """out (N, K, P, Q), half storage = x_last (N, H, W, C) ⋆ w_last (K, R, S, C): float32 sums, one rounding."""
+    y = np.zeros((problem.N, problem.P, problem.Q, problem.K), dtype=np.float32)
+    for r, s, view in _tap_views(x_last, problem):
+        y += view @ w_last[:, r, s, :].T
+    convert.float_to_half(np.ascontiguousarray(y.transpose(0, 3, 1, 2)), problem.half_type, out=out)
+
+
+def _numpy_backward_filter(x_last: np.ndarray, dy_last: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """dw (K, C, R, S) float32 = Σ over pixels of dy_last (N, P, Q, K) and each tap's view of x_last."""
+    dy_rows = dy_last.reshape(-1, problem.K)
+    dw = np.empty((problem.K, problem.R, problem.S, problem.C), dtype=np.float32)
+    for r, s, view in _tap_views(x_last, problem):
+        dw[:, r, s, :] = dy_rows.T @ np.ascontiguousarray(view).reshape(-1, problem.C)
+    return np.ascontiguousarray(dw.transpose(0, 3, 1, 2))
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+# ----------------------------------------------------------------------------------------------
+def _kernel(name: str, half: str, block_n: int = 128) -> Any:
+    return _cuda.function(SOURCE, name, np.float32, (("HALF", HALF_BUILD[half]), ("BLOCK_N", block_n)))
+
+
+def _block_n(columns: int) -> int:
+    """The tile's width: 64 for a product 64 columns wide or less (a 128-wide tile would be half empty)."""
+    return 64 if columns <= 64 else 128
+
+
+def _shared_bytes(direction: str, block_n: int) -> int:
+    if direction == "forward":  # the pipeline's [row][k] tiles, or the output tile [column][row] after it
+        return max(STAGES * (BLOCK_M + block_n) * (BLOCK_K + PAD) * 2, block_n * (BLOCK_M + PAD) * 2)
+    return STAGES * BLOCK_K * (BLOCK_M + PAD + block_n + PAD) * 2
+
+
+_raised: set = set()  # kernels whose dynamic shared-memory limit has been raised
+
+
+def _launch_tile_kernel(kernel: Any, grid: tuple[int, int], shared_bytes: int, args: tuple) -> None:
+    if shared_bytes > STATIC_SHARED_LIMIT and kernel not in _raised:
+        kernel.max_dynamic_shared_size_bytes = shared_bytes
+        _raised.add(kernel)
+    _cuda.launch_blocks(kernel, grid, THREADS, args, shared_bytes=shared_bytes)
+
+
+def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
+    """out (N, K, P, Q) = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    _cuda.check_int32(x_last, w_last, out)
+    N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
+    block_n = _block_n(K)
+    half = convert.half_type_of(out)
+    tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
+    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_forward", half, block_n), (tiles,),
+                        _shared_bytes("forward", block_n), (x_last, w_last, out, shape))
+
+
+def steps_per_split(problem: ConvProblem, sms: int) -> int:
+    """Backward-filter's stages of BLOCK_K pixels per CTA: enough slices of N·P·Q to fill ``sms`` SMs."""
+    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
+    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
+    wanted = -(-SPLIT_K_CTAS_PER_SM * sms // tiles)
+    return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // MAX_GRID_Y))
+
+
+def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:
+    _cuda.check_int32(x_last, dy_last, dw)
+    block_n = _block_n(problem.K)
+    per_split = steps_per_split(problem, _cuda.sm_count())
+    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
+    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
+    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
+                        (tiles, -(-steps // per_split)), _shared_bytes("backward_filter", block_n),
+                        (x_last, dy_last, dw, _shape_struct(problem), _cuda.i32(per_split)))
+
+
+def _to_channels_last(array: Any, out: Any) -> None:
+    """(N, C, H, W) -> out (N, H, W, C), 16-bit words."""
+    N, C, H, W = array.shape
+    kernel = _kernel("nchw_to_nhwc", convert.half_type_of(array))
+    _cuda.launch_blocks(kernel, (-(-H * W // 32), -(-C // 32), N), THREADS,
+                        (array, out, _cuda.i32(C), _cuda.i32(H * W)))
+
+
+def _filter_to_channels_last(w: Any, out: Any, turned: bool) -> None:
+    K, C, R, S = w.shape
+    kernel = _kernel("filter_to_channels_last", convert.half_type_of(w))
+    _cuda.launch(kernel, w.size, (w, out, _cuda.i32(K), _cuda.i32(C), _cuda.i32(R), _cuda.i32(S),
+                                  _cuda.i32(turned)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_struct(problem: Any) -> np.void:
+    """The problem as implicit_gemm_nhwc.cu's NhwcShape (built once per problem)."""
+    return np.array([(problem.N, problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
+                      problem.Q, *problem.stride, *problem.padding, *problem.dilation)], dtype=_NHWC_SHAPE)[0]
+
+
+_NHWC_SHAPE = np.dtype([(name, np.int32) for name in (
+    "N", "C", "H", "W", "K", "R", "S", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h",
+    "dilation_w")])
+
+
+register(ImplicitGemmNhwc())

@@ -1,0 +1,154 @@
+"""``implicit_gemm_nhwc``: half-precision implicit GEMM on channels-last copies (16-byte cp.async gathers, a
+three-stage pipeline, mma.sync m16n8k16), and its NumPy twin, in all three directions, held to a float64
+reference by the half bound of tests/test_conv_half.py (one rounding after a float32 sum of exact products).
+
+The cases sit on the kernels' edges: rows not a multiple of the 128-row tile, K and C below, at and past the
+64- and 128-wide tiles, reductions that end inside a 32-wide stage, taps on the padding, strides, dilation, a
+padding wider than the filter (backward-data's turned problem then crops), and backward-filter's split-K.
+"""
+import numpy as np
+import pytest
+
+from minidnn import backend
+from minidnn.primitives import conv, convert
+from minidnn.primitives.conv import implicit_gemm_nhwc
+from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, assert_within_half_bound, half_operand
+from tests.test_conv_half import operand_shapes, poisoned_output, reduction_length
+from tests.test_conv_implicit_gemm import arguments, output_shape, problem_of, run
+
+ALGO = "implicit_gemm_nhwc"
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups)
+CASES = {
+    "rows_and_reduction_off_the_tiles": (3, 24, 17, 19, 40, 3, 3, 1, 1, 1, 1),  # M 969, C·R·S 216 = 6.75 stages
+    "two_column_tiles_one_partial": (2, 40, 12, 11, 136, 3, 3, 1, 1, 1, 1),   # K 136: 128 + 8
+    "five_by_five_wide_padding": (2, 16, 12, 12, 24, 5, 5, 1, 2, 1, 1),
+    "padding_wider_than_the_filter": (2, 8, 9, 9, 8, 3, 3, 1, 3, 1, 1),      # backward-data's padding -1
+    "dilated_one_sided_padding": (2, 24, 16, 13, 16, 3, 2, 1, (2, 0), (2, 3), 1),
+    "one_by_one": (2, 32, 7, 9, 72, 1, 1, 1, 0, 1, 1),
+    "many_splits": (8, 32, 28, 28, 64, 3, 3, 1, 1, 1, 1),                     # N·P·Q 6272: 196 stages
+}
+# Strided: forward and backward-filter only (K need not be a multiple of 8 for forward).
+STRIDED = {"stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1), "stride_2_odd_k": (2, 16, 15, 13, 9, 3, 3, 2, 1, 1, 1)}
+
+
+def supported(case, direction):
+    return implicit_gemm_nhwc.ImplicitGemmNhwc().supports(problem_of(case, np.float16), direction)
+
+
+def check_direction(xp, rng, case, direction, name, label):
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, first_exact = half_operand(xp, rng, first_shape, name)
+    second, second_exact = half_operand(xp, rng, second_shape, name, scale=0.5)
+    out = poisoned_output(xp, output_shape(case, direction), name)
+    assert run(direction, first, second, case, algo=ALGO, out=out) is out
+    exact = run(direction, first_exact, second_exact, case, algo="reference")
+    magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, direction), label)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case_name", CASES)
+def test_within_the_half_bound(xp, rng, case_name, direction, name):
+    check_direction(xp, rng, CASES[case_name], direction, name, f"{case_name} {direction} {name} on {xp.__name__}")
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+@pytest.mark.parametrize("case_name", STRIDED)
+def test_strided_within_the_half_bound(xp, rng, case_name, direction, name):
+    case = STRIDED[case_name]
+    if not supported(case, direction):
+        pytest.skip("backward-filter needs K a multiple of 8")
+    check_direction(xp, rng, case, direction, name, f"{case_name} {direction} {name} on {xp.__name__}")
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_backward_filter_adds_into_out(xp, rng, name):
+    case = CASES["many_splits"]
+    x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
+    dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
+    out, before = half_operand(xp, rng, output_shape(case, "backward_filter"), name, scale=10.0)
+    run("backward_filter", x, dy, case, algo=ALGO, out=out, accumulate=True)
+    exact = before + run("backward_filter", x_exact, dy_exact, case, algo="reference")
+    magnitude = np.abs(before) + run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,
+                             f"accumulate {name} on {xp.__name__}")
+
+
+def test_what_it_supports():
+    algorithm = implicit_gemm_nhwc.ImplicitGemmNhwc()
+
+    def problem(case, dtype=np.float16):
+        return problem_of(case, dtype)
+
+    base = CASES["rows_and_reduction_off_the_tiles"]
+    assert all(algorithm.supports(problem(base), d) for d in DIRECTIONS)
+    assert not any(algorithm.supports(problem(base, np.float32), d) for d in DIRECTIONS)  # half problems only
+    grouped = (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 2)
+    assert not any(algorithm.supports(problem(grouped), d) for d in DIRECTIONS)
+    channels_3 = (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1)  # a 16-byte vector would span taps
+    assert not any(algorithm.supports(problem(channels_3), d) for d in DIRECTIONS)
+    odd_k = (2, 16, 9, 9, 9, 3, 3, 1, 1, 1, 1)  # forward only: K is not a reduction there
+    assert [algorithm.supports(problem(odd_k), d) for d in DIRECTIONS] == [True, False, False]
+    strided = STRIDED["stride_2"]  # backward-data is a forward convolution only at stride 1
+    assert [algorithm.supports(problem(strided), d) for d in DIRECTIONS] == [True, False, True]
+
+
+def test_workspace_holds_the_channels_last_copies():
+    algorithm = implicit_gemm_nhwc.ImplicitGemmNhwc()
+    case = (2, 16, 9, 7, 24, 3, 3, 1, 1, 1, 1)  # x 2016 values, w 3456, dy 3024 (P 9, Q 7)
+    on_gpu = problem_of(case, np.uint16, "cuda")  # bfloat16's words
+    aligned = implicit_gemm_nhwc._aligned
+    assert algorithm.workspace_bytes(on_gpu, "forward") == aligned(2 * 2016) + aligned(2 * 3456)
+    assert algorithm.workspace_bytes(on_gpu, "backward_data") == aligned(2 * 3024) + aligned(2 * 3456)
+    assert algorithm.workspace_bytes(on_gpu, "backward_filter") == aligned(2 * 2016) + aligned(2 * 3024) + 4 * 3456
+    assert algorithm.workspace_bytes(problem_of(case, np.float16), "forward") == 0
+
+
+def test_the_rules_prefer_it_for_half_problems_on_the_gpu():
+    case = CASES["rows_and_reduction_off_the_tiles"]
+    half_on_gpu = problem_of(case, np.uint16, "cuda")
+    for direction in DIRECTIONS:
+        assert conv.selection.get(half_on_gpu, direction, 1 << 30).name == ALGO
+        # Over the workspace limit, implicit GEMM (no workspace but backward-filter's float32 sum) takes it.
+        limit = conv.registry.get("implicit_gemm").workspace_bytes(half_on_gpu, direction)
+        assert conv.selection.get(half_on_gpu, direction, limit).name == "implicit_gemm"
+
+
+def test_backward_data_problem_turns_the_convolution():
+    case = CASES["dilated_one_sided_padding"]
+    problem = problem_of(case, np.float32)
+    turned = implicit_gemm_nhwc.backward_data_problem(problem)
+    assert (turned.C, turned.K, turned.H, turned.W, turned.P, turned.Q) == (
+        problem.K, problem.C, problem.P, problem.Q, problem.H, problem.W)
+    assert turned.padding == (2 * 2 - 2, 3 * 1 - 0) and turned.stride == (1, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case_name", ["two_column_tiles_one_partial", "many_splits"])
+def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case_name, direction, name):
+    cupy = backend.cupy()
+    case = CASES[case_name]
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, first_exact = half_operand(np, rng, first_shape, name)
+    second, second_exact = half_operand(np, rng, second_shape, name, scale=0.5)
+    on_cpu = run(direction, first, second, case, algo=ALGO)
+    on_gpu = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a) for a in (first, second)),
+                 case, algo=ALGO)
+    magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
+    assert_half_twins_agree(on_gpu, on_cpu, name, 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_resnet_layer_within_the_bound_on_the_gpu(rng, direction):
+    """ResNet-18's layer2 3x3 shape at batch 16 (28 x 28, 128 channels): full tiles, the 128-wide kernel,
+    more shared memory than the static 48 KiB."""
+    cupy = backend.cupy()
+    case = (16, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1)
+    check_direction(cupy, rng, case, direction, "bfloat16", f"resnet layer2 {direction}")
+    assert convert.half_type_of(cupy.zeros(1, cupy.uint16)) == "bfloat16"
