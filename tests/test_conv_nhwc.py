@@ -107,6 +107,20 @@ def test_workspace_holds_the_channels_last_copies():
     assert algorithm.workspace_bytes(problem_of(case, np.float16), "forward") == 0
 
 
+def test_large_batches_run_in_chunks_within_the_bound(monkeypatch):
+    """ResNet-18's 56 x 56 layer at batch 128: backward-filter's copies (98 MiB) in chunks of images within 60 MiB,
+    forward's (49 MiB) whole."""
+    algorithm = implicit_gemm_nhwc.ImplicitGemmNhwc()
+    layer = problem_of((128, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1), np.uint16, "cuda")
+    assert implicit_gemm_nhwc.images_per_chunk(layer, "forward") == 128
+    images = implicit_gemm_nhwc.images_per_chunk(layer, "backward_filter")
+    per_image = 2 * 2 * 64 * 56 * 56
+    assert images == (implicit_gemm_nhwc.CHUNK_WORKSPACE - 4 * 64 * 64 * 9) // per_image == 78
+    assert algorithm.workspace_bytes(layer, "backward_filter") <= implicit_gemm_nhwc.CHUNK_WORKSPACE
+    one_image = problem_of((1, 512, 200, 200, 8, 3, 3, 1, 1, 1, 1), np.uint16, "cuda")  # over the bound alone
+    assert implicit_gemm_nhwc.images_per_chunk(one_image, "forward") == 1
+
+
 def test_the_rules_prefer_it_for_half_problems_on_the_gpu():
     case = CASES["rows_and_reduction_off_the_tiles"]
     half_on_gpu = problem_of(case, np.uint16, "cuda")
@@ -152,3 +166,23 @@ def test_a_resnet_layer_within_the_bound_on_the_gpu(rng, direction):
     case = (16, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1)
     check_direction(cupy, rng, case, direction, "bfloat16", f"resnet layer2 {direction}")
     assert convert.half_type_of(cupy.zeros(1, cupy.uint16)) == "bfloat16"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_chunks_of_images_on_the_gpu(monkeypatch, rng, direction):
+    """A bound of about three images' copies: 8 images in chunks of 2-3, the filter copied once, dw summed over
+    every chunk (and the last chunk shorter)."""
+    cupy = backend.cupy()
+    case = (8, 16, 12, 10, 24, 3, 3, 1, 1, 1, 1)
+    problem = problem_of(case, np.uint16, "cuda")
+    fixed = implicit_gemm_nhwc._bytes(implicit_gemm_nhwc._pieces(problem, direction, 0))
+    per_image = implicit_gemm_nhwc._bytes(implicit_gemm_nhwc._pieces(problem, direction, 1)) - fixed
+    monkeypatch.setattr(implicit_gemm_nhwc, "CHUNK_WORKSPACE", fixed + 3 * per_image)
+    conv.registry.clear_caches()  # plans made under the default bound
+    try:
+        assert implicit_gemm_nhwc.images_per_chunk(problem, direction) == 3
+        check_direction(cupy, rng, case, direction, "bfloat16", f"chunks {direction}")
+    finally:
+        monkeypatch.undo()
+        conv.registry.clear_caches()

@@ -51,27 +51,49 @@ MIN_STEPS_PER_SPLIT = 16
 MAX_GRID_Y = 65535
 # Workspace pieces start on 256-byte boundaries (the kernels' 16-byte copies need 16).
 ALIGNMENT = 256
+# The most workspace one call takes: larger batches run in chunks of images (a launch per chunk).
+CHUNK_WORKSPACE = 60 << 20
 
 
 def _aligned(size: int) -> int:
     return -(-size // ALIGNMENT) * ALIGNMENT
 
 
-def _pieces(problem: ConvProblem, direction: str) -> list[tuple[tuple[int, ...], Any]]:
-    """The workspace's arrays for ``direction``, in order: (shape, dtype)."""
-    N, C, H, W, K, R, S, P, Q = (problem.N, problem.C, problem.H, problem.W, problem.K, problem.R, problem.S,
-                                 problem.P, problem.Q)
-    half = np.uint16
+def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tuple[int, ...], Any]]:
+    """The workspace's arrays for ``direction`` on a chunk of ``images`` images, in order: (shape, dtype). What
+    every chunk shares comes first (the filter's copy, the float32 dw), at the same place for a shorter last chunk."""
+    C, H, W, K, R, S, P, Q = (problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
+                              problem.Q)
     if direction == "forward":
-        return [((N, H, W, C), half), ((K, R, S, C), half)]
+        return [((K, R, S, C), np.uint16), ((images, H, W, C), np.uint16)]
     if direction == "backward_data":
-        return [((N, P, Q, K), half), ((C, R, S, K), half)]
-    return [((N, H, W, C), half), ((N, P, Q, K), half), (problem.w_shape, np.float32)]
+        return [((C, R, S, K), np.uint16), ((images, P, Q, K), np.uint16)]
+    return [(problem.w_shape, np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
+
+
+def _bytes(pieces: list[tuple[tuple[int, ...], Any]]) -> int:
+    return sum(_aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize) for shape, dtype in pieces)
+
+
+def images_per_chunk(problem: ConvProblem, direction: str) -> int:
+    """The whole batch, or the most images whose copies keep the workspace within CHUNK_WORKSPACE (at least one):
+    the copies grow with the batch, and ResNet's 56 x 56 layers at batch 128 would need 98 MiB for backward-filter."""
+    fixed = _bytes(_pieces(problem, direction, 0))
+    per_image = _bytes(_pieces(problem, direction, 1)) - fixed
+    return max(1, min(problem.N, (CHUNK_WORKSPACE - fixed) // per_image))
+
+
+def _chunks(problem: ConvProblem, direction: str):
+    """(first image, the chunk's problem) for each chunk of the batch."""
+    images = images_per_chunk(problem, direction)
+    for first in range(0, problem.N, images):
+        yield first, problem.with_batch(min(images, problem.N - first))
 
 
 def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> list[Any]:
+    """The workspace's arrays for a chunk of ``problem.N`` images (the chunk's problem)."""
     arrays, offset = [], 0
-    for shape, dtype in _pieces(problem, direction):
+    for shape, dtype in _pieces(problem, direction, problem.N):
         arrays.append(workspace_array(workspace, shape, dtype, offset))
         offset += _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
     return arrays
@@ -100,47 +122,52 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         if problem.device != "cuda":
             return 0  # the NumPy twin makes its own copies
-        return sum(_aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-                   for shape, dtype in _pieces(problem, direction))
+        return _bytes(_pieces(problem, direction, images_per_chunk(problem, direction)))
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        if backend.is_cuda_array(x):
-            x_last, w_last = _workspace_arrays(workspace, problem, "forward")
-            _to_channels_last(x, x_last)
-            _filter_to_channels_last(w, w_last, turned=False)
-            _launch_forward(x_last, w_last, out, _shape_struct(problem))
-        else:
+        if not backend.is_cuda_array(x):
             _numpy_forward(_widened_channels_last(x, problem), _numpy_filter(w, problem, turned=False), problem, out)
+            return
+        for first, chunk in _chunks(problem, "forward"):
+            w_last, x_last = _workspace_arrays(workspace, chunk, "forward")
+            _to_channels_last(x[first:first + chunk.N], x_last)
+            if first == 0:
+                _filter_to_channels_last(w, w_last, turned=False)
+            _launch_forward(x_last, w_last, out[first:first + chunk.N], _shape_struct(chunk))
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
-        turned = backward_data_problem(problem)
-        if backend.is_cuda_array(dy):
-            dy_last, w_turned = _workspace_arrays(workspace, problem, "backward_data")
-            _to_channels_last(dy, dy_last)
-            _filter_to_channels_last(w, w_turned, turned=True)
-            _launch_forward(dy_last, w_turned, out, _shape_struct(turned))
-        else:
-            _numpy_forward(_widened_channels_last(dy, problem), _numpy_filter(w, problem, turned=True), turned, out)
+        if not backend.is_cuda_array(dy):
+            _numpy_forward(_widened_channels_last(dy, problem), _numpy_filter(w, problem, turned=True),
+                           backward_data_problem(problem), out)
+            return
+        for first, chunk in _chunks(problem, "backward_data"):
+            w_turned, dy_last = _workspace_arrays(workspace, chunk, "backward_data")
+            _to_channels_last(dy[first:first + chunk.N], dy_last)
+            if first == 0:
+                _filter_to_channels_last(w, w_turned, turned=True)
+            _launch_forward(dy_last, w_turned, out[first:first + chunk.N], _shape_struct(backward_data_problem(chunk)))
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
         half = problem.half_type
-        if backend.is_cuda_array(x):
-            x_last, dy_last, dw = _workspace_arrays(workspace, problem, "backward_filter")
-            _to_channels_last(x, x_last)
-            _to_channels_last(dy, dy_last)
-            if accumulate:
-                convert.half_to_float(out, half, out=dw)
-            else:
-                dw.fill(0)
-            _launch_backward_filter(x_last, dy_last, dw, problem)
-            convert.float_to_half(dw, half, out=out)
-        else:
+        if not backend.is_cuda_array(x):
             dw = _numpy_backward_filter(_widened_channels_last(x, problem), _widened_channels_last(dy, problem),
                                         problem)
             if accumulate:
                 dw += convert.half_to_float(out, half)
             convert.float_to_half(dw, half, out=out)
+            return
+        for first, chunk in _chunks(problem, "backward_filter"):
+            dw, x_last, dy_last = _workspace_arrays(workspace, chunk, "backward_filter")
+            if first == 0:  # every chunk adds into the one float32 sum
+                if accumulate:
+                    convert.half_to_float(out, half, out=dw)
+                else:
+                    dw.fill(0)
+            _to_channels_last(x[first:first + chunk.N], x_last)
+            _to_channels_last(dy[first:first + chunk.N], dy_last)
+            _launch_backward_filter(x_last, dy_last, dw, chunk)
+        convert.float_to_half(dw, half, out=out)
 
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:
