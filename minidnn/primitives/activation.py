@@ -22,6 +22,7 @@ import numpy as np
 from .. import backend
 from . import convert
 from ._checks import check_contiguous, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
+from ._select import where_or_zero
 
 __all__ = ["relu_forward", "relu_backward", "add_relu_forward", "sigmoid_forward", "sigmoid_backward",
            "tanh_forward", "tanh_backward", "leaky_relu_forward", "leaky_relu_backward", "silu_forward",
@@ -83,7 +84,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
         return _elementwise_gpu("relu_backward", dy, y)
-    return xp.where(y > 0, dy, xp.zeros((), dtype=dy.dtype))
+    return where_or_zero(y > 0, dy)
 
 
 def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:

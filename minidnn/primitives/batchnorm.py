@@ -42,6 +42,7 @@ import numpy as np
 from .. import backend
 from . import convert
 from ._checks import check_bool, check_float, check_float_or_half, check_number
+from ._select import where_or_zero
 
 # ----------------------------------------------------------------------------------------------
 # Argument checks
@@ -163,17 +164,17 @@ def _values_per_channel(x: Any) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: bool) -> Any:
+def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: bool, centered: Any = None) -> Any:
     """y = (x − mean)·(invstd·weight) + bias with (C,) float64 statistics, then max(y, 0) when ``relu``;
-    y has x's shape and dtype.
+    y has x's shape and dtype. ``centered``: x − mean as a (N, C, S) channel view the caller no longer
+    needs, which becomes y (the training forward has it already).
 
     Subtract the mean before scaling (rather than folding it into one shift) so that |mean| ≫ std
     does not cancel in float32.
     """
     xp = backend.get_array_module(x)
     scale = invstd if weight is None else invstd * weight.astype(invstd.dtype)
-    xv = _channel_view(x)
-    y = xv - _per_channel(mean, x.dtype)
+    y = _channel_view(x) - _per_channel(mean, x.dtype) if centered is None else centered
     y *= _per_channel(scale, x.dtype)
     if bias is not None:
         y += _per_channel(bias, x.dtype)
@@ -183,11 +184,11 @@ def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: boo
 
 
 def _relu_masked(dy: Any, relu_output: Any) -> Any:
-    """dy where the fused ReLU's output is > 0, else 0 (relu_backward); dy itself without a fused ReLU."""
+    """dy where the fused ReLU's output is > 0, else 0 (relu_backward); dy itself without a fused ReLU.
+    NumPy arrays only (the GPU kernels apply the mask as they read dy)."""
     if relu_output is None:
         return dy
-    xp = backend.get_array_module(dy)
-    return xp.where(relu_output > 0, dy, xp.zeros((), dtype=dy.dtype))
+    return where_or_zero(relu_output > 0, dy)
 
 
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -222,9 +223,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     xv = _channel_view(x)
     mean = _channel_sum(xv) / count  # float64
     centered = xv - _per_channel(mean, x.dtype)
-    centered *= centered
-    var = _channel_sum(centered) / count  # biased: the normalisation uses it
-    del centered
+    var = _channel_sum(xp.square(centered)) / count  # biased: the normalisation uses it
     invstd = 1.0 / xp.sqrt(var + eps)
 
     if running_mean is not None:
@@ -232,7 +231,8 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         running_mean[...] = ((1.0 - momentum) * running_mean + momentum * mean).astype(x.dtype)
         running_var[...] = ((1.0 - momentum) * running_var + momentum * var * (count / (count - 1))).astype(x.dtype)
 
-    y = _normalise(x, weight, bias, mean, invstd, relu)
+    # x − mean is already in ``centered``, computed as _normalise would: it continues from there.
+    y = _normalise(x, weight, bias, mean, invstd, relu, centered=centered)
     return y, mean.astype(x.dtype), invstd.astype(x.dtype)
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import backend
 from ._checks import check_bool, check_float, check_int, check_rank, pair
+from ._select import select, where_or_zero
 
 # The most taps a window may have for the compact uint8 record of max pooling.
 MAX_TAPS = 256
@@ -209,10 +210,11 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
                 tap = r * kernel[1] + s
             else:
                 tap = (start_h + r * dilation[0])[:, None] * W + (start_w + s * dilation[1])[None, :]
-            # Selects rather than copies under a mask: NumPy's masked copy branches on every element, and
-            # about half of them take each branch here. The indices blend in integers (uint8 wraps modulo
-            # 256, and better is 0 or 1, so indices + better·(tap − indices) is tap or indices exactly).
-            y = xp.where(better, window, y)
+            # Selects rather than copies under a mask: NumPy's masked copy (and np.where) branches on every
+            # element, and about half of them take each branch here; select picks through the bits. The
+            # indices blend in integers (uint8 wraps modulo 256, and better is 0 or 1, so
+            # indices + better·(tap − indices) is tap or indices exactly).
+            y = select(better, window, y)
             indices += better * (xp.asarray(tap, dtype=indices.dtype) - indices)
     return y, indices
 
@@ -273,13 +275,31 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.dtype == np.uint8:
-        indices = _positions(indices, window, (H, W), tuple(dy.shape[2:]))
+        return _max_pool2d_backward_by_tap(dy, indices, (N, C, H, W), window)
     # Scatter-add into the flattened batch; np.add.at is unbuffered (repeated indices accumulate),
     # deterministic, and in NumPy 2 faster than bincount (which also computes in float64).
     planes = xp.arange(N * C, dtype=xp.int64).reshape(N, C, 1, 1) * (H * W)
     dx = xp.zeros(N * C * H * W, dtype=dy.dtype)
     xp.add.at(dx, (planes + indices).reshape(-1), dy.reshape(-1))
     return dx.reshape(N, C, H, W)
+
+
+def _max_pool2d_backward_by_tap(dy: np.ndarray, taps: np.ndarray, x_shape: tuple, window: tuple) -> np.ndarray:
+    """The NumPy backward from uint8 taps: for each window tap, the dy entries whose window chose it, added
+    onto the strided slice of the padded input that tap reads (the forward's loop, run backwards).
+
+    One pass per tap over (N, C, P, Q) arrays, where a scatter by flat position (np.add.at) handles each
+    entry on its own; overlapping windows add in tap order instead of pixel order."""
+    N, C, H, W = x_shape
+    kernel, stride, padding, dilation, _ = window
+    out_hw = tuple(dy.shape[2:])
+    extent = _padded_extent((H, W), kernel, stride, padding, dilation, out_hw)
+    dx = np.zeros((N, C) + tuple(extent), dtype=dy.dtype)
+    for r in range(kernel[0]):
+        for s in range(kernel[1]):
+            chosen = taps == r * kernel[1] + s
+            dx[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, out_hw)] += where_or_zero(chosen, dy)
+    return np.ascontiguousarray(dx[:, :, padding[0]:padding[0] + H, padding[1]:padding[1] + W])
 
 
 def _positions(taps: Any, window: tuple, hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
