@@ -90,11 +90,15 @@ def test_half_forward_fuses_bias_and_relu_before_its_one_rounding(xp, rng, name)
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_half_backward_filter_accumulates_into_out(xp, rng, name):
-    case = CASES["many_tiles_and_splits"]
+    check_backward_filter_accumulates(xp, rng, CASES["many_tiles_and_splits"], name, None)
+
+
+def check_backward_filter_accumulates(xp, rng, case, name, algo):
+    """Backward-filter with ``accumulate`` adds its half gradient into out's before one rounding, within the bound."""
     x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
     dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
     out, before = half_operand(xp, rng, output_shape(case, "backward_filter"), name, scale=10.0)
-    run("backward_filter", x, dy, case, out=out, accumulate=True)
+    run("backward_filter", x, dy, case, algo=algo, out=out, accumulate=True)
     exact = before + run("backward_filter", x_exact, dy_exact, case, algo="reference")
     magnitude = np.abs(before) + run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
     assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,

@@ -13,7 +13,7 @@ from minidnn import backend
 from minidnn.primitives import conv, convert
 from minidnn.primitives.conv import implicit_gemm_nhwc
 from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, assert_within_half_bound, half_operand
-from tests.test_conv_half import operand_shapes, poisoned_output, reduction_length
+from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes, poisoned_output, reduction_length
 from tests.test_conv_implicit_gemm import arguments, output_shape, problem_of, run
 
 ALGO = "implicit_gemm_nhwc"
@@ -66,15 +66,7 @@ def test_strided_within_the_half_bound(xp, rng, case_name, direction, name):
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_backward_filter_adds_into_out(xp, rng, name):
-    case = CASES["many_splits"]
-    x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
-    dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
-    out, before = half_operand(xp, rng, output_shape(case, "backward_filter"), name, scale=10.0)
-    run("backward_filter", x, dy, case, algo=ALGO, out=out, accumulate=True)
-    exact = before + run("backward_filter", x_exact, dy_exact, case, algo="reference")
-    magnitude = np.abs(before) + run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
-    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, "backward_filter") + 1,
-                             f"accumulate {name} on {xp.__name__}")
+    check_backward_filter_accumulates(xp, rng, CASES["many_splits"], name, ALGO)
 
 
 def test_what_it_supports():

@@ -119,13 +119,19 @@ def main() -> None:
     for row in rows:
         lines.append(f"| {row['layer']} | {row['direction']} | " + " | ".join(f"{row[c]:.3f}" for c in columns)
                      + f" | {row['bf16_over_best_cudnn_bf16']:.2f} | {row['bf16_tflops']:.0f} |")
-    for name, text in (("half-conv.json", json.dumps({"torch": torch.__version__,
-                                                      "cudnn": torch.backends.cudnn.version(),
-                                                      "gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1)),
-                       ("half-conv.md", "Times in ms (median of 20, CUDA events).\n\n" + "\n".join(lines) + "\n")):
-        with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as file:
+    write_report(args.out, "half-conv", rows, "Times in ms (median of 20, CUDA events).\n\n" + "\n".join(lines) + "\n",
+                 torch)
+
+
+def write_report(out: str, stem: str, rows: list, markdown: str, torch) -> None:
+    """DIR/stem.json (the rows, with torch's, cuDNN's and the GPU's names) and DIR/stem.md, each written whole
+    (temporary file, then rename)."""
+    data = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(),
+            "rows": rows}
+    for name, text in ((f"{stem}.json", json.dumps(data, indent=1)), (f"{stem}.md", markdown)):
+        with tempfile.NamedTemporaryFile("w", dir=out, delete=False) as file:
             file.write(text)
-        os.replace(file.name, os.path.join(args.out, name))
+        os.replace(file.name, os.path.join(out, name))
 
 
 if __name__ == "__main__":

@@ -9,13 +9,11 @@ CUDA events around 20 calls after 3 warm-ups, median; TFLOP/s from 2·N·K·P·Q
 Writes DIR/nhwc-conv.json and DIR/nhwc-conv.md.
 """
 import argparse
-import json
 import os
-import tempfile
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, minidnn_call, timed, torch_call  # this folder's probe
+from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, minidnn_call, timed, torch_call, write_report  # this folder's probe
 from minidnn import backend
 from minidnn.primitives import conv, convert
 from minidnn.primitives.conv import implicit_gemm_nhwc as nhwc
@@ -91,15 +89,8 @@ def main() -> None:
         lines.append(f"| {row['layer']} | {row['direction']} | "
                      + " | ".join("-" if row[c] is None else f"{row[c]:.3f}" if c != "nhwc_kernel_tflops"
                                   else f"{row[c]:.0f}" for c in columns) + " |")
-    for name, text in (("nhwc-conv.json", json.dumps({"torch": torch.__version__,
-                                                      "cudnn": torch.backends.cudnn.version(),
-                                                      "gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1)),
-                       ("nhwc-conv.md", "bfloat16, times in ms (median of 20, CUDA events); ratios over the best "
-                                        "cuDNN bf16 layout.\n\n" + "\n".join(lines) + "\n")):
-        with tempfile.NamedTemporaryFile("w", dir=args.out, delete=False) as file:
-            file.write(text)
-        os.replace(file.name, os.path.join(args.out, name))
-
+    write_report(args.out, "nhwc-conv", rows, "bfloat16, times in ms (median of 20, CUDA events); ratios over the "
+                 "best cuDNN bf16 layout.\n\n" + "\n".join(lines) + "\n", torch)
 
 if __name__ == "__main__":
     main()

@@ -85,19 +85,25 @@ class Gemm(ConvAlgorithm):
             _numpy_backward_filter(x, dy, problem, out, accumulate, workspace)
             return
         columns = im2col(x, problem, out=workspace_array(workspace, column_shape(problem), problem.dtype))
-        G, Kg, PQ = problem.groups, problem.K // problem.groups, problem.P * problem.Q
-        if problem.N == 1:  # one image: dy is already K × P·Q
-            rows = dy.reshape(problem.K, PQ)
-        else:  # K × N·P·Q: image n's dy[n] becomes columns n·P·Q ... of every row
-            rows = workspace_array(workspace, (problem.K, problem.N, PQ), problem.dtype, offset=column_bytes(problem))
-            rows[...] = dy.reshape(problem.N, problem.K, PQ).transpose(1, 0, 2)
-            rows = rows.reshape(problem.K, -1)
+        G, Kg = problem.groups, problem.K // problem.groups
+        rows = _gradient_rows(dy, problem, workspace)
         lowered = columns.reshape(problem.C * problem.R * problem.S, -1)
         crs = lowered.shape[0] // G
         dw = out.reshape(problem.K, -1)
         for g in range(G):
             blas.gemm(rows[g * Kg:(g + 1) * Kg], lowered[g * crs:(g + 1) * crs].T, dw[g * Kg:(g + 1) * Kg],
                       beta=1.0 if accumulate else 0.0)
+
+
+def _gradient_rows(dy: Any, problem: ConvProblem, workspace: Any) -> Any:
+    """dy as the K × N·P·Q matrix dY_m: image n's dy[n] becomes columns n·P·Q ... of every row (a copy into the
+    workspace after the columns; with one image, dy itself)."""
+    PQ = problem.P * problem.Q
+    if problem.N == 1:
+        return dy.reshape(problem.K, PQ)
+    rows = workspace_array(workspace, (problem.K, problem.N, PQ), problem.dtype, offset=column_bytes(problem))
+    rows[...] = dy.reshape(problem.N, problem.K, PQ).transpose(1, 0, 2)
+    return rows.reshape(problem.K, -1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,13 +169,8 @@ def _numpy_backward_filter(x: np.ndarray, dy: np.ndarray, problem: ConvProblem, 
     dW_g = dY_m · D_mᵀ, but with the long side of the output as the GEMM's rows, which a CPU BLAS
     partitions far better than K/G rows (often 16 or 32) of a long reduction."""
     columns = lower_batch(x, problem, workspace_array(workspace, column_shape(problem), problem.dtype))
-    G, Kg, PQ = problem.groups, problem.K // problem.groups, problem.P * problem.Q
-    if problem.N == 1:
-        rows = dy.reshape(problem.K, PQ)
-    else:
-        rows = workspace_array(workspace, (problem.K, problem.N, PQ), problem.dtype, offset=column_bytes(problem))
-        rows[...] = dy.reshape(problem.N, problem.K, PQ).transpose(1, 0, 2)
-        rows = rows.reshape(problem.K, -1)
+    G, Kg = problem.groups, problem.K // problem.groups
+    rows = _gradient_rows(dy, problem, workspace)
     lowered = columns.reshape(problem.C * problem.R * problem.S, -1)
     crs = lowered.shape[0] // G
     dw = out.reshape(problem.K, -1)

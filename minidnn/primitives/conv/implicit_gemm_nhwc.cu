@@ -112,46 +112,36 @@ __device__ __forceinline__ u16 half_word(const float value) {
 __device__ __forceinline__ int warp_row() { return threadIdx.x / 32 % WARPS_M * WARP_M; }
 __device__ __forceinline__ int warp_column() { return threadIdx.x / 32 / WARPS_M * WARP_N; }
 
-// One stage of the product on [row][k] tiles (forward). Lane group j = lane / 8 addresses block j: for A,
-// rows +8·(j % 2) and k +8·(j / 2) (a's register order); for B, k +8·(j % 2) and columns +8·(j / 2) (two n8
-// tiles' b registers).
-__device__ __forceinline__ void multiply_row_major(float (&acc)[MI][NI][4], const u16 (*a)[BLOCK_K + PAD],
-                                                   const u16 (*b)[BLOCK_K + PAD]) {
-    const int lane = threadIdx.x % 32, row0 = warp_row(), column0 = warp_column();
-#pragma unroll
-    for (int k0 = 0; k0 < BLOCK_K; k0 += 16) {
-        unsigned fa[MI][4], fb[NI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-            load_matrices(fa[mi], &a[row0 + mi * 16 + lane % 8 + lane / 8 % 2 * 8][k0 + lane / 16 * 8]);
-#pragma unroll
-        for (int nj = 0; nj < NI / 2; ++nj) {
-            unsigned f[4];
-            load_matrices(f, &b[column0 + nj * 16 + lane % 8 + lane / 16 * 8][k0 + lane / 8 % 2 * 8]);
-            fb[2 * nj][0] = f[0], fb[2 * nj][1] = f[1], fb[2 * nj + 1][0] = f[2], fb[2 * nj + 1][1] = f[3];
-        }
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni) mma(acc[mi][ni], fa[mi], fb[ni][0], fb[ni][1]);
+// One 8 × 8-block load per lane group for a fragment whose top-left element is (row, k) of the tile: each lane
+// gives the address of its row of its group's block. [row][k] tiles (forward) are read as they lie; [k][row]
+// tiles (backward-filter, whose operands are both contiguous along the rows) through ldmatrix.trans.
+template <bool TRANSPOSED>
+__device__ __forceinline__ void load_fragment(unsigned (&f)[4], const u16* tile, int leading, int row, int k) {
+    const int lane_row = threadIdx.x % 8;
+    if (TRANSPOSED) {
+        load_matrices_transposed(f, tile + (k + lane_row) * leading + row);
+    } else {
+        load_matrices(f, tile + (row + lane_row) * leading + k);
     }
 }
 
-// The same on [k][row] tiles (backward-filter), through ldmatrix.trans: for A, k +8·(j / 2) and rows +8·(j % 2);
-// for B, k +8·(j % 2) and columns +8·(j / 2).
-__device__ __forceinline__ void multiply_column_major(float (&acc)[MI][NI][4], const u16 (*a)[BLOCK_M + PAD],
-                                                      const u16 (*b)[BLOCK_N + PAD]) {
-    const int lane = threadIdx.x % 32, row0 = warp_row(), column0 = warp_column();
+// One stage of the product: the warp's MI × NI m16n8 tiles over BLOCK_K. Lane group j = lane / 8 loads block j:
+// for A, rows +8·(j % 2) and k +8·(j / 2) (a's register order); for B, columns +8·(j / 2) and k +8·(j % 2), the b
+// registers of two n8 tiles. `leading_a`, `leading_b`: the tiles' row lengths in values.
+template <bool TRANSPOSED>
+__device__ __forceinline__ void multiply_stage(float (&acc)[MI][NI][4], const u16* a, int leading_a, const u16* b,
+                                               int leading_b) {
+    const int j = threadIdx.x % 32 / 8, row0 = warp_row(), column0 = warp_column();
 #pragma unroll
     for (int k0 = 0; k0 < BLOCK_K; k0 += 16) {
         unsigned fa[MI][4], fb[NI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
-            load_matrices_transposed(fa[mi], &a[k0 + lane % 8 + lane / 16 * 8][row0 + mi * 16 + lane / 8 % 2 * 8]);
+            load_fragment<TRANSPOSED>(fa[mi], a, leading_a, row0 + mi * 16 + j % 2 * 8, k0 + j / 2 * 8);
 #pragma unroll
         for (int nj = 0; nj < NI / 2; ++nj) {
             unsigned f[4];
-            load_matrices_transposed(f, &b[k0 + lane % 8 + lane / 8 % 2 * 8][column0 + nj * 16 + lane / 16 * 8]);
+            load_fragment<TRANSPOSED>(f, b, leading_b, column0 + nj * 16 + j / 2 * 8, k0 + j % 2 * 8);
             fb[2 * nj][0] = f[0], fb[2 * nj][1] = f[1], fb[2 * nj + 1][0] = f[2], fb[2 * nj + 1][1] = f[3];
         }
 #pragma unroll
@@ -243,7 +233,8 @@ implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w,
         __syncthreads();
         if (step + STAGES - 1 < steps) copy_stage((step + STAGES - 1) % STAGES);
         commit_copies();
-        multiply_row_major(acc, tiles.a[step % STAGES], tiles.b[step % STAGES]);
+        multiply_stage<false>(acc, &tiles.a[step % STAGES][0][0], BLOCK_K + PAD, &tiles.b[step % STAGES][0][0],
+                              BLOCK_K + PAD);
     }
     wait_copies<0>();
     __syncthreads();  // the output tile reuses the pipeline's memory
@@ -330,7 +321,8 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
         __syncthreads();
         if (step + STAGES - 1 < last) copy_stage((index + STAGES - 1) % STAGES, step + STAGES - 1);
         commit_copies();
-        multiply_column_major(acc, tiles.a[index % STAGES], tiles.b[index % STAGES]);
+        multiply_stage<true>(acc, &tiles.a[index % STAGES][0][0], BLOCK_M + PAD, &tiles.b[index % STAGES][0][0],
+                             BLOCK_N + PAD);
     }
     wait_copies<0>();
 

@@ -128,24 +128,14 @@ class ImplicitGemmNhwc(ConvAlgorithm):
         if not backend.is_cuda_array(x):
             _numpy_forward(_widened_channels_last(x, problem), _numpy_filter(w, problem, turned=False), problem, out)
             return
-        for first, chunk in _chunks(problem, "forward"):
-            w_last, x_last = _workspace_arrays(workspace, chunk, "forward")
-            _to_channels_last(x[first:first + chunk.N], x_last)
-            if first == 0:
-                _filter_to_channels_last(w, w_last, turned=False)
-            _launch_forward(x_last, w_last, out[first:first + chunk.N], _shape_struct(chunk))
+        _forward_by_chunks(x, w, problem, out, workspace, "forward")
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if not backend.is_cuda_array(dy):
             _numpy_forward(_widened_channels_last(dy, problem), _numpy_filter(w, problem, turned=True),
                            backward_data_problem(problem), out)
             return
-        for first, chunk in _chunks(problem, "backward_data"):
-            w_turned, dy_last = _workspace_arrays(workspace, chunk, "backward_data")
-            _to_channels_last(dy[first:first + chunk.N], dy_last)
-            if first == 0:
-                _filter_to_channels_last(w, w_turned, turned=True)
-            _launch_forward(dy_last, w_turned, out[first:first + chunk.N], _shape_struct(backward_data_problem(chunk)))
+        _forward_by_chunks(dy, w, problem, out, workspace, "backward_data")
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
@@ -301,6 +291,19 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvPro
     _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
                         (tiles, -(-steps // per_split)), _shared_bytes("backward_filter", block_n),
                         (x_last, dy_last, dw, _shape_struct(problem), _cuda.i32(per_split)))
+
+
+def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any, direction: str) -> None:
+    """Forward (source x) or stride-1 backward-data (source dy, the filter turned) on the GPU: the filter's copy
+    once, then per chunk of images the source's channels-last copy and one launch into out's slice."""
+    turned = direction == "backward_data"
+    for first, chunk in _chunks(problem, direction):
+        w_last, source_last = _workspace_arrays(workspace, chunk, direction)
+        _to_channels_last(source[first:first + chunk.N], source_last)
+        if first == 0:
+            _filter_to_channels_last(w, w_last, turned=turned)
+        shape = backward_data_problem(chunk) if turned else chunk
+        _launch_forward(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
 
 def _to_channels_last(array: Any, out: Any) -> None:
