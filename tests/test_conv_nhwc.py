@@ -171,7 +171,7 @@ def test_chunks_of_images_on_the_gpu(monkeypatch, rng, direction):
     fixed = implicit_gemm_nhwc._bytes(implicit_gemm_nhwc._pieces(problem, direction, 0))
     per_image = implicit_gemm_nhwc._bytes(implicit_gemm_nhwc._pieces(problem, direction, 1)) - fixed
     monkeypatch.setattr(implicit_gemm_nhwc, "CHUNK_WORKSPACE", fixed + 3 * per_image)
-    conv.registry.clear_caches()  # plans made under the default bound
+    conv.registry.clear_caches()  # plans and chunk sizes worked out under the default bound
     try:
         assert implicit_gemm_nhwc.images_per_chunk(problem, direction) == 3
         check_direction(cupy, rng, case, direction, "bfloat16", f"chunks {direction}")

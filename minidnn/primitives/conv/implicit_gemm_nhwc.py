@@ -34,6 +34,7 @@ import numpy as np
 from ... import backend
 from .. import _cuda, convert
 from .problem import ConvProblem
+from . import registry
 from .registry import ConvAlgorithm, register, workspace_array
 
 SOURCE = "conv/implicit_gemm_nhwc.cu"
@@ -75,6 +76,7 @@ def _bytes(pieces: list[tuple[tuple[int, ...], Any]]) -> int:
     return sum(_aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize) for shape, dtype in pieces)
 
 
+@functools.lru_cache(maxsize=1024)  # read on every call: worked out once per problem
 def images_per_chunk(problem: ConvProblem, direction: str) -> int:
     """The whole batch, or the most images whose copies keep the workspace within CHUNK_WORKSPACE (at least one):
     the copies grow with the batch, and ResNet's 56 x 56 layers at batch 128 would need 98 MiB for backward-filter."""
@@ -83,9 +85,15 @@ def images_per_chunk(problem: ConvProblem, direction: str) -> int:
     return max(1, min(problem.N, (CHUNK_WORKSPACE - fixed) // per_image))
 
 
+registry.cache_clearers.append(images_per_chunk.cache_clear)
+
+
 def _chunks(problem: ConvProblem, direction: str):
     """(first image, the chunk's problem) for each chunk of the batch."""
     images = images_per_chunk(problem, direction)
+    if images == problem.N:  # the common case: the call's own problem, its launch struct already cached
+        yield 0, problem
+        return
     for first in range(0, problem.N, images):
         yield first, problem.with_batch(min(images, problem.N - first))
 
