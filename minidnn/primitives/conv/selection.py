@@ -56,7 +56,10 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     on the GPU Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and
     a 5x5 layer's 6.25x (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
-    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU.
+    otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU; a half-precision
+    problem on the GPU tries ``implicit_gemm_nhwc`` before implicit GEMM (16-byte gathers from channels-last
+    copies where implicit GEMM gathers 2-byte values; ``find`` times the two, and backward-filter often keeps
+    implicit GEMM).
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
