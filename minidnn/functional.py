@@ -478,7 +478,7 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
 def _through_float32(apply: Any, input: Tensor, *args: Any) -> Tensor:
     """``apply(input, *args)``; for a half-precision input, the float32 operation on its widening, rounded
     back to the half type once: float math and one rounding, as a half kernel gives them, and the activations
-    of a half network stay half (average pooling and dropout have no half kernels of their own)."""
+    of a half network stay half (pooling and dropout have no half kernels of their own)."""
     if not is_half(input.data):
         return apply(input, *args)
     return apply(input.float(), *args).to(input.dtype)

@@ -78,8 +78,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
         _check_half_arrays(("dy", dy), ("y", y))
         if backend.is_cuda_array(dy):
             return _elementwise_gpu("relu_backward", dy, y, half=half)
-        passed = convert.half_to_float(np.ascontiguousarray(y), half) > 0
-        return np.where(passed, dy, np.zeros((), dtype=dy.dtype))
+        return where_or_zero(convert.half_to_float(np.ascontiguousarray(y), half) > 0, dy)
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
