@@ -1146,15 +1146,8 @@ def prepare(args: argparse.Namespace, world: World | None = None) -> Run:
         minidnn.use_deterministic_algorithms(args.deterministic)
         if args.cuda_graph and not device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
-        if args.cuda_graph and args.amp == "fp16":
-            raise ValueError("--cuda-graph cannot capture --amp fp16: its loss scaler reads an overflow flag on the "
-                             "host every step (use --amp bf16, which needs no scaler, or --no-cuda-graph)")
         if args.cuda_graph is None:  # the captured step is the GPU's default: the fastest path there is
             args.cuda_graph = device.startswith("cuda")
-            if args.cuda_graph and args.amp == "fp16":
-                args.cuda_graph = False
-                _warn("the training step runs eagerly: --amp fp16's loss scaler reads an overflow flag on the host "
-                      "every step, which a CUDA graph cannot (--amp bf16 needs no scaler and is captured)")
         image_size = args.image_size or models.input_size(args.model)
         with warnings.catch_warnings(record=True) as caught:  # as one-line messages, not file:line reports
             warnings.simplefilter("always")

@@ -274,9 +274,6 @@ class CapturedMinidnnEngine(MinidnnEngine):
     def prepare(self) -> None:
         from minidnn.cuda import graphs  # noqa: PLC0415 - the driver checked it exists
 
-        if self.scaler is not None:  # as train.py says: fp16's loss scaler reads an overflow flag on the host
-            self.replay, self.fallback = None, "fp16's GradScaler reads an overflow flag on the host every step"
-            return
         self.replay = graphs.capture(self.train_step, (self.x, self.y))
         # A step that cannot be captured runs eagerly behind the same interface: say so.
         self.fallback = self.replay.reason if isinstance(self.replay, graphs.EagerStep) else None

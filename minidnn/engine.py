@@ -26,7 +26,8 @@ CONTRACT = (
     "dropout_forward", "dropout_backward",
     "batch_norm_forward_training", "batch_norm_forward_inference", "batch_norm_backward_training",
     "batch_norm_backward_inference", "lrn_forward", "lrn_backward",
-    "sgd_update", "adam_update", "sgd_update_multi", "adam_update_multi", "unscale_gradients_multi", "add_relu_forward",
+    "sgd_update", "adam_update", "sgd_update_multi", "adam_update_multi", "unscale_gradients_multi", "update_loss_scale",
+    "add_relu_forward",
     "leaky_relu_forward", "leaky_relu_backward", "silu_forward", "silu_backward", "gelu_forward", "gelu_backward",
     "layer_norm_forward", "layer_norm_backward",
 )

@@ -1,13 +1,15 @@
-"""Dynamic loss scaling (minidnn/amp/grad_scaler.py, the unscale primitive of minidnn/primitives/optimizer.py):
-against PyTorch's GradScaler and its unscale kernel, a scaled float32 run equal to an unscaled one bit for bit,
-overflows that skip the step and back off, growth, state in a checkpoint, and the errors."""
+"""Dynamic loss scaling (minidnn/amp/grad_scaler.py, the unscale and scale-update primitives of
+minidnn/primitives/optimizer.py and SGD's skip on a device flag): against PyTorch's GradScaler and its unscale and
+update kernels, a scaled float32 run equal to an unscaled one bit for bit, overflows that skip the step and back
+off, growth, no host read in a step with SGD, state in a checkpoint, a captured fp16 step on the GPU, the errors."""
 import numpy as np
 import pytest
 
 import minidnn
 import minidnn.functional as F
 from minidnn import amp, backend, naive, nn, optim, primitives
-from minidnn.primitives import unscale_gradients_multi
+from minidnn.amp import grad_scaler
+from minidnn.primitives import sgd_update_multi, unscale_gradients_multi, update_loss_scale
 
 ENGINES = {"minidnn": primitives, "naive": naive}
 
@@ -22,7 +24,8 @@ def random_gradients(rng, dtype):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("poison", [None, np.inf, -np.inf, np.nan])
-def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, engine, dtype, poison):
+@pytest.mark.parametrize("factor_on_device", [False, True])
+def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, engine, dtype, poison, factor_on_device):
     torch = pytest.importorskip("torch")
     grads = random_gradients(rng, dtype)
     if poison is not None:
@@ -33,7 +36,8 @@ def test_unscaling_matches_pytorchs_kernel_bit_for_bit(xp, rng, engine, dtype, p
     torch._amp_foreach_non_finite_check_and_unscale_(expected, torch_found, torch.tensor([inv_scale]))
     on_device = [xp.asarray(g) for g in grads]
     found = xp.zeros(1, dtype=np.int32)
-    ENGINES[engine].unscale_gradients_multi(on_device, inv_scale, found)
+    factor = xp.asarray(np.float32(inv_scale)) if factor_on_device else inv_scale  # a float32 array of shape ()
+    ENGINES[engine].unscale_gradients_multi(on_device, factor, found)
     for got, want in zip(on_device, expected):
         got, want = backend.to_device(got, "cpu"), want.numpy()
         nan = np.isnan(want)  # a NaN stays a NaN; its payload is the device's (the GPU writes its canonical NaN)
@@ -56,6 +60,7 @@ def test_unscaling_leaves_a_set_flag_set_and_takes_no_gradients(rng, engine):
     (lambda g, f: unscale_gradients_multi(g, float("nan"), f), ValueError, "inv_scale must be"),
     (lambda g, f: unscale_gradients_multi(g, 0.5, np.zeros(1, np.float32)), TypeError, "found_inf must be an int32"),
     (lambda g, f: unscale_gradients_multi(g, 0.5, np.zeros(2, np.int32)), TypeError, "found_inf must be an int32"),
+    (lambda g, f: unscale_gradients_multi(g, np.ones(1, np.float64), f), TypeError, "inv_scale must be a float32"),
     (lambda g, f: unscale_gradients_multi([g[0], g[1].astype(np.float64)], 0.5, f), TypeError, r"grads\[1\] must have"),
     (lambda g, f: unscale_gradients_multi([g[0], g[1][::2]], 0.5, f), ValueError, r"grads\[1\]"),
 ])
@@ -63,6 +68,52 @@ def test_unscaling_bad_arguments_are_clear_errors(rng, call, error, match):
     grads = [rng.standard_normal(6).astype(np.float32) for _ in range(2)]
     with pytest.raises(error, match=match):
         call(grads, np.zeros(1, np.int32))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("found, tracker, interval", [(0, 0, 3), (0, 2, 3), (1, 2, 3), (1, 0, 1), (0, 0, 1)])
+@pytest.mark.parametrize("start, growth, backoff", [(2.0**10, 2.0, 0.5), (3.7, 1.3, 0.3), (2.0**127, 2.0, 0.5)])
+def test_the_scale_update_matches_pytorchs_kernel(xp, engine, found, tracker, interval, start, growth, backoff):
+    torch = pytest.importorskip("torch")
+    want_scale, want_tracker = torch.tensor([start], dtype=torch.float32), torch.tensor([tracker], dtype=torch.int32)
+    torch._amp_update_scale_(want_scale, want_tracker, torch.tensor([float(found)]), growth, backoff, interval)
+    scale, counter = xp.asarray(np.float32(start)), xp.asarray(np.array([tracker], np.int32))
+    ENGINES[engine].update_loss_scale(scale, counter, xp.asarray(np.array([found], np.int32)), growth, backoff,
+                                      interval)
+    assert backend.to_device(scale, "cpu").view(np.uint32) == want_scale.numpy().view(np.uint32)[0]
+    assert int(backend.to_device(counter, "cpu")[0]) == int(want_tracker[0])
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda s, t, f: update_loss_scale(s.astype(np.float64), t, f, 2.0, 0.5, 2), TypeError, "scale must be a float32"),
+    (lambda s, t, f: update_loss_scale(s, t.astype(np.int64), f, 2.0, 0.5, 2), TypeError, "growth_tracker must be"),
+    (lambda s, t, f: update_loss_scale(s, t, np.zeros(3, np.int32), 2.0, 0.5, 2), TypeError, "found_inf must be"),
+    (lambda s, t, f: update_loss_scale(s, t, f, 1.0, 0.5, 2), ValueError, "growth_factor must be a finite number > 1"),
+    (lambda s, t, f: update_loss_scale(s, t, f, 2.0, 1.0, 2), ValueError, r"backoff_factor must be a number in \(0, 1\)"),
+    (lambda s, t, f: update_loss_scale(s, t, f, 2.0, 0.5, 0), ValueError, "growth_interval must be an int >= 1"),
+    (lambda s, t, f: update_loss_scale(s, t, f, 2.0, 0.5, True), ValueError, "growth_interval must be an int"),
+])
+def test_the_scale_update_bad_arguments_are_clear_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call(np.ones((), np.float32), np.zeros((), np.int32), np.zeros(1, np.int32))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("flag", [None, 0, 1])
+def test_sgd_skips_its_update_when_the_device_flag_is_set(xp, rng, engine, flag):
+    params = [xp.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in ((5, 3), (7,))]
+    grads = [xp.asarray(rng.standard_normal(p.shape).astype(np.float32)) for p in params]
+    buffers = [xp.asarray(rng.standard_normal(p.shape).astype(np.float32)) for p in params]
+    before = [backend.to_device(p, "cpu").copy() for p in params]
+    found = None if flag is None else xp.asarray(np.array([flag], np.int32))
+    ENGINES[engine].sgd_update_multi(params, grads, buffers, lr=0.1, momentum=0.9, weight_decay=0.01,
+                                     found_inf=found)
+    for p, b, old in zip(params, buffers, before):
+        moved = not np.array_equal(backend.to_device(p, "cpu"), old)
+        assert moved == (flag != 1)
+    with pytest.raises(TypeError, match="found_inf must be an int32"):
+        ENGINES[engine].sgd_update_multi(params, grads, buffers, lr=0.1, momentum=0.9,
+                                         found_inf=xp.zeros(1, dtype=np.float32))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,6 +220,51 @@ def test_unscale_before_clipping_then_step_does_not_unscale_twice():
     np.testing.assert_array_equal(model[0].weight.grad.numpy(), scaled / 4)
 
 
+def test_a_step_with_sgd_reads_nothing_back_and_another_optimizer_decides_on_the_host(monkeypatch):
+    """With SGD the overflow flag decides on the device; Adam's step is decided after one host read, and a
+    skipped Adam step leaves its weights and step count as they were."""
+    reads = []
+    real = grad_scaler._host_value
+    monkeypatch.setattr(grad_scaler, "_host_value", lambda array, kind: reads.append(kind) or real(array, kind))
+    scaler = amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    model, optimizer, batches = make_run("cpu")
+    for index, (x, y) in enumerate(batches[:4]):
+        optimizer.zero_grad()
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        if index == 1:
+            model[0].weight.grad.data[0, 0] = np.nan
+        scaler.step(optimizer)
+        scaler.update()
+    assert reads == []
+    assert scaler.get_scale() == 2.0**10 and scaler.state_dict()["_growth_tracker"] == 0  # 2^10, 2^9, 2^9, 2^10
+    reads.clear()  # (those two read the device, as PyTorch's do)
+    adam_model = nn.Linear(6, 4)
+    adam = optim.Adam(adam_model.parameters(), lr=0.1)
+    x = minidnn.tensor(np.ones((5, 6), np.float32))
+    for poisoned in (False, True):
+        adam.zero_grad()
+        scaler.scale((adam_model(x) ** 2).mean()).backward()
+        if poisoned:
+            adam_model.weight.grad.data[0, 0] = np.inf
+        before = adam_model.weight.numpy().copy()
+        assert (scaler.step(adam) is None) and np.array_equal(adam_model.weight.numpy(), before) == poisoned
+        scaler.update()
+    assert reads == [int, int] and adam.state[adam_model.weight]["step"] == 1
+
+
+def test_loading_a_state_writes_the_scalers_arrays_in_place():
+    """A captured step reads the scale's array: load_state_dict and update(new_scale) write into it."""
+    scaler = amp.GradScaler("cpu", init_scale=2.0**4)
+    scaler.scale(minidnn.tensor(1.0))
+    scale, tracker = scaler._scale, scaler._growth_tracker
+    scaler.load_state_dict({"scale": 2.0**7, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 9,
+                            "_growth_tracker": 5})
+    assert scaler._scale is scale and scaler._growth_tracker is tracker
+    assert float(scale) == 2.0**7 and int(tracker) == 5 and scaler.scale(minidnn.tensor(1.0)).item() == 2.0**7
+    scaler.update(new_scale=2.0**3)
+    assert scaler._scale is scale and float(scale) == 2.0**3
+
+
 def test_the_state_goes_through_a_checkpoint_file(tmp_path):
     scaler = amp.GradScaler("cpu", init_scale=2.0**5, growth_factor=4.0, backoff_factor=0.25, growth_interval=3)
     train("cpu", scaler, poisoned_steps=(0,), steps=3)
@@ -251,3 +347,50 @@ def test_the_gpu_run_scales_and_skips_as_the_cpu_run():
     assert gpu[0] == cpu[0] and gpu[1] == cpu[1]
     for key in cpu[2]:
         np.testing.assert_allclose(gpu[2][key], cpu[2][key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def fp16_run(capture):
+    """Eight fp16 steps of a small network with SGD and a GradScaler, batch 3 overflowing float16 (its inputs
+    are 10^5, past float16's 65504): the scale after each step and the final weights, eager or replayed from
+    one captured step (captured after the eager first step)."""
+    from minidnn.cuda import graphs  # noqa: PLC0415 - the GPU's
+
+    minidnn.manual_seed(3)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8)).to("cuda")
+    optimizer = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=2)
+    rng = np.random.default_rng(5)
+    batches = [(minidnn.tensor(rng.standard_normal((16, 24)).astype(np.float32) * (1e5 if index == 3 else 1.0),
+                               device="cuda"), minidnn.tensor(rng.integers(0, 8, 16), device="cuda"))
+               for index in range(8)]
+
+    def step(x, y):
+        with minidnn.autocast("cuda", dtype=minidnn.float16):
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    scales = []
+    replay = None
+    for index, batch in enumerate(batches):
+        if capture and index == 0:
+            replay = graphs.capture(step, batch, warmup=1)
+            assert isinstance(replay, graphs.CapturedStep), getattr(replay, "reason", "")
+        else:
+            (replay or step)(*batch)
+        scales.append(scaler.get_scale())
+    return scales, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.gpu
+def test_a_captured_fp16_step_skips_backs_off_and_grows_as_the_eager_step():
+    eager_scales, eager_weights = fp16_run(capture=False)
+    captured_scales, captured_weights = fp16_run(capture=True)
+    assert eager_scales == [2.0**10, 2.0**11, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11, 2.0**12]
+    assert captured_scales == eager_scales
+    for key, value in eager_weights.items():
+        assert np.isfinite(value).all(), key
+        np.testing.assert_allclose(captured_weights[key], value, rtol=1e-6, atol=1e-7, err_msg=key)

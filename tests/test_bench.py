@@ -412,13 +412,21 @@ def test_a_half_precision_cell_trains_under_autocast(monkeypatch, precision):
     assert all(p.grad.dtype == np.float32 for p in engine.model.parameters())
 
 
-def test_a_captured_fp16_cell_runs_eagerly_and_says_why(monkeypatch):
-    monkeypatch.setattr(minidnn.cuda, "graphs", types.SimpleNamespace(
-        capture=lambda *args: pytest.fail("an fp16 step with a loss scaler must not be captured"),
-        EagerStep=type("EagerStep", (), {})), raising=False)
+def test_a_captured_fp16_cell_is_captured_with_its_loss_scaler(monkeypatch):
+    captured = []
+
+    class Step:  # what graphs.capture returns: a callable replaying the step
+        def __init__(self, step_fn, batch):
+            captured.append(step_fn)
+            self.step_fn, self.batch = step_fn, batch
+
+        def __call__(self, *batch):
+            return self.step_fn(*batch)
+
+    monkeypatch.setattr(minidnn.cuda, "graphs", types.SimpleNamespace(capture=Step, EagerStep=type("EagerStep", (), {})),
+                        raising=False)
     engine = measure.CapturedMinidnnEngine({**TINY_CELL, "engine": "minidnn-graph", "precision": "fp16"})
     engine.prepare()
-    assert engine.prepared() == {"captured": False, "capture_fallback": "fp16's GradScaler reads an overflow flag "
-                                                                         "on the host every step"}
-    engine.step()  # eagerly, with the scaler
+    assert engine.prepared() == {"captured": True} and captured == [engine.train_step]
+    engine.step()  # the replay runs the step with the scaler (the stand-in runs it eagerly)
     assert engine.scaler.get_scale() == 2.0 ** 16

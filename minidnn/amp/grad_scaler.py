@@ -7,10 +7,13 @@ and skip the step when a gradient overflowed.
     scaler.step(optimizer)      # unscales (unless unscale_ ran), then optimizer.step() unless inf/NaN was found
     scaler.update()             # halve the scale after an overflow; double it after growth_interval clean steps
 
-The scale lives on the host as a Python float: the step must read the overflow flag anyway to decide whether
-to run, so keeping the scale on the device would save nothing here (and a step that reads a device flag cannot
-be captured into a CUDA graph: a loop with a GradScaler runs eagerly). Scales are powers of two as long as
-the factors are, so scaling and unscaling are exact.
+The scale, the count of clean steps and the overflow flags live on the device of the first scaled output,
+as PyTorch's do, and nothing in those four calls reads them back to the host: the unscale kernels read the
+scale there, SGD skips its update on the device when the flag is set (``Optimizer._step_supports_amp_scaling``;
+another optimizer's step is decided on the host, one read), and ``update_loss_scale`` grows or backs off the
+scale in place. So an fp16 training step with SGD can be captured as a CUDA graph, whose replays skip, back off
+and grow as eager steps do. Only ``get_scale()`` and ``state_dict()`` read the device. Scales are powers of two
+as long as the factors are, so scaling and unscaling are exact.
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ class _Stage(enum.Enum):
 class GradScaler:
     """Dynamic loss scaling; arguments and methods as ``torch.amp.GradScaler``.
 
-    ``device`` is accepted for PyTorch's signature (``"cuda"`` or ``"cpu"``); the gradients' own device is
-    what the work runs on. ``enabled=False`` makes every method a pass-through, so one training loop serves
-    both precisions.
+    ``device`` is accepted for PyTorch's signature (``"cuda"`` or ``"cpu"``); the scale is made on the device
+    of the first output ``scale()`` multiplies (a float32 array of shape ()), beside its count of clean steps
+    (int32). ``enabled=False`` makes every method a pass-through, so one training loop serves both precisions.
+    A captured step holds growth_factor, backoff_factor and growth_interval as its capture recorded them.
     """
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
@@ -47,13 +51,15 @@ class GradScaler:
             raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {enabled!r}")
-        self._scale = _scale_value("init_scale", init_scale)
+        self._init_scale = _scale_value("init_scale", init_scale)
         self._growth_factor = _factor("growth_factor", growth_factor, above_one=True)
         self._backoff_factor = _factor("backoff_factor", backoff_factor, above_one=False)
         self._growth_interval = _interval(growth_interval)
-        self._growth_tracker = 0
+        self._init_growth_tracker = 0
+        self._scale: Any = None           # made on first use (_device_state), from _init_scale
+        self._growth_tracker: Any = None  # likewise, from _init_growth_tracker
         self._enabled = enabled
-        self._optimizers: dict[int, dict[str, Any]] = {}  # id(optimizer) -> its stage and overflow flag
+        self._optimizers: dict[int, dict[str, Any]] = {}  # id(optimizer) -> its stage and overflow flags
 
     # --- the loop's four calls -------------------------------------------------------------------
     def scale(self, outputs: Any) -> Any:
@@ -61,7 +67,7 @@ class GradScaler:
         if not self._enabled:
             return outputs
         if isinstance(outputs, Tensor):
-            return outputs * self._scale
+            return outputs * self._scale_on(outputs.device)
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(output) for output in outputs)
         raise TypeError(f"outputs must be a Tensor or a list/tuple of Tensors, got {type(outputs).__name__}")
@@ -76,21 +82,23 @@ class GradScaler:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update()")
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step()")
-        inv_scale = float(np.float32(1.0) / np.float32(self._scale))  # PyTorch's float32 reciprocal
-        flags = []
-        for grads in _gradients_by_device_and_dtype(optimizer).values():
-            xp = backend.get_array_module(grads[0].data)
-            with backend.on_device(backend.device_of(grads[0].data)):
-                found_inf = xp.zeros(1, dtype=np.int32)
-            library.unscale_gradients_multi([g.data for g in grads], inv_scale, found_inf)
+        flags, inverses = {}, {}  # by device: one overflow flag for all dtypes (the kernels only set it)
+        for (device, _), grads in _gradients_by_device_and_dtype(optimizer).items():
+            if device not in flags:
+                xp = backend.get_array_module(grads[0].data)
+                with backend.on_device(device):
+                    flags[device] = xp.zeros(1, dtype=np.int32)
+                    inverses[device] = xp.empty((), dtype=np.float32)
+                xp.reciprocal(self._scale_on(device), out=inverses[device])  # PyTorch's float32 reciprocal
+            library.unscale_gradients_multi([g.data for g in grads], inverses[device], flags[device])
             for grad in grads:
                 bump_version(grad, "unscale_")
-            flags.append(found_inf)
         state["found_inf"], state["stage"] = flags, _Stage.UNSCALED
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """``optimizer.step(*args, **kwargs)`` after unscaling, unless a gradient held inf or NaN; returns what
-        it returned, or None when the step was skipped."""
+        it returned, or None when the step was skipped. An optimizer that takes the overflow flags
+        (``_step_supports_amp_scaling``: SGD) decides on the device; another after one host read."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs or args:
@@ -104,6 +112,8 @@ class GradScaler:
             raise RuntimeError("step(): the optimizer has no gradients to check (call backward on the scaled loss "
                                "first)")
         state["stage"] = _Stage.STEPPED
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return optimizer.step(found_inf=state["found_inf"], **kwargs)
         if _overflowed(state):
             return None
         return optimizer.step(**kwargs)
@@ -116,22 +126,18 @@ class GradScaler:
             return
         if new_scale is not None:
             value = new_scale.item() if isinstance(new_scale, Tensor) else new_scale
-            self._scale = _scale_value("new_scale", value)
+            value = _scale_value("new_scale", value)
+            if self._scale is None:
+                self._init_scale = value
+            else:
+                self._scale.fill(value)
         else:
-            states = [state for state in self._optimizers.values() if state["found_inf"]]
-            if not states:
+            flags = [flag for state in self._optimizers.values() for flag in state["found_inf"].values()]
+            if not flags:
                 raise RuntimeError("update(): no optimizer was unscaled or stepped through this scaler since the "
                                    "last update()")
-            if any([_overflowed(state) for state in states]):
-                self._scale *= self._backoff_factor
-                self._growth_tracker = 0
-            else:
-                self._growth_tracker += 1
-                if self._growth_tracker == self._growth_interval:
-                    grown = self._scale * self._growth_factor
-                    if grown <= _FLOAT32_MAX:  # as PyTorch's float32 scale: it grows only while finite
-                        self._scale = grown
-                    self._growth_tracker = 0
+            library.update_loss_scale(self._scale, self._growth_tracker, self._any_overflow(flags),
+                                      self._growth_factor, self._backoff_factor, self._growth_interval)
         self._optimizers.clear()
 
     # --- settings and state ------------------------------------------------------------------------
@@ -139,8 +145,10 @@ class GradScaler:
         return self._enabled
 
     def get_scale(self) -> float:
-        """The scale the next ``scale()`` multiplies by (1.0 when disabled)."""
-        return self._scale if self._enabled else 1.0
+        """The scale the next ``scale()`` multiplies by (1.0 when disabled); a read from the device."""
+        if not self._enabled:
+            return 1.0
+        return self._init_scale if self._scale is None else _host_value(self._scale, float)
 
     def get_growth_factor(self) -> float:
         return self._growth_factor
@@ -164,8 +172,9 @@ class GradScaler:
         """Plain numbers, PyTorch's keys (empty when disabled, as PyTorch's): a checkpoint holds them as they are."""
         if not self._enabled:
             return {}
-        return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
-                "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
+        tracker = self._init_growth_tracker if self._growth_tracker is None else _host_value(self._growth_tracker, int)
+        return {"scale": self.get_scale(), "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
+                "growth_interval": self._growth_interval, "_growth_tracker": tracker}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self._enabled:
@@ -180,13 +189,38 @@ class GradScaler:
         tracker = state_dict["_growth_tracker"]
         if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or tracker < 0:
             raise ValueError(f"_growth_tracker must be an int >= 0, got {tracker!r}")
-        self._scale = _scale_value("scale", state_dict["scale"])
+        scale = _scale_value("scale", state_dict["scale"])
         self._growth_factor = _factor("growth_factor", state_dict["growth_factor"], above_one=True)
         self._backoff_factor = _factor("backoff_factor", state_dict["backoff_factor"], above_one=False)
         self._growth_interval = _interval(state_dict["growth_interval"])
-        self._growth_tracker = int(tracker)
+        self._init_scale, self._init_growth_tracker = scale, int(tracker)
+        if self._scale is not None:  # written in place: a captured step reads these arrays
+            self._scale.fill(scale)
+            self._growth_tracker.fill(int(tracker))
 
     # --- helpers -----------------------------------------------------------------------------------
+    def _scale_on(self, device: backend.Device) -> Any:
+        """The scale as a float32 array on ``device``: the scaler's own (made there on first use, with its
+        growth tracker), or a copy of it for another device."""
+        if self._scale is None:
+            xp = backend.cupy() if device.type == "cuda" else np
+            with backend.on_device(device):
+                self._scale = xp.full((), self._init_scale, dtype=np.float32)
+                self._growth_tracker = xp.full((), self._init_growth_tracker, dtype=np.int32)
+        return self._scale if backend.device_of(self._scale) == device else backend.to_device(self._scale, device)
+
+    def _any_overflow(self, flags: list[Any]) -> Any:
+        """One int32 flag on the scale's device, set when any of ``flags`` is (the flag itself when one)."""
+        device = backend.device_of(self._scale)
+        if len(flags) == 1 and backend.device_of(flags[0]) == device:
+            return flags[0]
+        xp = backend.get_array_module(self._scale)
+        with backend.on_device(device):
+            found = xp.zeros(1, dtype=np.int32)
+        for flag in flags:
+            xp.maximum(found, backend.to_device(flag, device), out=found)
+        return found
+
     def _state(self, optimizer: Any) -> dict[str, Any]:
         if not hasattr(optimizer, "param_groups"):
             raise TypeError(f"optimizer must be a minidnn optimizer, got {type(optimizer).__name__}")
@@ -204,11 +238,14 @@ def _gradients_by_device_and_dtype(optimizer: Any) -> dict[tuple, list[Tensor]]:
 
 
 def _overflowed(state: dict[str, Any]) -> bool:
-    """Whether any of an optimizer's overflow flags is set, read from the device once per iteration (a read
-    waits for the unscale kernels): step() and update() both ask."""
-    if "overflowed" not in state:
-        state["overflowed"] = any([int(backend.to_device(flag, "cpu")[0]) for flag in state["found_inf"]])
-    return state["overflowed"]
+    """Whether any of an optimizer's overflow flags is set, read from the device (a read waits for the
+    unscale kernels): the host's decision for an optimizer that cannot take the flags."""
+    return any([_host_value(flag, int) for flag in state["found_inf"].values()])
+
+
+def _host_value(array: Any, kind: type) -> Any:
+    """The one element of ``array`` as a Python ``kind`` (a read from the device on the GPU)."""
+    return kind(backend.to_device(array, "cpu").reshape(()).item())
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

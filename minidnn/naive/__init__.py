@@ -25,7 +25,8 @@ from .conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .convert import float_to_half, half_to_float
 from .linear import bias_add, bias_backward, linear_backward_data, linear_backward_weight, linear_forward
 from .lrn import lrn_backward, lrn_forward
-from .optimizer import adam_update, adam_update_multi, sgd_update, sgd_update_multi, unscale_gradients_multi
+from .optimizer import (adam_update, adam_update_multi, sgd_update, sgd_update_multi, unscale_gradients_multi,
+                        update_loss_scale)
 from .plain import (batch_norm_backward_inference, batch_norm_backward_training, batch_norm_forward_inference,
                     batch_norm_forward_training, cross_entropy_backward, cross_entropy_forward, dropout_backward,
                     dropout_forward, layer_norm_backward, layer_norm_forward, log_softmax_backward, log_softmax_forward, nll_loss_backward, nll_loss_forward,

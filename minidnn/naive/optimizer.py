@@ -126,14 +126,21 @@ def _regularized(param: Any, grad: Any, scratch: Any, maximize: bool, weight_dec
 # ----------------------------------------------------------------------------------------------
 def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffers: Sequence[Any] | None, *,
                      lr: float | Any, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
-                     nesterov: bool = False, maximize: bool = False, first_step: bool = False) -> None:
+                     nesterov: bool = False, maximize: bool = False, first_step: bool = False,
+                     found_inf: Any = None) -> None:
     """:func:`sgd_update` on every parameter: params, grads and momentum_buffers are lists of one length
-    (momentum_buffers may be None, or hold None, when momentum is 0); lr a number or a 1-element array."""
+    (momentum_buffers may be None, or hold None, when momentum is 0); lr a number or a 1-element array;
+    nothing is updated when ``found_inf`` (an int32 array of one element, read back to the host as Caffe's
+    solver would) is set."""
     params, grads, buffers = _check_lists(("momentum_buffers",), params=params, grads=grads,
                                           momentum_buffers=momentum_buffers)
     lr = _host_number(lr, "lr")
     settings = [checks._check_sgd_arguments(p, g, b, lr, momentum, dampening, weight_decay, nesterov, maximize,
                                             first_step) for p, g, b in zip(params, grads, buffers)]
+    if found_inf is not None:
+        checks._check_one_element(found_inf, "found_inf", np.int32, params[0] if params else None, "the params'")
+        if _host_number(found_inf, "found_inf"):
+            return
     for p, g, b, setting in zip(params, grads, buffers, settings):
         _sgd(p, g, b, *setting)
 
@@ -183,11 +190,30 @@ def _host_number(value: Any, name: str) -> Any:
     return value.reshape(()).item()
 
 
-def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
+def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float | Any, found_inf: Any) -> None:
     """The primitives' unscale (dynamic loss scaling), gradient by gradient in plain array expressions: a test
-    for values that are not finite, then a scal. The flag stays on the device: no host read per gradient."""
-    factor = checks.check_unscale_arguments(grads, inv_scale, found_inf)
+    for values that are not finite, then a scal. The flag (and a factor held in an array) stays on the device:
+    no host read per gradient."""
+    factor, factor_array = checks.check_unscale_arguments(grads, inv_scale, found_inf)
     for grad in grads:
         xp = backend.get_array_module(grad)
         xp.maximum(found_inf, xp.logical_not(xp.isfinite(grad)).any().astype(np.int32), out=found_inf)
-        grad *= grad.dtype.type(np.float32(factor))
+        grad *= grad.dtype.type(np.float32(factor)) if factor_array is None else factor_array.astype(grad.dtype)
+
+
+def update_loss_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float, backoff_factor: float,
+                      growth_interval: int) -> None:
+    """The primitives' loss-scale update in plain array expressions (a select each for the scale and the count
+    of clean steps), on the device without a host read."""
+    growth_factor, backoff_factor, growth_interval = checks.check_loss_scale_arguments(
+        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+    xp = backend.get_array_module(scale)
+    scale, growth_tracker = scale.reshape(1), growth_tracker.reshape(1)  # views: written in place below
+    overflowed = found_inf.reshape(1) != 0
+    clean_steps = growth_tracker + 1
+    grow = xp.logical_and(~overflowed, clean_steps == growth_interval)
+    with np.errstate(over="ignore"):
+        grown = scale * np.float32(growth_factor)
+    grown = xp.where(xp.isfinite(grown), grown, scale)
+    scale[...] = xp.where(overflowed, scale * np.float32(backoff_factor), xp.where(grow, grown, scale))
+    growth_tracker[...] = xp.where(xp.logical_or(overflowed, grow), 0, clean_steps)

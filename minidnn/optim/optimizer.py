@@ -84,6 +84,10 @@ class Optimizer:
     def step(self) -> None:
         raise NotImplementedError
 
+    # Whether step() takes ``found_inf`` (GradScaler's overflow flags, {device: int32 array}) and skips its
+    # update on the device when one is set, so that the scaler never reads the flag back (PyTorch's name).
+    _step_supports_amp_scaling = False
+
     def _state_for(self, p: Tensor) -> dict[str, Any]:
         return self.state.setdefault(p, {})
 

@@ -1,7 +1,7 @@
 """Stochastic gradient descent with momentum, PyTorch's update rule."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from .. import backend
 from ..autograd import no_grad
@@ -22,7 +22,14 @@ class SGD(Optimizer):
     refreshes when ``lr`` changed; a captured step() must be preceded by
     :meth:`refresh_device_hyperparameters` (before the capture, and before each replay that follows a
     change of lr). State per parameter: ``momentum_buffer`` (when momentum > 0).
+
+    ``step(found_inf=...)`` takes :class:`minidnn.amp.GradScaler`'s overflow flags ({device: an int32 array
+    of one element}) and skips every update whose device's flag is set, on the device, with no host read: an
+    fp16 step can then be captured. (A first step skipped that way leaves a zero momentum buffer; with
+    ``dampening`` 0 the next step's buffer is the gradient, as on a first step.)
     """
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False) -> None:
@@ -33,7 +40,7 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
-    def step(self) -> None:
+    def step(self, found_inf: Mapping[backend.Device, Any] | None = None) -> None:
         with no_grad():
             for index, group in enumerate(self.param_groups):
                 batches: dict[tuple, list[Any]] = {}  # (device, dtype, first step?) -> parameters
@@ -51,5 +58,6 @@ class SGD(Optimizer):
                                              lr=self._learning_rate(index, group, device), momentum=group["momentum"],
                                              dampening=group["dampening"], weight_decay=group["weight_decay"],
                                              nesterov=group["nesterov"], maximize=group["maximize"],
-                                             first_step=first_step)
+                                             first_step=first_step,
+                                             found_inf=None if found_inf is None else found_inf[device])
                     self._mark_updated(params)

@@ -16,7 +16,8 @@ from .dropout import dropout_backward, dropout_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import bias_add, bias_backward, linear_backward_data, linear_backward_weight, linear_forward
 from .lrn import lrn_backward, lrn_forward
-from .optimizer import adam_update, adam_update_multi, sgd_update, sgd_update_multi, unscale_gradients_multi
+from .optimizer import (adam_update, adam_update_multi, sgd_update, sgd_update_multi, unscale_gradients_multi,
+                        update_loss_scale)
 from .pooling import (adaptive_avg_pool2d_backward, adaptive_avg_pool2d_forward, avg_pool2d_backward,
                       avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward)
 from .softmax import (cross_entropy_backward, cross_entropy_forward, log_softmax_backward, log_softmax_forward,

@@ -11,7 +11,9 @@
 // loading all of them before computing, so that UNROLL loads per array are in flight.
 //
 // The learning rate is lr_device[0] when lr_device is not null (a float64 array that a schedule
-// updates between CUDA-graph replays), else lr_value; Adam's step count likewise. Hyper-parameters
+// updates between CUDA-graph replays), else lr_value; Adam's step count likewise. SGD skips its update
+// when found_inf is not null and found_inf[0] != 0 (a loss scaler's overflow flag, left on the device
+// so that a captured step decides at each replay, with no host read). Hyper-parameters
 // arrive as double and are rounded to scalar_t once, so float32 parameters are updated in float32
 // arithmetic, as PyTorch does.
 
@@ -41,7 +43,8 @@ struct TensorTable {
 extern "C" __global__ void __launch_bounds__(THREADS)
 sgd_update_multi(const TensorTable table, const double* __restrict__ lr_device, const double lr_value,
                  const double momentum, const double dampening, const double weight_decay, const int nesterov,
-                 const int maximize, const int first_step) {
+                 const int maximize, const int first_step, const int* __restrict__ found_inf) {
+    if (found_inf && *found_inf) return;  // the gradients overflowed: this step is skipped
     const int t = table.block_tensor[blockIdx.x];
     const int begin = table.block_start[blockIdx.x];
     const int count = min(table.elements_per_block, table.sizes[t] - begin);
@@ -145,15 +148,17 @@ adam_update_multi(const TensorTable table, const double* __restrict__ lr_device,
 
 // Dynamic loss scaling's unscale (lists: grad): notes in found_inf[0] whether any value of the chunk is inf or
 // NaN (it writes 1, never 0: a flag for the whole list, which the caller zeroes), then multiplies every value by
-// inv_scale in place. inv_scale arrives as double and is rounded to float first, for either dtype: PyTorch's
-// GradScaler multiplies by the float32 reciprocal of its float32 scale.
+// the factor in place: inv_scale_device[0] when that is not null (a float32 array: a captured step reads the
+// scale of its replay), else inv_scale rounded to float, for either dtype (PyTorch's GradScaler multiplies by the
+// float32 reciprocal of its float32 scale).
 extern "C" __global__ void __launch_bounds__(THREADS)
-unscale_gradients_multi(const TensorTable table, const double inv_scale, int* __restrict__ found_inf) {
+unscale_gradients_multi(const TensorTable table, const float* __restrict__ inv_scale_device, const double inv_scale,
+                        int* __restrict__ found_inf) {
     const int t = table.block_tensor[blockIdx.x];
     const int begin = table.block_start[blockIdx.x];
     const int count = min(table.elements_per_block, table.sizes[t] - begin);
     scalar_t* __restrict__ grad = table.pointers[0][t] + begin;
-    const scalar_t factor = (scalar_t)(float)inv_scale;
+    const scalar_t factor = (scalar_t)(inv_scale_device ? *inv_scale_device : (float)inv_scale);
     bool not_finite = false;
     for (int k = threadIdx.x; k < count; k += blockDim.x) {
         const scalar_t g = grad[k];
@@ -161,4 +166,28 @@ unscale_gradients_multi(const TensorTable table, const double inv_scale, int* __
         grad[k] = g * factor;
     }
     if (not_finite) *found_inf = 1;
+}
+
+// Dynamic loss scaling's update, PyTorch's _amp_update_scale_ (one thread; scale and the tracker live on the
+// device, so a captured step updates them at each replay): after an overflow (found_inf[0] != 0) the scale is
+// multiplied by backoff_factor and the count of clean steps restarts; otherwise the count grows, and when it
+// reaches growth_interval the scale is multiplied by growth_factor (kept only if float32 holds the product)
+// and the count restarts. The arithmetic is float32's, as PyTorch's scale is a float32 tensor.
+extern "C" __global__ void update_loss_scale(float* __restrict__ scale, int* __restrict__ growth_tracker,
+                                             const int* __restrict__ found_inf, const double growth_factor,
+                                             const double backoff_factor, const int growth_interval) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    if (*found_inf) {
+        *scale = *scale * (float)backoff_factor;
+        *growth_tracker = 0;
+        return;
+    }
+    const int clean_steps = *growth_tracker + 1;
+    if (clean_steps == growth_interval) {
+        const float grown = *scale * (float)growth_factor;
+        if (isfinite(grown)) *scale = grown;
+        *growth_tracker = 0;
+    } else {
+        *growth_tracker = clean_steps;
+    }
 }

@@ -12,6 +12,9 @@ the (tensor, range of elements) that each of its blocks updates. No table is cop
 so the launches can be captured in a CUDA graph. For the same reason the learning rate may be a
 float64 array of one element on the parameters' device, which the kernel reads (Adam's step count
 likewise, int64 or float64): a schedule can then change it between replays of a captured step.
+Dynamic loss scaling keeps its state there too: ``unscale_gradients_multi`` may read the factor from
+the device, ``sgd_update_multi`` skips its update when a device flag says the gradients overflowed,
+and ``update_loss_scale`` grows or backs off the scale in place, so that no step reads the device.
 
 The NumPy twin below does the same arithmetic, one tensor at a time. Every array must be
 C-contiguous (the updates are in place and a kernel sees base pointers); the arguments are checked
@@ -29,7 +32,8 @@ import numpy as np
 from .. import backend
 from ._checks import check_bool, check_contiguous, check_float, check_number
 
-__all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi"]
+__all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi", "unscale_gradients_multi",
+           "update_loss_scale"]
 
 # The kernels' table (struct TensorTable of optimizer.cu: the same fields, order and alignment).
 LISTS = 5  # param, grad and up to three state arrays
@@ -67,20 +71,23 @@ def sgd_update(param: Any, grad: Any, momentum_buffer: Any = None, *, lr: float 
 
 def sgd_update_multi(params: Sequence[Any], grads: Sequence[Any], momentum_buffers: Sequence[Any] | None, *,
                      lr: float | Any, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
-                     nesterov: bool = False, maximize: bool = False, first_step: bool = False) -> None:
+                     nesterov: bool = False, maximize: bool = False, first_step: bool = False,
+                     found_inf: Any = None) -> None:
     """:func:`sgd_update` of every ``params[i]`` with ``grads[i]`` and ``momentum_buffers[i]``.
 
     Lists of equal length; all arrays of one dtype (float32 or float64) on one device, each state
     array of its parameter's shape. ``momentum_buffers`` may be None when momentum is 0. On the GPU:
-    one launch per chunk of ``MAX_TENSORS`` non-empty parameters.
+    one launch per chunk of ``MAX_TENSORS`` non-empty parameters. ``found_inf``: None, or an int32
+    array of one element on the params' device (:func:`unscale_gradients_multi`'s flag); nothing is
+    updated when it holds a value other than 0, which the kernel reads (no host read on the GPU).
     """
     _sgd(_multi_names, params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov,
-         maximize, first_step)
+         maximize, first_step, found_inf)
 
 
 def _sgd_settings(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], buffers: Any,
                   lr: Any, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-                  first_step: bool) -> tuple:
+                  first_step: bool, found_inf: Any = None) -> tuple:
     """Every check of the SGD updates; returns (lr value, lr array or None, momentum, dampening,
     weight_decay, nesterov, maximize, first_step)."""
     momentum = check_number(momentum, "momentum", _finite_at_least_zero, "a finite number >= 0")
@@ -95,6 +102,8 @@ def _sgd_settings(names: Callable[[str, int], str], params: Sequence[Any], grads
         lists.append(("momentum_buffer", buffers))
     _check_lists(names, lists)
     lr_value, lr_array = _check_device_scalar(names, lr, "lr", params, (np.dtype(np.float64),))
+    if found_inf is not None:
+        _check_one_element(found_inf, "found_inf", np.int32, params[0] if params else None, "the params'")
     return lr_value, lr_array, momentum, dampening, weight_decay, nesterov, maximize, first_step
 
 
@@ -109,15 +118,18 @@ def _check_sgd_arguments(param: Any, grad: Any, momentum_buffer: Any, lr: Any, m
 
 def _sgd(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequence[Any], buffers: Any, lr: Any,
          momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-         first_step: bool) -> None:
+         first_step: bool, found_inf: Any = None) -> None:
     lr_value, lr_array, momentum, dampening, weight_decay, nesterov, maximize, first_step = _sgd_settings(
-        names, params, grads, buffers, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step)
+        names, params, grads, buffers, lr, momentum, dampening, weight_decay, nesterov, maximize, first_step,
+        found_inf)
     if params and backend.is_cuda_array(params[0]):
         from ._cuda import f64, i32  # noqa: PLC0415 - GPU only
 
         _launch_chunks("sgd_update_multi", [params, grads, buffers if momentum else None],
                        (lr_array, f64(lr_value), f64(momentum), f64(dampening), f64(weight_decay), i32(nesterov),
-                        i32(maximize), i32(first_step)))
+                        i32(maximize), i32(first_step), found_inf))
+        return
+    if found_inf is not None and found_inf.reshape(()).item():
         return
     for i, (param, grad) in enumerate(zip(params, grads)):
         g = -grad if maximize else grad
@@ -245,41 +257,93 @@ def _adam(names: Callable[[str, int], str], params: Sequence[Any], grads: Sequen
 # ----------------------------------------------------------------------------------------------
 # Unscaling gradients (dynamic loss scaling)
 # ----------------------------------------------------------------------------------------------
-def check_unscale_arguments(grads: Any, inv_scale: Any, found_inf: Any) -> float:
-    """The checks of :func:`unscale_gradients_multi` (the naive engine checks with them too); returns the factor."""
+def check_unscale_arguments(grads: Any, inv_scale: Any, found_inf: Any) -> tuple[float, Any]:
+    """The checks of :func:`unscale_gradients_multi` (the naive engine checks with them too); returns (the
+    factor, None) for a number and (0.0, the array) for a factor held in a float32 array."""
     if not isinstance(grads, (list, tuple)):
         raise TypeError(f"grads must be a list or tuple of arrays, got {type(grads).__name__}")
     _check_lists(lambda name, index: f"grads[{index}]", [("param", grads)])
-    factor = check_number(inv_scale, "inv_scale", lambda v: 0 < v < math.inf, "a finite number > 0")
-    if getattr(found_inf, "dtype", None) != np.int32 or tuple(getattr(found_inf, "shape", ())) != (1,):
-        raise TypeError(f"found_inf must be an int32 array of shape (1,), got {found_inf!r}")
-    if grads and backend.device_of(found_inf) != backend.device_of(grads[0]):
-        raise ValueError(f"found_inf must be on the grads' device {backend.device_of(grads[0])}, "
-                         f"got {backend.device_of(found_inf)}")
-    return factor
+    first = grads[0] if grads else None
+    _check_one_element(found_inf, "found_inf", np.int32, first, "the grads'")
+    if hasattr(inv_scale, "dtype"):  # the factor on the device: its value is the kernel's to read
+        _check_one_element(inv_scale, "inv_scale", np.float32, first, "the grads'")
+        return 0.0, inv_scale
+    return check_number(inv_scale, "inv_scale", lambda v: 0 < v < math.inf, "a finite number > 0"), None
 
 
-def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float, found_inf: Any) -> None:
+def unscale_gradients_multi(grads: Sequence[Any], inv_scale: float | Any, found_inf: Any) -> None:
     """grads[i] *= inv_scale in place for every gradient, after setting ``found_inf[0] = 1`` if any value of
     any of them is inf or NaN (``found_inf`` is otherwise left as it is: the caller zeroes it). The step of
     ``minidnn.amp.GradScaler``, as PyTorch's ``_amp_foreach_non_finite_check_and_unscale_``: the values are
     checked before the multiplication, and the factor is ``inv_scale`` rounded to float32 for either dtype.
 
-    grads: C-contiguous float32 or float64 arrays of one dtype and device; inv_scale: a finite number > 0;
-    found_inf: an int32 array of shape (1,) on the grads' device.
+    grads: C-contiguous float32 or float64 arrays of one dtype and device; inv_scale: a finite number > 0,
+    or a float32 array of one element on the grads' device (read by the kernel, so that a captured step
+    unscales by the scale of its replay); found_inf: an int32 array of one element on the grads' device.
     """
-    factor = check_unscale_arguments(grads, inv_scale, found_inf)
+    factor, factor_array = check_unscale_arguments(grads, inv_scale, found_inf)
     if not grads:
         return
     if backend.is_cuda_array(grads[0]):
         from ._cuda import f64  # noqa: PLC0415 - GPU only
 
-        _launch_chunks("unscale_gradients_multi", [grads], (f64(factor), found_inf))
+        _launch_chunks("unscale_gradients_multi", [grads], (factor_array, f64(factor), found_inf))
         return
+    if factor_array is not None:
+        factor = factor_array.reshape(()).item()
     for grad in grads:
         if not np.isfinite(grad).all():
-            found_inf[0] = 1
+            found_inf.reshape(-1)[0] = 1
         grad *= grad.dtype.type(np.float32(factor))
+
+
+def check_loss_scale_arguments(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: Any,
+                               backoff_factor: Any, growth_interval: Any) -> tuple[float, float, int]:
+    """The checks of :func:`update_loss_scale` (the naive engine checks with them too); returns the factors
+    and the interval."""
+    _check_one_element(scale, "scale", np.float32, None, "")
+    _check_one_element(growth_tracker, "growth_tracker", np.int32, scale, "scale's")
+    _check_one_element(found_inf, "found_inf", np.int32, scale, "scale's")
+    growth_factor = check_number(growth_factor, "growth_factor", lambda v: 1 < v < math.inf, "a finite number > 1")
+    backoff_factor = check_number(backoff_factor, "backoff_factor", lambda v: 0 < v < 1, "a number in (0, 1)")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral) or \
+            not 1 <= growth_interval < 2**31:
+        raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
+    return growth_factor, backoff_factor, int(growth_interval)
+
+
+def update_loss_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float, backoff_factor: float,
+                      growth_interval: int) -> None:
+    """Dynamic loss scaling's update, in place, as PyTorch's ``_amp_update_scale_``: after an overflow
+    (``found_inf`` != 0) scale *= backoff_factor and growth_tracker = 0; otherwise growth_tracker += 1, and
+    when it reaches growth_interval, scale *= growth_factor (only if the float32 product is finite) and
+    growth_tracker = 0. One thread on the GPU, no host read: a captured step updates the scale at each replay.
+
+    scale: a float32 array of one element; growth_tracker and found_inf: int32 arrays of one element, on
+    scale's device; growth_factor > 1; 0 < backoff_factor < 1; growth_interval an int >= 1.
+    """
+    growth_factor, backoff_factor, growth_interval = check_loss_scale_arguments(
+        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
+    if backend.is_cuda_array(scale):
+        from . import _cuda  # noqa: PLC0415 - GPU only
+
+        kernel = _cuda.function("optimizer.cu", "update_loss_scale", np.float32)
+        _cuda.launch_blocks(kernel, 1, 1, (scale, growth_tracker, found_inf, _cuda.f64(growth_factor),
+                                           _cuda.f64(backoff_factor), _cuda.i32(growth_interval)))
+        return
+    scale, growth_tracker = scale.reshape(-1), growth_tracker.reshape(-1)
+    if found_inf.reshape(()).item():
+        scale[0] *= np.float32(backoff_factor)
+        growth_tracker[0] = 0
+        return
+    clean_steps = int(growth_tracker[0]) + 1
+    if clean_steps == growth_interval:
+        with np.errstate(over="ignore"):
+            grown = scale[0] * np.float32(growth_factor)
+        if np.isfinite(grown):
+            scale[0] = grown
+        clean_steps = 0
+    growth_tracker[0] = clean_steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,6 +396,17 @@ def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any
         raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
                          f"got {tuple(array.shape)}")
     check_contiguous(array, label)
+
+
+def _check_one_element(array: Any, name: str, dtype: Any, like: Any, like_name: str) -> None:
+    """``array`` is a ``dtype`` array of one element (shape () or (1,)) on ``like``'s device (when given)."""
+    if getattr(array, "dtype", None) != dtype or getattr(array, "size", 0) != 1 or array.ndim > 1:
+        kind = np.dtype(dtype).name
+        raise TypeError(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind} array of shape () or (1,), "
+                        f"got {array!r}")
+    if like is not None and backend.device_of(array) != backend.device_of(like):
+        raise ValueError(f"{name} must be on {like_name} device {backend.device_of(like)}, "
+                         f"got {backend.device_of(array)}")
 
 
 def _check_device_scalar(names: Callable[[str, int], str], value: Any, name: str, params: Sequence[Any],
