@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default=None, help="precisions, comma-separated: fp32, tf32, bf16, fp16 "
                         "(bf16/fp16: autocast, fp16 with a GradScaler; PyTorch's with channels_last; no naive engine, "
                         "no layer tables); default as --tf32's")
+    parser.add_argument("--torch-channels-last", action="store_true", help="PyTorch's fp32 and tf32 cells run "
+                        "channels_last too (its bf16/fp16 cells always do): cuDNN's fastest layout for TF32")
     parser.add_argument("--device", default=None, help="cuda or cpu; default cuda, and with --quick the CPU "
                         "where no GPU is there")
     parser.add_argument("--warmup", type=int, default=3, help="untimed training steps before measuring")
@@ -210,7 +212,8 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The measurements to make, each a worker process: per model and batch an agreement check, then
     each engine in each math mode (minidnn's engines once per setting, the others once)."""
     common = {"device": args.device, "warmup": args.warmup, "steps": args.steps, "profile_steps": args.profile_steps,
-              "layer_repeats": args.layer_repeats, "measure_step": not args.layers_only}
+              "layer_repeats": args.layer_repeats, "measure_step": not args.layers_only,
+              "torch_channels_last": args.torch_channels_last}
     cells = []
     for key, (architecture, image, batches) in args.suite.items():
         image = args.image_size or image

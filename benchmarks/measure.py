@@ -312,10 +312,11 @@ class TorchEngine(Engine):
         x, y = batch_arrays(spec)
         self.x, self.y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
         half = HALF_DTYPES.get(spec.get("precision"))
-        if half is not None:  # PyTorch AMP as a user runs it on tensor cores: autocast with channels_last
-            device_type = self.device.split(":")[0]
+        if half is not None or spec.get("torch_channels_last"):  # cuDNN's tensor cores are fastest channels_last
             self.model = self.model.to(memory_format=torch.channels_last)
             self.x = self.x.contiguous(memory_format=torch.channels_last)
+        if half is not None:  # PyTorch AMP as a user runs it on tensor cores: autocast with channels_last
+            device_type = self.device.split(":")[0]
             self.autocast = lambda: torch.autocast(device_type, dtype=getattr(torch, half))
             self.scaler = torch.amp.GradScaler(device_type) if half == "float16" else None
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)

@@ -393,6 +393,21 @@ def test_half_precisions_plan_no_naive_engine_and_no_layer_tables(monkeypatch):
     assert bench.parse_args(["--models", "resnet20", "--tf32", "off,on"]).modes == ["fp32", "tf32"]
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_torch_channels_last_puts_pytorchs_float_cells_in_that_layout(monkeypatch, channels_last):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(bench, "_gpu_present", lambda: True)
+    argv = ["--models", "resnet20", "--precision", "tf32", "--engines", "torch"]
+    args = bench.parse_args(argv + (["--torch-channels-last"] if channels_last else []))
+    cell = next(cell for cell in bench.plan_cells(args) if cell["kind"] == "engine")
+    assert cell["torch_channels_last"] is channels_last
+    engine = measure.TorchEngine({**TINY_CELL, "engine": "torch", "precision": "fp32",
+                                  "torch_channels_last": cell["torch_channels_last"]})
+    assert engine.x.is_contiguous(memory_format=torch.channels_last) == channels_last
+    weight = next(p for p in engine.model.parameters() if p.ndim == 4)
+    assert weight.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_a_half_precision_cell_trains_under_autocast(monkeypatch, precision):
     """The engine's step runs its forward under autocast (fp16 with a GradScaler), as train.py's --amp does."""
