@@ -112,9 +112,9 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
     records = []
     for mode in modes:
         spec = {"engine": engine_name, "architecture": architecture, "image_size": side, "batch": batch,
-                "num_classes": 1000 if side > 32 else 10, "device": device}
+                "num_classes": 1000 if side > 32 else 10, "device": device, "precision": mode}
         engine = measure.ENGINES[engine_name](spec)
-        with measure.measurement_state(engine_name, mode == "tf32"):
+        with measure.measurement_state(engine_name, mode):
             start = time.perf_counter()
             engine.step()
             engine.synchronize()
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="model:batch,... of " + ", ".join(SUITE))
     parser.add_argument("--engines", default="minidnn", help="minidnn, minidnn-graph (captured) and/or torch")
-    parser.add_argument("--modes", default="fp32,tf32")
+    parser.add_argument("--modes", default="fp32,tf32", help="precisions, comma-separated: fp32, tf32, bf16, fp16")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")
     parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # engine:model:batch, run in this process

@@ -72,8 +72,13 @@ def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tup
     return [(problem.w_shape, np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
 
 
+def _piece_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """The workspace one piece takes, aligned as workspace_array places them."""
+    return _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+
+
 def _bytes(pieces: list[tuple[tuple[int, ...], Any]]) -> int:
-    return sum(_aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize) for shape, dtype in pieces)
+    return sum(_piece_bytes(shape, dtype) for shape, dtype in pieces)
 
 
 @functools.lru_cache(maxsize=1024)  # read on every call: worked out once per problem
@@ -103,7 +108,7 @@ def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> l
     arrays, offset = [], 0
     for shape, dtype in _pieces(problem, direction, problem.N):
         arrays.append(workspace_array(workspace, shape, dtype, offset))
-        offset += _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        offset += _piece_bytes(shape, dtype)
     return arrays
 
 
