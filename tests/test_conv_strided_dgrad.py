@@ -163,3 +163,46 @@ def test_one_launch_across_tiles_groups_and_math_modes(rng):
     assert fp32 < 2e-5, f"fp32: relative error {fp32:.2e}"
     assert tf32 < 2e-3, f"TF32: relative error {tf32:.2e}"  # 10 mantissa bits, as implicit_gemm's TF32 test
     assert tf32 > 20 * fp32, f"TF32 ({tf32:.2e}) is not coarser than fp32 ({fp32:.2e}): no tensor cores?"
+
+
+# ----------------------------------------------------------------------------------------------
+# Half precision: held to float64 by the half bound (tests/test_conv_half.py's docstring)
+# ----------------------------------------------------------------------------------------------
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups), as tests/test_conv_implicit_gemm.py's cases
+HALF_CASES = {
+    "resnet_3x3_stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1),       # one launch on the GPU
+    "shortcut_1x1_stride_2": (3, 24, 14, 13, 40, 1, 1, 2, 0, 1, 1),     # one phase, run as gemm_1x1
+    "five_by_five_strides_3_2": (2, 8, 17, 14, 16, 5, 5, (3, 2), (1, 2), 1, 1),
+    "groups": (2, 16, 11, 9, 24, 3, 3, 2, 1, 1, 2),
+    "stride_wider_than_the_filter": (2, 8, 13, 11, 16, 3, 3, 4, 1, 1, 1),  # 1x1 phases and phases without taps
+}
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case_name", HALF_CASES)
+def test_half_precision_within_the_half_bound(xp, rng, case_name, name):
+    from tests.helpers import assert_within_half_bound, half_operand  # noqa: PLC0415
+    from tests.test_conv_half import operand_shapes, poisoned_output, reduction_length  # noqa: PLC0415
+    from tests.test_conv_implicit_gemm import output_shape, problem_of  # noqa: PLC0415
+    from tests.test_conv_implicit_gemm import run as run_case  # noqa: PLC0415
+
+    case = HALF_CASES[case_name]
+    assert ALGORITHM.supports(problem_of(case, np.float16), "backward_data") and ALGORITHM.half_precision
+    dy_shape, w_shape = operand_shapes(case, "backward_data")
+    dy, dy_exact = half_operand(xp, rng, dy_shape, name)
+    w, w_exact = half_operand(xp, rng, w_shape, name, scale=0.5)
+    out = poisoned_output(xp, output_shape(case, "backward_data"), name)  # NaN: every pixel must be written
+    assert run_case("backward_data", dy, w, case, algo="strided_dgrad", out=out) is out
+    exact = run_case("backward_data", dy_exact, w_exact, case, algo="reference")
+    magnitude = run_case("backward_data", np.abs(dy_exact), np.abs(w_exact), case, algo="reference")
+    assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, "backward_data"),
+                             f"{case_name} {name} on {xp.__name__}")
+
+
+def test_a_half_1x1_phase_runs_as_gemm_1x1_and_the_rules_offer_it_for_half_problems():
+    half = problem(C=8, K=16, R=1, S=1, padding=(0, 0), groups=1, dtype=np.float16, device="cuda")
+    assert [strided_dgrad.phase_algorithm(phase) for _, _, phase, _, _ in strided_dgrad.phases(half)] == ["gemm_1x1"]
+    float_phases = strided_dgrad.phases(dataclasses.replace(half, dtype=np.dtype(np.float32)))
+    assert [strided_dgrad.phase_algorithm(phase) for _, _, phase, _, _ in float_phases] == ["implicit_gemm"]
+    assert selection.get(problem(C=8, K=16, dtype=np.float16, device="cuda"), "backward_data", 1 << 30).name == \
+        "strided_dgrad"

@@ -25,7 +25,9 @@ Two ways to run the phases:
   Workspace: the largest phase's dx_ab and sub-filter, 256-byte aligned.
 
 Numerics: the same products as the direct backward-data, summed in another order. Stride-1 and
-dilated problems are left to the other algorithms.
+dilated problems are left to the other algorithms. Half precision (float16, bfloat16) runs as the float
+types do, on implicit GEMM's half build (float32 sums, one rounding per dx pixel, each pixel in one
+phase), except that a 1x1 phase (the strided 1x1 shortcuts') runs as ``gemm_1x1``'s half GEMM.
 """
 from __future__ import annotations
 
@@ -87,6 +89,7 @@ def _aligned(size: int) -> int:
 class StridedDgrad(ConvAlgorithm):
     name = "strided_dgrad"
     deterministic = True  # each dx pixel is written once (by one CTA, or by one phase's copy)
+    half_precision = True  # implicit GEMM's half build, in one launch or phase by phase
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
@@ -110,9 +113,16 @@ class StridedDgrad(ConvAlgorithm):
             dx = workspace_array(workspace, phase.x_shape, problem.dtype)
             taps = workspace_array(workspace, phase.w_shape, problem.dtype, offset=_aligned(dx.nbytes))
             taps[...] = w[:, :, a::u, b::v]
-            get("implicit_gemm").backward_data(dy, taps, phase, dx, None)
+            get(phase_algorithm(phase)).backward_data(dy, taps, phase, dx, None)
             out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
                 dx[:, :, first_h:stop_h, first_w:stop_w]
+
+
+def phase_algorithm(phase: ConvProblem) -> str:
+    """What runs one phase's backward-data: implicit GEMM; for a half 1x1 phase (a 1x1 shortcut's only one)
+    gemm_1x1, whose half GEMM multiplies every row it reads where implicit GEMM's gather would run the
+    phase's whole reduction tile by tile. (Float phases keep implicit GEMM, as they were measured.)"""
+    return "gemm_1x1" if phase.half_type is not None and phase.is_1x1 else "implicit_gemm"
 
 
 @functools.lru_cache(maxsize=256)  # worked out once per problem
