@@ -137,3 +137,27 @@ def test_the_gpu_kernels_widen_every_half_word_exactly(name):
     assert back.shape == (256, 256)
     want = words.view(convert.storage_dtype(name, np)).astype(np.float32)
     assert np.array_equal(bits_of(back.get().ravel()), bits_of(want))
+
+
+@pytest.mark.gpu
+def test_bfloat16_words_add_as_ml_dtypes_in_one_kernel(rng):
+    """convert.add (a gradient's two parts, summed by autograd): float32 addition of the exact values, one
+    rounding, bit for bit as ml_dtypes (NaNs as NaNs), on every special value and random words; and with
+    shapes that broadcast, by the widening route."""
+    cupy = backend.cupy()
+    x = float32_cases(rng, random_count=100_000)
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = x.astype(ml_dtypes.bfloat16)
+        b = rng.permutation(x).astype(ml_dtypes.bfloat16)
+        want = (a.astype(np.float32) + b.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    got = convert.add(cupy.asarray(a.view(np.uint16)), cupy.asarray(b.view(np.uint16))).get()
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)), nan)
+    assert np.array_equal(got[~nan], want.view(np.uint16)[~nan])
+    column = cupy.asarray(a[:7].reshape(7, 1).view(np.uint16))
+    wide = convert.add(column, cupy.asarray(b[:21].reshape(3, 7).view(np.uint16)[:1]))  # (7, 1) + (1, 7)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_wide = (a[:7].reshape(7, 1).astype(np.float32) + b[:7].reshape(1, 7).astype(np.float32))
+    assert wide.shape == (7, 7)
+    finite = np.isfinite(want_wide)
+    assert np.array_equal(wide.get()[finite], want_wide.astype(ml_dtypes.bfloat16).view(np.uint16)[finite])

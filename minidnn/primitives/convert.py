@@ -229,7 +229,17 @@ def to_device(array: Any, target: Any) -> Any:
 
 def add(a: Any, b: Any) -> Any:
     """a + b for two arrays of one dtype; bfloat16 words on the GPU are added in float32 and rounded once
-    (as ml_dtypes adds bfloat16 on the CPU)."""
-    if is_bfloat16_words(a):
+    (as ml_dtypes adds bfloat16 on the CPU): one kernel of convert.cu for two arrays of one shape (a
+    gradient's two parts), else widened, added with broadcasting and rounded."""
+    if not is_bfloat16_words(a):
+        return a + b
+    if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
-    return a + b
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    xp = backend.get_array_module(a, b)
+    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
+    out = xp.empty(a.shape, dtype=np.uint16)
+    _cuda.check_int32(a)
+    _cuda.launch(_cuda.function(_SOURCE, "add_bfloat16", np.float32), a.size, (a, b, out, _cuda.i32(a.size)))
+    return out
