@@ -35,11 +35,20 @@ extern "C" __global__ void float16_to_float(const u16* __restrict__ x, float* __
     }
 }
 
+// float32 addition as IEEE 754 defines it, subnormals kept: CuPy compiles every kernel with -ftz=true, under
+// which a + b flushes subnormal operands and sums to zero; the PTX instruction without .ftz keeps them.
+// bfloat16 has float32's exponent range, so its subnormals are float32's, and ml_dtypes keeps them.
+__device__ __forceinline__ float add_keeping_subnormals(const float a, const float b) {
+    float sum;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(sum) : "f"(a), "f"(b));
+    return sum;
+}
+
 // y = a + b for two arrays of bfloat16 words: each word widened exactly, the pair added in float32 and rounded
 // once (ml_dtypes' bfloat16 addition), in one pass where widening both, adding and rounding took four.
 extern "C" __global__ void add_bfloat16(const u16* __restrict__ a, const u16* __restrict__ b, u16* __restrict__ y,
                                         const int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        y[i] = bfloat16_word(__float_as_uint(bfloat16_value(a[i]) + bfloat16_value(b[i])));
+        y[i] = bfloat16_word(__float_as_uint(add_keeping_subnormals(bfloat16_value(a[i]), bfloat16_value(b[i]))));
     }
 }

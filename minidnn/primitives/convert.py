@@ -230,7 +230,8 @@ def to_device(array: Any, target: Any) -> Any:
 def add(a: Any, b: Any) -> Any:
     """a + b for two arrays of one dtype; bfloat16 words on the GPU are added in float32 and rounded once
     (as ml_dtypes adds bfloat16 on the CPU): one kernel of convert.cu for two arrays of one shape (a
-    gradient's two parts), else widened, added with broadcasting and rounded."""
+    gradient's two parts), subnormals kept as ml_dtypes keeps them; else widened, added with broadcasting
+    (CuPy's kernel, which flushes subnormal sums: CuPy compiles with -ftz=true) and rounded."""
     if not is_bfloat16_words(a):
         return a + b
     if a.shape != b.shape:
