@@ -2,14 +2,22 @@
 builds, each compiled once per session in the background."""
 from __future__ import annotations
 
-import zlib
-from collections import Counter
+import os
 
-import numpy as np
-import pytest
+# The suite runs on one core while nvcc compiles on the other (tests/nvcc_builds.py). A BLAS or OpenMP pool of two
+# threads (NumPy's OpenBLAS, PyTorch's) then spins against nvcc for that core, and a product-heavy test runs
+# several times slower. One thread each, set before NumPy loads its BLAS; a value given in the environment is kept.
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
-from minidnn import backend
-from tests import nvcc_builds
+import zlib  # noqa: E402 - after the thread settings, as is everything below
+from collections import Counter  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from minidnn import backend  # noqa: E402
+from tests import nvcc_builds  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
