@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -80,15 +81,21 @@ def torch_call(direction, layer, dtype, channels_last, torch):
                                                        [0, 0], 1, [False, True, False])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def start(description: str) -> tuple[argparse.Namespace, Any, Any, np.random.Generator]:
+    """What every per-layer probe of this folder opens with: its --out argument, PyTorch (cudnn.benchmark on),
+    CuPy and a seeded generator."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     import torch  # noqa: PLC0415 - the reference only
 
     cupy = backend.cupy()
     torch.backends.cudnn.benchmark = True
-    rng = np.random.default_rng(0)
+    return args, torch, cupy, np.random.default_rng(0)
+
+
+def main() -> None:
+    args, torch, cupy, rng = start(__doc__.splitlines()[0])
     rows = []
     for layer in LAYERS:
         name, N, C, H, W, K, R, S, stride, padding = layer

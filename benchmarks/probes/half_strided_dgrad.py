@@ -8,13 +8,9 @@ around 20 calls after 3 warm-ups, median; each call is a whole conv2d_backward_d
 
 Writes DIR/half-strided-dgrad.json and DIR/half-strided-dgrad.md.
 """
-import argparse
 import os
 
-import numpy as np
-
-from half_implicit_gemm_vs_cudnn import minidnn_call, timed, torch_call, write_report
-from minidnn import backend
+from half_implicit_gemm_vs_cudnn import minidnn_call, start, timed, torch_call, write_report
 
 # (name, N, C, H, W, K, R, S, stride, padding): C and H, W are dx's (the layer's input), K dy's channels.
 LAYERS = [
@@ -31,14 +27,7 @@ ALGORITHMS = ("implicit_gemm", "strided_dgrad")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    import torch  # noqa: PLC0415 - the reference only
-
-    cupy = backend.cupy()
-    torch.backends.cudnn.benchmark = True
-    rng = np.random.default_rng(0)
+    args, torch, cupy, rng = start(__doc__.splitlines()[0])
     rows = []
     for layer in LAYERS:
         row = {"layer": layer[0]}

@@ -8,13 +8,11 @@ CUDA events around 20 calls after 3 warm-ups, median; TFLOP/s from 2·N·K·P·Q
 
 Writes DIR/nhwc-conv.json and DIR/nhwc-conv.md.
 """
-import argparse
 import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, minidnn_call, timed, torch_call, write_report  # this folder's probe
-from minidnn import backend
+from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, minidnn_call, start, timed, torch_call, write_report  # this folder's probe
 from minidnn.primitives import conv, convert
 from minidnn.primitives.conv import implicit_gemm_nhwc as nhwc
 
@@ -46,14 +44,7 @@ def kernel_only(direction, layer, cupy, rng):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    import torch  # noqa: PLC0415 - the reference only
-
-    cupy = backend.cupy()
-    torch.backends.cudnn.benchmark = True
-    rng = np.random.default_rng(0)
+    args, torch, cupy, rng = start(__doc__.splitlines()[0])
     rows = []
     with conv.settings(workspace_limit=1 << 30):  # the layout copies of the largest layers
         for layer in LAYERS:
