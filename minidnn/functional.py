@@ -113,6 +113,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # Pooling
 # ----------------------------------------------------------------------------------------------
 class MaxPool2dFunction(Function):
+    half_inputs = True  # half x gives half y: float math, and a maximum is one of its window's values
+
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         # Without return_indices the engine keeps its own compact record of the maxima for backward.
         y, self.indices = library.max_pool2d_forward(x, kernel_size, stride, padding, dilation, ceil_mode,
@@ -132,9 +134,8 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     """Max pooling over (H, W). With ``return_indices`` also the flat h·W + w index of each maximum."""
     _require_tensor(input, "input")
     indices: list = []
-    # Half precision: the maximum of half values is one of them, so the round trip is exact.
-    y = _through_float32(MaxPool2dFunction.apply, input, kernel_size, stride, padding, dilation, ceil_mode,
-                         indices if return_indices else None)
+    y = MaxPool2dFunction.apply(input, kernel_size, stride, padding, dilation, ceil_mode,
+                                indices if return_indices else None)
     return (y, Tensor(indices[0])) if return_indices else y
 
 
@@ -478,7 +479,7 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
 def _through_float32(apply: Any, input: Tensor, *args: Any) -> Tensor:
     """``apply(input, *args)``; for a half-precision input, the float32 operation on its widening, rounded
     back to the half type once: float math and one rounding, as a half kernel gives them, and the activations
-    of a half network stay half (pooling and dropout have no half kernels of their own)."""
+    of a half network stay half (average pooling and dropout have no half kernels of their own)."""
     if not is_half(input.data):
         return apply(input, *args)
     return apply(input.float(), *args).to(input.dtype)

@@ -325,6 +325,25 @@ def test_a_disabled_region_leaves_the_operations_fast_path(monkeypatch):
         assert autocast_mode.lower_precision(x, None) == (x, None)
 
 
+def test_max_pooling_hands_the_engine_half_arrays_and_its_gradient_back_half(monkeypatch, half, rng):
+    """Max pooling has half kernels (pooling.cu's half build): the graph passes the half tensor itself, not a
+    float32 widening, and its backward gets and returns the half type."""
+    from minidnn import primitives  # noqa: PLC0415
+
+    seen = []
+    for name in ("max_pool2d_forward", "max_pool2d_backward"):
+        real = getattr(primitives, name)
+        monkeypatch.setattr(primitives, name, lambda first, *args, real=real, name=name, **kwargs: (
+            seen.append((name, first.dtype)), real(first, *args, **kwargs))[1])
+    x = minidnn.tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32), requires_grad=True)
+    y = F.max_pool2d(x.to(HALF_DTYPES[half]), 3, 2, 1)
+    assert y.dtype == HALF_DTYPES[half]
+    y.float().sum().backward()
+    dtype = np.dtype(HALF_DTYPES[half])
+    assert seen == [("max_pool2d_forward", dtype), ("max_pool2d_backward", dtype)]
+    assert x.grad.dtype == np.float32
+
+
 def test_average_pooling_and_dropout_keep_half_tensors_half_with_one_rounding(device, half, rng):
     """Average pooling and dropout of a half tensor: the float32 result on its exact values, rounded once."""
     values = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)

@@ -363,6 +363,50 @@ def test_max_pool2d_nan_propagates(xp):
     np.testing.assert_array_equal(to_numpy(indices)[0, 0, :, 0], [2, 7])  # the last NaN, as PyTorch
 
 
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("engine", ["minidnn", "naive"])
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES[3:])
+def test_half_max_pool2d_is_the_float_layer_on_the_exact_values_rounded_once(xp, rng, name, engine, kernel, stride,
+                                                                            padding, dilation, ceil_mode, shape):
+    """Half x and dy (minidnn: pooling.cu's half build on the GPU; the naive engine widens): y is the maximum
+    of the exact values (the float64 reference, exactly), dx the float64 reference's sums rounded once, bit
+    for bit; from int64 positions (with and without the window) and from uint8 taps; ties and NaNs in x."""
+    from minidnn import naive  # noqa: PLC0415
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    library = pooling if engine == "minidnn" else naive
+    x = draw(rng, shape).astype(np.float32)
+    flat = x.reshape(-1)  # a view
+    flat[1::4] = flat[0::4][:flat[1::4].size]  # ties: the first in window order must win
+    flat[5] = np.nan
+    h = convert.float_to_half(xp.asarray(x), name)
+    exact = to_numpy(convert.half_to_float(h, name)).astype(np.float64)
+    window = (kernel, stride, padding, dilation, ceil_mode)
+    y, positions = library.max_pool2d_forward(h, *window, return_indices=True)
+    y_ref, positions_ref = ref_max_pool(np.nan_to_num(exact, nan=np.inf), *window)  # a NaN wins as +inf would
+    assert y.dtype == h.dtype
+    widened = to_numpy(convert.half_to_float(y, name)).astype(np.float64)
+    nan = np.isinf(y_ref) & (y_ref > 0)
+    assert np.array_equal(np.isnan(widened), nan) and np.array_equal(widened[~nan], y_ref[~nan])
+    np.testing.assert_array_equal(to_numpy(positions), positions_ref)
+    dy = convert.float_to_half(xp.asarray(draw(rng, y_ref.shape).astype(np.float32)), name)
+    dy_exact = to_numpy(convert.half_to_float(dy, name)).astype(np.float64)
+    want = convert.float_to_half(ref_max_pool_backward(dy_exact, to_numpy(positions), shape).astype(np.float32), name)
+    _, taps = library.max_pool2d_forward(h, *window)
+    for label, dx in (("positions", library.max_pool2d_backward(dy, positions, shape)),
+                      ("positions and window", library.max_pool2d_backward(dy, positions, shape, *window)),
+                      ("taps", library.max_pool2d_backward(dy, taps, shape, *window))):
+        assert dx.dtype == h.dtype, label
+        np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), to_numpy(want).view(np.uint16), err_msg=label)
+
+
+def test_average_pooling_still_takes_float_arrays_only():
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match="input must be a float32 or float64 array"):
+        pooling.avg_pool2d_forward(convert.float_to_half(np.ones((1, 1, 4, 4), np.float32), "float16"), 2)
+
+
 # ----------------------------------------------------------------------------------------------
 # Average pooling
 # ----------------------------------------------------------------------------------------------
@@ -511,7 +555,7 @@ def test_forward_errors(call, error, message):
     (lambda dy, i: pooling.max_pool2d_backward(dy, i, (1, 2, 0, 4)), ValueError, "x_shape must have"),
     (lambda dy, i: pooling.max_pool2d_backward(dy, i, (2, 2, 5, 4)), ValueError, "grad_output must have x_shape's N"),
     (lambda dy, i: pooling.max_pool2d_backward(dy.astype(np.int64), i, (1, 2, 5, 4)), TypeError,
-     "grad_output must be a float32 or float64"),
+     "grad_output must be a float32, float64, float16 or bfloat16 array"),
     (lambda dy, i: pooling.max_pool2d_backward(dy[0], i, (1, 2, 5, 4)), ValueError, "grad_output must be 4-D"),
     (lambda dy, i: pooling.max_pool2d_backward(dy, i.astype(np.float64), (1, 2, 5, 4)), TypeError,
      "indices must be an integer array"),

@@ -122,6 +122,18 @@ def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int
     return kernel
 
 
+# The half builds of a source that includes elements.cuh: its element type 16-bit words, its arithmetic float.
+HALF_BUILDS = {"float16": (("HALF", 1),), "bfloat16": (("HALF", 2),)}
+
+
+def element_function(relative: str, name: str, half: str | None, dtype: Any) -> Any:
+    """The kernel ``name`` for arrays of ``dtype``, or for half storage (``half``: "float16" or "bfloat16",
+    as convert.half_type_of names it) the source's half build, compiled with SCALAR float."""
+    if half is not None:
+        return function(relative, name, np.float32, HALF_BUILDS[half])
+    return function(relative, name, dtype)
+
+
 @functools.lru_cache(maxsize=4096)  # a step passes the same few sizes every time: make each scalar once
 def i32(value: int) -> np.int32:
     if not -INT32_LIMIT - 1 <= value <= INT32_LIMIT:

@@ -380,16 +380,11 @@ def _layout(x: Any) -> tuple[int, int, int]:
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
 
 
-_HALF_BUILD = {"float16": (("HALF", 1),), "bfloat16": (("HALF", 2),)}  # batchnorm.cu's half builds
-
-
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
     """The kernel for x's dtype, or for half-precision x its half build (float math and vectors)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
-    if half is not None:
-        return _cuda.function(_SOURCE, name, np.float32, _HALF_BUILD[half])
-    return _cuda.function(_SOURCE, name, dtype)
+    return _cuda.element_function(_SOURCE, name, half, dtype)
 
 
 def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,

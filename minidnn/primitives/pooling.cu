@@ -20,6 +20,12 @@
 #endif
 typedef SCALAR scalar_t;
 
+// Max pooling's x, y, dy and dx: scalar_t, or in the half build (HALF = 1 for float16, 2 for bfloat16, with
+// SCALAR float) 16-bit words, read as their exact float values and written rounded once (elements.cuh). A
+// maximum is one of its window's values, so it comes back exactly; a backward sum is float's, rounded once:
+// the float kernels' results on the widened arrays, bit for bit. The other kernels keep scalar_t.
+#include "elements.cuh"
+
 // Shapes and window parameters (the NumPy dtype _POOL_SHAPE in pooling.py: sixteen ints, in this
 // order). The adaptive kernels read only N, C, H, W, P, Q; the average-pool kernels ignore the
 // dilation (always 1); divisor_override is 0 when not given (0 itself is refused in Python).
@@ -60,7 +66,7 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
 // The maximum of output i's window and where it is: (row, column) of the winning tap.
-__device__ __forceinline__ scalar_t window_max(const scalar_t* __restrict__ x, const PoolShape& s, const int i,
+__device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, const PoolShape& s, const int i,
                                               int& best_r, int& best_c) {
     const int q = i % s.Q;
     const int p = (i / s.Q) % s.P;
@@ -69,14 +75,14 @@ __device__ __forceinline__ scalar_t window_max(const scalar_t* __restrict__ x, c
     const int wstart = q * s.stride_w - s.pad_w;
     const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
     const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
-    const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+    const elem_t* __restrict__ xs = x + plane * s.H * s.W;
     best_r = r0;
     best_c = c0;
-    scalar_t best = xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)];
+    scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
     for (int r = r0; r < r1; ++r) {
         const int row = (hstart + r * s.dilation_h) * s.W;
         for (int c = c0; c < c1; ++c) {
-            const scalar_t v = xs[row + wstart + c * s.dilation_w];
+            const scalar_t v = element_value(xs[row + wstart + c * s.dilation_w]);
             if (v > best || isnan(v)) {
                 best = v;
                 best_r = r;
@@ -88,12 +94,12 @@ __device__ __forceinline__ scalar_t window_max(const scalar_t* __restrict__ x, c
 }
 
 // y and PyTorch's indices: the flat position h·W + w of each maximum in its plane (return_indices).
-extern "C" __global__ void max_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void max_pool_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                             long long* __restrict__ indices, const PoolShape s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
         int r, c;
-        y[i] = window_max(x, s, i, r, c);
+        y[i] = element_of(window_max(x, s, i, r, c));
         const int p = (i / s.Q) % s.P, q = i % s.Q;
         indices[i] = (p * s.stride_h - s.pad_h + r * s.dilation_h) * s.W + (q * s.stride_w - s.pad_w + c * s.dilation_w);
     }
@@ -101,12 +107,12 @@ extern "C" __global__ void max_pool_forward(const scalar_t* __restrict__ x, scal
 
 // y and the compact record the layer keeps for its backward: the winning tap r·kernel_w + c of each
 // window, one byte (kernel_h·kernel_w <= 256): an eighth of int64 indices' memory.
-extern "C" __global__ void max_pool_forward_taps(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void max_pool_forward_taps(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                  unsigned char* __restrict__ taps, const PoolShape s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
         int r, c;
-        y[i] = window_max(x, s, i, r, c);
+        y[i] = element_of(window_max(x, s, i, r, c));
         taps[i] = (unsigned char)(r * s.kernel_w + c);
     }
 }
@@ -115,8 +121,8 @@ extern "C" __global__ void max_pool_forward_taps(const scalar_t* __restrict__ x,
 // have chosen it, so each thread scans the ⌈span/stride⌉² candidate outputs and compares indices.
 // An index that no candidate window holds (a corrupt or foreign indices array) is simply never
 // matched: the GPU skips the range check that would need a host sync.
-extern "C" __global__ void max_pool_backward(const scalar_t* __restrict__ dy, const long long* __restrict__ indices,
-                                             scalar_t* __restrict__ dx, const PoolShape s) {
+extern "C" __global__ void max_pool_backward(const elem_t* __restrict__ dy, const long long* __restrict__ indices,
+                                             elem_t* __restrict__ dx, const PoolShape s) {
     const int total = s.N * s.C * s.H * s.W;
     const int span_h = s.dilation_h * (s.kernel_h - 1) + 1;
     const int span_w = s.dilation_w * (s.kernel_w - 1) + 1;
@@ -132,19 +138,19 @@ extern "C" __global__ void max_pool_backward(const scalar_t* __restrict__ dy, co
         for (int p = p0; p < p1; ++p) {
             for (int q = q0; q < q1; ++q) {
                 const int o = offset + p * s.Q + q;
-                if (indices[o] == own) sum += dy[o];
+                if (indices[o] == own) sum += element_value(dy[o]);
             }
         }
-        dx[i] = sum;
+        dx[i] = element_of(sum);
     }
 }
 
 // The same gather from the compact record: output (p, q) chose this pixel when its winning tap
 // (r, c) lands on it, i.e. h = p·stride_h − pad_h + r·dilation_h (and w alike) with r·kernel_w + c
 // equal to the stored tap.
-extern "C" __global__ void max_pool_backward_taps(const scalar_t* __restrict__ dy,
+extern "C" __global__ void max_pool_backward_taps(const elem_t* __restrict__ dy,
                                                   const unsigned char* __restrict__ taps,
-                                                  scalar_t* __restrict__ dx, const PoolShape s) {
+                                                  elem_t* __restrict__ dx, const PoolShape s) {
     const int total = s.N * s.C * s.H * s.W;
     const int span_h = s.dilation_h * (s.kernel_h - 1) + 1;
     const int span_w = s.dilation_w * (s.kernel_w - 1) + 1;
@@ -164,10 +170,10 @@ extern "C" __global__ void max_pool_backward_taps(const scalar_t* __restrict__ d
                 const int dc = w - (q * s.stride_w - s.pad_w);
                 if (dc % s.dilation_w != 0) continue;
                 const int o = offset + p * s.Q + q;
-                if (taps[o] == r * s.kernel_w + dc / s.dilation_w) sum += dy[o];
+                if (taps[o] == r * s.kernel_w + dc / s.dilation_w) sum += element_value(dy[o]);
             }
         }
-        dx[i] = sum;
+        dx[i] = element_of(sum);
     }
 }
 

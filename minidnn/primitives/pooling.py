@@ -24,10 +24,13 @@ Every parameter follows PyTorch (``torch.nn.functional.max_pool2d`` and friends)
 * Adaptive average pooling: output cell i of an axis of size L into n cells averages
   ``[floor(i·L/n), ceil((i+1)·L/n))``; windows may overlap and differ in size.
 
-All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64). On CuPy
-arrays they run the kernels of ``pooling.cu`` (one launch per call, see the ``_gpu`` functions at
-the end): the same results, with the same argument errors, but checks that would read device data
-(the range of ``indices`` in :func:`max_pool2d_backward`) are skipped there to avoid a host sync.
+All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64; max pooling
+float16 and bfloat16 too, in the storage of primitives/convert.py). On CuPy arrays they run the
+kernels of ``pooling.cu`` (one launch per call, see the ``_gpu`` functions at the end): the same
+results, with the same argument errors, but checks that would read device data (the range of
+``indices`` in :func:`max_pool2d_backward`) are skipped there to avoid a host sync. Half max pooling
+computes in float and rounds once: the forward's maximum is one of its window's values (exact), the
+backward's sums are float32's; on the GPU in pooling.cu's half build, on NumPy by widening.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_bool, check_float, check_int, check_rank, pair
+from . import convert
+from ._checks import check_bool, check_float, check_float_or_half, check_int, check_rank, pair
 from ._select import select, where_or_zero
 
 # The most taps a window may have for the compact uint8 record of max pooling.
@@ -72,9 +76,10 @@ def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation
     return out
 
 
-def _check_input(x: Any, name: str = "input") -> None:
-    """A float32/float64 (N, C, H, W) array; N may be 0, as in PyTorch, but not C, H or W."""
-    check_float(x, name)
+def _check_input(x: Any, name: str = "input", half: bool = False) -> None:
+    """A float32/float64 (or, with ``half``, float16/bfloat16) (N, C, H, W) array; N may be 0, as in
+    PyTorch, but not C, H or W."""
+    (check_float_or_half if half else check_float)(x, name)
     check_rank(x, 4, name, "(N, C, H, W)")
     if min(x.shape[1:]) < 1:
         raise ValueError(f"{name} must have non-zero C, H and W, got shape {tuple(x.shape)}")
@@ -91,8 +96,8 @@ def _check_x_shape(x_shape: Any) -> tuple[int, int, int, int]:
     return tuple(int(v) for v in shape)  # type: ignore[return-value]
 
 
-def _check_grad(dy: Any, expected: tuple[int, ...], what: str) -> None:
-    check_float(dy, "grad_output")
+def _check_grad(dy: Any, expected: tuple[int, ...], what: str, half: bool = False) -> None:
+    (check_float_or_half if half else check_float)(dy, "grad_output")
     check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
     if tuple(dy.shape) != expected:
         raise ValueError(f"grad_output must have shape {expected} ({what}), got {tuple(dy.shape)}")
@@ -179,7 +184,12 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     with ``return_indices`` int64 flat positions h·W + w in its (n, c) plane (PyTorch's), else
     the uint8 winning tap r·kernel_w + c of its window (int64 positions for windows of > 256 taps).
     """
-    _check_input(x)
+    _check_input(x, half=True)
+    half = convert.half_type_of(x)
+    if half is not None and not backend.is_cuda_array(x):  # the half kernels' twin: the float32 maximum, exact
+        y, indices = max_pool2d_forward(convert.half_to_float(x, half), kernel_size, stride, padding, dilation,
+                                        ceil_mode, return_indices)
+        return convert.float_to_half(y, half), indices
     kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
     taps = not check_bool(return_indices, "return_indices") and kernel[0] * kernel[1] <= MAX_TAPS
     xp = backend.get_array_module(x)
@@ -226,7 +236,7 @@ def _check_max_backward_arguments(dy: Any, indices: Any, x_shape: Any, kernel_si
     The range of int64 ``indices`` is checked on NumPy only: on the GPU it would read device memory.
     """
     N, C, H, W = _check_x_shape(x_shape)
-    check_float(dy, "grad_output")
+    check_float_or_half(dy, "grad_output")
     check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
     if tuple(dy.shape[:2]) != (N, C):
         raise ValueError(f"grad_output must have x_shape's N and C {(N, C)} in its first two axes, "
@@ -238,7 +248,7 @@ def _check_max_backward_arguments(dy: Any, indices: Any, x_shape: Any, kernel_si
         window = None
     else:
         window = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
-        _check_grad(dy, (N, C) + _output_hw((H, W), *window), "the pooling output for x_shape")
+        _check_grad(dy, (N, C) + _output_hw((H, W), *window), "the pooling output for x_shape", half=True)
     dtype = getattr(indices, "dtype", None)
     if dtype is None or dtype.kind not in "iu":
         raise TypeError(f"indices must be an integer array (int64 positions or uint8 taps from max_pool2d_forward), "
@@ -272,6 +282,13 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                          dilation, ceil_mode)
     xp = backend.get_array_module(dy, indices)
+    half = convert.half_type_of(dy)
+    if half is not None and (not backend.is_cuda_array(dy) or window is None):
+        # The twin of the half kernels (float32 sums, one rounding); on the GPU also the serial path, whose
+        # in-place additions the half build does not have.
+        dx = max_pool2d_backward(convert.half_to_float(dy, half), indices, x_shape, kernel_size, stride, padding,
+                                 dilation, ceil_mode)
+        return convert.float_to_half(dx, half)
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.dtype == np.uint8:
@@ -496,11 +513,13 @@ def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), d
 
 
 def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
-    """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride), compiled for arrays[0]'s dtype."""
+    """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride), compiled for arrays[0]'s dtype
+    (its half build for half storage: the max-pooling kernels only)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(*arrays)
-    _cuda.launch(_cuda.function("pooling.cu", name, arrays[0].dtype), count, (*arrays, shape))
+    kernel = _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
+    _cuda.launch(kernel, count, (*arrays, shape))
 
 
 def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
