@@ -17,7 +17,7 @@ NO_SPILLS = re.compile(r"^\s*0 bytes stack frame, 0 bytes spill stores, 0 bytes 
 @pytest.mark.parametrize("nvcc_build", [Build(source, scalar) for source in _cuda.cuda_sources()
                                         for scalar in ("float", "double")]
                          + [Build(source, "float", (("HALF", half),))
-                            for source in ("batchnorm.cu", "activation.cu", "pooling.cu") for half in (1, 2)]
+                            for source in ("batchnorm.cu", "activation.cu", "pooling.cu", "linear.cu") for half in (1, 2)]
                          + [Build("conv/implicit_gemm_nhwc.cu", "float", (("HALF", 1), ("BLOCK_N", 64)))],
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):

@@ -251,3 +251,32 @@ def test_bias_add_writes_into_out_and_in_place(xp, rng):
     assert_close(y, expected)
     with pytest.raises(ValueError, match="out must be a C-contiguous"):
         bias_add(y, bias, 1, out=xp.empty((2, 3, 4, 4)))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape, axis", [((3, 5, 7, 6), 1), ((2, 9, 130), -1), ((4, 1, 3, 3), 1), ((300, 70), -1)])
+def test_half_bias_is_the_float64_sum_of_the_exact_values_rounded(xp, rng, name, shape, axis):
+    """Half y, bias and dy (on the GPU linear.cu's half build): y + bias is the exact sum's float32 value
+    rounded once, in place too; dbias is the float64 sum rounded to float32, then to the half type."""
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    def half(values):
+        stored = convert.float_to_half(xp.asarray(values.astype(np.float32)), name)
+        return stored, to_numpy(convert.half_to_float(stored, name)).astype(np.float64)
+
+    def words(array):
+        return to_numpy(array).view(np.uint16)
+
+    (y, y_exact), (bias, bias_exact), (dy, dy_exact) = (half(rng.standard_normal(s) * 4) for s in
+                                                         (shape, (shape[axis],), shape))
+    want = words(convert.float_to_half(xp.asarray(reference_bias_add(y_exact, bias_exact, axis % len(shape))
+                                                  .astype(np.float32)), name))
+    got = bias_add(y, bias, axis=axis)
+    assert got.dtype == y.dtype
+    np.testing.assert_array_equal(words(got), want)
+    assert bias_add(y, bias, axis=axis, out=y) is y
+    np.testing.assert_array_equal(words(y), want)
+    dbias = bias_backward(dy, axis=axis)
+    assert dbias.dtype == dy.dtype
+    exact_sums = reference_bias_backward(dy_exact, axis % len(shape)).astype(np.float32)
+    np.testing.assert_array_equal(words(dbias), words(convert.float_to_half(xp.asarray(exact_sums), name)))

@@ -24,22 +24,27 @@ typedef double acc_t;  // float64 accumulation for float32 too, as the NumPy twi
 
 #include "channels.cuh"
 
+// y, bias, out, dy and dbias: scalar_t, or in the half build (HALF = 1 for float16, 2 for bfloat16, with SCALAR
+// float) 16-bit words, read as their exact values and written rounded once (elements.cuh): bias_add adds in
+// float, and dbias is the double sum rounded to float and then to the half type, as the float kernels' result
+// on the widened arrays is.
+#include "elements.cuh"
 
 // out = y + bias broadcast along the bias axis. out may be y itself (in place after a GEMM), hence
 // no __restrict__ on y and out.
-extern "C" __global__ void bias_add(const scalar_t* y, const scalar_t* __restrict__ bias, scalar_t* out,
+extern "C" __global__ void bias_add(const elem_t* y, const elem_t* __restrict__ bias, elem_t* out,
                                     const int C, const int inner, const int total) {
     const int G = blockDim.x * gridDim.x;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     for (ChannelStep channel(i, G, C, inner); i < total; i += G, channel.advance()) {
-        out[i] = y[i] + bias[channel.c];
+        out[i] = element_of(element_value(y[i]) + element_value(bias[channel.c]));
     }
 }
 
 // Grid (ceil(C / 32), splits), blockDim.x a multiple of 32 (treated as warps × 32 lanes). partial:
 // (splits, C) doubles, the sum of dy[r, c] over the split's rows.
-extern "C" __global__ void bias_grad_columns(const scalar_t* __restrict__ dy, acc_t* __restrict__ partial,
+extern "C" __global__ void bias_grad_columns(const elem_t* __restrict__ dy, acc_t* __restrict__ partial,
                                              const int rows, const int C, const int per) {
     __shared__ acc_t tile[MAX_WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -52,7 +57,7 @@ extern "C" __global__ void bias_grad_columns(const scalar_t* __restrict__ dy, ac
         // Counted loop: r never steps past the last row, so r·C stays within the array.
         const int count = warp < len ? (len - 1 - warp) / warps + 1 : 0;
 #pragma unroll 4
-        for (int q = 0; q < count; ++q) sum += (acc_t)dy[(begin + warp + q * warps) * C + c];
+        for (int q = 0; q < count; ++q) sum += (acc_t)element_value(dy[(begin + warp + q * warps) * C + c]);
     }
     tile[warp][lane] = sum;
     __syncthreads();
@@ -72,7 +77,7 @@ __device__ __forceinline__ acc_t warp_sum(acc_t a) {
 
 // Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (splits, C) doubles, the sum of the
 // channel's values [k·per, min((k + 1)·per, outer·inner)).
-extern "C" __global__ void bias_grad_planes(const scalar_t* __restrict__ dy, acc_t* __restrict__ partial,
+extern "C" __global__ void bias_grad_planes(const elem_t* __restrict__ dy, acc_t* __restrict__ partial,
                                             const int outer, const int C, const int inner, const int per) {
     __shared__ acc_t warp_sums[MAX_WARPS];
     const int c = blockIdx.x, k = blockIdx.y;
@@ -83,17 +88,18 @@ extern "C" __global__ void bias_grad_planes(const scalar_t* __restrict__ dy, acc
     int left = t < len ? (len - 1 - t) / B + 1 : 0;
     acc_t sum = 0;
     if (left > 0) {
-        const scalar_t* __restrict__ dyc = dy + c * inner;
+        const elem_t* __restrict__ dyc = dy + c * inner;
         Cursor cursor(begin + t, B, C, inner);
         while (left >= 4) {  // four loads in flight, summed in order
             const int o0 = cursor.take(left), o1 = cursor.take(left), o2 = cursor.take(left), o3 = cursor.take(left);
-            const acc_t v0 = dyc[o0], v1 = dyc[o1], v2 = dyc[o2], v3 = dyc[o3];
+            const acc_t v0 = element_value(dyc[o0]), v1 = element_value(dyc[o1]), v2 = element_value(dyc[o2]),
+                        v3 = element_value(dyc[o3]);
             sum += v0;
             sum += v1;
             sum += v2;
             sum += v3;
         }
-        while (left > 0) sum += (acc_t)dyc[cursor.take(left)];
+        while (left > 0) sum += (acc_t)element_value(dyc[cursor.take(left)]);
     }
     sum = warp_sum(sum);
     const int lane = t & 31, warp = t >> 5;
@@ -107,7 +113,7 @@ extern "C" __global__ void bias_grad_planes(const scalar_t* __restrict__ dy, acc
 }
 
 // One warp per channel: dbias[c] = Σ_k partial[k, c] rounded once to the output dtype.
-extern "C" __global__ void bias_grad_finalize(const acc_t* __restrict__ partial, scalar_t* __restrict__ dbias,
+extern "C" __global__ void bias_grad_finalize(const acc_t* __restrict__ partial, elem_t* __restrict__ dbias,
                                               const int C, const int splits) {
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
@@ -115,6 +121,6 @@ extern "C" __global__ void bias_grad_finalize(const acc_t* __restrict__ partial,
         acc_t sum = 0;
         for (int k = lane; k < splits; k += 32) sum += partial[k * C + c];
         sum = warp_sum(sum);
-        if (lane == 0) dbias[c] = (scalar_t)sum;
+        if (lane == 0) dbias[c] = element_of((scalar_t)sum);
     }
 }

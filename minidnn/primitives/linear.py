@@ -174,11 +174,12 @@ def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     (``out`` may be y itself: the bias added in place, with no copy of the output).
 
     y: any shape with rank >= 1; bias: (y.shape[axis],) of y's dtype. axis = 1 for (N, C, H, W),
-    -1 for (..., out_features). Half-precision arrays are added in float32 and rounded once.
+    -1 for (..., out_features). Half-precision arrays are added in float32 and rounded once (on the GPU in
+    linear.cu's half build, one pass; on NumPy by widening).
     """
     half = convert.half_type_of(y)
     axis = _check_bias_add_arguments(y, bias, axis, out, half is not None)
-    if half is not None:
+    if half is not None and not backend.is_cuda_array(y):
         xp = backend.get_array_module(y)
         wide = convert.half_to_float(xp.ascontiguousarray(y), half)
         bias_add(wide, convert.half_to_float(xp.ascontiguousarray(bias), half), axis, out=wide)
@@ -195,12 +196,13 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
 
     dy: any shape with rank >= 1. Returns dbias: (dy.shape[axis],) of dy's dtype. The sum is
     accumulated in float64 and rounded once, as a per-channel sum over a whole batch can hold
-    millions of terms. Half precision: the sum of the float32 values, rounded once to dy's type.
+    millions of terms. Half precision: that float64 sum of the exact values, rounded to float32 and then to dy's
+    type (what the float32 primitive on the widened dy gives; on the GPU in linear.cu's half build).
     """
     xp = backend.get_array_module(dy)
     half = convert.half_type_of(dy)
     axis = _check_bias_backward_arguments(dy, axis, half is not None)
-    if half is not None:
+    if half is not None and not backend.is_cuda_array(dy):
         return convert.float_to_half(bias_backward(convert.half_to_float(xp.ascontiguousarray(dy), half), axis), half)
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
@@ -224,6 +226,13 @@ def _outer_channel_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, i
     return math.prod(shape[:axis]), int(shape[axis]), math.prod(shape[axis + 1:])
 
 
+def _kernel(name: str, array: Any) -> Any:
+    """linear.cu's kernel ``name`` for ``array``'s dtype, or its half build for half storage."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    return _cuda.element_function(_SOURCE, name, convert.half_type_of(array), array.dtype)
+
+
 def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
     """One element-wise launch into ``out`` (a new array when None; y itself for an in-place add)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -234,7 +243,7 @@ def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
     _cuda.check_int32(y)
     out = xp.empty(y.shape, dtype=y.dtype) if out is None else out
     _, channels, inner = _outer_channel_inner(tuple(y.shape), axis)
-    _cuda.launch(_cuda.function(_SOURCE, "bias_add", y.dtype), y.size,
+    _cuda.launch(_kernel("bias_add", y), y.size,
                  (y, bias, out, _cuda.i32(channels), _cuda.i32(inner), _cuda.i32(y.size)))
     return out
 
@@ -257,14 +266,14 @@ def _bias_backward_gpu(dy: Any, axis: int) -> Any:
         column_blocks = -(-channels // 32)
         splits, per = _cuda.reduction_split(column_blocks, outer, _MIN_ROWS_PER_BLOCK)
         partial = xp.empty((splits, channels), dtype=xp.float64)
-        _cuda.launch_blocks(_cuda.function(_SOURCE, "bias_grad_columns", dy.dtype), (column_blocks, splits),
+        _cuda.launch_blocks(_kernel("bias_grad_columns", dy), (column_blocks, splits),
                             _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(per)))
     else:
         # Planes of `inner` contiguous values: a block per (channel, split).
         splits, per = _cuda.reduction_split(channels, outer * inner)
         partial = xp.empty((splits, channels), dtype=xp.float64)
-        _cuda.launch_blocks(_cuda.function(_SOURCE, "bias_grad_planes", dy.dtype), (channels, splits),
+        _cuda.launch_blocks(_kernel("bias_grad_planes", dy), (channels, splits),
                             _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(inner), i32(per)))
-    _cuda.launch(_cuda.function(_SOURCE, "bias_grad_finalize", dy.dtype), channels * 32,  # a warp per channel
+    _cuda.launch(_kernel("bias_grad_finalize", dy), channels * 32,  # a warp per channel
                  (partial, dbias, i32(channels), i32(splits)))
     return dbias
