@@ -56,7 +56,7 @@ class GradScaler:
         self._backoff_factor = _factor("backoff_factor", backoff_factor, above_one=False)
         self._growth_interval = _interval(growth_interval)
         self._init_growth_tracker = 0
-        self._scale: Any = None           # made on first use (_device_state), from _init_scale
+        self._scale: Any = None           # made on first use (_scale_on), from _init_scale
         self._growth_tracker: Any = None  # likewise, from _init_growth_tracker
         self._enabled = enabled
         self._optimizers: dict[int, dict[str, Any]] = {}  # id(optimizer) -> its stage and overflow flags
