@@ -223,8 +223,8 @@ def test_forward_bias_activation_refuses_bad_arguments(bias, relu, error, match)
 @pytest.mark.parametrize("name", ["float32", "float64", "float16", "bfloat16"])
 def test_launch_constants_are_the_kernels_tiles(name):
     """implicit_gemm.py sizes its grids with the .cu's tile constants: the two must never drift apart."""
-    half = implicit_gemm.HALF_BUILD.get(name)
-    kernel = cuda_constants("conv/implicit_gemm.cu", np.uint16 if half else name, (("HALF", half),) if half else ())
+    half = _cuda.HALF_BUILDS.get(name)
+    kernel = cuda_constants("conv/implicit_gemm.cu", np.uint16 if half else name, half or ())
     assert (implicit_gemm.THREADS, implicit_gemm.TILE_M[name], implicit_gemm.TILE_N, implicit_gemm.TILE_K[name]) == \
         (kernel["THREADS"], kernel["TILE_M"], kernel["TILE_N"], kernel["TILE_K"])
     assert implicit_gemm.DEFAULT_CTAS_PER_SM == kernel["CTAS_PER_SM"]

@@ -50,8 +50,6 @@ THREADS = 256
 TILE_N = 64
 TILE_M = {"float32": 128, "float64": 64, "float16": 128, "bfloat16": 128}
 TILE_K = {"float32": 16, "float64": 8, "float16": 32, "bfloat16": 32}
-# The half build of implicit_gemm.cu, per half type (its HALF macro).
-HALF_BUILD = {"float16": 1, "bfloat16": 2}
 # Backward-filter's split-K: aim for about four waves of two CTAs on each SM (2.7 waves of the
 # three-CTA build it runs on), but give each CTA at least this many reduction steps, so its
 # atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps multiply-adds.
@@ -298,8 +296,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
     tiles = -(-rows // TILE_M[_type(problem)]) * -(-columns // TILE_N)
     grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
     if half:  # one build, two CTAs per SM: three would leave its tensor-core loop 85 registers a thread
-        kernel = _cuda.function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}_half", np.float32,
-                                (("HALF", HALF_BUILD[half]),))
+        kernel = _cuda.element_function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}_half", half, None)
     else:
         ctas_per_sm = ctas_per_sm_for(direction, grid[0] * grid[1] * grid[2], _cuda.sm_count())
         build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)

@@ -40,9 +40,9 @@ from .registry import ConvAlgorithm, register, workspace_array
 SOURCE = "conv/implicit_gemm_nhwc.cu"
 THREADS = 256
 # implicit_gemm_nhwc.cu's tile: 128 rows, BLOCK_N columns (128, or 64 for products 64 columns wide or less),
-# BLOCK_K reduction values a stage, STAGES stages, rows padded by PAD values; the half types' HALF macro.
+# BLOCK_K reduction values a stage, STAGES stages, rows padded by PAD values (the half types' HALF macro:
+# _cuda.HALF_BUILDS).
 BLOCK_M, BLOCK_K, STAGES, PAD, VECTOR = 128, 32, 3, 8, 8
-HALF_BUILD = {"float16": 1, "bfloat16": 2}
 # A kernel gets more than 48 KiB of shared memory only when its dynamic limit is raised.
 STATIC_SHARED_LIMIT = 48 * 1024
 # Backward-filter's split of N·P·Q: about four waves of two CTAs per SM, but at least this many stages
@@ -252,7 +252,7 @@ def _numpy_backward_filter(x_last: np.ndarray, dy_last: np.ndarray, problem: Con
 # CUDA
 # ----------------------------------------------------------------------------------------------
 def _kernel(name: str, half: str, block_n: int = 128) -> Any:
-    return _cuda.function(SOURCE, name, np.float32, (("HALF", HALF_BUILD[half]), ("BLOCK_N", block_n)))
+    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
 
 
 def _block_n(columns: int) -> int:
