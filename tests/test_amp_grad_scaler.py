@@ -252,6 +252,27 @@ def test_a_step_with_sgd_reads_nothing_back_and_another_optimizer_decides_on_the
     assert reads == [int, int] and adam.state[adam_model.weight]["step"] == 1
 
 
+def test_one_scaler_over_two_optimizers_backs_off_when_either_overflowed():
+    """As PyTorch's: each optimizer skips on its own flag, and update() backs off if any optimizer's was set."""
+    scaler = amp.GradScaler("cpu", init_scale=2.0**6, growth_interval=1)
+    first, second = nn.Linear(6, 4), nn.Linear(6, 4)
+    optimizers = [optim.SGD(first.parameters(), lr=0.1), optim.SGD(second.parameters(), lr=0.1)]
+    x = minidnn.tensor(np.ones((5, 6), np.float32))
+    for poisoned, want_scale in ((False, 2.0**7), (True, 2.0**6)):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        scaler.scale(((first(x) + second(x)) ** 2).mean()).backward()
+        if poisoned:
+            second.weight.grad.data[0, 0] = np.inf
+        before = [first.weight.numpy().copy(), second.weight.numpy().copy()]
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+        scaler.update()
+        assert not np.array_equal(first.weight.numpy(), before[0])  # its own gradients were finite
+        assert np.array_equal(second.weight.numpy(), before[1]) == poisoned
+        assert scaler.get_scale() == want_scale
+
+
 def test_loading_a_state_writes_the_scalers_arrays_in_place():
     """A captured step reads the scale's array: load_state_dict and update(new_scale) write into it."""
     scaler = amp.GradScaler("cpu", init_scale=2.0**4)
