@@ -114,6 +114,8 @@ def cuda_constants(source: str, dtype: Any, defines: tuple[tuple[str, int], ...]
 # Half precision (float16, bfloat16 storage with float32 sums): the bound of tests/test_conv_half.py's docstring
 # ----------------------------------------------------------------------------------------------
 HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+# Below the smallest normal the rounding error is absolute: half the subnormal step.
+HALF_SUBNORMAL_ROUNDOFF = {"float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 FLOAT32_UNIT = 2.0 ** -24
 
 
@@ -139,11 +141,11 @@ def half_values(stored: Any, name: str) -> np.ndarray:
 
 def assert_within_half_bound(got: Any, exact: np.ndarray, magnitude: np.ndarray, name: str, length: int,
                              label: str = "") -> None:
-    """``got`` (half storage) within u·|exact| + (1 + u)·length·2⁻²⁴·magnitude (+ 2⁻²⁵ for float16) of the float64
+    """``got`` (half storage) within u·|exact| + (1 + u)·length·2⁻²⁴·magnitude + half the subnormal step of the float64
     ``exact``: one rounding to the half type after a float32 sum of ``length`` exact products."""
     values = half_values(got, name)
     u = HALF_UNIT_ROUNDOFF[name]
-    bound = u * np.abs(exact) + (1 + u) * length * FLOAT32_UNIT * magnitude + (2.0 ** -25 if name == "float16" else 0)
+    bound = u * np.abs(exact) + (1 + u) * length * FLOAT32_UNIT * magnitude + HALF_SUBNORMAL_ROUNDOFF[name]
     error = np.abs(values - exact)
     assert np.all(np.isfinite(values)), f"{label}: {np.count_nonzero(~np.isfinite(values))} elements not finite"
     worst = np.unravel_index(np.argmax(error - bound), error.shape)

@@ -396,8 +396,9 @@ def test_float32_against_float64_reference(xp, rng, shape):
 # ----------------------------------------------------------------------------------------------
 # Large enough that the GPU kernels split each channel over several blocks, give every thread many
 # values (chunks of four and a tail), step across planes with S > 256, S = 1 and S < 256, and loop
-# more than once in the grid-stride element-wise kernels (4·3·300·400 > 132·32·256 threads).
-GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400)]
+# more than once in the grid-stride element-wise kernels (4·3·300·400 > 132·32·256 threads). The last two
+# have S a multiple of 16 bytes' worth of elements: the kernels' pack builds (the others: single elements).
+GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400), (8, 3, 20, 24)]
 
 
 @pytest.mark.parametrize("shape", GPU_SHAPES)
@@ -614,6 +615,8 @@ def test_matches_torch(xp, rng):
 # Half precision: x, dy, relu_output, y and dx in float16 / bfloat16, the vectors float32
 # ----------------------------------------------------------------------------------------------
 HALF_SHAPES = [(6, 3), (3, 4, 5, 7), (2, 5, 33, 3)]  # the last: several blocks per channel on the GPU
+# S a multiple of 8: the GPU kernels' 16-byte packs (batchnorm.cu's Pack); the second has several blocks per channel.
+HALF_PACKED_SHAPES = [(3, 4, 4, 6), (8, 3, 64, 40)]
 
 
 def _half_arrays(xp, rng, shape, name, relu):
@@ -627,20 +630,54 @@ def _half_arrays(xp, rng, shape, name, relu):
 
 
 def _assert_half_close(got, exact, scale, name, label):
-    """got (half storage) within one rounding of exact plus 2⁻¹⁶ of ``scale``: the float32 arithmetic of the
-    twin (the GPU's is double) is far inside that."""
-    from tests.helpers import HALF_UNIT_ROUNDOFF, half_values  # noqa: PLC0415
+    """got (half storage) within one rounding of exact (relative, or below the smallest normal half the
+    subnormal step) plus 2⁻¹⁶ of ``scale``: the float32 arithmetic of the twin (the GPU's is double) is far
+    inside that."""
+    from tests.helpers import HALF_SUBNORMAL_ROUNDOFF, HALF_UNIT_ROUNDOFF, half_values  # noqa: PLC0415
 
     values = half_values(got, name)
-    bound = HALF_UNIT_ROUNDOFF[name] * np.abs(exact) + 2.0 ** -16 * scale
+    bound = HALF_UNIT_ROUNDOFF[name] * np.abs(exact) + HALF_SUBNORMAL_ROUNDOFF[name] + 2.0 ** -16 * scale
     worst = np.unravel_index(np.argmax(np.abs(values - exact) - bound), exact.shape)
     assert np.all(np.abs(values - exact) <= bound), f"{label}: {values[worst]} against {exact[worst]} at {worst}"
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", HALF_SHAPES)
+@pytest.mark.parametrize("shape", HALF_SHAPES + HALF_PACKED_SHAPES)
 @pytest.mark.parametrize("relu", [False, True])
 def test_half_precision_training_against_float64(xp, rng, name, shape, relu):
+    _check_half_training(xp, rng, name, shape, relu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_gpu_half_packs_in_long_blocks_against_float64(rng, monkeypatch, name, relu):
+    """One block per channel (a large minimum of values per block), so that each thread takes four packs
+    per step and then a tail: the reductions' main loop, which the default split reaches only for channels
+    of over a million values."""
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(_cuda, "MIN_VALUES_PER_BLOCK", 1 << 20)
+    _check_half_training(backend.cupy(), rng, name, (4, 3, 40, 48), relu)
+
+
+@pytest.mark.gpu
+def test_gpu_pack_width_follows_the_plane_and_the_alignment():
+    """16-byte packs (8 half words, 4 floats, 2 doubles) where S is a multiple of the pack and every array
+    is 16-byte aligned; single elements otherwise."""
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    words, floats, doubles = (cupy.zeros(4 * 48, dtype) for dtype in (np.uint16, np.float32, np.float64))
+    assert [batchnorm._elements_per_access(48, a) for a in (words, floats, doubles)] == [8, 4, 2]
+    assert batchnorm._elements_per_access(20, words) == 1 and batchnorm._elements_per_access(20, floats) == 4
+    assert batchnorm._elements_per_access(48, words, words[4:]) == 1  # a view 8 bytes in
+    assert batchnorm._elements_per_access(48, words, words[8:], None) == 8  # 16 bytes in
+
+
+def _check_half_training(xp, rng, name, shape, relu):
     x, weight, bias, running_mean, running_var, exact_x = _half_arrays(xp, rng, shape, name, relu)
     start_mean, start_var = to_numpy(running_mean).copy(), to_numpy(running_var).copy()
     y, mean, invstd = batch_norm_forward_training(x, weight, bias, running_mean, running_var, 0.1, EPS, relu=relu)

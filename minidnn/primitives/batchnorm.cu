@@ -48,6 +48,20 @@ typedef double acc_t;  // accumulators and per-channel coefficients, for float a
 
 #include "channels.cuh"
 
+// V consecutive elements of one plane, read or written as one access: the element-wise kernels and the
+// reductions each have a build that moves VECTOR elements (16 bytes: 8 half words, 4 floats, 2 doubles) at a
+// time, which batchnorm.py launches when S is a multiple of VECTOR and the arrays are 16-byte aligned, and
+// one of single elements (V = 1) for the rest. Why: a thread that keeps one 2- or 4-byte load in flight
+// leaves the memory system mostly idle (far fewer bytes in flight per SM than its latency times its
+// bandwidth); a 16-byte access moves 4-8 times as much per load. The arithmetic is the same, element by
+// element in the same order, so V changes no result of the element-wise kernels (the reductions group
+// their values by 4·V before a Welford merge, a different rounding of the double accumulators).
+#define VECTOR (16 / (int)sizeof(elem_t))
+template <int V>
+struct __align__(V * sizeof(elem_t)) Pack {
+    elem_t e[V];
+};
+
 // ----------------------------------------------------------------------------------------------
 // Walking one channel's values
 // ----------------------------------------------------------------------------------------------
@@ -147,12 +161,16 @@ __device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
     return (!relu || v > 0 || isnan(v)) ? v : acc_t(0);
 }
 
-// dy[i] where the fused ReLU let its input through (y[i] > 0), else 0: relu_backward folded into the
-// read. A select, not a product, so that dy = ±inf or NaN where y <= 0 gives 0 as relu_backward does.
-// relu_output null: no ReLU, plain dy[i].
-__device__ __forceinline__ acc_t output_grad(const elem_t* __restrict__ dy,
-                                             const elem_t* __restrict__ relu_output, const int i) {
-    return (!relu_output || element_value(relu_output[i]) > acc_t(0)) ? element_value(dy[i]) : acc_t(0);
+// One element's dy·[y > 0], y the fused ReLU's output (relu_output), or plain dy without the ReLU (y is then
+// not read): the ReLU's gradient folded into the read. A select, not a product, so that dy = ±inf or NaN
+// where y <= 0 gives 0 as relu_backward does.
+__device__ __forceinline__ acc_t gradient(const elem_t dy, const elem_t y, const bool relu) {
+    return (!relu || element_value(y) > acc_t(0)) ? element_value(dy) : acc_t(0);
+}
+
+template <int V>
+__device__ __forceinline__ const Pack<V>* packs(const elem_t* __restrict__ a) {
+    return reinterpret_cast<const Pack<V>*>(a);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -180,41 +198,51 @@ __device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const 
 // Training forward: statistics (finished by the last block of each channel), then normalise
 // ----------------------------------------------------------------------------------------------
 
-// Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (3, splits, C) doubles, fields
-// count, mean, M2 (sum of squared deviations) of each block's values; counters: C zeroed counters.
-// The last block of channel c merges its splits and writes mean_out, invstd_out (x's dtype, returned
-// to the caller); coef (2, C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is
-// not null, the in-place running-statistics update with the unbiased variance M2/(M − 1).
-// weight may be null (weight 1).
-extern "C" __global__ void bn_statistics(const elem_t* __restrict__ x, acc_t* __restrict__ partial,
-                                         unsigned int* __restrict__ counters, const int N, const int C,
-                                         const int S, const int per, const scalar_t* __restrict__ weight,
-                                         scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
-                                         scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,
-                                         acc_t* __restrict__ coef, const double eps_arg, const double momentum_arg) {
+// Grid (C, splits), 1-D blocks (a multiple of 32 threads); V elements a pack (see Pack), so that split k
+// owns packs [k·per, (k + 1)·per) of the channel's M/V. partial: (3, splits, C) doubles, fields count, mean,
+// M2 (sum of squared deviations) of each block's values; counters: C zeroed counters. The last block of
+// channel c merges its splits and writes mean_out, invstd_out (x's dtype, returned to the caller); coef (2,
+// C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is not null, the in-place
+// running-statistics update with the unbiased variance M2/(M − 1). weight may be null (weight 1).
+template <int V>
+__device__ void statistics(const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,
+                           const int N, const int C, const int S, const int per, const scalar_t* __restrict__ weight,
+                           scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
+                           scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out, acc_t* __restrict__ coef,
+                           const double eps_arg, const double momentum_arg) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
-    const int M = N * S;
+    const int packs_of_channel = N * (S / V);
     const int begin = k * per;
-    int left = values_of_thread(min(per, M - begin), t, B);
+    int left = values_of_thread(min(per, packs_of_channel - begin), t, B);
     acc_t n = 0, mean = 0, m2 = 0;
     if (left > 0) {
-        const elem_t* __restrict__ xc = x + c * S;
-        Cursor cursor(begin + t, B, C, S);
+        const Pack<V>* __restrict__ xc = packs<V>(x + c * S);
+        Cursor cursor(begin + t, B, C, S / V);
         while (left >= 4) {
-            // Four values per step: exact two-pass statistics of the four, then one Welford merge,
-            // so the division of the merge is paid once per four values.
+            // Four packs per step (four loads in flight): exact two-pass statistics of their 4·V values,
+            // then one Welford merge, so the division of the merge is paid once per 4·V values.
             int o[4];
             cursor.take4(o, left);
-            const acc_t v0 = element_value(xc[o[0]]), v1 = element_value(xc[o[1]]), v2 = element_value(xc[o[2]]),
-                        v3 = element_value(xc[o[3]]);
-            const acc_t chunk_mean = (v0 + v1 + v2 + v3) * 0.25;
-            const acc_t d0 = v0 - chunk_mean, d1 = v1 - chunk_mean, d2 = v2 - chunk_mean, d3 = v3 - chunk_mean;
-            welford_merge(n, mean, m2, 4.0, chunk_mean, d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3);
+            Pack<V> p[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) p[q] = xc[o[q]];
+            acc_t sum = 0;
+#pragma unroll
+            for (int u = 0; u < 4 * V; ++u) sum += element_value(p[u / V].e[u % V]);
+            const acc_t chunk_mean = sum * (1.0 / (4 * V));  // 4·V is a power of two: exact
+            acc_t squares = 0;
+#pragma unroll
+            for (int u = 0; u < 4 * V; ++u) {
+                const acc_t d = element_value(p[u / V].e[u % V]) - chunk_mean;
+                squares += d * d;
+            }
+            welford_merge(n, mean, m2, 4.0 * V, chunk_mean, squares);
         }
         while (left > 0) {
-            const acc_t v = element_value(xc[cursor.take(left)]);
-            welford_merge(n, mean, m2, 1.0, v, 0.0);
+            const Pack<V> p = xc[cursor.take(left)];
+#pragma unroll
+            for (int u = 0; u < V; ++u) welford_merge(n, mean, m2, 1.0, element_value(p.e[u]), 0.0);
         }
     }
     block_welford(n, mean, m2);
@@ -249,19 +277,26 @@ extern "C" __global__ void bn_statistics(const elem_t* __restrict__ x, acc_t* __
 }
 
 // y = (x − mean)·(invstd·weight) + bias, then max(·, 0) when relu != 0, element-wise, with coef (2, C)
-// from bn_statistics. The mean is subtracted before scaling, in double, so |mean| ≫ std does not
-// cancel. bias may be null.
-extern "C" __global__ void bn_apply(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                    const acc_t* __restrict__ coef, const scalar_t* __restrict__ bias,
-                                    const int relu, const int C, const int S, const int total) {
-    const int G = blockDim.x * gridDim.x;
+// from bn_statistics; a grid-stride loop over total/V packs. The mean is subtracted before scaling, in
+// double, so |mean| ≫ std does not cancel. bias may be null.
+template <int V>
+__device__ void apply(const elem_t* __restrict__ x, elem_t* __restrict__ y, const acc_t* __restrict__ coef,
+                      const scalar_t* __restrict__ bias, const int relu, const int C, const int S, const int total) {
+    const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+    if (i >= count) return;
+    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(y);
+    for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
-        acc_t v = (element_value(x[i]) - coef[c]) * coef[C + c];
-        if (bias) v += (acc_t)bias[c];
-        y[i] = element_of(apply_relu(v, relu));
+        const Pack<V> in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            acc_t w = (element_value(in.e[u]) - coef[c]) * coef[C + c];
+            if (bias) w += (acc_t)bias[c];
+            p.e[u] = element_of(apply_relu(w, relu));
+        }
+        out[i] = p;
     }
 }
 
@@ -270,25 +305,31 @@ extern "C" __global__ void bn_apply(const elem_t* __restrict__ x, elem_t* __rest
 // ----------------------------------------------------------------------------------------------
 
 // y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias, then max(·, 0) when relu != 0;
-// weight and bias may be null. The per-channel invstd is recomputed per element (a double rsqrt)
+// weight and bias may be null. The per-channel invstd is recomputed per pack (a double rsqrt)
 // rather than in a second launch: the kernel stays memory-bound and inference stays a single launch.
-extern "C" __global__ void bn_inference(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                        const scalar_t* __restrict__ running_mean,
-                                        const scalar_t* __restrict__ running_var,
-                                        const scalar_t* __restrict__ weight, const scalar_t* __restrict__ bias,
-                                        const double eps_arg, const int relu, const int C, const int S,
-                                        const int total) {
+template <int V>
+__device__ void inference(const elem_t* __restrict__ x, elem_t* __restrict__ y, const scalar_t* __restrict__ running_mean,
+                          const scalar_t* __restrict__ running_var, const scalar_t* __restrict__ weight,
+                          const scalar_t* __restrict__ bias, const double eps_arg, const int relu, const int C,
+                          const int S, const int total) {
     const acc_t eps = eps_arg;
-    const int G = blockDim.x * gridDim.x;
+    const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+    if (i >= count) return;
+    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(y);
+    for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
         acc_t scale = inference_invstd(running_var[c], eps);
         if (weight) scale *= (acc_t)weight[c];
-        acc_t v = (element_value(x[i]) - (acc_t)running_mean[c]) * scale;
-        if (bias) v += (acc_t)bias[c];
-        y[i] = element_of(apply_relu(v, relu));
+        const Pack<V> in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            acc_t w = (element_value(in.e[u]) - (acc_t)running_mean[c]) * scale;
+            if (bias) w += (acc_t)bias[c];
+            p.e[u] = element_of(apply_relu(w, relu));
+        }
+        out[i] = p;
     }
 }
 
@@ -297,65 +338,78 @@ extern "C" __global__ void bn_inference(const elem_t* __restrict__ x, elem_t* __
 // dx), then, for training, the element-wise dx
 // ----------------------------------------------------------------------------------------------
 
-// Grid (C, splits). partial: (2, splits, C) doubles, fields Σg and Σg·(x − center) over each block's
-// values, g = dy·[relu_output > 0] (plain dy when relu_output is null), center = the saved batch mean
-// (training) or running_mean (inference); counters: C zeroed counters. The last block of channel c
-// writes dbias = Σg and dweight = Σg·(x − center)·invstd, with invstd the saved one (training: invstd
-// not null) or from running_var (inference: invstd null); training also writes coef (3, C) doubles
-// for bn_backward_dx: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
+// Grid (C, splits), packs of V as in statistics. partial: (2, splits, C) doubles, fields Σg and
+// Σg·(x − center) over each block's values, g = dy·[relu_output > 0] (plain dy when relu_output is null),
+// center = the saved batch mean (training) or running_mean (inference); counters: C zeroed counters. The
+// last block of channel c writes dbias = Σg and dweight = Σg·(x − center)·invstd, with invstd the saved
+// one (training: invstd not null) or from running_var (inference: invstd null); training also writes coef
+// (3, C) doubles for bn_backward_dx: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
 // Inference passes dx (not null), and dx = g·weight·invstd is written in the same pass, as its scale
 // is a per-channel constant. weight may be null.
-extern "C" __global__ void bn_backward_reduce(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
-                                              const elem_t* __restrict__ relu_output,
-                                              const scalar_t* __restrict__ center, acc_t* __restrict__ partial,
-                                              unsigned int* __restrict__ counters, elem_t* __restrict__ dx,
-                                              const scalar_t* __restrict__ invstd,
-                                              const scalar_t* __restrict__ running_var,
-                                              const scalar_t* __restrict__ weight, const double eps_arg,
-                                              scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
-                                              acc_t* __restrict__ coef, const int N, const int C, const int S,
-                                              const int per) {
+template <int V>
+__device__ void backward_reduce(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
+                                const elem_t* __restrict__ relu_output, const scalar_t* __restrict__ center,
+                                acc_t* __restrict__ partial, unsigned int* __restrict__ counters,
+                                elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd,
+                                const scalar_t* __restrict__ running_var, const scalar_t* __restrict__ weight,
+                                const double eps_arg, scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
+                                acc_t* __restrict__ coef, const int N, const int C, const int S, const int per) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
-    const int M = N * S;
+    const int packs_of_channel = N * (S / V);
     const int begin = k * per;
     const acc_t eps = eps_arg;
-    int left = values_of_thread(min(per, M - begin), t, B);
+    int left = values_of_thread(min(per, packs_of_channel - begin), t, B);
     acc_t sum_dy = 0, sum_dy_xc = 0;
     if (left > 0) {
         const int base = c * S;
-        const elem_t* __restrict__ dyc = dy + base;
-        const elem_t* __restrict__ xc = x + base;
-        const elem_t* __restrict__ yc = relu_output ? relu_output + base : nullptr;
+        const Pack<V>* __restrict__ dyc = packs<V>(dy + base);
+        const Pack<V>* __restrict__ xc = packs<V>(x + base);
+        const Pack<V>* __restrict__ yc = relu_output ? packs<V>(relu_output + base) : nullptr;
+        Pack<V>* __restrict__ dxc = dx ? reinterpret_cast<Pack<V>*>(dx + base) : nullptr;
         const acc_t mu = (acc_t)center[c];
         acc_t scale = 0;
         if (dx) {
             scale = inference_invstd(running_var[c], eps);
             if (weight) scale *= (acc_t)weight[c];
         }
-        Cursor cursor(begin + t, B, C, S);
+        Cursor cursor(begin + t, B, C, S / V);
         while (left >= 4) {
             int o[4];
             cursor.take4(o, left);
-            acc_t g[4], v[4];
+            // Every load first (twelve in flight), then the arithmetic in the values' order.
+            Pack<V> d[4], y[4], p[4];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                g[u] = output_grad(dyc, yc, o[u]);
-                v[u] = element_value(xc[o[u]]);
+            for (int q = 0; q < 4; ++q) {
+                d[q] = dyc[o[q]];
+                y[q] = yc ? yc[o[q]] : d[q];
+                p[q] = xc[o[q]];
             }
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                sum_dy += g[u];
-                sum_dy_xc += g[u] * (v[u] - mu);
-                if (dx) dx[base + o[u]] = element_of(g[u] * scale);
+            for (int q = 0; q < 4; ++q) {
+                Pack<V> out;
+#pragma unroll
+                for (int u = 0; u < V; ++u) {
+                    const acc_t g = gradient(d[q].e[u], y[q].e[u], yc != nullptr);
+                    sum_dy += g;
+                    sum_dy_xc += g * (element_value(p[q].e[u]) - mu);
+                    out.e[u] = element_of(g * scale);
+                }
+                if (dxc) dxc[o[q]] = out;
             }
         }
         while (left > 0) {
             const int o = cursor.take(left);
-            const acc_t g = output_grad(dyc, yc, o);
-            sum_dy += g;
-            sum_dy_xc += g * (element_value(xc[o]) - mu);
-            if (dx) dx[base + o] = element_of(g * scale);
+            const Pack<V> d = dyc[o], y = yc ? yc[o] : d, p = xc[o];
+            Pack<V> out;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const acc_t g = gradient(d.e[u], y.e[u], yc != nullptr);
+                sum_dy += g;
+                sum_dy_xc += g * (element_value(p.e[u]) - mu);
+                out.e[u] = element_of(g * scale);
+            }
+            if (dxc) dxc[o] = out;
         }
     }
     block_sum2(sum_dy, sum_dy_xc);
@@ -365,7 +419,7 @@ extern "C" __global__ void bn_backward_reduce(const elem_t* __restrict__ dy, con
     }
     if (!last_block_of_channel(counters + c, splits) || t >= 32) return;
 
-    // Warp 0 of the channel's last block (see bn_statistics).
+    // Warp 0 of the channel's last block (see statistics).
     sum_dy = sum_dy_xc = 0;
     for (int j = t; j < splits; j += 32) {
         sum_dy += __ldcg(partial + j * C + c);
@@ -379,26 +433,88 @@ extern "C" __global__ void bn_backward_reduce(const elem_t* __restrict__ dy, con
         dweight[c] = (scalar_t)dw;
         if (coef) {
             const acc_t scale = weight ? is * (acc_t)weight[c] : is;
-            coef[c] = sum_dy / M;
+            coef[c] = sum_dy / (N * S);
             coef[C + c] = scale;
-            coef[2 * C + c] = scale * is * dw / M;
+            coef[2 * C + c] = scale * is * dw / (N * S);
         }
     }
 }
 
 // Training dx = (g − Σg/M)·scale − (x − mean)·scale·invstd·dweight/M with g = dy·[relu_output > 0] (or
-// dy), the NumPy twin's formula, element-wise with coef (3, C) from bn_backward_reduce and the saved mean.
-extern "C" __global__ void bn_backward_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
-                                          const elem_t* __restrict__ relu_output,
-                                          const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef,
-                                          elem_t* __restrict__ dx, const int C, const int S, const int total) {
-    const int G = blockDim.x * gridDim.x;
+// dy), the NumPy twin's formula, element-wise (packs of V) with coef (3, C) from bn_backward_reduce and the
+// saved mean.
+template <int V>
+__device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
+                            const elem_t* __restrict__ relu_output, const scalar_t* __restrict__ mean,
+                            const acc_t* __restrict__ coef, elem_t* __restrict__ dx, const int C, const int S,
+                            const int total) {
+    const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    for (ChannelStep channel(i, G, C, S); i < total; i += G, channel.advance()) {
+    if (i >= count) return;
+    const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
+    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(dx);
+    for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
-        const acc_t g = output_grad(dy, relu_output, i);
-        const acc_t v = (g - coef[c]) * coef[C + c] - (element_value(x[i]) - (acc_t)mean[c]) * coef[2 * C + c];
-        dx[i] = element_of(v);
+        const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
+            p.e[u] = element_of((g - coef[c]) * coef[C + c] - (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
+        }
+        out[i] = p;
     }
 }
+
+// ----------------------------------------------------------------------------------------------
+// The kernels: each body above for single elements and for packs of VECTOR (batchnorm.py picks)
+// ----------------------------------------------------------------------------------------------
+
+#define STATISTICS_PARAMETERS                                                                                     \
+    const elem_t *__restrict__ x, acc_t *__restrict__ partial, unsigned int *__restrict__ counters, const int N, \
+        const int C, const int S, const int per, const scalar_t *__restrict__ weight,                            \
+        scalar_t *__restrict__ running_mean, scalar_t *__restrict__ running_var, scalar_t *__restrict__ mean_out, \
+        scalar_t *__restrict__ invstd_out, acc_t *__restrict__ coef, const double eps, const double momentum
+#define STATISTICS_ARGUMENTS \
+    x, partial, counters, N, C, S, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps, momentum
+extern "C" __global__ void bn_statistics(STATISTICS_PARAMETERS) { statistics<1>(STATISTICS_ARGUMENTS); }
+extern "C" __global__ void bn_statistics_vector(STATISTICS_PARAMETERS) { statistics<VECTOR>(STATISTICS_ARGUMENTS); }
+
+#define APPLY_PARAMETERS                                                                                  \
+    const elem_t *__restrict__ x, elem_t *__restrict__ y, const acc_t *__restrict__ coef,                \
+        const scalar_t *__restrict__ bias, const int relu, const int C, const int S, const int total
+#define APPLY_ARGUMENTS x, y, coef, bias, relu, C, S, total
+extern "C" __global__ void bn_apply(APPLY_PARAMETERS) { apply<1>(APPLY_ARGUMENTS); }
+extern "C" __global__ void bn_apply_vector(APPLY_PARAMETERS) { apply<VECTOR>(APPLY_ARGUMENTS); }
+
+#define INFERENCE_PARAMETERS                                                                                    \
+    const elem_t *__restrict__ x, elem_t *__restrict__ y, const scalar_t *__restrict__ running_mean,           \
+        const scalar_t *__restrict__ running_var, const scalar_t *__restrict__ weight,                          \
+        const scalar_t *__restrict__ bias, const double eps, const int relu, const int C, const int S,          \
+        const int total
+#define INFERENCE_ARGUMENTS x, y, running_mean, running_var, weight, bias, eps, relu, C, S, total
+extern "C" __global__ void bn_inference(INFERENCE_PARAMETERS) { inference<1>(INFERENCE_ARGUMENTS); }
+extern "C" __global__ void bn_inference_vector(INFERENCE_PARAMETERS) { inference<VECTOR>(INFERENCE_ARGUMENTS); }
+
+#define BACKWARD_REDUCE_PARAMETERS                                                                              \
+    const elem_t *__restrict__ dy, const elem_t *__restrict__ x, const elem_t *__restrict__ relu_output,        \
+        const scalar_t *__restrict__ center, acc_t *__restrict__ partial, unsigned int *__restrict__ counters,  \
+        elem_t *__restrict__ dx, const scalar_t *__restrict__ invstd, const scalar_t *__restrict__ running_var, \
+        const scalar_t *__restrict__ weight, const double eps, scalar_t *__restrict__ dweight,                  \
+        scalar_t *__restrict__ dbias, acc_t *__restrict__ coef, const int N, const int C, const int S, const int per
+#define BACKWARD_REDUCE_ARGUMENTS \
+    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps, dweight, dbias, coef, N, C, S, per
+extern "C" __global__ void bn_backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
+    backward_reduce<1>(BACKWARD_REDUCE_ARGUMENTS);
+}
+extern "C" __global__ void bn_backward_reduce_vector(BACKWARD_REDUCE_PARAMETERS) {
+    backward_reduce<VECTOR>(BACKWARD_REDUCE_ARGUMENTS);
+}
+
+#define BACKWARD_DX_PARAMETERS                                                                                  \
+    const elem_t *__restrict__ dy, const elem_t *__restrict__ x, const elem_t *__restrict__ relu_output,        \
+        const scalar_t *__restrict__ mean, const acc_t *__restrict__ coef, elem_t *__restrict__ dx, const int C, \
+        const int S, const int total
+#define BACKWARD_DX_ARGUMENTS dy, x, relu_output, mean, coef, dx, C, S, total
+extern "C" __global__ void bn_backward_dx(BACKWARD_DX_PARAMETERS) { backward_dx<1>(BACKWARD_DX_ARGUMENTS); }
+extern "C" __global__ void bn_backward_dx_vector(BACKWARD_DX_PARAMETERS) { backward_dx<VECTOR>(BACKWARD_DX_ARGUMENTS); }
