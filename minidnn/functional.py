@@ -388,9 +388,9 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
 class BatchNormTrainingFunction(Function):
     half_inputs = True  # half x, float32 weight and statistics: batch norm under autocast, as PyTorch's
 
-    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False):
+    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False, num_batches_tracked=None):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
-                                                              relu=relu)
+                                                              relu=relu, num_batches_tracked=num_batches_tracked)
         # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
         self.save_for_backward(x, weight, mean, invstd, y if relu else None)
         return y
@@ -418,14 +418,16 @@ class BatchNormInferenceFunction(Function):
 
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
-               relu: bool = False) -> Tensor:
+               relu: bool = False, num_batches_tracked: Tensor | None = None) -> Tensor:
     """Batch normalisation over every axis but 1. In training, normalises with the batch statistics
     and updates the running ones in place; otherwise uses the running statistics. ``relu``: max(·, 0)
-    in the same kernels, forward and backward (cuDNN and PyTorch's fused BN + ReLU)."""
+    in the same kernels, forward and backward (cuDNN and PyTorch's fused BN + ReLU).
+    ``num_batches_tracked`` (minidnn's addition; an int64 tensor of one element): in training, 1 is added
+    to it in place by the statistics' own kernel, so nn.BatchNorm's count needs no launch of its own."""
     _require_tensor(input, "input")
     if training:
         return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum,
-                                               eps, relu)
+                                               eps, relu, _data(num_batches_tracked))
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when training=False")
     return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps, relu)

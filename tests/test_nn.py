@@ -159,6 +159,23 @@ def test_layer_parameter_gradients_by_finite_differences(rng):
         np.testing.assert_allclose(p.grad.numpy(), expected, rtol=1e-6, atol=1e-8, err_msg=name)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batchnorm2d_counts_training_batches_only(rng, device):
+    """A fixed momentum: the batch is counted by the normalisation's kernel (no launch of its own); eval()
+    and track_running_stats=False count nothing."""
+    bn = nn.BatchNorm2d(3).to(device)
+    x = minidnn.tensor(rng.standard_normal((4, 3, 2, 2)).astype(np.float32)).to(device)
+    for _ in range(3):
+        bn(x)
+    assert bn.num_batches_tracked.item() == 3
+    bn.eval()
+    bn(x)
+    assert bn.num_batches_tracked.item() == 3
+    untracked = nn.BatchNorm2d(3, track_running_stats=False).to(device)
+    untracked(x)
+    assert untracked.num_batches_tracked is None
+
+
 def test_batchnorm2d_modes(rng):
     bn = nn.BatchNorm2d(3, momentum=None, dtype=minidnn.float64)
     first, second = rng.standard_normal((4, 3, 2, 2)), rng.standard_normal((4, 3, 2, 2)) + 3

@@ -140,6 +140,37 @@ def test_running_statistics_accumulate_over_steps(xp, rng):
     assert_close(running_var, expected_var, name="running_var")
 
 
+@pytest.mark.parametrize("engine", ["minidnn", "naive"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_num_batches_tracked_counts_each_training_call(xp, rng, engine, dtype):
+    """The optional counter gains 1 per call, in place (on the GPU in the statistics kernel: nn.BatchNorm's
+    count costs no launch), whether the running statistics are tracked or not."""
+    from minidnn.naive import plain  # noqa: PLC0415
+    from minidnn.primitives import batchnorm, convert  # noqa: PLC0415
+
+    if engine == "naive" and dtype == "bfloat16":
+        pytest.skip("the naive engine has no half precision")
+    library = batchnorm if engine == "minidnn" else plain
+    counter = xp.asarray(np.array(41, dtype=np.int64))
+    x = xp.asarray(rng.standard_normal((5, 3, 4, 4)).astype(np.float32))
+    if dtype == "bfloat16":
+        x = convert.float_to_half(x, "bfloat16")
+    running_mean, running_var = xp.zeros(3, np.float32), xp.ones(3, np.float32)
+    for calls in range(1, 4):
+        library.batch_norm_forward_training(x, None, None, running_mean, running_var, num_batches_tracked=counter)
+        assert int(counter) == 41 + calls
+    library.batch_norm_forward_training(x, None, None, None, None, num_batches_tracked=counter)
+    library.batch_norm_forward_training(x, None, None, running_mean, running_var)
+    assert int(counter) == 45
+    with pytest.raises(TypeError, match="num_batches_tracked must be an int64 array"):
+        library.batch_norm_forward_training(x, None, None, None, None, num_batches_tracked=xp.zeros(1, np.int32))
+    with pytest.raises(TypeError, match="num_batches_tracked must be an int64 array"):
+        library.batch_norm_forward_training(x, None, None, None, None, num_batches_tracked=xp.zeros(2, np.int64))
+    if xp is not np:
+        with pytest.raises(ValueError, match="num_batches_tracked must be on x's device"):
+            library.batch_norm_forward_training(x, None, None, None, None, num_batches_tracked=np.zeros((), np.int64))
+
+
 @pytest.mark.parametrize("shape", SHAPES + [(1, 3)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_forward_inference_matches_reference(xp, rng, shape, affine):

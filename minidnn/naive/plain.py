@@ -53,9 +53,11 @@ def _check_relu_output(relu_output: Any, x: Any) -> None:
 
 
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-                                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False) -> tuple[Any, Any, Any]:
+                                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False,
+                                num_batches_tracked: Any = None) -> tuple[Any, Any, Any]:
     """Normalise with the batch statistics (biased variance), update the running ones in place (unbiased
-    variance), then ReLU when ``relu``. x: (N, C, *spatial); returns y, and mean, invstd: (C,)."""
+    variance), then ReLU when ``relu``; num_batches_tracked (int64, one element) += 1 when given.
+    x: (N, C, *spatial); returns y, and mean, invstd: (C,)."""
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     channels = bn_checks._check_input(x)
     bn_checks._check_channel_vector(weight, "weight", channels, x, optional=True)
@@ -64,6 +66,9 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     momentum, eps = bn_checks._check_momentum(momentum), bn_checks._check_eps(eps)
     count = bn_checks._check_training_count(x)
     relu = check_bool(relu, "batch_norm: relu")
+    bn_checks._check_batches_tracked(num_batches_tracked, x)
+    if num_batches_tracked is not None:
+        num_batches_tracked[...] += 1
     mean = x.mean(axis=_axes(x))
     centered = x - _per_channel(mean, x)
     var = (centered * centered).mean(axis=_axes(x))

@@ -298,14 +298,17 @@ class _BatchNorm(Module):
         """``relu=True``: max(BN(x), 0) in the same kernels (the fused form models use)."""
         if x.ndim not in self._ranks:
             raise ValueError(f"{type(self).__name__} expects {self._layout} input, got shape {x.shape}")
-        momentum = self._momentum()
+        # A fixed momentum lets the normalisation's own kernel count the batch; momentum=None needs the count
+        # on the host first (_momentum).
+        in_kernel = self.momentum is not None and self.training and self.track_running_stats
+        momentum = self.momentum if in_kernel else self._momentum()
         # Without running statistics (track_running_stats=False) even eval() normalises with the batch's.
         use_batch_statistics = self.training or not self.track_running_stats
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_statistics,
-                            momentum, self.eps, relu)
+                            momentum, self.eps, relu, num_batches_tracked=self.num_batches_tracked if in_kernel else None)
 
     def _momentum(self) -> float:
-        """This step's momentum for the running statistics, counting the batch in training
+        """This step's momentum for the running statistics, counting the batch (one launch) in training
         (``momentum=None``: the cumulative moving average, as PyTorch)."""
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:

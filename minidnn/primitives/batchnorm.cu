@@ -203,13 +203,14 @@ __device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const 
 // M2 (sum of squared deviations) of each block's values; counters: C zeroed counters. The last block of
 // channel c merges its splits and writes mean_out, invstd_out (x's dtype, returned to the caller); coef (2,
 // C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is not null, the in-place
-// running-statistics update with the unbiased variance M2/(M − 1). weight may be null (weight 1).
+// running-statistics update with the unbiased variance M2/(M − 1); channel 0's also adds 1 to
+// *batches_tracked when it is not null (the layer's count of batches). weight may be null (weight 1).
 template <int V>
 __device__ void statistics(const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,
                            const int N, const int C, const int S, const int per, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
                            scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out, acc_t* __restrict__ coef,
-                           const double eps_arg, const double momentum_arg) {
+                           const double eps_arg, const double momentum_arg, long long* __restrict__ batches_tracked) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int packs_of_channel = N * (S / V);
@@ -273,6 +274,7 @@ __device__ void statistics(const elem_t* __restrict__ x, acc_t* __restrict__ par
             const acc_t unbiased = var * (n / (n - 1.0));
             running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
         }
+        if (batches_tracked && c == 0) *batches_tracked += 1;
     }
 }
 
@@ -474,9 +476,11 @@ __device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restr
     const elem_t *__restrict__ x, acc_t *__restrict__ partial, unsigned int *__restrict__ counters, const int N, \
         const int C, const int S, const int per, const scalar_t *__restrict__ weight,                            \
         scalar_t *__restrict__ running_mean, scalar_t *__restrict__ running_var, scalar_t *__restrict__ mean_out, \
-        scalar_t *__restrict__ invstd_out, acc_t *__restrict__ coef, const double eps, const double momentum
-#define STATISTICS_ARGUMENTS \
-    x, partial, counters, N, C, S, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps, momentum
+        scalar_t *__restrict__ invstd_out, acc_t *__restrict__ coef, const double eps, const double momentum,   \
+        long long *__restrict__ batches_tracked
+#define STATISTICS_ARGUMENTS                                                                                   \
+    x, partial, counters, N, C, S, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps, momentum, \
+        batches_tracked
 extern "C" __global__ void bn_statistics(STATISTICS_PARAMETERS) { statistics<1>(STATISTICS_ARGUMENTS); }
 extern "C" __global__ void bn_statistics_vector(STATISTICS_PARAMETERS) { statistics<VECTOR>(STATISTICS_ARGUMENTS); }
 

@@ -99,6 +99,18 @@ def _check_running_statistics(running_mean: Any, running_var: Any, channels: int
     _check_channel_vector(running_var, "running_var", channels, x, optional=True)
 
 
+def _check_batches_tracked(num_batches_tracked: Any, x: Any) -> None:
+    """The optional count of batches seen: an int64 array of one element on x's device."""
+    if num_batches_tracked is None:
+        return
+    if getattr(num_batches_tracked, "dtype", None) != np.int64 or getattr(num_batches_tracked, "size", 0) != 1:
+        raise TypeError(f"batch_norm: num_batches_tracked must be an int64 array of one element or None, "
+                        f"got {num_batches_tracked!r}")
+    if backend.device_of(num_batches_tracked) != backend.device_of(x):
+        raise ValueError(f"batch_norm: num_batches_tracked must be on x's device {backend.device_of(x)}, "
+                         f"got {backend.device_of(num_batches_tracked)}")
+
+
 def _check_training_count(x: Any) -> int:
     """M, the values per channel: batch statistics need M > 1, as in PyTorch."""
     count = _values_per_channel(x)
@@ -192,7 +204,8 @@ def _relu_masked(dy: Any, relu_output: Any) -> Any:
 
 
 def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-                                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False) -> tuple[Any, Any, Any]:
+                                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False,
+                                num_batches_tracked: Any = None) -> tuple[Any, Any, Any]:
     """Normalise with the batch statistics and update the running statistics in place.
 
     x: (N, C, *spatial); weight, bias: (C,) or None; running_mean, running_var: (C,) or both None
@@ -201,7 +214,8 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     y = max(BN(x), 0) (pass y as ``relu_output`` to the backward). The statistics are those of x either way.
     Raises ``ValueError`` when a channel has only one value (M = 1), as PyTorch does.
     Half precision (module docstring): x float16 or bfloat16, the vectors float32; y in x's type, mean and
-    invstd float32.
+    invstd float32. ``num_batches_tracked``: an int64 array of one element, or None; it is incremented in
+    place, on the GPU by the statistics kernel (nn.BatchNorm's counter costs no launch of its own).
     """
     half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
@@ -212,9 +226,13 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     eps = _check_eps(eps)
     relu = check_bool(relu, "batch_norm: relu")
     count = _check_training_count(x)
+    _check_batches_tracked(num_batches_tracked, x)
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
-        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu, half)
+        return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu, half,
+                                     num_batches_tracked)
+    if num_batches_tracked is not None:
+        num_batches_tracked[...] += 1
     if half is not None:
         y, mean, invstd = batch_norm_forward_training(_wide(x, half), weight, bias, running_mean, running_var,
                                                       momentum, eps, relu)
@@ -411,9 +429,10 @@ def _split(C: int, values: int, width: int) -> tuple[int, int]:
 
 
 def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
-                          eps: float, relu: bool, half: str | None) -> tuple[Any, Any, Any]:
+                          eps: float, relu: bool, half: str | None, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
-    channel (mean, invstd, running statistics in place), then the fused normalisation (and ReLU)."""
+    channel (mean, invstd, running statistics in place; channel 0's counts the batch), then the fused
+    normalisation (and ReLU)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     xp = backend.get_array_module(x)
@@ -432,7 +451,7 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     i32, f64 = _cuda.i32, _cuda.f64
     _cuda.launch_blocks(_kernel(_build("bn_statistics", width), x.dtype, half), (C, splits), _cuda.THREADS,
                         (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
-                         invstd, coef, f64(eps), f64(momentum)))
+                         invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
     _cuda.launch(_kernel(_build("bn_apply", width), x.dtype, half), x.size // width,
                  (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
