@@ -140,6 +140,8 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 
 
 class AvgPool2dFunction(Function):
+    half_inputs = True  # half x gives half y: float sums, one rounding
+
     def forward(self, x, *args):
         self.x_shape, self.args = x.shape, args
         return library.avg_pool2d_forward(x, *args)
@@ -151,11 +153,12 @@ class AvgPool2dFunction(Function):
 def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     _require_tensor(input, "input")
-    return _through_float32(AvgPool2dFunction.apply, input, kernel_size, stride, padding, ceil_mode,
-                            count_include_pad, divisor_override)
+    return AvgPool2dFunction.apply(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 class AdaptiveAvgPool2dFunction(Function):
+    half_inputs = True
+
     def forward(self, x, output_size):
         self.x_shape = x.shape
         return library.adaptive_avg_pool2d_forward(x, output_size)
@@ -166,7 +169,7 @@ class AdaptiveAvgPool2dFunction(Function):
 
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
     _require_tensor(input, "input")
-    return _through_float32(AdaptiveAvgPool2dFunction.apply, input, output_size)
+    return AdaptiveAvgPool2dFunction.apply(input, output_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,6 +343,8 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 # Regularisation and normalisation
 # ----------------------------------------------------------------------------------------------
 class DropoutFunction(Function):
+    half_inputs = True  # half x gives half y: the float product, one rounding
+
     def forward(self, x, p, seed, offset):
         y, mask = library.dropout_forward(x, p, seed, offset)
         self.p = p
@@ -360,7 +365,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     if not training or p == 0.0:
         return input
     generator = _random.default_generator
-    return _through_float32(DropoutFunction.apply, input, float(p), generator.seed, generator.next_offset(input.numel()))
+    return DropoutFunction.apply(input, float(p), generator.seed, generator.next_offset(input.numel()))
 
 
 def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
@@ -476,15 +481,6 @@ def add_relu(input: Tensor, other: Tensor) -> Tensor:
     if input.dtype != other.dtype and (is_half(input.data) or is_half(other.data)):
         input, other = input.float(), other.float()
     return AddReLUFunction.apply(input, other)
-
-
-def _through_float32(apply: Any, input: Tensor, *args: Any) -> Tensor:
-    """``apply(input, *args)``; for a half-precision input, the float32 operation on its widening, rounded
-    back to the half type once: float math and one rounding, as a half kernel gives them, and the activations
-    of a half network stay half (average pooling and dropout have no half kernels of their own)."""
-    if not is_half(input.data):
-        return apply(input, *args)
-    return apply(input.float(), *args).to(input.dtype)
 
 
 class LocalResponseNormFunction(Function):

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from minidnn.primitives import dropout as dropout_module
 from minidnn.primitives.dropout import _random_bits, dropout_backward, dropout_forward, uniform
 from tests.helpers import assert_close, numerical_gradient, to_numpy
 
@@ -174,6 +175,38 @@ def test_forward_and_backward_match_reference(xp, rng, shape, p):
     assert_close(dropout_backward(xp.asarray(dy), mask, p), dy * mask_ref / (1 - p), name="dx")
 
 
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("engine", ["minidnn", "naive"])
+def test_half_dropout_is_the_float_product_rounded_once(xp, rng, name, engine):
+    """Half x and dy (minidnn: dropout.cu's half build on the GPU; the CPU and the naive engine widen): the
+    float32 call's mask, and y, dx the float32 products of the exact values rounded once to the half type by
+    NumPy / ml_dtypes, bit for bit."""
+    from minidnn import naive  # noqa: PLC0415
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    library = dropout_module if engine == "minidnn" else naive
+    shape, p = (5, 67), 0.3
+    h = convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), name)
+    exact = to_numpy(convert.half_to_float(h, name))
+    scale = np.float32(1 / (1 - p))
+    y, mask = library.dropout_forward(h, p, 7, 11)
+    _, float_mask = library.dropout_forward(convert.half_to_float(h, name), p, 7, 11)
+    np.testing.assert_array_equal(to_numpy(mask), to_numpy(float_mask))
+    kept = to_numpy(mask)
+    storage = convert.storage_dtype(name, np)
+
+    def rounded(values):  # float32 values to the half type by NumPy / ml_dtypes, as 16-bit words
+        return values.astype(np.float16 if name == "float16" else convert.bfloat16()).view(np.uint16)
+
+    assert y.dtype == h.dtype
+    np.testing.assert_array_equal(to_numpy(y).view(np.uint16), rounded(exact * (kept * scale)))
+    dy = convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), name)
+    dx = library.dropout_backward(dy, mask, p)
+    assert dx.dtype == dy.dtype and storage.itemsize == 2
+    np.testing.assert_array_equal(to_numpy(dx).view(np.uint16),
+                                  rounded(to_numpy(convert.half_to_float(dy, name)) * (kept * scale)))
+
+
 def test_keep_decision_is_exact_at_the_threshold(xp):
     """u >= p exactly, with u = k·2^-24: p a hair above a grid value drops it; p on the grid keeps it."""
     seed, offset = 7, 3
@@ -260,7 +293,7 @@ def test_argument_errors(xp):
             dropout_forward(x, p, 0)
     with pytest.raises(TypeError, match="p must be a real number"):
         dropout_forward(x, "0.5", 0)
-    with pytest.raises(TypeError, match="x must be a float32 or float64 array, got int64"):
+    with pytest.raises(TypeError, match="x must be a float32, float64, float16 or bfloat16 array, got int64"):
         dropout_forward(xp.ones(3, dtype=xp.int64), 0.5, 0)
     with pytest.raises(TypeError, match="seed must be an int, got float 1.0"):
         dropout_forward(x, 0.5, 1.0)

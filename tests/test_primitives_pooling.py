@@ -400,11 +400,46 @@ def test_half_max_pool2d_is_the_float_layer_on_the_exact_values_rounded_once(xp,
         np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), to_numpy(want).view(np.uint16), err_msg=label)
 
 
-def test_average_pooling_still_takes_float_arrays_only():
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("engine", ["minidnn", "naive"])
+@pytest.mark.parametrize("operation", ["avg", "avg_padded_ceil", "adaptive"])
+def test_half_average_pooling_is_the_float_layer_rounded_once(xp, rng, name, engine, operation):
+    """Half x and dy (minidnn: pooling.cu's half build on the GPU; the CPU and the naive engine widen): y and
+    dx within one rounding of the float64 reference on the exact values (plus the float32 sums' error), and
+    bit for bit the float32 call on the widened arrays rounded once."""
+    from minidnn import naive  # noqa: PLC0415
     from minidnn.primitives import convert  # noqa: PLC0415
+    from tests.helpers import assert_within_half_bound  # noqa: PLC0415
 
-    with pytest.raises(TypeError, match="input must be a float32 or float64 array"):
-        pooling.avg_pool2d_forward(convert.float_to_half(np.ones((1, 1, 4, 4), np.float32), "float16"), 2)
+    library = pooling if engine == "minidnn" else naive
+    shape = (2, 3, 7, 9)
+    if operation == "adaptive":
+        args, window = ((3, 4),), 9  # the output size; the backward reads it from dy
+        forward, backward = library.adaptive_avg_pool2d_forward, library.adaptive_avg_pool2d_backward
+        reference, reference_backward = ref_adaptive_pool, ref_adaptive_pool_backward
+    else:
+        args = (3, 2, 0, False, True, None) if operation == "avg" else ((3, 2), (2, 1), (1, 1), True, False, None)
+        window = 6
+        forward, backward = library.avg_pool2d_forward, library.avg_pool2d_backward
+        reference, reference_backward = ref_avg_pool, ref_avg_pool_backward
+    h = convert.float_to_half(xp.asarray(draw(rng, shape).astype(np.float32)), name)
+    exact = to_numpy(convert.half_to_float(h, name)).astype(np.float64)
+    y = forward(h, *args)
+    assert y.dtype == h.dtype
+    y_exact = reference(exact, *args)
+    assert_within_half_bound(y, y_exact, reference(np.abs(exact), *args), name, window, "y")
+    widened = forward(convert.half_to_float(h, name), *args)
+    np.testing.assert_array_equal(to_numpy(y).view(np.uint16), to_numpy(convert.float_to_half(widened, name)).view(np.uint16))
+
+    dy = convert.float_to_half(xp.asarray(draw(rng, y_exact.shape).astype(np.float32)), name)
+    dy_exact = to_numpy(convert.half_to_float(dy, name)).astype(np.float64)
+    backward_args = () if operation == "adaptive" else args
+    dx = backward(dy, shape, *backward_args)
+    assert dx.dtype == dy.dtype
+    assert_within_half_bound(dx, reference_backward(dy_exact, shape, *backward_args),
+                             reference_backward(np.abs(dy_exact), shape, *backward_args), name, window, "dx")
+    widened = backward(convert.half_to_float(dy, name), shape, *backward_args)
+    np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), to_numpy(convert.float_to_half(widened, name)).view(np.uint16))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -520,7 +555,7 @@ def test_adaptive_avg_pool2d_backward_finite_differences(xp, rng, shape, output_
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, error, message", [
     (lambda x: pooling.max_pool2d_forward(x[0], 2), ValueError, r"input must be 4-D \(N, C, H, W\)"),
-    (lambda x: pooling.avg_pool2d_forward(x.astype(np.int32), 2), TypeError, "input must be a float32 or float64"),
+    (lambda x: pooling.avg_pool2d_forward(x.astype(np.int32), 2), TypeError, "input must be a float32, float64, float16 or bfloat16"),
     (lambda x: pooling.adaptive_avg_pool2d_forward(x[..., :0], 1), ValueError, "non-zero C, H and W"),
     (lambda x: pooling.max_pool2d_forward(x, 0), ValueError, "kernel_size must be >= 1"),
     (lambda x: pooling.max_pool2d_forward(x, 1.5), TypeError, "kernel_size must be an int or a pair of ints, got 1.5"),

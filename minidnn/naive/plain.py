@@ -26,12 +26,13 @@ from typing import Any
 
 from .. import backend
 from ..primitives import batchnorm as bn_checks
+from ..primitives import convert
 from ..primitives import dropout as dropout_checks
 from ..primitives import layernorm as ln_checks
 from ..primitives import softmax as softmax_checks
 from ..primitives.softmax import _picked_cost, _reduce, _row_scale
-from ..primitives._checks import (check_bool, check_float, check_int, check_like, check_same_dtype,
-                                  normalise_axis)
+from ..primitives._checks import (check_bool, check_float, check_float_or_half, check_int, check_like,
+                                  check_same_dtype, normalise_axis)
 from ..primitives.dropout import _keep_scale, keep_mask
 from .activation import relu_backward, relu_forward
 
@@ -295,21 +296,27 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
 # ----------------------------------------------------------------------------------------------
 def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, Any]:
     """y = x·mask·1/(1 − p) (0 for p = 1), with the primitives' counter-based mask, so that both engines
-    draw the same masks; returns (y, mask)."""
+    draw the same masks; returns (y, mask). A half x runs the float32 layer on its widening, y rounded once."""
     xp = backend.get_array_module(x)
-    check_float(x, "x")
+    check_float_or_half(x, "x")
     p = dropout_checks.check_probability(p)
     seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
     offset = check_int(offset, "dropout: offset", 0)
+    half = convert.half_type_of(x)
+    if half is not None:
+        y, mask = dropout_forward(convert.half_to_float(x, half), p, seed, offset)
+        return convert.float_to_half(y, half), mask
     mask = keep_mask(tuple(x.shape), p, seed, offset, xp)
     return x * mask * _keep_scale(p, x.dtype), mask
 
 
 def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
-    """dx = dy·mask·1/(1 − p)."""
+    """dx = dy·mask·1/(1 − p) (half dy: widened, rounded once)."""
     backend.get_array_module(dy, mask)
-    check_float(dy, "dy")
+    check_float_or_half(dy, "dy")
     p = dropout_checks.check_probability(p)
     dropout_checks._check_mask(mask, dy)
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(dropout_backward, dy, mask, p)
     return dy * mask * _keep_scale(p, dy.dtype)
 

@@ -113,8 +113,12 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
 # ----------------------------------------------------------------------------------------------
 def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                        count_include_pad: bool = True, divisor_override: int | None = None) -> Any:
-    """Mean over each window (AvePoolForward). x: (N, C, H, W); returns y: (N, C, P, Q)."""
-    checks._check_input(x)
+    """Mean over each window (AvePoolForward). x: (N, C, H, W); returns y: (N, C, P, Q). A half x runs the
+    float32 layer on its widening, rounded once."""
+    checks._check_input(x, half=True)
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened(avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                  divisor_override)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = checks._avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     N, C, H, W = x.shape
@@ -135,12 +139,15 @@ def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any =
                         ceil_mode: bool = False, count_include_pad: bool = True,
                         divisor_override: int | None = None) -> Any:
     """dx: each dy entry over its divisor, spread over its window's input pixels (AvePoolBackward).
-    dy: (N, C, P, Q); returns dx: x_shape."""
+    dy: (N, C, P, Q); returns dx: x_shape (half dy: as the forward)."""
     N, C, H, W = checks._check_x_shape(x_shape)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = checks._avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     out = checks._output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
-    checks._check_grad(dy, (N, C) + out, "the pooling output for x_shape")
+    checks._check_grad(dy, (N, C) + out, "the pooling output for x_shape", half=True)
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(avg_pool2d_backward, dy, x_shape, kernel_size, stride, padding, ceil_mode,
+                                  count_include_pad, divisor_override)
     if backend.is_cuda_array(dy):
         cupy = backend.cupy()
         dy = cupy.ascontiguousarray(dy)
@@ -181,8 +188,11 @@ def _cells(size: int, out: int) -> list[tuple[int, int]]:
 
 
 def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
-    """One mean per output cell, a reduction each. x: (N, C, H, W); returns (N, C, P, Q)."""
-    checks._check_input(x)
+    """One mean per output cell, a reduction each. x: (N, C, H, W); returns (N, C, P, Q) (half x: widened,
+    rounded once)."""
+    checks._check_input(x, half=True)
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened(adaptive_avg_pool2d_forward, x, output_size)
     xp = backend.get_array_module(x)
     P, Q = checks._adaptive_output_size(output_size, x.shape[2:])
     y = xp.empty(x.shape[:2] + (P, Q), dtype=x.dtype)
@@ -193,8 +203,11 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
 
 
 def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
-    """dx: each cell's dy spread evenly over its window. dy: (N, C, P, Q); returns dx: x_shape."""
+    """dx: each cell's dy spread evenly over its window. dy: (N, C, P, Q); returns dx: x_shape (half dy:
+    widened, rounded once)."""
     N, C, H, W = checks._check_adaptive_backward_arguments(dy, x_shape)
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(adaptive_avg_pool2d_backward, dy, x_shape)
     xp = backend.get_array_module(dy)
     dx = xp.zeros((N, C, H, W), dtype=dy.dtype)
     for p, (h0, h1) in enumerate(_cells(H, dy.shape[2])):

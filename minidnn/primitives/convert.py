@@ -185,6 +185,13 @@ def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
     return result
 
 
+def on_widened(function: Any, array: Any, *args: Any) -> Any:
+    """``function(array widened to float32, *args)`` rounded back to array's half type once: float math and
+    one rounding, what a half kernel gives (the NumPy twins of the half kernels, and engines without them)."""
+    name = half_type_of(array)
+    return float_to_half(function(half_to_float(array, name), *args), name)
+
+
 # ----------------------------------------------------------------------------------------------
 # Any dtype to any dtype, and across devices, with bfloat16 held in its device's storage
 # ----------------------------------------------------------------------------------------------

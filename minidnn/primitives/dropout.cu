@@ -17,6 +17,11 @@
 typedef SCALAR scalar_t;
 typedef unsigned long long u64;
 
+// x, y, dy and dx: scalar_t, or in the half build (HALF = 1 for float16, 2 for bfloat16, with SCALAR float)
+// 16-bit words, read as their exact float values and written rounded once from the float product
+// (elements.cuh): the float kernels' results on the widened arrays, bit for bit.
+#include "elements.cuh"
+
 #define GOLDEN_GAMMA 0x9E3779B97F4A7C15ull
 #define MIX_MULTIPLIER_1 0xBF58476D1CE4E5B9ull
 #define MIX_MULTIPLIER_2 0x94D049BB133111EBull
@@ -59,18 +64,18 @@ extern "C" __global__ void dropout_mask(bool* __restrict__ mask, const u64 start
 // mask and y = x·(mask·scale) in one pass; scale = 1/(1 − p) (0 for p = 1), rounded once to the
 // array's dtype as the NumPy twin does. A multiply, not a select, so that x·0 keeps NaN and turns
 // inf into NaN, as in PyTorch. p = 0 (threshold 0) keeps everything, p = 1 (threshold 2^24) nothing.
-__device__ __forceinline__ void dropout_body(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+__device__ __forceinline__ void dropout_body(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                              bool* __restrict__ mask, const u64 start, const unsigned threshold,
                                              const double scale_arg, const int n) {
     const scalar_t scale = (scalar_t)scale_arg;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
         const bool keep = top_bits(start, i) >= threshold;
         mask[i] = keep;
-        y[i] = x[i] * (keep ? scale : scalar_t(0));
+        y[i] = element_of(element_value(x[i]) * (keep ? scale : scalar_t(0)));
     }
 }
 
-extern "C" __global__ void dropout_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void dropout_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                            bool* __restrict__ mask, const u64 start, const unsigned threshold,
                                            const double scale_arg, const int n) {
     dropout_body(x, y, mask, start, threshold, scale_arg, n);
@@ -78,7 +83,7 @@ extern "C" __global__ void dropout_forward(const scalar_t* __restrict__ x, scala
 
 // The same, with the start read from device memory plus delta·GAMMA (mod 2^64): a CUDA graph records
 // kernel arguments by value, so this is how a replay draws a new mask (dropout.DeviceOffset).
-extern "C" __global__ void dropout_forward_from_device(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void dropout_forward_from_device(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                        bool* __restrict__ mask, const u64* __restrict__ start_base,
                                                        const u64 delta_gamma, const unsigned threshold,
                                                        const double scale_arg, const int n) {
@@ -86,10 +91,10 @@ extern "C" __global__ void dropout_forward_from_device(const scalar_t* __restric
 }
 
 // dx = dy·(mask·scale).
-extern "C" __global__ void dropout_backward(const scalar_t* __restrict__ dy, const bool* __restrict__ mask,
-                                            scalar_t* __restrict__ dx, const double scale_arg, const int n) {
+extern "C" __global__ void dropout_backward(const elem_t* __restrict__ dy, const bool* __restrict__ mask,
+                                            elem_t* __restrict__ dx, const double scale_arg, const int n) {
     const scalar_t scale = (scalar_t)scale_arg;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        dx[i] = dy[i] * (mask[i] ? scale : scalar_t(0));
+        dx[i] = element_of(element_value(dy[i]) * (mask[i] ? scale : scalar_t(0)));
     }
 }

@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ._checks import check_float, check_int
+from . import convert
+from ._checks import check_float_or_half, check_int
 
 _MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -192,7 +193,8 @@ def _keep_scale(p: float, dtype: Any) -> Any:
 def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, Any]:
     """y = x·mask/(1 − p) with mask = keep(seed, offset + i) per element (module docstring).
 
-    x: any shape, float32 or float64; p in [0, 1] is the drop probability; seed in [0, 2^64) and
+    x: any shape, float32, float64, float16 or bfloat16 (half: float math, one rounding, as the widened
+    float32 call rounded back); p in [0, 1] is the drop probability; seed in [0, 2^64) and
     offset >= 0 are ints. Returns y: x's shape and dtype, and mask: bool, x's shape, True = kept
     (save it for the backward, or recompute it from (seed, offset)). The draw uses the counters
     offset .. offset + x.size − 1.
@@ -200,7 +202,7 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     inf in x stays NaN, as in PyTorch), no division by zero.
     """
     xp = backend.get_array_module(x)
-    check_float(x, "x")
+    check_float_or_half(x, "x")
     p = check_probability(p)
     seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
     if isinstance(offset, DeviceOffset):
@@ -210,6 +212,10 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     offset = check_int(offset, "dropout: offset", 0)
     if backend.is_cuda_array(x):
         return _dropout_forward_gpu(x, p, seed, offset)
+    half = convert.half_type_of(x)
+    if half is not None:
+        y, mask = dropout_forward(convert.half_to_float(x, half), p, seed, offset)
+        return convert.float_to_half(y, half), mask
     shape = tuple(x.shape)
     if p == 0.0:
         return x.copy(), xp.ones(shape, dtype=bool)
@@ -223,15 +229,17 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
 def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
     """dx = dy·mask/(1 − p) (dy·0 for p = 1).
 
-    dy: any shape, float32 or float64; mask: bool of dy's shape, from :func:`dropout_forward`.
-    Returns dx: dy's shape and dtype.
+    dy: any shape, float32, float64, float16 or bfloat16; mask: bool of dy's shape, from
+    :func:`dropout_forward`. Returns dx: dy's shape and dtype.
     """
     backend.get_array_module(dy, mask)  # one device for both
-    check_float(dy, "dy")
+    check_float_or_half(dy, "dy")
     p = check_probability(p)
     _check_mask(mask, dy)
     if backend.is_cuda_array(dy):
         return _dropout_backward_gpu(dy, mask, p)
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(dropout_backward, dy, mask, p)
     return dy * (mask * _keep_scale(p, dy.dtype))
 
 
@@ -240,13 +248,14 @@ def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
-def _launch(name: str, dtype: Any, count: int, args: tuple) -> None:
-    """Run kernel ``name`` of dropout.cu, compiled for ``dtype``, on ``count`` elements (grid-stride);
-    every kernel takes the element count as its last argument."""
+def _launch(name: str, dtype: Any, count: int, args: tuple, half: str | None = None) -> None:
+    """Run kernel ``name`` of dropout.cu, compiled for ``dtype`` (or ``half``'s build for half storage), on
+    ``count`` elements (grid-stride); every kernel takes the element count as its last argument."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(count)
-    _cuda.launch(_cuda.function("dropout.cu", name, dtype), count, (*args, _cuda.i32(count)))
+    kernel = _cuda.element_function("dropout.cu", name, half, dtype)
+    _cuda.launch(kernel, count, (*args, _cuda.i32(count)))
 
 
 def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: "int | DeviceOffset") -> tuple[Any, Any]:
@@ -263,10 +272,12 @@ def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: "int | DeviceOffse
     if isinstance(offset, DeviceOffset):
         delta_gamma = np.uint64((offset.delta * GOLDEN_GAMMA) & _MASK64)
         _launch("dropout_forward_from_device", x.dtype, x.size,
-                (x, y, mask, offset.start, delta_gamma, np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
+                (x, y, mask, offset.start, delta_gamma, np.uint32(_keep_threshold(p)), _cuda.f64(scale)),
+                convert.half_type_of(x))
     else:
         _launch("dropout_forward", x.dtype, x.size,
-                (x, y, mask, np.uint64(stream_start(seed, offset)), np.uint32(_keep_threshold(p)), _cuda.f64(scale)))
+                (x, y, mask, np.uint64(stream_start(seed, offset)), np.uint32(_keep_threshold(p)), _cuda.f64(scale)),
+                convert.half_type_of(x))
     return y, mask
 
 
@@ -278,5 +289,5 @@ def _dropout_backward_gpu(dy: Any, mask: Any, p: float) -> Any:
     mask = mask if mask.flags.c_contiguous else xp.ascontiguousarray(mask)
     dx = xp.empty(dy.shape, dtype=dy.dtype)
     _launch("dropout_backward", dy.dtype, dy.size,
-            (dy, mask, dx, _cuda.f64(_keep_scale(p, np.dtype(np.float64)))))
+            (dy, mask, dx, _cuda.f64(_keep_scale(p, np.dtype(np.float64)))), convert.half_type_of(dy))
     return dx

@@ -20,10 +20,11 @@
 #endif
 typedef SCALAR scalar_t;
 
-// Max pooling's x, y, dy and dx: scalar_t, or in the half build (HALF = 1 for float16, 2 for bfloat16, with
-// SCALAR float) 16-bit words, read as their exact float values and written rounded once (elements.cuh). A
-// maximum is one of its window's values, so it comes back exactly; a backward sum is float's, rounded once:
-// the float kernels' results on the widened arrays, bit for bit. The other kernels keep scalar_t.
+// x, y, dy and dx: scalar_t, or in the half build (HALF = 1 for float16, 2 for bfloat16, with SCALAR float)
+// 16-bit words, read as their exact float values and written rounded once (elements.cuh). A maximum is one
+// of its window's values, so it comes back exactly; a sum (an average, a backward) is float's, rounded once:
+// the float kernels' results on the widened arrays, bit for bit. max_pool_backward_serial, which adds into
+// dx in place, keeps scalar_t (pooling.py widens for it).
 #include "elements.cuh"
 
 // Shapes and window parameters (the NumPy dtype _POOL_SHAPE in pooling.py: sixteen ints, in this
@@ -221,7 +222,7 @@ __device__ __forceinline__ scalar_t avg_divisor(const PoolShape& s, int hstart, 
 }
 
 // y = (Σ of the window's input pixels, row by row) / divisor; padding adds nothing, so it is skipped.
-extern "C" __global__ void avg_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void avg_pool_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                             const PoolShape s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
@@ -232,19 +233,19 @@ extern "C" __global__ void avg_pool_forward(const scalar_t* __restrict__ x, scal
         const int wstart = q * s.stride_w - s.pad_w;
         const int h0 = max(hstart, 0), h1 = min(hstart + s.kernel_h, s.H);
         const int w0 = max(wstart, 0), w1 = min(wstart + s.kernel_w, s.W);
-        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+        const elem_t* __restrict__ xs = x + plane * s.H * s.W;
         scalar_t sum = 0;
         for (int h = h0; h < h1; ++h) {
-            for (int w = w0; w < w1; ++w) sum += xs[h * s.W + w];
+            for (int w = w0; w < w1; ++w) sum += element_value(xs[h * s.W + w]);
         }
-        y[i] = sum / avg_divisor(s, hstart, wstart);
+        y[i] = element_of(sum / avg_divisor(s, hstart, wstart));
     }
 }
 
 // dx[h, w] = Σ dy[p, q] / divisor(p, q) over the windows covering (h, w): without dilation every
 // candidate from first_window/last_window covers the pixel, and the pixel (inside the input) is
 // never in a window's uncounted overhang.
-extern "C" __global__ void avg_pool_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+extern "C" __global__ void avg_pool_backward(const elem_t* __restrict__ dy, elem_t* __restrict__ dx,
                                              const PoolShape s) {
     const int total = s.N * s.C * s.H * s.W;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
@@ -253,16 +254,16 @@ extern "C" __global__ void avg_pool_backward(const scalar_t* __restrict__ dy, sc
         const int plane = i / (s.W * s.H);
         const int p0 = first_window(h, s.stride_h, s.pad_h, s.kernel_h), p1 = last_window(h, s.stride_h, s.pad_h, s.P);
         const int q0 = first_window(w, s.stride_w, s.pad_w, s.kernel_w), q1 = last_window(w, s.stride_w, s.pad_w, s.Q);
-        const scalar_t* __restrict__ dys = dy + plane * s.P * s.Q;
+        const elem_t* __restrict__ dys = dy + plane * s.P * s.Q;
         scalar_t sum = 0;
         for (int p = p0; p < p1; ++p) {
             const int hstart = p * s.stride_h - s.pad_h;
             for (int q = q0; q < q1; ++q) {
                 // Divide each term as the NumPy twin does (dy / divisor, then sum).
-                sum += dys[p * s.Q + q] / avg_divisor(s, hstart, q * s.stride_w - s.pad_w);
+                sum += element_value(dys[p * s.Q + q]) / avg_divisor(s, hstart, q * s.stride_w - s.pad_w);
             }
         }
-        dx[i] = sum;
+        dx[i] = element_of(sum);
     }
 }
 
@@ -299,7 +300,7 @@ __device__ __forceinline__ int last_cell(int i, int size, int out) {
 
 // y[p, q] = (Σ of the cell's input pixels, row by row) / its area.
 template <typename wide_t>
-__device__ __forceinline__ void adaptive_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+__device__ __forceinline__ void adaptive_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                  const PoolShape& s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
@@ -308,18 +309,18 @@ __device__ __forceinline__ void adaptive_forward(const scalar_t* __restrict__ x,
         const int plane = i / (s.Q * s.P);
         const int h0 = cell_start<wide_t>(p, s.H, s.P), h1 = cell_end<wide_t>(p, s.H, s.P);
         const int w0 = cell_start<wide_t>(q, s.W, s.Q), w1 = cell_end<wide_t>(q, s.W, s.Q);
-        const scalar_t* __restrict__ xs = x + plane * s.H * s.W;
+        const elem_t* __restrict__ xs = x + plane * s.H * s.W;
         scalar_t sum = 0;
         for (int h = h0; h < h1; ++h) {
-            for (int w = w0; w < w1; ++w) sum += xs[h * s.W + w];
+            for (int w = w0; w < w1; ++w) sum += element_value(xs[h * s.W + w]);
         }
-        y[i] = sum / scalar_t((h1 - h0) * (w1 - w0));  // the area is at most H·W: an int
+        y[i] = element_of(sum / scalar_t((h1 - h0) * (w1 - w0)));  // the area is at most H·W: an int
     }
 }
 
 // dx[h, w] = Σ dy[p, q] / area(p, q) over the cells whose windows contain (h, w).
 template <typename wide_t>
-__device__ __forceinline__ void adaptive_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+__device__ __forceinline__ void adaptive_backward(const elem_t* __restrict__ dy, elem_t* __restrict__ dx,
                                                   const PoolShape& s) {
     const int total = s.N * s.C * s.H * s.W;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
@@ -328,32 +329,32 @@ __device__ __forceinline__ void adaptive_backward(const scalar_t* __restrict__ d
         const int plane = i / (s.W * s.H);
         const int p0 = first_cell<wide_t>(h, s.H, s.P), p1 = last_cell<wide_t>(h, s.H, s.P);
         const int q0 = first_cell<wide_t>(w, s.W, s.Q), q1 = last_cell<wide_t>(w, s.W, s.Q);
-        const scalar_t* __restrict__ dys = dy + plane * s.P * s.Q;
+        const elem_t* __restrict__ dys = dy + plane * s.P * s.Q;
         scalar_t sum = 0;
         for (int p = p0; p < p1; ++p) {
             const int rows = cell_end<wide_t>(p, s.H, s.P) - cell_start<wide_t>(p, s.H, s.P);
             for (int q = q0; q < q1; ++q) {
                 const int area = rows * (cell_end<wide_t>(q, s.W, s.Q) - cell_start<wide_t>(q, s.W, s.Q));
-                sum += dys[p * s.Q + q] / scalar_t(area);
+                sum += element_value(dys[p * s.Q + q]) / scalar_t(area);
             }
         }
-        dx[i] = sum;
+        dx[i] = element_of(sum);
     }
 }
 
-extern "C" __global__ void adaptive_avg_pool_forward(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+extern "C" __global__ void adaptive_avg_pool_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                      const PoolShape s) {
     adaptive_forward<int>(x, y, s);
 }
-extern "C" __global__ void adaptive_avg_pool_forward_wide(const scalar_t* __restrict__ x,
-                                                          scalar_t* __restrict__ y, const PoolShape s) {
+extern "C" __global__ void adaptive_avg_pool_forward_wide(const elem_t* __restrict__ x,
+                                                          elem_t* __restrict__ y, const PoolShape s) {
     adaptive_forward<long long>(x, y, s);
 }
-extern "C" __global__ void adaptive_avg_pool_backward(const scalar_t* __restrict__ dy, scalar_t* __restrict__ dx,
+extern "C" __global__ void adaptive_avg_pool_backward(const elem_t* __restrict__ dy, elem_t* __restrict__ dx,
                                                       const PoolShape s) {
     adaptive_backward<int>(dy, dx, s);
 }
-extern "C" __global__ void adaptive_avg_pool_backward_wide(const scalar_t* __restrict__ dy,
-                                                           scalar_t* __restrict__ dx, const PoolShape s) {
+extern "C" __global__ void adaptive_avg_pool_backward_wide(const elem_t* __restrict__ dy,
+                                                           elem_t* __restrict__ dx, const PoolShape s) {
     adaptive_backward<long long>(dy, dx, s);
 }

@@ -24,13 +24,13 @@ Every parameter follows PyTorch (``torch.nn.functional.max_pool2d`` and friends)
 * Adaptive average pooling: output cell i of an axis of size L into n cells averages
   ``[floor(i·L/n), ceil((i+1)·L/n))``; windows may overlap and differ in size.
 
-All functions take NumPy or CuPy arrays and keep the input's dtype (float32 or float64; max pooling
-float16 and bfloat16 too, in the storage of primitives/convert.py). On CuPy arrays they run the
-kernels of ``pooling.cu`` (one launch per call, see the ``_gpu`` functions at the end): the same
-results, with the same argument errors, but checks that would read device data (the range of
-``indices`` in :func:`max_pool2d_backward`) are skipped there to avoid a host sync. Half max pooling
-computes in float and rounds once: the forward's maximum is one of its window's values (exact), the
-backward's sums are float32's; on the GPU in pooling.cu's half build, on NumPy by widening.
+All functions take NumPy or CuPy arrays and keep the input's dtype (float32, float64, and float16 and
+bfloat16 in the storage of primitives/convert.py). On CuPy arrays they run the kernels of ``pooling.cu``
+(one launch per call, see the ``_gpu`` functions at the end): the same results, with the same argument
+errors, but checks that would read device data (the range of ``indices`` in :func:`max_pool2d_backward`)
+are skipped there to avoid a host sync. Half precision computes in float and rounds once: a maximum is
+one of its window's values (exact), averages and the backward's sums are float32's; on the GPU in
+pooling.cu's half build, on NumPy by widening (:func:`.convert.on_widened`).
 """
 from __future__ import annotations
 
@@ -286,9 +286,8 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     if half is not None and (not backend.is_cuda_array(dy) or window is None):
         # The twin of the half kernels (float32 sums, one rounding); on the GPU also the serial path, whose
         # in-place additions the half build does not have.
-        dx = max_pool2d_backward(convert.half_to_float(dy, half), indices, x_shape, kernel_size, stride, padding,
-                                 dilation, ceil_mode)
-        return convert.float_to_half(dx, half)
+        return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding, dilation,
+                           ceil_mode)
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.dtype == np.uint8:
@@ -372,7 +371,7 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
 
     x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype.
     """
-    _check_input(x)
+    _check_input(x, half=True)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = _avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     xp = backend.get_array_module(x)
@@ -380,6 +379,9 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
     if backend.is_cuda_array(x):
         return _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pad, divisor_override)
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened(avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                           divisor_override)
     x_padded = _padded(x, padding, _padded_extent((H, W), kernel, stride, padding, dilation, out_hw), 0.0)
     total = xp.zeros((N, C) + out_hw, dtype=x.dtype)
     for r in range(kernel[0]):
@@ -400,10 +402,13 @@ def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any =
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = _avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     out_hw = _output_hw((H, W), kernel, stride, padding, dilation, ceil_mode)
-    _check_grad(dy, (N, C) + out_hw, "the pooling output for x_shape")
+    _check_grad(dy, (N, C) + out_hw, "the pooling output for x_shape", half=True)
     if backend.is_cuda_array(dy):
         return _avg_pool2d_backward_gpu(dy, (N, C, H, W), kernel, stride, padding, count_include_pad,
                                         divisor_override)
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(avg_pool2d_backward, dy, x_shape, kernel_size, stride, padding, ceil_mode,
+                           count_include_pad, divisor_override)
     xp = backend.get_array_module(dy)
     share = dy / _avg_divisor(xp, (H, W), kernel, stride, padding, out_hw, count_include_pad, divisor_override,
                               dy.dtype)
@@ -451,12 +456,14 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     x: (N, C, H, W); output_size: int or (P, Q), a None entry keeping H or W; returns y: (N, C, P, Q)
     of x's dtype.
     """
-    _check_input(x)
+    _check_input(x, half=True)
     xp = backend.get_array_module(x)
     H, W = x.shape[2:]
     P, Q = _adaptive_output_size(output_size, (H, W))
     if backend.is_cuda_array(x):
         return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_forward", x, tuple(x.shape[:2]) + (P, Q), x.shape, (P, Q))
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened(adaptive_avg_pool2d_forward, x, output_size)
     rows, cols = _averaging_matrix(xp, H, P, x.dtype), _averaging_matrix(xp, W, Q, x.dtype)
     # Columns first: one (N·C·H, W) × (W, Q) GEMM, then a batched (P, H) × (H, Q) per plane.
     return xp.matmul(rows, xp.matmul(x, cols.T))
@@ -464,7 +471,7 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
 
 def _check_adaptive_backward_arguments(dy: Any, x_shape: Any) -> tuple[int, int, int, int]:
     N, C, H, W = _check_x_shape(x_shape)
-    check_float(dy, "grad_output")
+    check_float_or_half(dy, "grad_output")
     check_rank(dy, 4, "grad_output", "(N, C, P, Q)")
     if tuple(dy.shape[:2]) != (N, C) or min(dy.shape[2:]) < 1:
         raise ValueError(f"grad_output must have shape ({N}, {C}, P, Q) with P, Q >= 1 for x_shape "
@@ -480,6 +487,8 @@ def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
     N, C, H, W = _check_adaptive_backward_arguments(dy, x_shape)
     if backend.is_cuda_array(dy):
         return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
+    if convert.half_type_of(dy) is not None:
+        return convert.on_widened(adaptive_avg_pool2d_backward, dy, x_shape)
     xp = backend.get_array_module(dy)
     P, Q = dy.shape[2:]
     rows, cols = _averaging_matrix(xp, H, P, dy.dtype), _averaging_matrix(xp, W, Q, dy.dtype)
@@ -514,7 +523,7 @@ def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), d
 
 def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride), compiled for arrays[0]'s dtype
-    (its half build for half storage: the max-pooling kernels only)."""
+    (its half build for half storage)."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(*arrays)
