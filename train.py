@@ -866,7 +866,8 @@ class Run:
         self.step, self.history, self.best, self.meter = 0, [], None, Meter()
         self.saved_step: int | None = None
         self.watch = LossWatch()
-        self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the first step
+        self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the second step
+        self.eager_steps = 0  # train_step's eager steps before the capture
         half = {"bf16": minidnn.bfloat16, "fp16": minidnn.float16}.get(args.amp)
         device_type = device.split(":")[0]
         # --amp's region for the forward pass and the loss (disabled without --amp), made once: it re-enters
@@ -893,10 +894,15 @@ class Run:
 
     def train_step(self, images: minidnn.Tensor, labels: minidnn.Tensor) -> tuple[minidnn.Tensor, minidnn.Tensor]:
         """One training step: eager, or (the GPU's default, --cuda-graph) a replay of the step captured after
-        the first (which ran eagerly inside the capture's warm-up). Every step trains on its own batch."""
+        the second (which ran eagerly inside the capture's warm-up). The first runs eagerly on its own: it makes
+        the optimizer's state, so that the capture's warm-up, whose allocations lay out the graph's memory
+        (graphs.capture's memory plan), is a step like every later one. Every step trains on its own batch."""
         if not self.args.cuda_graph:
             return self.eager_step(images, labels)
         if self.captured is None:
+            if self.eager_steps == 0:
+                self.eager_steps += 1
+                return self.eager_step(images, labels)
             self.captured = self.capture(images, labels)
             return self.captured.warmup_outputs
         return self.captured(images, labels)

@@ -289,8 +289,13 @@ class CapturedMinidnnEngine(MinidnnEngine):
         graph's private pool, which holds every array of the step for the graph's lifetime."""
         stats = super().memory()
         graph = self.replay.memory_bytes if self.replay is not None else 0
-        return {"peak_bytes": stats["peak_bytes"] + graph, "reserved_bytes": stats["reserved_bytes"] + graph,
-                "graph_pool_bytes": graph}
+        record = {"peak_bytes": stats["peak_bytes"] + graph, "reserved_bytes": stats["reserved_bytes"] + graph,
+                  "graph_pool_bytes": graph}
+        planned = getattr(self.replay, "planned", None)
+        if planned is not None:  # the memory plan's arena, the recorded step's peak, requests that strayed
+            record.update(graph_arena_bytes=planned.plan.arena_bytes, graph_plan_peak_bytes=planned.plan.peak_bytes,
+                          graph_plan_fallbacks=planned.fallbacks)
+        return record
 
 
 class TorchEngine(Engine):

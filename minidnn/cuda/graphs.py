@@ -12,9 +12,12 @@ from one host call (~1 µs per node on the device side).
 What capture needs, and how it is met here:
 
 * **Fixed addresses.** A graph replays pointers. The batch is copied into static input buffers;
-  every array the step allocates comes from a private memory pool that lives as long as the
-  graph, so replays write the same addresses the capture recorded. Parameters and optimizer
-  state are updated in place (they exist before capture: the warm-up steps create them).
+  every array the step allocates lives as long as the graph, so replays write the same addresses
+  the capture recorded: in one arena laid out from the last warm-up step's allocations
+  (:mod:`minidnn.cuda.memory_plan`: arrays never alive together share memory, so the arena is about
+  the step's peak), and where the capture strays from that recording, in a private memory pool.
+  Parameters and optimizer state are updated in place (they exist before capture: the warm-up steps
+  create them).
 * **Every kernel capturable.** minidnn's own kernels are; matrix products go through
   :mod:`minidnn.primitives.blas` (cuBLAS called directly, with a workspace set before capture,
   because CuPy refuses its own cuBLAS calls during capture); cuFFT plans are made in the warm-up.
@@ -51,6 +54,7 @@ from ..primitives import blas
 from ..primitives.conv import workspace as conv_workspace
 from ..primitives.dropout import stream_start
 from ..tensor import Tensor
+from . import memory_plan
 
 __all__ = ["capture", "CapturedStep", "EagerStep"]
 
@@ -122,16 +126,17 @@ class CapturedStep:
     """A captured step: call it with a batch of the example's shapes to replay the graph."""
 
     def __init__(self, graph: Any, inputs: tuple[Tensor, ...], outputs: Any, pool: Any, start: Any,
-                 draws: int, warmup_outputs: Any) -> None:
+                 draws: int, warmup_outputs: Any, planned: "memory_plan.PlannedAllocator | None" = None) -> None:
         self.graph, self.inputs, self.outputs, self.pool = graph, inputs, outputs, pool
         self.start, self.draws, self.warmup_outputs = start, draws, warmup_outputs
+        self.planned = planned  # holds the arena (and says how many requests strayed from the plan)
         self.fixed_hyperparameters = _fixed_hyperparameters(_gpu_optimizers())
 
     @property
     def memory_bytes(self) -> int:
-        """GPU bytes the graph's private pool holds: every array the step allocates (activations, gradients,
-        workspaces), reserved for as long as this object lives. :func:`minidnn.cuda.memory_stats` tracks the
-        default pool only, so a replay's peak is its peak plus this."""
+        """GPU bytes the graph holds: every array the step allocates (activations, gradients, workspaces), in
+        its arena and its private pool, reserved for as long as this object lives.
+        :func:`minidnn.cuda.memory_stats` tracks the default pool only, so a replay's peak is its peak plus this."""
         return int(self.pool.total_bytes())
 
     def __call__(self, *batch: Tensor) -> Any:
@@ -164,16 +169,21 @@ def _failing_operation(error: BaseException) -> str:
 _warned: set = set()
 
 
-def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tensor, warmup: int = 2) -> Any:
+def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tensor, warmup: int = 2,
+            plan_memory: bool = True) -> Any:
     """Capture ``step_fn(*batch)`` (forward, backward and optimizer step) as one CUDA graph.
 
     ``example_batch``: the tensors the step takes, on the GPU; they are copied into the static
     buffers every replay reads. The step first runs ``warmup`` times eagerly on the example batch
     (real training steps: kernels compile, convolution plans are made, optimizer state is created),
-    then once under capture (recorded, not run). Returns a :class:`CapturedStep`, or an
-    :class:`EagerStep` with a warning when the step cannot be captured; either keeps what the last
-    warm-up step returned as ``warmup_outputs``.
+    then once under capture (recorded, not run). ``plan_memory``: the last warm-up step's allocations
+    are recorded and the capture's arrays laid out from them in one arena (:mod:`.memory_plan`; with
+    ``warmup`` >= 2 that step is a steady one); off, they come from a caching pool as they are asked for.
+    Returns a :class:`CapturedStep`, or an :class:`EagerStep` with a warning when the step cannot be
+    captured; either keeps what the last warm-up step returned as ``warmup_outputs``.
     """
+    if not isinstance(plan_memory, bool):
+        raise TypeError(f"capture: plan_memory must be a bool, got {plan_memory!r}")
     cupy = backend.cupy()
     batch = _batch(example_batch)
     if not all(t.is_cuda for t in batch):
@@ -181,22 +191,32 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
         raise ValueError(f"capture: warmup must be an int >= 1 (the first step creates optimizer state), got {warmup!r}")
     inputs = tuple(Tensor(t.data.copy()) for t in batch)
-    for _ in range(warmup):
-        warmup_outputs = step_fn(*inputs)
+    for index in range(warmup):
+        if plan_memory and index == warmup - 1:
+            cupy.cuda.Device().synchronize()
+            conv_workspace.release()  # the recorded step allocates its workspaces per call, as the capture will
+            with memory_plan.record() as recording:
+                warmup_outputs = step_fn(*inputs)
+        else:
+            warmup_outputs = step_fn(*inputs)
     _refresh_optimizers()
     cupy.cuda.Device().synchronize()
-    conv_workspace.release()  # the replays use workspaces of the graph's own pool, not the eager steps' shared one
+    conv_workspace.release()  # the replays use workspaces of the graph's own memory, not the eager steps' shared one
 
     generator = _random.default_generator
     start = cupy.zeros(1, dtype=cupy.uint64)
     pool = cupy.cuda.MemoryPool()
+    planned = None
+    if plan_memory:
+        plan = memory_plan.place(*recording.lifetimes())
+        planned = memory_plan.PlannedAllocator(plan, pool.malloc(max(plan.arena_bytes, 1)), pool.malloc)
     stream = cupy.cuda.Stream(non_blocking=True)
     blas.prepare_capture()
     offset_before = generator.offset
     allocator = cupy.cuda.get_allocator()
     graph = None
     try:
-        cupy.cuda.set_allocator(pool.malloc)
+        cupy.cuda.set_allocator(planned.malloc if planned is not None else pool.malloc)
         with stream, generator.offsets_on_device(start):
             stream.begin_capture()
             try:
@@ -216,4 +236,4 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
         generator.offset = offset_before  # the capture ran nothing: its draws happen at each replay
     graph.upload(stream)
     stream.synchronize()
-    return CapturedStep(graph, inputs, outputs, pool, start, draws, warmup_outputs)
+    return CapturedStep(graph, inputs, outputs, pool, start, draws, warmup_outputs, planned)

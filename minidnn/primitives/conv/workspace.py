@@ -10,7 +10,8 @@ it at every replay, which a shared buffer replaced by a larger one would not sur
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -19,14 +20,15 @@ from ... import backend
 # (device index, stream pointer) -> the buffer; id(buffer) -> {key: views carved from it}.
 _buffers: dict[tuple[int, int], Any] = {}
 _views: dict[int, dict] = {}
+_per_call = False  # per_call(): every call allocates its own, as while capturing
 
 
 def workspace(nbytes: int) -> Any:
     """A uint8 GPU array of at least ``nbytes`` bytes (``nbytes`` > 0) for a call on the current stream:
-    the stream's shared buffer, or a fresh one while the stream is being captured."""
+    the stream's shared buffer, or a fresh one while the stream is being captured (or inside per_call)."""
     cupy = backend.cupy()
     stream = cupy.cuda.get_current_stream()
-    if stream.is_capturing():
+    if _per_call or stream.is_capturing():
         return cupy.empty(nbytes, dtype=np.uint8)
     key = (cupy.cuda.runtime.getDevice(), stream.ptr)
     buffer = _buffers.get(key)
@@ -56,3 +58,15 @@ def release() -> None:
     """Drop every shared buffer and its views (their memory goes back to CuPy's pool)."""
     _buffers.clear()
     _views.clear()
+
+
+@contextlib.contextmanager
+def per_call() -> Iterator[None]:
+    """Inside the block every call gets a buffer of its own, as a captured call does: a step recorded for a
+    captured step's memory plan (:mod:`minidnn.cuda.memory_plan`) then allocates as the capture will."""
+    global _per_call
+    before, _per_call = _per_call, True
+    try:
+        yield
+    finally:
+        _per_call = before
