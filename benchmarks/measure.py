@@ -222,6 +222,7 @@ class MinidnnEngine(Engine):
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name, self.device = spec["engine"], spec["device"]
+        self.plan_memory = spec.get("plan_memory", True)  # the captured engine's graphs.capture(plan_memory=)
         self.gpu = self.device.startswith("cuda")
         self.model = minidnn_model(spec).to(self.device)
         x, y = batch_arrays(spec)
@@ -274,12 +275,13 @@ class CapturedMinidnnEngine(MinidnnEngine):
     def prepare(self) -> None:
         from minidnn.cuda import graphs  # noqa: PLC0415 - the driver checked it exists
 
-        self.replay = graphs.capture(self.train_step, (self.x, self.y))
+        self.replay = graphs.capture(self.train_step, (self.x, self.y), plan_memory=self.plan_memory)
         # A step that cannot be captured runs eagerly behind the same interface: say so.
         self.fallback = self.replay.reason if isinstance(self.replay, graphs.EagerStep) else None
 
     def prepared(self) -> dict[str, Any]:
-        return {"captured": self.fallback is None, **({"capture_fallback": self.fallback} if self.fallback else {})}
+        return {"captured": self.fallback is None, "memory_plan": self.plan_memory,
+                **({"capture_fallback": self.fallback} if self.fallback else {})}
 
     def step(self) -> None:
         (self.replay or self.train_step)(self.x, self.y)  # eager until captured

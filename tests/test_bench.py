@@ -170,9 +170,12 @@ def test_a_captured_engine_captures_once_after_the_warm_up_and_then_replays(monk
         def __call__(self, x, y):
             replays.append((x, y))
 
-    def capture(step_fn, example_batch):
+    def capture(step_fn, example_batch, plan_memory):
         captured.append(example_batch)
+        plans.append(plan_memory)
         return lambda x, y: replays.append((x, y))
+
+    plans = []
 
     graphs = types.SimpleNamespace(capture=capture, EagerStep=EagerStep)
     monkeypatch.setattr(minidnn.cuda, "graphs", graphs, raising=False)
@@ -181,7 +184,9 @@ def test_a_captured_engine_captures_once_after_the_warm_up_and_then_replays(monk
     assert len(replays) == 1 + 3  # the warm-up replay, then the timed steps
     assert all(x is captured[0][0] and y is captured[0][1] for x, y in replays)
     assert record["steps_timed"] == 3 and record["state"]["engine"] == "minidnn" and record["captured"] is True
-    graphs.capture = lambda step_fn, example_batch: EagerStep("a host read in the step")
+    measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph", "plan_memory": False})
+    assert plans == [True, False] and record["memory_plan"] is True  # the memory plan unless --no-memory-plan
+    graphs.capture = lambda step_fn, example_batch, plan_memory: EagerStep("a host read in the step")
     record = measure.measure_engine({**TINY_CELL, "engine": "minidnn-graph"})
     assert record["captured"] is False and record["capture_fallback"] == "a host read in the step"
 
@@ -431,7 +436,7 @@ def test_a_captured_fp16_cell_is_captured_with_its_loss_scaler(monkeypatch):
     captured = []
 
     class Step:  # what graphs.capture returns: a callable replaying the step
-        def __init__(self, step_fn, batch):
+        def __init__(self, step_fn, batch, plan_memory):
             captured.append(step_fn)
             self.step_fn, self.batch = step_fn, batch
 
@@ -442,6 +447,13 @@ def test_a_captured_fp16_cell_is_captured_with_its_loss_scaler(monkeypatch):
                         raising=False)
     engine = measure.CapturedMinidnnEngine({**TINY_CELL, "engine": "minidnn-graph", "precision": "fp16"})
     engine.prepare()
-    assert engine.prepared() == {"captured": True} and captured == [engine.train_step]
+    assert engine.prepared() == {"captured": True, "memory_plan": True} and captured == [engine.train_step]
     engine.step()  # the replay runs the step with the scaler (the stand-in runs it eagerly)
     assert engine.scaler.get_scale() == 2.0 ** 16
+
+
+@pytest.mark.parametrize("no_plan", [False, True])
+def test_no_memory_plan_reaches_the_cells(no_plan):
+    args = bench.parse_args(["--models", "resnet20", "--device", "cpu"] + (["--no-memory-plan"] if no_plan else []))
+    cells = [cell for cell in bench.plan_cells(args) if cell["kind"] == "engine"]
+    assert cells and all(cell["plan_memory"] is (not no_plan) for cell in cells)
