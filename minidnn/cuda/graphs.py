@@ -213,11 +213,11 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
     stream = cupy.cuda.Stream(non_blocking=True)
     blas.prepare_capture()
     offset_before = generator.offset
-    allocator = cupy.cuda.get_allocator()
     graph = None
     try:
-        cupy.cuda.set_allocator(planned.malloc if planned is not None else pool.malloc)
-        with stream, generator.offsets_on_device(start):
+        # This thread's allocations only (using_allocator is thread-local): the graph's are this thread's.
+        with cupy.cuda.using_allocator(planned.malloc if planned is not None else pool.malloc), stream, \
+                generator.offsets_on_device(start):
             stream.begin_capture()
             try:
                 outputs = step_fn(*inputs)
@@ -231,7 +231,6 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
                           f"running it eagerly", RuntimeWarning, stacklevel=2)
         return EagerStep(step_fn, f"{operation}: {error}", warmup_outputs)
     finally:
-        cupy.cuda.set_allocator(allocator)
         draws = generator.offset - offset_before
         generator.offset = offset_before  # the capture ran nothing: its draws happen at each replay
     graph.upload(stream)

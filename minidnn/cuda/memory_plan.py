@@ -136,7 +136,8 @@ def _owned(pointer: int, size: int, owner: _Lifetime) -> Any:
 @contextlib.contextmanager
 def record() -> Iterator[Recording]:
     """Note every GPU allocation made inside the block (sizes, malloc and free times) while passing each to the
-    allocator in place; convolution workspaces are allocated per call inside it, as in a capture."""
+    allocator in place; convolution workspaces are allocated per call inside it, as in a capture. This thread's
+    allocations only, as the capture's (CuPy's ``using_allocator`` is thread-local)."""
     cupy = backend.cupy()
     recording = Recording()
     allocator = cupy.cuda.get_allocator()
@@ -145,12 +146,8 @@ def record() -> Iterator[Recording]:
         memory = allocator(size)
         return _owned(memory.ptr, size, _Lifetime(recording.freed, recording.allocated(size), memory))
 
-    cupy.cuda.set_allocator(malloc)
-    try:
-        with conv_workspace.per_call():
-            yield recording
-    finally:
-        cupy.cuda.set_allocator(allocator)
+    with cupy.cuda.using_allocator(malloc), conv_workspace.per_call():
+        yield recording
 
 
 class PlannedAllocator:

@@ -27,6 +27,7 @@ rounding.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from .. import _cuda, convert
 from .problem import ConvProblem
 from . import registry
 from .registry import ConvAlgorithm, register, workspace_array
+from .workspace import carved
 
 SOURCE = "conv/implicit_gemm_nhwc.cu"
 THREADS = 256
@@ -74,7 +76,7 @@ def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tup
 
 def _piece_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     """The workspace one piece takes, aligned as workspace_array places them."""
-    return _aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
 
 
 def _bytes(pieces: list[tuple[tuple[int, ...], Any]]) -> int:
@@ -104,12 +106,15 @@ def _chunks(problem: ConvProblem, direction: str):
 
 
 def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> list[Any]:
-    """The workspace's arrays for a chunk of ``problem.N`` images (the chunk's problem)."""
-    arrays, offset = [], 0
-    for shape, dtype in _pieces(problem, direction, problem.N):
-        arrays.append(workspace_array(workspace, shape, dtype, offset))
-        offset += _piece_bytes(shape, dtype)
-    return arrays
+    """The workspace's arrays for a chunk of ``problem.N`` images (the chunk's problem); carved once per
+    problem and direction from an eager step's shared workspace (:func:`.workspace.carved`)."""
+    def carve() -> list[Any]:
+        arrays, offset = [], 0
+        for shape, dtype in _pieces(problem, direction, problem.N):
+            arrays.append(workspace_array(workspace, shape, dtype, offset))
+            offset += _piece_bytes(shape, dtype)
+        return arrays
+    return carved(workspace, (ImplicitGemmNhwc.name, problem, direction), carve)
 
 
 class ImplicitGemmNhwc(ConvAlgorithm):
