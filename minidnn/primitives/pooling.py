@@ -286,8 +286,8 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     if half is not None and (not backend.is_cuda_array(dy) or window is None):
         # The twin of the half kernels (float32 sums, one rounding); on the GPU also the serial path, whose
         # in-place additions the half build does not have.
-        return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding, dilation,
-                           ceil_mode)
+        return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding,
+                                  dilation, ceil_mode)
     if backend.is_cuda_array(dy):
         return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
     if indices.dtype == np.uint8:
@@ -380,8 +380,8 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     if backend.is_cuda_array(x):
         return _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pad, divisor_override)
     if convert.half_type_of(x) is not None:
-        return convert.on_widened(avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                           divisor_override)
+        return convert.on_widened(avg_pool2d_forward, x, kernel_size, stride, padding, ceil_mode,
+                                  count_include_pad, divisor_override)
     x_padded = _padded(x, padding, _padded_extent((H, W), kernel, stride, padding, dilation, out_hw), 0.0)
     total = xp.zeros((N, C) + out_hw, dtype=x.dtype)
     for r in range(kernel[0]):
@@ -408,7 +408,7 @@ def avg_pool2d_backward(dy: Any, x_shape: tuple, kernel_size: Any, stride: Any =
                                         divisor_override)
     if convert.half_type_of(dy) is not None:
         return convert.on_widened(avg_pool2d_backward, dy, x_shape, kernel_size, stride, padding, ceil_mode,
-                           count_include_pad, divisor_override)
+                                  count_include_pad, divisor_override)
     xp = backend.get_array_module(dy)
     share = dy / _avg_divisor(xp, (H, W), kernel, stride, padding, out_hw, count_include_pad, divisor_override,
                               dy.dtype)
