@@ -4,11 +4,9 @@ import numpy as np
 import pytest
 
 import minidnn
-import minidnn.functional as F
-from minidnn import optim
 from minidnn.cuda import graphs, memory_plan
 from minidnn.primitives import conv
-from tests.test_cuda_graphs import batches, small_model
+from tests.test_cuda_graphs import batches, make_run
 
 ALIGNMENT = memory_plan.ALIGNMENT
 
@@ -111,27 +109,13 @@ def test_the_allocator_follows_the_plan_and_falls_back_for_good_when_the_step_st
     assert allocator.malloc(1000) == ("fallback", 1000) and allocator.fallbacks == 1
 
 
-def _run(seed=0):
-    minidnn.manual_seed(seed)
-    model = small_model().to("cuda")
-    optimizer = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    def step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss
-    return model, step
-
-
 @pytest.mark.gpu
 def test_the_planned_capture_trains_as_the_pooled_one_in_an_arena_no_larger():
     data = batches(5, np.random.default_rng(3))
     results = {}
     with conv.settings(algo="gemm"):  # deterministic kernels: bitwise equality is the claim
         for plan_memory in (False, True):
-            model, step = _run()
+            model, _, _, step = make_run()
             captured = graphs.capture(step, data[0], warmup=2, plan_memory=plan_memory)
             assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
             losses = [captured(x, y).item() for x, y in data[1:]]
@@ -153,7 +137,7 @@ def test_a_capture_that_strays_from_the_recording_falls_back_and_stays_right():
     results = {}
     with conv.settings(algo="gemm"):
         for plan_memory in (False, True):
-            model, step = _run()
+            model, _, _, step = make_run()
 
             def straying(x, y, step=step):
                 if cupy.cuda.get_current_stream().is_capturing():
