@@ -442,3 +442,38 @@ def test_half_precision_relu_and_add_relu_round_once_from_float32(xp, rng, name)
     np.testing.assert_array_equal(words(in_place), expected_relu)
     with pytest.raises(TypeError, match="b and a must have the same dtype"):
         add_relu_forward(a, xp.asarray(b32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("size", [1, 7, 37, 1000003])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gpu_relu_kernels_in_packs_and_single_elements_match_numpy(rng, name, size, offset):
+    """ReLU, add_relu and relu_backward on arrays 16-byte aligned (activation.cu's pack builds, with a tail
+    of single elements when the size is not a multiple of the pack) and one element in (the plain builds),
+    in place too: bit for bit the NumPy twin (NaNs as NaNs after the addition)."""
+    from minidnn.primitives import _cuda, convert  # noqa: PLC0415
+
+    cupy = __import__("cupy")
+    half = name in ("bfloat16", "float16")
+
+    def stored(values, xp):
+        return convert.float_to_half(xp.asarray(values.astype(np.float32)), name) if half else xp.asarray(
+            values.astype(name))
+
+    def bits(array):
+        return to_numpy(array).view(np.uint16 if half else (np.uint32 if name == "float32" else np.uint64))
+
+    a, b, dy = (rng.standard_normal(size + offset) for _ in range(3))
+    a[:3] = [0.0, -0.0, np.nan][:min(3, size + offset)]
+    on_cpu = [stored(v, np)[offset:] for v in (a, b, dy)]
+    on_gpu = [stored(v, cupy)[offset:] for v in (a, b, dy)]
+    assert _cuda.elements_per_access(on_gpu) == (1 if offset else 16 // on_gpu[0].itemsize)
+    y_cpu, y_gpu = add_relu_forward(on_cpu[0], on_cpu[1]), add_relu_forward(on_gpu[0], on_gpu[1])
+    nan = np.isnan(to_numpy(convert.half_to_float(y_cpu, name)) if half else y_cpu)
+    np.testing.assert_array_equal(bits(y_gpu)[~nan], bits(y_cpu)[~nan])
+    np.testing.assert_array_equal(bits(relu_forward(on_gpu[0])), bits(relu_forward(on_cpu[0])))
+    np.testing.assert_array_equal(bits(relu_backward(on_gpu[2], y_gpu)), bits(relu_backward(on_cpu[2], y_cpu)))
+    in_place = on_gpu[0].copy()
+    assert relu_forward(in_place, out=in_place) is in_place
+    np.testing.assert_array_equal(bits(in_place), bits(relu_forward(on_cpu[0])))

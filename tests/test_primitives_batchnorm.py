@@ -695,17 +695,20 @@ def test_gpu_half_packs_in_long_blocks_against_float64(rng, monkeypatch, name, r
 
 @pytest.mark.gpu
 def test_gpu_pack_width_follows_the_plane_and_the_alignment():
-    """16-byte packs (8 half words, 4 floats, 2 doubles) where S is a multiple of the pack and every array
-    is 16-byte aligned; single elements otherwise."""
+    """16-byte packs (8 half words, 4 floats, 2 doubles) where every array is 16-byte aligned and, for batch
+    norm, the plane S is a multiple of the pack (S = 1 included: a pack would cross channels); single
+    elements otherwise."""
     from minidnn import backend  # noqa: PLC0415
-    from minidnn.primitives import batchnorm  # noqa: PLC0415
+    from minidnn.primitives import _cuda  # noqa: PLC0415
 
     cupy = backend.cupy()
     words, floats, doubles = (cupy.zeros(4 * 48, dtype) for dtype in (np.uint16, np.float32, np.float64))
-    assert [batchnorm._elements_per_access(48, a) for a in (words, floats, doubles)] == [8, 4, 2]
-    assert batchnorm._elements_per_access(20, words) == 1 and batchnorm._elements_per_access(20, floats) == 4
-    assert batchnorm._elements_per_access(48, words, words[4:]) == 1  # a view 8 bytes in
-    assert batchnorm._elements_per_access(48, words, words[8:], None) == 8  # 16 bytes in
+    assert [_cuda.elements_per_access((a,), plane=48) for a in (words, floats, doubles)] == [8, 4, 2]
+    assert _cuda.elements_per_access((words,), plane=20) == 1 and _cuda.elements_per_access((floats,), plane=20) == 4
+    assert _cuda.elements_per_access((floats,), plane=1) == 1 and _cuda.elements_per_access((floats,)) == 4
+    assert _cuda.elements_per_access((words, words[4:]), plane=48) == 1  # a view 8 bytes in
+    assert _cuda.elements_per_access((words, words[8:], None), plane=48) == 8  # 16 bytes in
+    assert _cuda.elements_per_access((words[3:],)) == 1 and _cuda.pack_build("relu_forward", 8) == "relu_forward_vector"
 
 
 def _check_half_training(xp, rng, name, shape, relu):

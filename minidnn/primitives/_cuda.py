@@ -159,6 +159,24 @@ def max_blocks() -> int:
     return BLOCKS_PER_SM * sm_count()
 
 
+# Kernels with pack builds (elements.cuh's Pack) move this many bytes of elements per access there.
+PACK_BYTES = 16
+
+
+def elements_per_access(arrays: Sequence[Any], plane: int | None = None) -> int:
+    """How many elements each access of a kernel with a pack build moves over ``arrays`` (None entries
+    skipped): a 16-byte pack when every array starts on a 16-byte boundary and ``plane`` (the run of elements a
+    pack must stay inside; None for a flat array) is a multiple of it, else 1 (the plain build)."""
+    width = PACK_BYTES // arrays[0].itemsize
+    fits = plane is None or plane % width == 0
+    return width if fits and all(a is None or a.data.ptr % PACK_BYTES == 0 for a in arrays) else 1
+
+
+def pack_build(name: str, width: int) -> str:
+    """The name of kernel ``name``'s build for ``width`` elements per access."""
+    return name if width == 1 else name + "_vector"
+
+
 def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS, shared_bytes: int = 0) -> None:
     """Run ``kernel`` with enough blocks of ``threads`` for ``count`` grid-stride iterations."""
     if count <= 0:

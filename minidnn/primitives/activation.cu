@@ -7,7 +7,8 @@
 // cuDNN); those of leaky ReLU, SiLU and GELU take x. Hyper-parameters (the slope) are double, after n.
 //
 // Thread mapping: one thread per element in a grid-stride loop (activation.py caps the grid), so
-// consecutive threads of a warp read and write consecutive addresses. One launch per call.
+// consecutive threads of a warp read and write consecutive addresses; ReLU, its backward and the residual
+// add also move 16-byte packs (elements.cuh's by_packs). One launch per call.
 
 #ifndef SCALAR
 #define SCALAR float
@@ -25,26 +26,66 @@ __device__ __forceinline__ scalar_t relu(const scalar_t v) {
 
 // y = max(x, 0). y may be x (the in-place ReLU), so the pointers are not __restrict__: each element is
 // read once and then written by the same thread, which is safe when they alias.
-extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        y[i] = element_of(relu(element_value(x[i])));
+struct Relu {
+    const elem_t* x;
+    elem_t* y;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        Pack<V> p = packs<V>(x)[i];
+#pragma unroll
+        for (int u = 0; u < V; ++u) p.e[u] = element_of(relu(element_value(p.e[u])));
+        packs<V>(y)[i] = p;
     }
-}
+};
 
 // y = max(a + b, 0), the sum rounded to scalar_t first (as relu_forward(a + b)). y may be a or b
-// (in place), hence no __restrict__ (see relu_forward).
-extern "C" __global__ void add_relu_forward(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        y[i] = element_of(relu(element_value(a[i]) + element_value(b[i])));
+// (in place), hence no __restrict__ (see Relu).
+struct AddRelu {
+    const elem_t *a, *b;
+    elem_t* y;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        const Pack<V> q = packs<V>(b)[i];
+        Pack<V> p = packs<V>(a)[i];
+#pragma unroll
+        for (int u = 0; u < V; ++u) p.e[u] = element_of(relu(element_value(p.e[u]) + element_value(q.e[u])));
+        packs<V>(y)[i] = p;
     }
-}
+};
 
 // dx = dy where y > 0, else 0: the gradient at x = 0 is 0 (PyTorch), and y > 0 exactly when x > 0.
+struct ReluBackward {
+    const elem_t *__restrict__ dy, *__restrict__ y;
+    elem_t* __restrict__ dx;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        const Pack<V> g = packs<V>(dy)[i], out = packs<V>(y)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) p.e[u] = element_value(out.e[u]) > scalar_t(0) ? g.e[u] : elem_t(0);  // word 0: +0
+        packs<V>(dx)[i] = p;
+    }
+};
+
+// Each in single elements and in packs of VECTOR (activation.py launches the packs where every array is
+// 16-byte aligned).
+extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) { by_packs<1>(n, Relu{x, y}); }
+extern "C" __global__ void relu_forward_vector(const elem_t* x, elem_t* y, const int n) {
+    by_packs<VECTOR>(n, Relu{x, y});
+}
+extern "C" __global__ void add_relu_forward(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
+    by_packs<1>(n, AddRelu{a, b, y});
+}
+extern "C" __global__ void add_relu_forward_vector(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
+    by_packs<VECTOR>(n, AddRelu{a, b, y});
+}
 extern "C" __global__ void relu_backward(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
                                          elem_t* __restrict__ dx, const int n) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        dx[i] = element_value(y[i]) > scalar_t(0) ? dy[i] : elem_t(0);  // a half word 0 is +0
-    }
+    by_packs<1>(n, ReluBackward{dy, y, dx});
+}
+extern "C" __global__ void relu_backward_vector(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
+                                                elem_t* __restrict__ dx, const int n) {
+    by_packs<VECTOR>(n, ReluBackward{dy, y, dx});
 }
 
 // y = 1 / (1 + e^−x), with exp taken only of −|x| <= 0 so that it cannot overflow: 1 / (1 + e^−x)

@@ -331,8 +331,12 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     if out is None:
         out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
     _cuda.check_int32(out)
-    kernel = _cuda.function("activation.cu", name, out.dtype) if half is None else \
-        _cuda.function("activation.cu", name, np.float32, (("HALF", 1 if half == "float16" else 2),))
-    _cuda.launch(kernel, out.size,
+    # ReLU, its backward and the residual add have builds moving 16-byte packs (activation.cu).
+    width = _cuda.elements_per_access((*inputs, out)) if name in _PACKED else 1
+    kernel = _cuda.element_function("activation.cu", _cuda.pack_build(name, width), half, out.dtype)
+    _cuda.launch(kernel, -(-out.size // width),
                  (*inputs, out, _cuda.i32(out.size), *(_cuda.f64(v) for v in scalars)))
     return out
+
+
+_PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward"})

@@ -48,19 +48,11 @@ typedef double acc_t;  // accumulators and per-channel coefficients, for float a
 
 #include "channels.cuh"
 
-// V consecutive elements of one plane, read or written as one access: the element-wise kernels and the
-// reductions each have a build that moves VECTOR elements (16 bytes: 8 half words, 4 floats, 2 doubles) at a
-// time, which batchnorm.py launches when S is a multiple of VECTOR and the arrays are 16-byte aligned, and
-// one of single elements (V = 1) for the rest. Why: a thread that keeps one 2- or 4-byte load in flight
-// leaves the memory system mostly idle (far fewer bytes in flight per SM than its latency times its
-// bandwidth); a 16-byte access moves 4-8 times as much per load. The arithmetic is the same, element by
-// element in the same order, so V changes no result of the element-wise kernels (the reductions group
-// their values by 4·V before a Welford merge, a different rounding of the double accumulators).
-#define VECTOR (16 / (int)sizeof(elem_t))
-template <int V>
-struct __align__(V * sizeof(elem_t)) Pack {
-    elem_t e[V];
-};
+// Every kernel has a build that moves packs of VECTOR elements (elements.cuh's Pack) as well as the plain one
+// (V = 1); batchnorm.py launches it when S is a multiple of VECTOR, so that a pack lies inside one plane, and
+// the arrays are aligned. The element-wise arithmetic is the same, element by element in the same order, so
+// V changes no result of the element-wise kernels; the reductions group their values by 4·V before a Welford
+// merge, a different rounding of the double accumulators.
 
 // ----------------------------------------------------------------------------------------------
 // Walking one channel's values
@@ -166,11 +158,6 @@ __device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
 // where y <= 0 gives 0 as relu_backward does.
 __device__ __forceinline__ acc_t gradient(const elem_t dy, const elem_t y, const bool relu) {
     return (!relu || element_value(y) > acc_t(0)) ? element_value(dy) : acc_t(0);
-}
-
-template <int V>
-__device__ __forceinline__ const Pack<V>* packs(const elem_t* __restrict__ a) {
-    return reinterpret_cast<const Pack<V>*>(a);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -287,7 +274,7 @@ __device__ void apply(const elem_t* __restrict__ x, elem_t* __restrict__ y, cons
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(y);
+    Pack<V>* __restrict__ out = packs<V>(y);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
         const Pack<V> in = packs<V>(x)[i];
@@ -318,7 +305,7 @@ __device__ void inference(const elem_t* __restrict__ x, elem_t* __restrict__ y, 
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(y);
+    Pack<V>* __restrict__ out = packs<V>(y);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
         acc_t scale = inference_invstd(running_var[c], eps);
@@ -368,7 +355,7 @@ __device__ void backward_reduce(const elem_t* __restrict__ dy, const elem_t* __r
         const Pack<V>* __restrict__ dyc = packs<V>(dy + base);
         const Pack<V>* __restrict__ xc = packs<V>(x + base);
         const Pack<V>* __restrict__ yc = relu_output ? packs<V>(relu_output + base) : nullptr;
-        Pack<V>* __restrict__ dxc = dx ? reinterpret_cast<Pack<V>*>(dx + base) : nullptr;
+        Pack<V>* __restrict__ dxc = dx ? packs<V>(dx + base) : nullptr;
         const acc_t mu = (acc_t)center[c];
         acc_t scale = 0;
         if (dx) {
@@ -454,7 +441,7 @@ __device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restr
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
-    Pack<V>* __restrict__ out = reinterpret_cast<Pack<V>*>(dx);
+    Pack<V>* __restrict__ out = packs<V>(dx);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
         const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];

@@ -405,22 +405,6 @@ def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
     return _cuda.element_function(_SOURCE, name, half, dtype)
 
 
-# batchnorm.cu's kernels move this many bytes of elements per access where they can (its Pack).
-VECTOR_BYTES = 16
-
-
-def _elements_per_access(S: int, *arrays: Any) -> int:
-    """How many elements each access of the kernels moves: a 16-byte pack when S (the plane) is a multiple
-    of it and every (N, C, S) array starts on a 16-byte boundary, else one (the plain build)."""
-    width = VECTOR_BYTES // arrays[0].itemsize
-    fits = S % width == 0 and all(a is None or a.data.ptr % VECTOR_BYTES == 0 for a in arrays)
-    return width if fits else 1
-
-
-def _build(name: str, width: int) -> str:
-    return name if width == 1 else name + "_vector"
-
-
 def _split(C: int, values: int, width: int) -> tuple[int, int]:
     """The reductions' (splits, per) in packs of ``width`` elements."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -443,16 +427,17 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     y = xp.empty(x.shape, dtype=x.dtype)
-    width = _elements_per_access(S, x, y)
+    width = _cuda.elements_per_access((x, y), plane=S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
     mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32, f64 = _cuda.i32, _cuda.f64
-    _cuda.launch_blocks(_kernel(_build("bn_statistics", width), x.dtype, half), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_statistics", width), x.dtype, half), (C, splits),
+                        _cuda.THREADS,
                         (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
                          invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
-    _cuda.launch(_kernel(_build("bn_apply", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel(_cuda.pack_build("bn_apply", width), x.dtype, half), x.size // width,
                  (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
@@ -472,9 +457,9 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     _cuda.check_int32(x)
     _, C, S = _layout(x)
     y = xp.empty(x.shape, dtype=x.dtype)
-    width = _elements_per_access(S, x, y)
+    width = _cuda.elements_per_access((x, y), plane=S)
     i32 = _cuda.i32
-    _cuda.launch(_kernel(_build("bn_inference", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel(_cuda.pack_build("bn_inference", width), x.dtype, half), x.size // width,
                  (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
                   i32(x.size)))
     return y
@@ -492,16 +477,17 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    width = _elements_per_access(S, x, dy, relu_output, dx)
+    width = _cuda.elements_per_access((x, dy, relu_output, dx), plane=S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel(_build("bn_backward_reduce", width), x.dtype, half), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_backward_reduce", width), x.dtype, half), (C, splits),
+                        _cuda.THREADS,
                         (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
                          weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
-    _cuda.launch(_kernel(_build("bn_backward_dx", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel(_cuda.pack_build("bn_backward_dx", width), x.dtype, half), x.size // width,
                  (dy, x, relu_output, mean, coef, dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
@@ -518,12 +504,13 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    width = _elements_per_access(S, x, dy, relu_output, dx)
+    width = _cuda.elements_per_access((x, dy, relu_output, dx), plane=S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel(_build("bn_backward_reduce", width), x.dtype, half), (C, splits), _cuda.THREADS,
+    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_backward_reduce", width), x.dtype, half), (C, splits),
+                        _cuda.THREADS,
                         (dy, x, relu_output, running_mean, partial, _block_counters(x, C), dx, None, running_var,
                          weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
     return dx, dweight, dbias
