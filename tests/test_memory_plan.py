@@ -68,15 +68,15 @@ def test_placement_errors():
 
 
 class FakeArena:
-    ptr = 1 << 40
+    ptr, device_id = 1 << 40, 0
 
 
 @pytest.fixture
 def fake_memory(monkeypatch):
     """memory_plan's MemoryPointers replaced by plain holders of (pointer, size, owner): dropping one frees it."""
     class Held:
-        def __init__(self, pointer, size, owner):
-            self.ptr, self.size, self.owner = pointer, size, owner
+        def __init__(self, pointer, size, owner, device_id):
+            self.ptr, self.size, self.owner, self.device_id = pointer, size, owner, device_id
 
     monkeypatch.setattr(memory_plan, "_owned", Held)
     return Held
@@ -153,3 +153,19 @@ def test_a_capture_that_strays_from_the_recording_falls_back_and_stays_right():
 def test_plan_memory_must_be_a_bool():
     with pytest.raises(TypeError, match="plan_memory must be a bool"):
         graphs.capture(lambda x: x, minidnn.zeros(2), plan_memory="yes")
+
+
+@pytest.mark.gpu
+def test_a_zero_byte_request_is_recorded_and_planned():
+    """cuFFT asks for a work area of 0 bytes, whose pointer is null: recording and plan still place it."""
+    cupy = minidnn.backend.cupy()
+    x = minidnn.tensor(np.arange(64, dtype=np.float32) - 20, device="cuda")
+
+    def step(t):
+        cupy.cuda.alloc(0)
+        return (t * 2.0).relu()
+
+    captured = graphs.capture(step, x, warmup=2)
+    assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
+    np.testing.assert_array_equal(captured(x).numpy(), np.maximum(2 * (np.arange(64) - 20), 0))
+    assert captured.planned.fallbacks == 0

@@ -127,9 +127,11 @@ class _Lifetime:
         self.on_free(self.index)
 
 
-def _owned(pointer: int, size: int, owner: _Lifetime) -> Any:
+def _owned(pointer: int, size: int, owner: _Lifetime, device_id: int) -> Any:
+    """A MemoryPointer to ``size`` bytes at ``pointer`` on device ``device_id`` (given: a zero-byte request's
+    pointer may be null, which CuPy cannot place on a device) whose memory holds ``owner``."""
     cupy = backend.cupy()
-    memory = cupy.cuda.memory.UnownedMemory(pointer, size, owner)
+    memory = cupy.cuda.memory.UnownedMemory(pointer, size, owner, device_id)
     return cupy.cuda.memory.MemoryPointer(memory, 0)
 
 
@@ -144,7 +146,7 @@ def record() -> Iterator[Recording]:
 
     def malloc(size: int) -> Any:
         memory = allocator(size)
-        return _owned(memory.ptr, size, _Lifetime(recording.freed, recording.allocated(size), memory))
+        return _owned(memory.ptr, size, _Lifetime(recording.freed, recording.allocated(size), memory), memory.device_id)
 
     with cupy.cuda.using_allocator(malloc), conv_workspace.per_call():
         yield recording
@@ -176,4 +178,4 @@ class PlannedAllocator:
         self.next += 1
         self.alive[k] = True
         pointer = self.arena.ptr + int(self.plan.offsets[k])
-        return _owned(pointer, size, _Lifetime(self._freed, k, self.arena))
+        return _owned(pointer, size, _Lifetime(self._freed, k, self.arena), self.arena.device_id)
