@@ -676,6 +676,8 @@ def _assert_half_close(got, exact, scale, name, label):
 @pytest.mark.parametrize("shape", HALF_SHAPES + HALF_PACKED_SHAPES)
 @pytest.mark.parametrize("relu", [False, True])
 def test_half_precision_training_against_float64(xp, rng, name, shape, relu):
+    if xp is np and shape == HALF_PACKED_SHAPES[-1]:
+        pytest.skip("the GPU's packs over several blocks per channel (the float64 reference takes a minute here)")
     _check_half_training(xp, rng, name, shape, relu)
 
 
