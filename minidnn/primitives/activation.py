@@ -318,6 +318,10 @@ def _rounded_into(wide: Any, half: str, out: Any) -> Any:
     return convert.float_to_half(np.ascontiguousarray(wide, dtype=np.float32), half, out=out)
 
 
+# The kernels of activation.cu with builds moving 16-byte packs (elements.cuh's by_packs).
+_PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward"})
+
+
 def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = (), half: str | None = None) -> Any:
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
@@ -331,12 +335,8 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     if out is None:
         out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
     _cuda.check_int32(out)
-    # ReLU, its backward and the residual add have builds moving 16-byte packs (activation.cu).
     width = _cuda.elements_per_access((*inputs, out)) if name in _PACKED else 1
     kernel = _cuda.element_function("activation.cu", _cuda.pack_build(name, width), half, out.dtype)
     _cuda.launch(kernel, -(-out.size // width),
                  (*inputs, out, _cuda.i32(out.size), *(_cuda.f64(v) for v in scalars)))
     return out
-
-
-_PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward"})
