@@ -166,6 +166,19 @@ def test_the_captured_step_is_the_gpus_default_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_the_captured_step_is_laid_out_from_a_steady_warm_up(tmp_path, monkeypatch):
+    """train.py runs its first step eagerly (it makes the optimizer's state) and captures at the second, whose
+    warm-up the memory plan records: the capture then follows the recording, no request falling back."""
+    from minidnn.cuda import graphs  # noqa: PLC0415
+
+    made, capture = [], graphs.capture
+    monkeypatch.setattr(graphs, "capture", lambda *args, **kwargs: made.append(capture(*args, **kwargs)) or made[-1])
+    train.main(TINY + ["--device", "cuda", "--epochs", "1", "--out", str(tmp_path)])
+    assert len(made) == 1 and isinstance(made[0], graphs.CapturedStep)
+    assert made[0].planned is not None and made[0].planned.fallbacks == 0
+
+
+@pytest.mark.gpu
 def test_on_the_gpu_the_step_is_captured_unless_told_not_to(tmp_path, capsys):
     train.main(TINY + ["--device", "cuda", "--epochs", "1", "--out", str(tmp_path / "captured")])
     assert "the training step runs as one CUDA graph" in capsys.readouterr().out
