@@ -27,7 +27,8 @@ TIMEOUT_S = 900
 
 @dataclasses.dataclass(frozen=True)
 class Build:
-    """One compile for sm_90: ``source`` as ``_cuda.cuda_sources()`` names it, ``-DSCALAR=scalar`` and ``-D`` defines."""
+    """One compile for sm_90 (or the source's own architecture, ``_cuda.ARCHITECTURES``): ``source`` as
+    ``_cuda.cuda_sources()`` names it, ``-DSCALAR=scalar`` and ``-D`` defines."""
 
     source: str
     scalar: str = "float"
@@ -37,7 +38,9 @@ class Build:
         return "-".join([self.source, self.scalar, *(f"{name}={value}" for name, value in self.defines)])
 
     def command(self, cubin: str) -> list[str]:
-        return [NVCC, "-cubin", "-arch=sm_90", "--std=c++17", f"-DSCALAR={self.scalar}",
+        architecture = _cuda.ARCHITECTURES.get(self.source, "sm_90")  # sm_90a: nvcc's -arch=sm_90a also runs sm_90
+        target = f"-gencode=arch=compute_{architecture[3:]},code={architecture}"
+        return [NVCC, "-cubin", target, "--std=c++17", f"-DSCALAR={self.scalar}",
                 *(f"-D{name}={value}" for name, value in self.defines), "-Xptxas", "-v,-warn-spills",
                 "-o", cubin, _cuda.source_path(self.source)]
 

@@ -36,12 +36,12 @@ def supported(case, direction):
     return implicit_gemm_nhwc.ImplicitGemmNhwc().supports(problem_of(case, np.float16), direction)
 
 
-def check_direction(xp, rng, case, direction, name, label):
+def check_direction(xp, rng, case, direction, name, label, algo=ALGO):
     first_shape, second_shape = operand_shapes(case, direction)
     first, first_exact = half_operand(xp, rng, first_shape, name)
     second, second_exact = half_operand(xp, rng, second_shape, name, scale=0.5)
     out = poisoned_output(xp, output_shape(case, direction), name)
-    assert run(direction, first, second, case, algo=ALGO, out=out) is out
+    assert run(direction, first, second, case, algo=algo, out=out) is out
     exact = run(direction, first_exact, second_exact, case, algo="reference")
     magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
     assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, direction), label)
@@ -113,7 +113,8 @@ def test_large_batches_run_in_chunks_within_the_bound(monkeypatch):
     assert implicit_gemm_nhwc.images_per_chunk(one_image, "forward") == 1
 
 
-def test_the_rules_prefer_it_for_half_problems_on_the_gpu():
+def test_the_rules_prefer_it_for_half_problems_on_the_gpu(monkeypatch):
+    monkeypatch.setattr(conv.implicit_gemm_wgmma._cuda, "has_wgmma", lambda: False)  # a GPU before Hopper
     case = CASES["rows_and_reduction_off_the_tiles"]
     half_on_gpu = problem_of(case, np.uint16, "cuda")
     for direction in DIRECTIONS:

@@ -18,7 +18,8 @@ NO_SPILLS = re.compile(r"^\s*0 bytes stack frame, 0 bytes spill stores, 0 bytes 
                                         for scalar in ("float", "double")]
                          + [Build(source, "float", (("HALF", half),))
                             for source in ("batchnorm.cu", "activation.cu", "pooling.cu", "linear.cu") for half in (1, 2)]
-                         + [Build("conv/implicit_gemm_nhwc.cu", "float", (("HALF", 1), ("BLOCK_N", 64)))],
+                         + [Build(source, "float", (("HALF", 1), ("BLOCK_N", 64)))
+                            for source in ("conv/implicit_gemm_nhwc.cu", "conv/implicit_gemm_wgmma.cu")],
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):
     source = nvcc_build.build.source

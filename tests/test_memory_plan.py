@@ -169,3 +169,16 @@ def test_a_zero_byte_request_is_recorded_and_planned():
     assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
     np.testing.assert_array_equal(captured(x).numpy(), np.maximum(2 * (np.arange(64) - 20), 0))
     assert captured.planned.fallbacks == 0
+
+
+@pytest.mark.gpu
+def test_the_capture_hands_back_the_blocks_its_warm_up_left_cached():
+    """The warm-up steps' freed arrays would stay reserved in the default pool; the replays never use them."""
+    cupy = minidnn.backend.cupy()
+    data = batches(3, np.random.default_rng(5))
+    _, _, _, step = make_run()
+    captured = graphs.capture(step, data[0], warmup=2)
+    assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
+    assert cupy.get_default_memory_pool().free_bytes() == 0
+    losses = [captured(x, y).item() for x, y in data[1:]]
+    assert all(np.isfinite(losses))

@@ -142,18 +142,25 @@ def test_the_gpu_kernels_widen_every_half_word_exactly(name):
 @pytest.mark.gpu
 def test_bfloat16_words_add_as_ml_dtypes_in_one_kernel(rng):
     """convert.add (a gradient's two parts, summed by autograd): float32 addition of the exact values, one
-    rounding, bit for bit as ml_dtypes (NaNs as NaNs), on every special value and random words; and with
-    shapes that broadcast, by the widening route."""
+    rounding, bit for bit as ml_dtypes (NaNs as NaNs), on every special value and random words, in packs of
+    eight words and one by one; and with shapes that broadcast, by the widening route."""
+    from minidnn.primitives import _cuda  # noqa: PLC0415 - GPU only
+
     cupy = backend.cupy()
     x = float32_cases(rng, random_count=100_000)
     with np.errstate(invalid="ignore", over="ignore"):
         a = x.astype(ml_dtypes.bfloat16)
         b = rng.permutation(x).astype(ml_dtypes.bfloat16)
         want = (a.astype(np.float32) + b.astype(np.float32)).astype(ml_dtypes.bfloat16)
-    got = convert.add(cupy.asarray(a.view(np.uint16)), cupy.asarray(b.view(np.uint16))).get()
-    nan = np.isnan(want.astype(np.float32))
-    assert np.array_equal(np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)), nan)
-    assert np.array_equal(got[~nan], want.view(np.uint16)[~nan])
+    count = (a.size - 16) // 8 * 8 + 5  # a tail of single words after the packs
+    for offset in (0, 1):  # 16-byte aligned (packs of eight words), then one word in (the plain build)
+        on_gpu = [cupy.asarray(v.view(np.uint16))[offset:offset + count] for v in (a, b)]
+        assert _cuda.elements_per_access(on_gpu) == (1 if offset else 8)
+        got = convert.add(*on_gpu).get()
+        expected = want[offset:offset + count]
+        nan = np.isnan(expected.astype(np.float32))
+        assert np.array_equal(np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)), nan)
+        assert np.array_equal(got[~nan], expected.view(np.uint16)[~nan])
     column = cupy.asarray(a[:7].reshape(7, 1).view(np.uint16))
     wide = convert.add(column, cupy.asarray(b[:21].reshape(3, 7).view(np.uint16)[:1]))  # (7, 1) + (1, 7)
     with np.errstate(invalid="ignore", over="ignore"):

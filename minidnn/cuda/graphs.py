@@ -235,4 +235,7 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
         generator.offset = offset_before  # the capture ran nothing: its draws happen at each replay
     graph.upload(stream)
     stream.synchronize()
+    # The warm-up steps' arrays went back to the default pool, which keeps their blocks cached; the replays use
+    # the graph's own memory, so those blocks would stay reserved for nothing: hand them back to the device.
+    cupy.get_default_memory_pool().free_all_blocks()
     return CapturedStep(graph, inputs, outputs, pool, start, draws, warmup_outputs, planned)

@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import os
 import re
+import tempfile
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
@@ -98,10 +100,61 @@ def _inlined(path: str, seen: set[str]) -> str:
     return "".join(lines)
 
 
+# Sources written with one architecture's own instructions, compiled for it alone: Hopper's warpgroup MMA
+# (wgmma) exists only in sm_90a code, which runs on compute capability 9.0 and nowhere else (has_wgmma).
+ARCHITECTURES = {"conv/implicit_gemm_wgmma.cu": "sm_90a"}
+
+
 @functools.lru_cache(maxsize=None)
 def _module(relative: str, scalar: str, defines: tuple[tuple[str, int], ...]) -> Any:
     options = ("--std=c++17", f"-DSCALAR={scalar}", *(f"-D{name}={value}" for name, value in defines))
-    return backend.cupy().RawModule(code=read_source(relative), options=options)
+    architecture = ARCHITECTURES.get(relative)
+    if architecture is None:
+        return backend.cupy().RawModule(code=read_source(relative), options=options)
+    # CuPy names the architecture itself, from the device's compute capability (sm_90, never sm_90a), so
+    # these sources are compiled by NVRTC here and CuPy loads the cubin.
+    return backend.cupy().RawModule(path=_cubin(relative, (*options, f"--gpu-architecture={architecture}")))
+
+
+def _cubin(relative: str, options: tuple[str, ...]) -> str:
+    """The path of ``relative``'s cubin for ``options``, compiled by NVRTC once per source text, options and
+    NVRTC version, and kept beside CuPy's own kernel cache (written to a temporary file, then renamed)."""
+    from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415 - GPU only
+
+    source = read_source(relative)
+    key = hashlib.sha256(repr((source, options, nvrtc.getVersion())).encode()).hexdigest()
+    directory = os.path.join(os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache")),
+                             "minidnn")
+    path = os.path.join(directory, key + ".cubin")
+    if os.path.exists(path):
+        return path
+    program = nvrtc.createProgram(source, os.path.basename(relative), (), ())
+    try:
+        try:
+            nvrtc.compileProgram(program, list(options))
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"NVRTC failed on {relative}:\n{nvrtc.getProgramLog(program)}") from error
+        cubin = nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    os.makedirs(directory, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=directory, suffix=".part")
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(cubin)
+    os.replace(temporary, path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _compute_capability_of(device_id: int) -> str:
+    return backend.cupy().cuda.Device(device_id).compute_capability
+
+
+def has_wgmma() -> bool:
+    """Whether the current GPU runs sm_90a code (compute capability 9.0, Hopper): False without a GPU."""
+    if not backend.cuda_is_available():
+        return False
+    return _compute_capability_of(backend.cupy().cuda.runtime.getDevice()) == "90"
 
 
 # (device, source, kernel, dtype, defines) -> the kernel, looked up once: asking CuPy's module for a kernel

@@ -237,8 +237,9 @@ def to_device(array: Any, target: Any) -> Any:
 def add(a: Any, b: Any) -> Any:
     """a + b for two arrays of one dtype; bfloat16 words on the GPU are added in float32 and rounded once
     (as ml_dtypes adds bfloat16 on the CPU): one kernel of convert.cu for two arrays of one shape (a
-    gradient's two parts), subnormals kept as ml_dtypes keeps them; else widened, added with broadcasting
-    (CuPy's kernel, which flushes subnormal sums: CuPy compiles with -ftz=true) and rounded."""
+    gradient's two parts; eight words an access where all three are 16-byte aligned), subnormals kept as
+    ml_dtypes keeps them; else widened, added with broadcasting (CuPy's kernel, which flushes subnormal sums:
+    CuPy compiles with -ftz=true) and rounded."""
     if not is_bfloat16_words(a):
         return a + b
     if a.shape != b.shape:
@@ -249,5 +250,7 @@ def add(a: Any, b: Any) -> Any:
     a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
     out = xp.empty(a.shape, dtype=np.uint16)
     _cuda.check_int32(a)
-    _cuda.launch(_cuda.function(_SOURCE, "add_bfloat16", np.float32), a.size, (a, b, out, _cuda.i32(a.size)))
+    width = _cuda.elements_per_access((a, b, out))
+    _cuda.launch(_cuda.function(_SOURCE, _cuda.pack_build("add_bfloat16", width), np.float32), -(-a.size // width),
+                 (a, b, out, _cuda.i32(a.size)))
     return out

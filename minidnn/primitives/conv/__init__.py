@@ -4,7 +4,8 @@ Algorithms register on import, one file each (docs/convolution.md describes them
 asks :mod:`.selection` for the best one under the workspace limit: measured (``find``) on the GPU,
 guessed by shape (``get``) on the CPU, unless :func:`set_benchmark` says otherwise.
 """
-from . import fft, gemm, gemm_1x1, implicit_gemm, implicit_gemm_nhwc, reference, strided_dgrad, winograd  # noqa: F401 - importing registers the algorithms
+from . import (fft, gemm, gemm_1x1, implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma, reference,  # noqa: F401
+               strided_dgrad, winograd)  # importing registers the algorithms
 from .api import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from .plans import Plan
 from .problem import ConvProblem

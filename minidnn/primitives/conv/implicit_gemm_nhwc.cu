@@ -31,11 +31,7 @@
 #define BLOCK_N 128
 #endif
 #include "../half.cuh"
-
-struct NhwcShape {
-    int N, C, H, W, K, R, S, P, Q;
-    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
-};
+#include "channels_last.cuh"
 
 constexpr int THREADS = 256;
 constexpr int BLOCK_M = 128;
@@ -49,7 +45,6 @@ constexpr int WARP_M = BLOCK_M / WARPS_M;  // 64 (or 32 with BLOCK_N 64)
 constexpr int WARP_N = BLOCK_N / WARPS_N;  // 32
 constexpr int MI = WARP_M / 16;            // m16 tiles per warp
 constexpr int NI = WARP_N / 8;             // n8 tiles per warp
-constexpr int NOWHERE = -(1 << 29);        // a row past the matrix: its taps are never inside the tensor
 
 struct ForwardTiles {
     u16 a[STAGES][BLOCK_M][BLOCK_K + PAD];
@@ -66,18 +61,6 @@ extern __shared__ __align__(16) unsigned char shared_memory[];
 // ---------------------------------------------------------------------------------------------------------------
 // The instructions
 // ---------------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global -> shared, bypassing L1; `valid` false copies nothing and writes 16 zero bytes.
-__device__ __forceinline__ void copy_16(void* shared, const void* global, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
 
 // Four 8 × 8 blocks of 16-bit values, lanes 8j .. 8j + 7 giving block j's row addresses.
 __device__ __forceinline__ void load_matrices(unsigned (&f)[4], const u16* address) {
@@ -102,10 +85,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsig
 #endif
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u16 half_word(const float value) {
-    return HALF == 2 ? bfloat16_word(__float_as_uint(value)) : float16_word(__float_as_uint(value), value);
 }
 
 // The warp's corner in the CTA's tile: warps along M fastest.
@@ -150,21 +129,6 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[MI][NI][4], const u1
             for (int ni = 0; ni < NI; ++ni) mma(acc[mi][ni], fa[mi], fb[ni][0], fb[ni][1]);
     }
 }
-
-// A reduction index r·S·C + s·C + c, as its tap and channel, advanced stage by stage without dividing.
-struct Tap {
-    int index, r, s, c;
-    __device__ __forceinline__ Tap(int first, int C, int S) : index(first), r(first / C / S), s(first / C % S),
-                                                                c(first % C) {}
-    __device__ __forceinline__ void advance(int step, int C, int S) {
-        index += step;
-        c += step;
-        while (c >= C) {
-            c -= C;
-            if (++s == S) s = 0, ++r;
-        }
-    }
-};
 
 // ---------------------------------------------------------------------------------------------------------------
 // Forward: y (N, K, P, Q) = x (N, H, W, C) ⋆ w (K, R, S, C)
@@ -251,15 +215,7 @@ implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w,
                 out[column][row] = half_word(acc[mi][ni][v]);
             }
     __syncthreads();
-    // Thread i writes pixel i % BLOCK_M of every other channel (i / BLOCK_M + 2j): a warp, 32 consecutive pixels.
-    const int pixel = tid % BLOCK_M, row = tile_m * BLOCK_M + pixel;
-    if (row < rows) {
-        u16* destination = y + (row / PQ) * s.K * PQ + row % PQ;
-        for (int column = tid / BLOCK_M; column < BLOCK_N; column += THREADS / BLOCK_M) {
-            const int k = tile_n * BLOCK_N + column;
-            if (k < s.K) destination[k * PQ] = out[column][pixel];
-        }
-    }
+    store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

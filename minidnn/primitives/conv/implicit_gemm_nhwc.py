@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -311,9 +311,12 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvPro
                         (x_last, dy_last, dw, _shape_struct(problem), _cuda.i32(per_split)))
 
 
-def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any, direction: str) -> None:
+def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any, direction: str,
+                       launch: Callable[[Any, Any, Any, np.void], None] | None = None) -> None:
     """Forward (source x) or stride-1 backward-data (source dy, the filter turned) on the GPU: the filter's copy
-    once, then per chunk of images the source's channels-last copy and one launch into out's slice."""
+    once, then per chunk of images the source's channels-last copy and one ``launch`` (the forward kernel's,
+    by default) into out's slice."""
+    launch = launch or _launch_forward
     turned = direction == "backward_data"
     for first, chunk in _chunks(problem, direction):
         w_last, source_last = _workspace_arrays(workspace, chunk, direction)
@@ -321,7 +324,7 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
         if first == 0:
             _filter_to_channels_last(w, w_last, turned=turned)
         shape = backward_data_problem(chunk) if turned else chunk
-        _launch_forward(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
+        launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
 
 def _to_channels_last(array: Any, out: Any) -> None:

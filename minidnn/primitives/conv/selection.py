@@ -57,9 +57,9 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     a 5x5 layer's 6.25x (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU; a half-precision
-    problem on the GPU tries ``implicit_gemm_nhwc`` before implicit GEMM (16-byte gathers from channels-last
-    copies where implicit GEMM gathers 2-byte values; ``find`` times the two, and backward-filter often keeps
-    implicit GEMM).
+    problem on the GPU tries ``implicit_gemm_wgmma`` (on Hopper) and ``implicit_gemm_nhwc`` before implicit GEMM
+    (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them,
+    and backward-filter often keeps implicit GEMM).
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
@@ -97,7 +97,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     tap_by_tap = (direction == "backward_data" and (problem.R, problem.S) == (3, 3)
                   and problem.dilation == (1, 1) and problem.C // problem.groups >= 8)
     if problem.half_type and problem.device == "cuda":
-        names.append("implicit_gemm_nhwc")  # whole 16-byte vectors where implicit GEMM gathers 2-byte values
+        # whole 16-byte vectors where implicit GEMM gathers 2-byte values; on Hopper, multiplied by wgmma
+        names += ["implicit_gemm_wgmma", "implicit_gemm_nhwc"]
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 

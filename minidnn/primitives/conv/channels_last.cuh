@@ -1,0 +1,63 @@
+// What the half-precision implicit GEMMs on channels-last copies share (implicit_gemm_nhwc.cu on mma.sync,
+// implicit_gemm_wgmma.cu on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async gather, the
+// reduction index kept as (tap, channel), and the epilogue's store of a rounded tile to y (N, K, P, Q).
+// Include after half.cuh, with HALF defined (1: float16, 2: bfloat16).
+
+#ifndef MINIDNN_CHANNELS_LAST_CUH
+#define MINIDNN_CHANNELS_LAST_CUH
+
+struct NhwcShape {
+    int N, C, H, W, K, R, S, P, Q;
+    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+};
+
+constexpr int NOWHERE = -(1 << 29);  // a row past the matrix: its taps are never inside the tensor
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+// 16 bytes global -> shared, bypassing L1; `valid` false copies nothing and writes 16 zero bytes.
+__device__ __forceinline__ void copy_16(void* shared, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING)); }
+
+__device__ __forceinline__ u16 half_word(const float value) {
+    return HALF == 2 ? bfloat16_word(__float_as_uint(value)) : float16_word(__float_as_uint(value), value);
+}
+
+// A reduction index r·S·C + s·C + c, as its tap and channel, advanced stage by stage without dividing.
+struct Tap {
+    int index, r, s, c;
+    __device__ __forceinline__ Tap(int first, int C, int S) : index(first), r(first / C / S), s(first / C % S),
+                                                                c(first % C) {}
+    __device__ __forceinline__ void advance(int step, int C, int S) {
+        index += step;
+        c += step;
+        while (c >= C) {
+            c -= C;
+            if (++s == S) s = 0, ++r;
+        }
+    }
+};
+
+// Forward's store: the CTA's M_TILE × N_TILE tile of y, rounded and staged in shared memory as
+// out[column][row] (rows padded by 8 values), to y (N, K, P, Q). Thread i writes pixel i % M_TILE of every
+// (THREAD_COUNT / M_TILE)-th channel, so that a warp stores 32 consecutive pixels of one channel.
+template <int M_TILE, int N_TILE, int THREAD_COUNT>
+__device__ __forceinline__ void store_output_tile(const u16 (*out)[M_TILE + 8], u16* __restrict__ y,
+                                                  const NhwcShape& s, const int tile_m, const int tile_n) {
+    const int PQ = s.P * s.Q, pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
+    if (row >= s.N * PQ) return;
+    u16* destination = y + (row / PQ) * s.K * PQ + row % PQ;
+    for (int column = threadIdx.x / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
+        const int k = tile_n * N_TILE + column;
+        if (k < s.K) destination[k * PQ] = out[column][pixel];
+    }
+}
+
+#endif  // MINIDNN_CHANNELS_LAST_CUH

@@ -1,0 +1,214 @@
+// Half-precision implicit GEMM forward on Hopper's warpgroup MMA (wgmma, sm_90a): implicit_gemm_nhwc.cu's
+// gather of 16-byte channels-last vectors by cp.async, but the tiles laid out in shared memory as wgmma reads
+// them, 128-byte rows swizzled, and each warpgroup multiplying its 64 rows by the whole tile's columns at once.
+//
+//                    rows M       columns N   reduction       A (gathered)            B
+//   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
+//
+// Stride-1 backward-data runs this kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
+//
+// One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
+// product 64 columns wide or less), BLOCK_K = 64 reduction values a stage, three stages of cp.async copies in
+// flight. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 64 values, 128 bytes: the K-major layout
+// with the 128-byte swizzle, in which 16-byte chunk j of row r lies at chunk j ^ (r % 8) of its row, so that
+// the eight rows of a 1024-byte group spread each column of chunks over all 32 banks. A shared-memory
+// descriptor names a tile to wgmma (its start, 1024 bytes from one group of 8 rows to the next, the swizzle);
+// the k-th 16-value step starts 32·k bytes into the rows. Each warpgroup issues four m64nNk16 wgmma a stage
+// (one per 16 values), waits for them, and the stage is free for the copies two steps later.
+//
+// The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
+// 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
+// The epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared memory.
+
+#ifndef HALF
+#define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#include "../half.cuh"
+#include "channels_last.cuh"
+
+#if HALF == 2
+#define HALF_NAME "bf16"
+#else
+#define HALF_NAME "f16"
+#endif
+
+typedef unsigned long long uint64_t;
+
+constexpr int THREADS = 256;  // two warpgroups
+constexpr int BLOCK_M = 128;  // 64 rows per warpgroup
+constexpr int BLOCK_K = 64;   // one 128-byte swizzled row
+constexpr int STAGES = 3;
+constexpr int VECTOR = 8;     // half values in one 16-byte copy
+constexpr int CHUNKS = BLOCK_K / VECTOR;  // 16-byte chunks of a row
+constexpr int ROW_BYTES = BLOCK_K * 2;
+constexpr int A_BYTES = BLOCK_M * ROW_BYTES, B_BYTES = BLOCK_N * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // the swizzle's period: 8 rows
+constexpr int ACCUMULATORS = BLOCK_N / 2;  // floats per thread of an m64nNk16 product
+constexpr int ROWS_PER_PASS = THREADS / CHUNKS;  // 32
+constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
+constexpr int PAD = 8;
+typedef u16 OutputTile[BLOCK_N][BLOCK_M + PAD];  // the epilogue's, over the pipeline's memory
+static_assert(STAGE_BYTES % GROUP_BYTES == 0, "stages start on the swizzle's 1024-byte period");
+
+// The kernel's shared memory: STAGES stages, from the first 1024-byte boundary of the dynamic allocation (the
+// launch asks for 1024 bytes more), since the swizzle is a function of the address bits.
+extern __shared__ __align__(16) unsigned char shared_memory[];
+
+// The byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+__device__ __forceinline__ int swizzled(const int row, const int chunk) {
+    return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+
+// A shared-memory matrix descriptor: start address / 16 (bits 0-13), leading byte offset / 16 (16-29; unused
+// by swizzled K-major layouts, 1 by convention), stride byte offset / 16 (32-45: from one group of 8 rows to
+// the next), base offset 0 (49-51: the tile starts on the swizzle's period), swizzle mode (62-63: 1, 128 bytes).
+__device__ __forceinline__ uint64_t descriptor(const unsigned address) {
+    return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(GROUP_BYTES >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// The copies' writes (the generic proxy) made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous products.
+__device__ __forceinline__ void fence_accumulators(float (&d)[ACCUMULATORS]) {
+#pragma unroll
+    for (int i = 0; i < ACCUMULATORS; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 × N, float32) += A (64 × 16, descriptor a) · B (16 × N, descriptor b, stored N rows of k).
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint64_t a, const uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." HALF_NAME "." HALF_NAME " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint64_t a, const uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." HALF_NAME "." HALF_NAME " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_tile(float (&d)[ACCUMULATORS], const uint64_t a, const uint64_t b) {
+#if BLOCK_N == 128
+    wgmma_n128(d, a, b);
+#else
+    wgmma_n64(d, a, b);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y,
+                            const NhwcShape s) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    const int rows = s.N * s.P * s.Q, reduction = s.R * s.S * s.C, PQ = s.P * s.Q;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int tid = threadIdx.x, chunk = tid % CHUNKS, copy_row = tid / CHUNKS;
+
+    // Each thread copies chunk `chunk` of the rows copy_row + 32·i: for A, the output pixels' first input row
+    // and column and their image's offset; for B, the filters' offsets.
+    int image[A_COPIES], top[A_COPIES], left[A_COPIES];
+#pragma unroll
+    for (int i = 0; i < A_COPIES; ++i) {
+        const int row = tile_m * BLOCK_M + copy_row + ROWS_PER_PASS * i;
+        const int n = row / PQ, pq = row % PQ;
+        const bool inside = row < rows;
+        image[i] = inside ? n * s.H * s.W * s.C : 0;
+        top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
+        left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
+    }
+    int filter[B_COPIES];
+#pragma unroll
+    for (int i = 0; i < B_COPIES; ++i) {
+        const int k = tile_n * BLOCK_N + copy_row + ROWS_PER_PASS * i;
+        filter[i] = k < s.K ? k * reduction : -1;
+    }
+    Tap tap(chunk * VECTOR, s.C, s.S);
+
+    auto copy_stage = [&](int stage) {
+        unsigned char* const a = tiles + stage * STAGE_BYTES;
+        unsigned char* const b = a + A_BYTES;
+        const bool k_inside = tap.index < reduction;
+        const int dh = tap.r * s.dilation_h, dw = tap.s * s.dilation_w;
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int h = top[i] + dh, w_ = left[i] + dw;
+            const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
+            const u16* source = inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x;
+            copy_16(a + swizzled(copy_row + ROWS_PER_PASS * i, chunk), source, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const bool inside = k_inside && filter[i] >= 0;
+            copy_16(b + swizzled(copy_row + ROWS_PER_PASS * i, chunk), inside ? w + filter[i] + tap.index : w,
+                    inside);
+        }
+        tap.advance(BLOCK_K, s.C, s.S);
+    };
+
+    const int steps = (reduction + BLOCK_K - 1) / BLOCK_K, warpgroup = tid / 128;
+    float acc[ACCUMULATORS] = {};
+#pragma unroll
+    for (int stage = 0; stage < STAGES - 1; ++stage) {
+        if (stage < steps) copy_stage(stage);
+        commit_copies();
+    }
+    for (int step = 0; step < steps; ++step) {
+        // Stage `step` has landed once at most STAGES − 2 later groups are pending; after the barrier every
+        // thread's copies of it are visible to wgmma, and the stage multiplied last step (waited for) is free.
+        wait_copies<STAGES - 2>();
+        fence_async_proxy();
+        __syncthreads();
+        if (step + STAGES - 1 < steps) copy_stage((step + STAGES - 1) % STAGES);
+        commit_copies();
+        const unsigned a = shared_address(tiles + step % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2);
+        const unsigned b = shared_address(tiles + step % STAGES * STAGE_BYTES + A_BYTES);
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < BLOCK_K / 16; ++k) wgmma_tile(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
+        wgmma_commit();
+        wgmma_wait();
+        fence_accumulators(acc);
+    }
+    wait_copies<0>();
+    __syncthreads();  // the output tile reuses the pipeline's memory
+
+    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
+    const int t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = warpgroup * 64 + t / 32 * 16 + g;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 8; ++i)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) out[8 * i + 2 * q + v % 2][row0 + v / 2 * 8] = half_word(acc[4 * i + v]);
+    __syncthreads();
+    store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
+}

@@ -1,0 +1,88 @@
+"""The ``implicit_gemm_wgmma`` algorithm: ``implicit_gemm_nhwc``'s forward and stride-1 backward-data with the
+products on Hopper's warpgroup MMA (wgmma), the instruction Hopper's tensor cores reach their rate with.
+
+mma.sync gives each warp a 16 × 8 product from fragments it loaded into registers; wgmma gives a warpgroup of
+four warps a 64 × N product read straight from shared memory, issued asynchronously. The channels-last copies,
+the chunks of images, the workspace and the NumPy twin are ``implicit_gemm_nhwc``'s; only the kernel differs
+(``implicit_gemm_wgmma.cu``: its shared-memory layout is the one wgmma reads, 128-byte rows swizzled):
+
+    direction         rows M      columns N   reduction      operands (channels last)
+    forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
+    backward-data     N·H·W       C           R·S·K          dy (N, P, Q, K), w turned (C, R, S, K)
+
+Backward-filter, whose operands lie along the rows (the pixels), stays with ``implicit_gemm_nhwc``. wgmma
+exists only in sm_90a code: on the GPU this algorithm supports a problem only on a GPU of compute
+capability 9.0 (``_cuda.has_wgmma``). Numerics: as ``implicit_gemm_nhwc``'s (exact products, float32 sums, one
+rounding), the sums in the tensor cores' order.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import backend
+from .. import _cuda, convert
+from . import implicit_gemm_nhwc
+from .implicit_gemm_nhwc import ImplicitGemmNhwc
+from .problem import ConvProblem
+from .registry import register
+
+SOURCE = "conv/implicit_gemm_wgmma.cu"
+THREADS = 256
+# implicit_gemm_wgmma.cu's tile: 128 rows (64 per warpgroup), BLOCK_N columns (implicit_gemm_nhwc's rule),
+# BLOCK_K reduction values (one 128-byte row) a stage, STAGES stages; the stages start on the swizzle's
+# 1024-byte period, which the dynamic allocation may not: the launch asks for one period more.
+BLOCK_M, BLOCK_K, STAGES, SWIZZLE_PERIOD = 128, 64, 3, 1024
+
+
+class ImplicitGemmWgmma(ImplicitGemmNhwc):
+    """``implicit_gemm_nhwc`` with its forward kernel on wgmma: float16 and bfloat16 problems, groups 1, the
+    reduction's channels multiples of 8; forward, and backward-data at stride 1; on the GPU, Hopper only."""
+
+    name = "implicit_gemm_wgmma"
+    deterministic = True  # every output is one CTA's sum: no atomics
+
+    def supports(self, problem: ConvProblem, direction: str) -> bool:
+        if direction == "backward_filter" or not super().supports(problem, direction):
+            return False
+        return problem.device != "cuda" or _cuda.has_wgmma()
+
+    def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
+        return True
+
+    def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        if not backend.is_cuda_array(x):
+            super().forward(x, w, problem, out, workspace)  # the NumPy twin
+            return
+        implicit_gemm_nhwc._forward_by_chunks(x, w, problem, out, workspace, "forward", _launch_forward)
+
+    def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
+        if not backend.is_cuda_array(dy):
+            super().backward_data(dy, w, problem, out, workspace)
+            return
+        implicit_gemm_nhwc._forward_by_chunks(dy, w, problem, out, workspace, "backward_data", _launch_forward)
+
+    def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
+                        workspace: Any) -> None:
+        raise ValueError(f"{self.name} has no backward-filter (implicit_gemm_nhwc has)")
+
+
+def shared_bytes(block_n: int) -> int:
+    """The kernel's dynamic shared memory: the stages (the epilogue's output tile fits in them), plus a period."""
+    return STAGES * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
+
+
+def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
+    """out (N, K, P, Q) = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    _cuda.check_int32(x_last, w_last, out)
+    N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
+    block_n = implicit_gemm_nhwc._block_n(K)
+    half = convert.half_type_of(out)
+    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32,
+                            _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
+    tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, (tiles,), shared_bytes(block_n), (x_last, w_last, out, shape))
+
+
+register(ImplicitGemmWgmma())
