@@ -1,7 +1,6 @@
-"""``implicit_gemm_wgmma``: ``implicit_gemm_nhwc``'s forward and stride-1 backward-data with the products on
-Hopper's wgmma, held on the GPU to the float64 reference by the half bound (tests/test_conv_half.py) and to
+"""``implicit_gemm_wgmma``: ``implicit_gemm_nhwc`` with the products on Hopper's wgmma, in all three directions, held on the GPU to the float64 reference by the half bound (tests/test_conv_half.py) and to
 the NumPy twin to a rounding, on the cases of tests/test_conv_nhwc.py (rows, columns and reductions off the
-128 × 128 × 64 tile, taps on the padding, dilation, the 64-wide build). Its NumPy twin is implicit_gemm_nhwc's,
+128 × 128 × 64 tile, taps on the padding, dilation, the 64-wide build, backward-filter's split). Its NumPy twin is implicit_gemm_nhwc's,
 which that file tests on the CPU."""
 import numpy as np
 import pytest
@@ -10,16 +9,16 @@ from minidnn import backend
 from minidnn.primitives import _cuda, conv
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
 from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, half_operand
-from tests.test_conv_half import operand_shapes, reduction_length
+from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes, reduction_length
 from tests.test_conv_implicit_gemm import problem_of, run
 from tests.test_conv_nhwc import CASES, STRIDED, check_direction
 
 ALGO = "implicit_gemm_wgmma"
-DIRECTIONS = ("forward", "backward_data")
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 
 def test_what_it_supports(monkeypatch):
-    """implicit_gemm_nhwc's problems but backward-filter's; on the GPU only where wgmma runs."""
+    """implicit_gemm_nhwc's problems; on the GPU only where wgmma runs."""
     algorithm, nhwc = implicit_gemm_wgmma.ImplicitGemmWgmma(), implicit_gemm_nhwc.ImplicitGemmNhwc()
     cases = [*CASES.values(), *STRIDED.values(), (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1), (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 2)]
     for hopper in (False, True):
@@ -30,8 +29,8 @@ def test_what_it_supports(monkeypatch):
                 for direction in DIRECTIONS:
                     expected = nhwc.supports(problem, direction) and (hopper or device == "cpu")
                     assert algorithm.supports(problem, direction) == expected, (case, dtype, device, direction)
-                assert not algorithm.supports(problem, "backward_filter")
-    assert algorithm.is_deterministic(problem_of(CASES["many_splits"], np.uint16, "cuda"), "forward")
+    on_gpu = problem_of(CASES["many_splits"], np.uint16, "cuda")
+    assert [algorithm.is_deterministic(on_gpu, d) for d in DIRECTIONS] == [True, True, False]  # split-K's atomicAdd
 
 
 def test_the_rules_prefer_it_on_hopper(monkeypatch):
@@ -39,7 +38,6 @@ def test_the_rules_prefer_it_on_hopper(monkeypatch):
     monkeypatch.setattr(_cuda, "has_wgmma", lambda: True)
     for direction in DIRECTIONS:
         assert conv.selection.get(half_on_gpu, direction, 1 << 30).name == ALGO
-    assert conv.selection.get(half_on_gpu, "backward_filter", 1 << 30).name == "implicit_gemm_nhwc"
 
 
 def test_shared_memory_holds_the_stages_on_the_swizzle_period():
@@ -61,19 +59,33 @@ def test_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case_name", STRIDED)
-def test_strided_forward_within_the_half_bound_on_the_gpu(rng, case_name, name):
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+def test_strided_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
-    check_direction(backend.cupy(), rng, STRIDED[case_name], "forward", name, f"{case_name} {name}", algo=ALGO)
+    if not implicit_gemm_wgmma.ImplicitGemmWgmma().supports(problem_of(STRIDED[case_name], np.float16), direction):
+        pytest.skip("backward-filter needs K a multiple of 8")
+    check_direction(backend.cupy(), rng, STRIDED[case_name], direction, name, f"{case_name} {direction} {name}",
+                    algo=ALGO)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_backward_filter_adds_into_out_on_the_gpu(rng, name):
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    check_backward_filter_accumulates(backend.cupy(), rng, CASES["many_splits"], name, ALGO)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("case", [(2, 40, 12, 11, 136, 3, 3, 1, 1, 1, 1), (16, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1),
-                                  (4, 64, 30, 30, 64, 3, 3, 1, 1, 1, 1)], ids=["K136", "resnet_layer2", "K64"])
+                                  (4, 64, 30, 30, 64, 3, 3, 1, 1, 1, 1), (8, 32, 28, 28, 64, 3, 3, 1, 1, 1, 1)],
+                         ids=["K136", "resnet_layer2", "K64", "many_splits"])
 def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, name):
-    """Against implicit_gemm_nhwc's twin (float32 sums of the same exact products, in another order)."""
+    """Against implicit_gemm_nhwc's twin (float32 sums of the same exact products, in another order; backward-
+    filter's partial sums of its slices added in any order)."""
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
     cupy = backend.cupy()

@@ -173,12 +173,17 @@ def test_a_zero_byte_request_is_recorded_and_planned():
 
 @pytest.mark.gpu
 def test_the_capture_hands_back_the_blocks_its_warm_up_left_cached():
-    """The warm-up steps' freed arrays would stay reserved in the default pool; the replays never use them."""
+    """Eager steps leave their freed arrays' blocks cached in the default pool, which only grows; the replays
+    never use them, so the capture releases them: the pool holds less after it than before. (Not nothing: a
+    block split between a live array and free bytes stays.)"""
     cupy = minidnn.backend.cupy()
     data = batches(3, np.random.default_rng(5))
     _, _, _, step = make_run()
+    step(*data[0])  # an eager step: its activations' blocks stay cached
+    pool = cupy.get_default_memory_pool()
+    held = pool.total_bytes()
     captured = graphs.capture(step, data[0], warmup=2)
     assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
-    assert cupy.get_default_memory_pool().free_bytes() == 0
+    assert pool.total_bytes() < held
     losses = [captured(x, y).item() for x, y in data[1:]]
     assert all(np.isfinite(losses))

@@ -21,9 +21,9 @@ LAYERS = [("resnet18.layer1.conv", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer4.conv", 128, 512, 7, 7, 512, 3, 3, 1, 1)] + LAYERS
 
 
-def kernel_only(direction, layer, cupy, rng, launch_forward=nhwc._launch_forward):
-    """The NHWC kernel alone, on operands already in its layouts (what a channels-last tensor would skip); for
-    forward and backward-data, ``launch_forward``'s kernel (implicit_gemm_wgmma's, in its probe)."""
+def kernel_only(direction, layer, cupy, rng, kernels=nhwc):
+    """The NHWC kernel alone, on operands already in its layouts (what a channels-last tensor would skip): the
+    ``_launch_forward`` and ``_launch_backward_filter`` of ``kernels`` (implicit_gemm_wgmma's, in its probe)."""
     _, N, C, H, W, K, R, S, stride, padding = layer
     problem = conv.problem.make_problem((N, C, H, W), (K, C, R, S), (stride, stride), (padding, padding), (1, 1), 1,
                                         np.dtype(np.uint16), "cuda")
@@ -36,12 +36,12 @@ def kernel_only(direction, layer, cupy, rng, launch_forward=nhwc._launch_forward
     if direction == "backward_filter":
         x, dy = operand((N, H, W, C)), operand((N, problem.P, problem.Q, K))
         dw = cupy.zeros(problem.w_shape, np.float32)
-        return lambda: nhwc._launch_backward_filter(x, dy, dw, problem)
+        return lambda: kernels._launch_backward_filter(x, dy, dw, problem)
     shape = problem if direction == "forward" else nhwc.backward_data_problem(problem)
     source = operand((N, shape.H, shape.W, shape.C))
     weights = operand((shape.K, R, S, shape.C))
     out = cupy.empty((N, shape.K, shape.P, shape.Q), np.uint16)
-    return lambda: launch_forward(source, weights, out, nhwc._shape_struct(shape))
+    return lambda: kernels._launch_forward(source, weights, out, nhwc._shape_struct(shape))
 
 
 def main() -> None:

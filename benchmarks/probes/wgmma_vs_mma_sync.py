@@ -1,9 +1,10 @@
-# Measures implicit_gemm_wgmma (Hopper's warpgroup MMA) against implicit_gemm_nhwc (mma.sync) and cuDNN bf16, per layer, forward and backward-data: the rule that puts wgmma first for half problems on Hopper (selection.preference), and issue 24's "measure wgmma against mma.sync on one layer".
+# Measures implicit_gemm_wgmma (Hopper's warpgroup MMA) against implicit_gemm_nhwc (mma.sync) and cuDNN bf16, per layer and direction: the rule that puts wgmma first for half problems on Hopper (selection.preference), and issue 24's "measure wgmma against mma.sync on one layer".
 """Each layer-direction timed in one process, bfloat16: the two kernels alone on operands already channels-last,
 the two algorithms' whole calls through ``conv2d_*`` with ``algo=`` forced (layout copies included), and
 PyTorch's cuDNN in NCHW and channels_last (cudnn.benchmark on). CUDA events around 20 calls after 3 warm-ups,
 median; TFLOP/s from 2·N·K·P·Q·C·R·S. Each row also gives the largest difference between the two kernels'
-outputs, in units of the larger output's magnitude (both round float32 sums of the same exact products once).
+outputs, in units of the largest output's magnitude (both round float32 sums of the same exact products once;
+backward-filter adds its slices' sums in any order).
 
     PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_vs_mma_sync.py --out DIR
 
@@ -16,9 +17,9 @@ import numpy as np
 from half_implicit_gemm_vs_cudnn import minidnn_call, start, timed, torch_call, write_report  # this folder's probes
 from nhwc_implicit_gemm_vs_cudnn import LAYERS, kernel_only
 from minidnn.primitives import conv, convert
-from minidnn.primitives.conv import implicit_gemm_wgmma as wgmma
+from minidnn.primitives.conv import implicit_gemm_nhwc as nhwc, implicit_gemm_wgmma as wgmma
 
-DIRECTIONS = ("forward", "backward_data")
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
 COLUMNS = ["mma_sync_kernel", "wgmma_kernel", "mma_sync_call", "wgmma_call", "cudnn_best", "wgmma_kernel_speedup",
            "wgmma_call_over_cudnn", "wgmma_kernel_tflops", "mma_sync_kernel_tflops", "largest_difference"]
 
@@ -49,10 +50,10 @@ def main() -> None:
             flops = 2 * N * K * P * Q * C * R * S
             for direction in DIRECTIONS:
                 row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
-                for label, launch in (("mma_sync", None), ("wgmma", wgmma._launch_forward)):
-                    kernel = kernel_only(direction, layer, cupy, rng, *([launch] if launch else []))
+                for label, kernels, algo in (("mma_sync", nhwc, "implicit_gemm_nhwc"),
+                                             ("wgmma", wgmma, "implicit_gemm_wgmma")):
+                    kernel = kernel_only(direction, layer, cupy, rng, kernels)
                     row[f"{label}_kernel"] = None if kernel is None else timed(kernel, cupy)
-                    algo = "implicit_gemm_nhwc" if launch is None else "implicit_gemm_wgmma"
                     row[f"{label}_call"] = optional(minidnn_call(direction, layer, "bfloat16", cupy, rng, algo=algo),
                                                     cupy)
                 row["cudnn_best"] = min(timed(torch_call(direction, layer, torch.bfloat16, last, torch), cupy)

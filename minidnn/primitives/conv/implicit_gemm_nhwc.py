@@ -165,17 +165,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
                 dw += convert.half_to_float(out, half)
             convert.float_to_half(dw, half, out=out)
             return
-        for first, chunk in _chunks(problem, "backward_filter"):
-            dw, x_last, dy_last = _workspace_arrays(workspace, chunk, "backward_filter")
-            if first == 0:  # every chunk adds into the one float32 sum
-                if accumulate:
-                    convert.half_to_float(out, half, out=dw)
-                else:
-                    dw.fill(0)
-            _to_channels_last(x[first:first + chunk.N], x_last)
-            _to_channels_last(dy[first:first + chunk.N], dy_last)
-            _launch_backward_filter(x_last, dy_last, dw, chunk)
-        convert.float_to_half(dw, half, out=out)
+        _backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace)
 
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:
@@ -292,9 +282,9 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                         _shared_bytes("forward", block_n), (x_last, w_last, out, shape))
 
 
-def steps_per_split(problem: ConvProblem, sms: int) -> int:
-    """Backward-filter's stages of BLOCK_K pixels per CTA: enough slices of N·P·Q to fill ``sms`` SMs."""
-    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
+def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K) -> int:
+    """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q to fill ``sms`` SMs."""
+    steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
     wanted = -(-SPLIT_K_CTAS_PER_SM * sms // tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // MAX_GRID_Y))
@@ -325,6 +315,25 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
             _filter_to_channels_last(w, w_last, turned=turned)
         shape = backward_data_problem(chunk) if turned else chunk
         launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
+
+
+def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool, workspace: Any,
+                               launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None) -> None:
+    """Backward-filter on the GPU: per chunk of images the channels-last copies of x and dy and one ``launch``
+    (this file's kernel, by default) adding into one float32 dw, rounded into out at the end."""
+    launch = launch or _launch_backward_filter
+    half = problem.half_type
+    for first, chunk in _chunks(problem, "backward_filter"):
+        dw, x_last, dy_last = _workspace_arrays(workspace, chunk, "backward_filter")
+        if first == 0:  # every chunk adds into the one float32 sum
+            if accumulate:
+                convert.half_to_float(out, half, out=dw)
+            else:
+                dw.fill(0)
+        _to_channels_last(x[first:first + chunk.N], x_last)
+        _to_channels_last(dy[first:first + chunk.N], dy_last)
+        launch(x_last, dy_last, dw, chunk)
+    convert.float_to_half(dw, half, out=out)
 
 
 def _to_channels_last(array: Any, out: Any) -> None:

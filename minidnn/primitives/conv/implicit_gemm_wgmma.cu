@@ -1,11 +1,12 @@
-// Half-precision implicit GEMM forward on Hopper's warpgroup MMA (wgmma, sm_90a): implicit_gemm_nhwc.cu's
-// gather of 16-byte channels-last vectors by cp.async, but the tiles laid out in shared memory as wgmma reads
-// them, 128-byte rows swizzled, and each warpgroup multiplying its 64 rows by the whole tile's columns at once.
+// Half-precision implicit GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): implicit_gemm_nhwc.cu's gather of
+// 16-byte channels-last vectors by cp.async, but the tiles laid out in shared memory as wgmma reads them,
+// 128-byte rows swizzled, and each warpgroup multiplying its 64 rows by the whole tile's columns at once.
 //
 //                    rows M       columns N   reduction       A (gathered)            B
 //   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
+//   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
-// Stride-1 backward-data runs this kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
+// Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
 // product 64 columns wide or less), BLOCK_K = 64 reduction values a stage, three stages of cp.async copies in
@@ -18,7 +19,8 @@
 //
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
-// The epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared memory.
+// Forward's epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared
+// memory; backward-filter's adds each split's partial sums into a float32 dw (K, C, R, S) with atomicAdd.
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -62,12 +64,13 @@ __device__ __forceinline__ int swizzled(const int row, const int chunk) {
     return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4);
 }
 
-// A shared-memory matrix descriptor: start address / 16 (bits 0-13), leading byte offset / 16 (16-29; unused
-// by swizzled K-major layouts, 1 by convention), stride byte offset / 16 (32-45: from one group of 8 rows to
-// the next), base offset 0 (49-51: the tile starts on the swizzle's period), swizzle mode (62-63: 1, 128 bytes).
-__device__ __forceinline__ uint64_t descriptor(const unsigned address) {
-    return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(GROUP_BYTES >> 4) << 32) |
-           ((uint64_t)1 << 62);
+// A shared-memory matrix descriptor: start address / 16 (bits 0-13), leading byte offset / 16 (16-29: unused
+// by swizzled K-major layouts, 16 by convention; for MN-major ones, from one 64-value panel of M or N to the
+// next), stride byte offset / 16 (32-45: from one group of 8 rows to the next), base offset 0 (49-51: the tile
+// starts on the swizzle's period), swizzle mode (62-63: 1, 128 bytes).
+__device__ __forceinline__ uint64_t descriptor(const unsigned address, const unsigned leading = 16) {
+    return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)(leading >> 4) << 16) |
+           ((uint64_t)(GROUP_BYTES >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 // The copies' writes (the generic proxy) made visible to wgmma's reads (the async proxy).
@@ -81,7 +84,9 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[ACCUMULATORS]) {
     for (int i = 0; i < ACCUMULATORS; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 × N, float32) += A (64 × 16, descriptor a) · B (16 × N, descriptor b, stored N rows of k).
+// d (64 × N, float32) += A (64 × 16, descriptor a) · B (16 × N, descriptor b): both K-major (stored as rows along
+// the reduction), or with TRANSPOSED both MN-major (stored as rows along M and N).
+template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint64_t a, const uint64_t b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -89,7 +94,7 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint64_t a, con
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %67;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -99,28 +104,30 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint64_t a, con
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(1), "n"(TRANSPOSED));
 }
 
+template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint64_t a, const uint64_t b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32." HALF_NAME "." HALF_NAME " {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %35;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
+        : "l"(a), "l"(b), "r"(1), "n"(TRANSPOSED));
 }
 
+template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_tile(float (&d)[ACCUMULATORS], const uint64_t a, const uint64_t b) {
 #if BLOCK_N == 128
-    wgmma_n128(d, a, b);
+    wgmma_n128<TRANSPOSED>(d, a, b);
 #else
-    wgmma_n64(d, a, b);
+    wgmma_n64<TRANSPOSED>(d, a, b);
 #endif
 }
 
@@ -195,7 +202,7 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
         fence_accumulators(acc);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < BLOCK_K / 16; ++k) wgmma_tile(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
+        for (int k = 0; k < BLOCK_K / 16; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
         wgmma_commit();
         wgmma_wait();
         fence_accumulators(acc);
@@ -211,4 +218,112 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
         for (int v = 0; v < 4; ++v) out[8 * i + 2 * q + v % 2][row0 + v / 2 * 8] = half_word(acc[4 * i + v]);
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward-filter: dw (K, C, R, S) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
+//
+// Here both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
+// k..k+7 of dy), so the tiles are MN-major: a stage stores, for each 64-wide panel of M (or N), one 128-byte
+// row per pixel, swizzled as forward's rows are; a wgmma reads them transposed. The warpgroup's A is its own
+// panel; B's panels lie PANEL_BYTES apart (the descriptor's leading offset); each k16 step starts 16 rows on.
+// ---------------------------------------------------------------------------------------------------------------
+constexpr int PANEL_BYTES = BLOCK_K * 128;  // 64 pixels × 64 values
+constexpr int A_VECTORS = BLOCK_M / VECTOR, B_VECTORS = BLOCK_N / VECTOR;  // chunks per pixel
+constexpr int A_PIXELS = THREADS / A_VECTORS, B_PIXELS = THREADS / B_VECTORS;  // pixels per pass
+constexpr int A_PIXEL_COPIES = BLOCK_K / A_PIXELS, B_PIXEL_COPIES = BLOCK_K / B_PIXELS;
+
+// The byte offset of chunk `vector` (values 8·vector ..) of pixel row `row` in an MN-major stage of panels.
+__device__ __forceinline__ int panel_swizzled(const int row, const int vector) {
+    return vector / 8 * PANEL_BYTES + swizzled(row, vector % 8);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+                                    const NhwcShape s, int steps_per_split) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
+    const int first = blockIdx.y * steps_per_split, last = min(first + steps_per_split, steps);
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+
+    // A: the thread's eight rows (r, s, c..c+7) of dwᵀ, fixed; as an offset from each pixel's first input tap.
+    const int a_vector = tid % A_VECTORS, a_pixel = tid / A_VECTORS;
+    const Tap tap(tile_m * BLOCK_M + a_vector * VECTOR, s.C, s.S);
+    const bool row_inside = tap.index < rows;
+    const int dh = tap.r * s.dilation_h - s.pad_h, dw_ = tap.s * s.dilation_w - s.pad_w;
+    // B: the thread's eight filters k..k+7, fixed.
+    const int b_vector = tid % B_VECTORS, b_pixel = tid / B_VECTORS;
+    const int k0 = tile_n * BLOCK_N + b_vector * VECTOR;
+    const bool column_inside = k0 < s.K;
+
+    auto copy_stage = [&](int stage, int step) {
+        unsigned char* const a = tiles + stage * STAGE_BYTES;
+        unsigned char* const b = a + A_BYTES;
+#pragma unroll
+        for (int i = 0; i < A_PIXEL_COPIES; ++i) {
+            const int row = a_pixel + A_PIXELS * i, pixel = step * BLOCK_K + row;
+            const int n = pixel / PQ, pq = pixel % PQ;
+            const int h = pq / s.Q * s.stride_h + dh, w_ = pq % s.Q * s.stride_w + dw_;
+            const bool inside = row_inside && pixel < pixels && unsigned(h) < unsigned(s.H) &&
+                                unsigned(w_) < unsigned(s.W);
+            copy_16(a + panel_swizzled(row, a_vector), inside ? x + ((n * s.H + h) * s.W + w_) * s.C + tap.c : x,
+                    inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_PIXEL_COPIES; ++i) {
+            const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
+            const bool inside = column_inside && pixel < pixels;
+            copy_16(b + panel_swizzled(row, b_vector), inside ? dy + pixel * s.K + k0 : dy, inside);
+        }
+    };
+
+    float acc[ACCUMULATORS] = {};
+#pragma unroll
+    for (int stage = 0; stage < STAGES - 1; ++stage) {
+        if (first + stage < last) copy_stage(stage, first + stage);
+        commit_copies();
+    }
+    for (int step = first; step < last; ++step) {
+        const int index = step - first;
+        wait_copies<STAGES - 2>();
+        fence_async_proxy();
+        __syncthreads();
+        if (step + STAGES - 1 < last) copy_stage((index + STAGES - 1) % STAGES, step + STAGES - 1);
+        commit_copies();
+        const unsigned a = shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * PANEL_BYTES;
+        const unsigned b = shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES);
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < BLOCK_K / 16; ++k)
+            wgmma_tile<1>(acc, descriptor(a + 16 * 128 * k, PANEL_BYTES), descriptor(b + 16 * 128 * k, PANEL_BYTES));
+        wgmma_commit();
+        wgmma_wait();
+        fence_accumulators(acc);
+    }
+    wait_copies<0>();
+
+    // C (row (r, s, c), column k) is dw[k][c][r][s]: each thread's rows and columns, decoded once.
+    const int t = tid % 128, g = t % 32 / 4, q = t % 4, RS = s.R * s.S;
+    int row_offset[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = tile_m * BLOCK_M + warpgroup * 64 + t / 32 * 16 + g + h * 8;
+        row_offset[h] = row < rows ? row % s.C * RS + row / s.C : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 8; ++i)
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int k = tile_n * BLOCK_N + 8 * i + 2 * q + o;
+            if (k >= s.K) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (row_offset[h] >= 0) atomicAdd(dw + k * s.C * RS + row_offset[h], acc[4 * i + 2 * h + o]);
+        }
 }

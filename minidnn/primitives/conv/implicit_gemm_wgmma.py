@@ -1,5 +1,5 @@
-"""The ``implicit_gemm_wgmma`` algorithm: ``implicit_gemm_nhwc``'s forward and stride-1 backward-data with the
-products on Hopper's warpgroup MMA (wgmma), the instruction Hopper's tensor cores reach their rate with.
+"""The ``implicit_gemm_wgmma`` algorithm: ``implicit_gemm_nhwc`` with the products on Hopper's warpgroup MMA
+(wgmma), the instruction Hopper's tensor cores reach their rate with.
 
 mma.sync gives each warp a 16 × 8 product from fragments it loaded into registers; wgmma gives a warpgroup of
 four warps a 64 × N product read straight from shared memory, issued asynchronously. The channels-last copies,
@@ -9,11 +9,12 @@ the chunks of images, the workspace and the NumPy twin are ``implicit_gemm_nhwc`
     direction         rows M      columns N   reduction      operands (channels last)
     forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
     backward-data     N·H·W       C           R·S·K          dy (N, P, Q, K), w turned (C, R, S, K)
+    backward-filter   R·S·C       K           N·P·Q, split   x (N, H, W, C), dy (N, P, Q, K)
 
-Backward-filter, whose operands lie along the rows (the pixels), stays with ``implicit_gemm_nhwc``. wgmma
-exists only in sm_90a code: on the GPU this algorithm supports a problem only on a GPU of compute
+wgmma exists only in sm_90a code: on the GPU this algorithm supports a problem only on a GPU of compute
 capability 9.0 (``_cuda.has_wgmma``). Numerics: as ``implicit_gemm_nhwc``'s (exact products, float32 sums, one
-rounding), the sums in the tensor cores' order.
+rounding; backward-filter's split sums added with atomicAdd, not deterministic), the sums in the tensor cores'
+order.
 """
 from __future__ import annotations
 
@@ -37,19 +38,13 @@ BLOCK_M, BLOCK_K, STAGES, SWIZZLE_PERIOD = 128, 64, 3, 1024
 
 
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
-    """``implicit_gemm_nhwc`` with its forward kernel on wgmma: float16 and bfloat16 problems, groups 1, the
-    reduction's channels multiples of 8; forward, and backward-data at stride 1; on the GPU, Hopper only."""
+    """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, groups 1, the reduction's
+    channels multiples of 8, backward-data at stride 1; on the GPU, Hopper only."""
 
     name = "implicit_gemm_wgmma"
-    deterministic = True  # every output is one CTA's sum: no atomics
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
-        if direction == "backward_filter" or not super().supports(problem, direction):
-            return False
-        return problem.device != "cuda" or _cuda.has_wgmma()
-
-    def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
-        return True
+        return super().supports(problem, direction) and (problem.device != "cuda" or _cuda.has_wgmma())
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if not backend.is_cuda_array(x):
@@ -65,7 +60,11 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
-        raise ValueError(f"{self.name} has no backward-filter (implicit_gemm_nhwc has)")
+        if not backend.is_cuda_array(x):
+            super().backward_filter(x, dy, problem, out, accumulate, workspace)
+            return
+        implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace,
+                                                      _launch_backward_filter)
 
 
 def shared_bytes(block_n: int) -> int:
@@ -73,16 +72,31 @@ def shared_bytes(block_n: int) -> int:
     return STAGES * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
 
 
+def _kernel(name: str, half: str, block_n: int) -> Any:
+    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
+
+
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     """out (N, K, P, Q) = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
     N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
     block_n = implicit_gemm_nhwc._block_n(K)
-    half = convert.half_type_of(out)
-    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32,
-                            _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
+    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n)
     tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, (tiles,), shared_bytes(block_n), (x_last, w_last, out, shape))
+
+
+def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:
+    """dw (K, C, R, S) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
+    _cuda.check_int32(x_last, dy_last, dw)
+    block_n = implicit_gemm_nhwc._block_n(problem.K)
+    per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K)
+    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
+    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
+    implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
+                                           (tiles, -(-steps // per_split)), shared_bytes(block_n),
+                                           (x_last, dy_last, dw, implicit_gemm_nhwc._shape_struct(problem),
+                                            _cuda.i32(per_split)))
 
 
 register(ImplicitGemmWgmma())
