@@ -1,6 +1,9 @@
 // The half types as 16-bit words, and float32 to and from them (convert.py's module docstring gives the rules;
 // its NumPy functions are the twins): round to nearest, ties to even, with the bits ml_dtypes (bfloat16) and
 // NumPy (float16) give for every input, NaNs included. Shared by convert.cu and the half-precision kernels.
+#ifndef MINIDNN_HALF_CUH  // included by elements.cuh and by sources that include both (nvcc reads it twice)
+#define MINIDNN_HALF_CUH
+
 typedef unsigned short u16;
 typedef unsigned int u32;
 
@@ -46,3 +49,5 @@ __device__ __forceinline__ float float16_value(const u16 word) {
 
 // bfloat16 to float32 is exact: the word is the float's top half.
 __device__ __forceinline__ float bfloat16_value(const u16 word) { return __uint_as_float((u32)word << 16); }
+
+#endif  // MINIDNN_HALF_CUH
