@@ -123,7 +123,7 @@ def test_the_mode_chooses_by_shape_on_the_gpu_unless_timing_is_asked_for():
 # ----------------------------------------------------------------------------------------------
 def test_each_algorithm_says_which_directions_are_deterministic():
     gpu, cpu = problem(device="cuda"), problem()
-    split_k = ("implicit_gemm", "implicit_gemm_nhwc")
+    split_k = ("implicit_gemm", "implicit_gemm_nhwc", "implicit_gemm_wgmma")
     for name in split_k:
         implicit = registry.get(name)
         assert not implicit.is_deterministic(gpu, "backward_filter"), name  # split-K partial sums added with atomics
@@ -142,6 +142,8 @@ def test_every_atomic_in_the_kernels_is_accounted_for():
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, value);"),  # the half build's
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, scalar_t(value));"),
         ("minidnn/primitives/conv/implicit_gemm_nhwc.cu", "if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);"),
+        ("minidnn/primitives/conv/implicit_gemm_wgmma.cu",
+         "if (row_offset[h] >= 0) atomicAdd(dw + k * s.C * RS + row_offset[h], acc[4 * i + 2 * h + o]);"),
     }
     found = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "minidnn")):
