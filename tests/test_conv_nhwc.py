@@ -138,14 +138,19 @@ def test_backward_data_problem_turns_the_convolution():
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("case_name", ["two_column_tiles_one_partial", "many_splits"])
 def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case_name, direction, name):
+    check_twins(rng, CASES[case_name], direction, name)
+
+
+def check_twins(rng, case, direction, name, algo=ALGO):
+    """``algo`` on the GPU against its NumPy twin: within a rounding plus what two float32 sums of the same exact
+    products may differ by."""
     cupy = backend.cupy()
-    case = CASES[case_name]
     first_shape, second_shape = operand_shapes(case, direction)
     first, first_exact = half_operand(np, rng, first_shape, name)
     second, second_exact = half_operand(np, rng, second_shape, name, scale=0.5)
-    on_cpu = run(direction, first, second, case, algo=ALGO)
+    on_cpu = run(direction, first, second, case, algo=algo)
     on_gpu = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a) for a in (first, second)),
-                 case, algo=ALGO)
+                 case, algo=algo)
     magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
     assert_half_twins_agree(on_gpu, on_cpu, name, 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude)
 

@@ -8,10 +8,9 @@ import pytest
 from minidnn import backend
 from minidnn.primitives import _cuda, conv
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
-from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, half_operand
-from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes, reduction_length
-from tests.test_conv_implicit_gemm import problem_of, run
-from tests.test_conv_nhwc import CASES, STRIDED, check_direction
+from tests.test_conv_half import check_backward_filter_accumulates
+from tests.test_conv_implicit_gemm import problem_of
+from tests.test_conv_nhwc import CASES, STRIDED, check_direction, check_twins
 
 ALGO = "implicit_gemm_wgmma"
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -88,12 +87,4 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, na
     filter's partial sums of its slices added in any order)."""
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
-    cupy = backend.cupy()
-    first_shape, second_shape = operand_shapes(case, direction)
-    first, first_exact = half_operand(np, rng, first_shape, name)
-    second, second_exact = half_operand(np, rng, second_shape, name, scale=0.5)
-    on_cpu = run(direction, first, second, case, algo=ALGO)
-    on_gpu = run(direction, *(cupy.asarray(a.view(np.uint16) if name == "bfloat16" else a) for a in (first, second)),
-                 case, algo=ALGO)
-    magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
-    assert_half_twins_agree(on_gpu, on_cpu, name, 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude)
+    check_twins(rng, case, direction, name, algo=ALGO)

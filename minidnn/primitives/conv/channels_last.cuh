@@ -1,6 +1,6 @@
 // What the half-precision implicit GEMMs on channels-last copies share (implicit_gemm_nhwc.cu on mma.sync,
-// implicit_gemm_wgmma.cu on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async gather, the
-// reduction index kept as (tap, channel), and the epilogue's store of a rounded tile to y (N, K, P, Q).
+// implicit_gemm_wgmma.cu on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async copy, the
+// reduction index kept as (tap, channel), forward's gather, and its store of a rounded tile to y (N, K, P, Q).
 // Include after half.cuh, with HALF defined (1: float16, 2: bfloat16).
 
 #ifndef MINIDNN_CHANNELS_LAST_CUH
@@ -42,6 +42,58 @@ struct Tap {
             c -= C;
             if (++s == S) s = 0, ++r;
         }
+    }
+};
+
+// Forward's gather (A: x's rows, one per output pixel; B: the filter's rows): the thread copies one 16-byte
+// vector of each of A_COPIES rows of A and B_COPIES rows of B, `rows_per_pass` apart, a stage at a time. Per row
+// it keeps the pixel's image offset and first input row and column (NOWHERE past the matrix), per filter its
+// offset (-1 past K), and the reduction index it copies as a Tap. `a_at(i)` and `b_at(i)` give the shared-memory
+// destination of the i-th copy: each kernel lays its tiles out its own way.
+template <int A_COPIES, int B_COPIES>
+struct ForwardGather {
+    int image[A_COPIES], top[A_COPIES], left[A_COPIES], filter[B_COPIES];
+    Tap tap;
+
+    __device__ __forceinline__ ForwardGather(const NhwcShape& s, const int first_row, const int first_filter,
+                                             const int rows_per_pass, const int first_k)
+        : tap(first_k, s.C, s.S) {
+        const int rows = s.N * s.P * s.Q, PQ = s.P * s.Q, reduction = s.R * s.S * s.C;
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int row = first_row + rows_per_pass * i;
+            const int n = row / PQ, pq = row % PQ;
+            const bool inside = row < rows;
+            image[i] = inside ? n * s.H * s.W * s.C : 0;
+            top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
+            left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const int k = first_filter + rows_per_pass * i;
+            filter[i] = k < s.K ? k * reduction : -1;
+        }
+    }
+
+    // One stage's copies, then the reduction index moves on by `step` values.
+    template <typename AAt, typename BAt>
+    __device__ __forceinline__ void copy_stage(const u16* __restrict__ x, const u16* __restrict__ w,
+                                               const NhwcShape& s, const int reduction, const int step,
+                                               const AAt& a_at, const BAt& b_at) {
+        const bool k_inside = tap.index < reduction;
+        const int dh = tap.r * s.dilation_h, dw = tap.s * s.dilation_w;
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int h = top[i] + dh, w_ = left[i] + dw;
+            const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
+            copy_16(a_at(i), inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const bool inside = k_inside && filter[i] >= 0;
+            copy_16(b_at(i), inside ? w + filter[i] + tap.index : w, inside);
+        }
+        tap.advance(step, s.C, s.S);
     }
 };
 

@@ -137,50 +137,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y,
                            const NhwcShape s) {
     ForwardTiles& tiles = *reinterpret_cast<ForwardTiles*>(shared_memory);
-    const int rows = s.N * s.P * s.Q, reduction = s.R * s.S * s.C, PQ = s.P * s.Q;
+    const int reduction = s.R * s.S * s.C;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int tid = threadIdx.x, vector = tid % (BLOCK_K / VECTOR), copy_row = tid / (BLOCK_K / VECTOR);
     constexpr int ROWS_PER_PASS = THREADS / (BLOCK_K / VECTOR);  // 64
     constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
 
-    // Each thread copies vector `vector` of the rows copy_row + 64·i: for A, the output pixels' first input row
-    // and column and their image's offset; for B, the filters' offsets.
-    int image[A_COPIES], top[A_COPIES], left[A_COPIES];
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-        const int row = tile_m * BLOCK_M + copy_row + ROWS_PER_PASS * i;
-        const int n = row / PQ, pq = row % PQ;
-        const bool inside = row < rows;
-        image[i] = inside ? n * s.H * s.W * s.C : 0;
-        top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
-        left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
-    }
-    int filter[B_COPIES];
-#pragma unroll
-    for (int i = 0; i < B_COPIES; ++i) {
-        const int k = tile_n * BLOCK_N + copy_row + ROWS_PER_PASS * i;
-        filter[i] = k < s.K ? k * reduction : -1;
-    }
-    Tap tap(vector * VECTOR, s.C, s.S);
-
+    // Each thread copies vector `vector` of the rows copy_row + 64·i of A and B (channels_last.cuh's gather).
+    ForwardGather<A_COPIES, B_COPIES> gather(s, tile_m * BLOCK_M + copy_row, tile_n * BLOCK_N + copy_row,
+                                             ROWS_PER_PASS, vector * VECTOR);
     auto copy_stage = [&](int stage) {
-        const bool k_inside = tap.index < reduction;
-        const int dh = tap.r * s.dilation_h, dw = tap.s * s.dilation_w;
-#pragma unroll
-        for (int i = 0; i < A_COPIES; ++i) {
-            const int h = top[i] + dh, w_ = left[i] + dw;
-            const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
-            const u16* source = inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x;
-            copy_16(&tiles.a[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR], source, inside);
-        }
-#pragma unroll
-        for (int i = 0; i < B_COPIES; ++i) {
-            const bool inside = k_inside && filter[i] >= 0;
-            copy_16(&tiles.b[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR],
-                    inside ? w + filter[i] + tap.index : w, inside);
-        }
-        tap.advance(BLOCK_K, s.C, s.S);
+        gather.copy_stage(
+            x, w, s, reduction, BLOCK_K,
+            [&](int i) { return &tiles.a[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR]; },
+            [&](int i) { return &tiles.b[stage][copy_row + ROWS_PER_PASS * i][vector * VECTOR]; });
     };
 
     const int steps = (reduction + BLOCK_K - 1) / BLOCK_K;

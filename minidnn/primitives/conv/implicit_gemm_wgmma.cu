@@ -136,50 +136,20 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
-    const int rows = s.N * s.P * s.Q, reduction = s.R * s.S * s.C, PQ = s.P * s.Q;
+    const int reduction = s.R * s.S * s.C;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int tid = threadIdx.x, chunk = tid % CHUNKS, copy_row = tid / CHUNKS;
 
-    // Each thread copies chunk `chunk` of the rows copy_row + 32·i: for A, the output pixels' first input row
-    // and column and their image's offset; for B, the filters' offsets.
-    int image[A_COPIES], top[A_COPIES], left[A_COPIES];
-#pragma unroll
-    for (int i = 0; i < A_COPIES; ++i) {
-        const int row = tile_m * BLOCK_M + copy_row + ROWS_PER_PASS * i;
-        const int n = row / PQ, pq = row % PQ;
-        const bool inside = row < rows;
-        image[i] = inside ? n * s.H * s.W * s.C : 0;
-        top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
-        left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
-    }
-    int filter[B_COPIES];
-#pragma unroll
-    for (int i = 0; i < B_COPIES; ++i) {
-        const int k = tile_n * BLOCK_N + copy_row + ROWS_PER_PASS * i;
-        filter[i] = k < s.K ? k * reduction : -1;
-    }
-    Tap tap(chunk * VECTOR, s.C, s.S);
-
+    // Each thread copies chunk `chunk` of the rows copy_row + 32·i of A and B (channels_last.cuh's gather).
+    ForwardGather<A_COPIES, B_COPIES> gather(s, tile_m * BLOCK_M + copy_row, tile_n * BLOCK_N + copy_row,
+                                             ROWS_PER_PASS, chunk * VECTOR);
     auto copy_stage = [&](int stage) {
         unsigned char* const a = tiles + stage * STAGE_BYTES;
         unsigned char* const b = a + A_BYTES;
-        const bool k_inside = tap.index < reduction;
-        const int dh = tap.r * s.dilation_h, dw = tap.s * s.dilation_w;
-#pragma unroll
-        for (int i = 0; i < A_COPIES; ++i) {
-            const int h = top[i] + dh, w_ = left[i] + dw;
-            const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
-            const u16* source = inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x;
-            copy_16(a + swizzled(copy_row + ROWS_PER_PASS * i, chunk), source, inside);
-        }
-#pragma unroll
-        for (int i = 0; i < B_COPIES; ++i) {
-            const bool inside = k_inside && filter[i] >= 0;
-            copy_16(b + swizzled(copy_row + ROWS_PER_PASS * i, chunk), inside ? w + filter[i] + tap.index : w,
-                    inside);
-        }
-        tap.advance(BLOCK_K, s.C, s.S);
+        gather.copy_stage(x, w, s, reduction, BLOCK_K,
+                          [&](int i) { return a + swizzled(copy_row + ROWS_PER_PASS * i, chunk); },
+                          [&](int i) { return b + swizzled(copy_row + ROWS_PER_PASS * i, chunk); });
     };
 
     const int steps = (reduction + BLOCK_K - 1) / BLOCK_K, warpgroup = tid / 128;
