@@ -7,6 +7,8 @@
 Layers: :mod:`minidnn.primitives` (functions on NumPy/CuPy arrays) <- :mod:`minidnn.functional`
 (graph nodes) <- :mod:`minidnn.nn` (modules) and :mod:`minidnn.optim`. See docs/architecture.md.
 """
+from typing import Any as _Any
+
 import numpy as _np
 
 from ._version import __version__
@@ -26,7 +28,6 @@ from .primitives.conv.registry import are_deterministic_algorithms_enabled, use_
 
 
 float16, float32, float64 = _np.float16, _np.float32, _np.float64
-from .tensor import bfloat16  # ml_dtypes' bfloat16 (a GPU tensor stores it as uint16 words)
 int8, int16, int32, int64, uint8, bool_ = _np.int8, _np.int16, _np.int32, _np.int64, _np.uint8, _np.bool_
 half, float, double, long = float16, float32, float64, int64  # noqa: A001 - PyTorch's aliases
 
@@ -39,3 +40,11 @@ __all__ = [
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "autocast",
     "is_autocast_enabled", "get_autocast_dtype", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    # minidnn.bfloat16: ml_dtypes' bfloat16 (a GPU tensor stores it as uint16 words), imported when first asked
+    # for, since ml_dtypes' import takes most of a second (minidnn/tensor.py).
+    if name == "bfloat16":
+        return primitives.convert.bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import backend
 from .primitives import convert
-from .tensor import Tensor, as_dtype, bfloat16
+from .tensor import Tensor, as_dtype, storage_dtype
 from .random import default_generator
 
 
@@ -33,8 +33,8 @@ def _filled(size: tuple, value: float, dtype: Any, device: Any, requires_grad: b
     xp = np if device is None or backend.device(device).type == "cpu" else backend.cupy()
     dtype = np.float32 if dtype is None else as_dtype(dtype)
     with backend.on_device(device or "cpu"):
-        if dtype == bfloat16 and xp is not np:  # the GPU's bfloat16 words, rounded from float32
-            array = convert.cast(xp.full(_shape(size), value, dtype=np.float32), bfloat16)
+        if storage_dtype(dtype, xp) != dtype:  # the GPU's bfloat16 words, rounded from float32
+            array = convert.cast(xp.full(_shape(size), value, dtype=np.float32), dtype)
         else:
             array = xp.full(_shape(size), value, dtype=dtype)
     return Tensor(array, requires_grad=requires_grad)

@@ -23,7 +23,7 @@ from . import backend
 from . import checkpoint
 from .checkpoint import atomic_write, read_archive
 from .primitives import convert
-from .tensor import Tensor, as_dtype, bfloat16
+from .tensor import Tensor, as_dtype
 
 FORMAT = "minidnn-save"
 VERSION = 1
@@ -125,7 +125,7 @@ def _label(f: Any) -> str:
 def _array_node(kind: str, array: Any, arrays: dict[str, np.ndarray], where: str) -> dict[str, Any]:
     host = convert.to_device(array, "cpu") if kind == "tensor" else backend.to_device(array, "cpu")
     dtype = host.dtype.str
-    if host.dtype == bfloat16:
+    if host.dtype.name == "bfloat16":  # ml_dtypes' (imported once a bfloat16 array exists)
         host, dtype = host.view(np.uint16), "bfloat16"  # its words; the node names the type
     elif host.dtype.hasobject or host.dtype.kind == "V":
         raise TypeError(f"minidnn.save cannot store {where}: an array of dtype {host.dtype} needs pickle")
@@ -225,7 +225,7 @@ class _Decoder:
             raise self.damaged(where, f"should be {node['dtype']} of shape {tuple(node['shape'])}, but its member "
                                       f"{name} holds {array.dtype.str} of shape {array.shape}")
         if words:
-            array = array.view(bfloat16)
+            array = array.view(convert.bfloat16())
         if kind == "scalar":
             return array[()]
         if kind == "array":

@@ -27,20 +27,31 @@ MaxMin = namedtuple("MaxMin", ["values", "indices"])
 TopK = namedtuple("TopK", ["values", "indices"])
 
 # bfloat16 is ml_dtypes' NumPy dtype; on the GPU a tensor stores it as uint16 words (primitives/convert.py),
-# and ``Tensor.dtype`` says bfloat16.
-bfloat16 = convert.bfloat16()
+# and ``Tensor.dtype`` says bfloat16. ml_dtypes is imported when bfloat16 is first asked for (``minidnn.bfloat16``,
+# a dtype named "bfloat16"), not with minidnn: its import takes most of a second, which every process would pay.
 _WORDS = np.dtype(np.uint16)
 _ALLOWED_DTYPES = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-                                         np.uint8, np.bool_)} | {bfloat16}
+                                         np.uint8, np.bool_)}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "bfloat16":  # ``from minidnn.tensor import bfloat16``: ml_dtypes' dtype, imported now
+        return convert.bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes (no array holds it before that)."""
+    return dtype.name == "bfloat16"
 
 
 def as_dtype(dtype: Any) -> np.dtype:
     """A supported dtype from a NumPy dtype or its name, or a clear ``TypeError``."""
     try:
-        result = np.dtype(dtype)
+        result = convert.bfloat16() if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dtype must be a NumPy dtype or name such as 'float32', got {dtype!r}") from None
-    if result not in _ALLOWED_DTYPES:
+    if result not in _ALLOWED_DTYPES and not _is_bfloat16(result):
         raise TypeError(f"dtype {result} is not supported; use float16/32/64, bfloat16, int8/16/32/64, uint8 or bool")
     return result
 
@@ -48,7 +59,7 @@ def as_dtype(dtype: Any) -> np.dtype:
 def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
     """The dtype an array of ``xp`` (NumPy or CuPy) holds a tensor of ``dtype`` in: bfloat16 is uint16 on CuPy."""
     dtype = as_dtype(dtype)
-    return _WORDS if dtype == bfloat16 and xp is not np else dtype
+    return _WORDS if xp is not np and _is_bfloat16(dtype) else dtype
 
 
 def _axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
@@ -130,7 +141,7 @@ class Tensor(Value):
     @property
     def dtype(self) -> np.dtype:
         dtype = self.data.dtype
-        return bfloat16 if dtype == _WORDS else dtype  # a GPU tensor's bfloat16 words
+        return convert.bfloat16() if dtype == _WORDS else dtype  # a GPU tensor's bfloat16 words
 
     @property
     def device(self) -> backend.Device:
@@ -231,10 +242,10 @@ class Tensor(Value):
         return self.to(np.float16)
 
     def bfloat16(self) -> "Tensor":
-        return self.to(bfloat16)
+        return self.to(convert.bfloat16())
 
     def is_floating_point(self) -> bool:
-        return self.dtype.kind == "f" or self.dtype == bfloat16
+        return self.dtype.kind == "f" or _is_bfloat16(self.dtype)
 
     def double(self) -> "Tensor":
         return self.to(np.float64)
@@ -289,7 +300,7 @@ class Tensor(Value):
             return values if isinstance(values, (bool, int, float)) else backend.to_device(values, self.device)
         if isinstance(values, (bool, int, float)):
             values = np.asarray(values, dtype=np.float32)
-        return convert.cast(convert.to_device(values, self.device), bfloat16)
+        return convert.cast(convert.to_device(values, self.device), convert.bfloat16())
 
     def add_(self, other: "Tensor | float", alpha: float = 1.0) -> "Tensor":
         if alpha != 1.0:

@@ -4,6 +4,10 @@ float64 reference by the half-precision bound (tests/helpers.py), gradients reac
 against PyTorch in float64, the region's rules, and float16 loss scaling that recovers and skips."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -372,3 +376,14 @@ def test_add_relu_widens_a_half_tensor_beside_a_float32_one(rng):
     out = F.add_relu(half, minidnn.tensor(b32))
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out.numpy(), np.maximum(half.float().numpy() + b32, 0))
+
+
+def test_importing_minidnn_leaves_ml_dtypes_for_the_first_bfloat16():
+    """ml_dtypes' import takes most of a second, which every process (train.py, a data-loader worker, a rank)
+    would pay with ``import minidnn``: minidnn imports it when bfloat16 is first asked for."""
+    code = ("import sys, minidnn; assert 'ml_dtypes' not in sys.modules, 'imported with minidnn'; "
+            "t = minidnn.tensor([1.5]).to(minidnn.bfloat16); assert 'ml_dtypes' in sys.modules; print(t.dtype)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "bfloat16"

@@ -24,6 +24,7 @@ The rounding, as convert.cu does it per element on the GPU, with the NumPy twins
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ _FULL_PRECISION = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 _SOURCE = "convert.cu"
 
 
+@functools.lru_cache(maxsize=None)  # asked for on every GPU bfloat16 tensor's dtype
 def bfloat16() -> np.dtype:
     """The CPU's bfloat16 dtype (``ml_dtypes.bfloat16``), imported when first asked for."""
     try:
