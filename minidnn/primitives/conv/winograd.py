@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -147,7 +148,31 @@ def _solve(equations: list[list[Fraction]], rhs: list[Fraction]) -> list[Fractio
 # stay float32 (Winograd.backward_filter). Its forward and backward-data would carry the same error where
 # F(4×4, 5×5) is already fast, so it does not offer them.
 WEIGHT_GRADIENT_POINTS = [Fraction(p) for p in ("0", "3", "-3", "1/3", "-1/3", "3/2", "-3/2", "2/3", "-2/3", "1")]
-TRANSFORMS[7, 5] = cook_toom(7, 5, WEIGHT_GRADIENT_POINTS)
+
+
+class _BuiltOnFirstUse(Mapping):
+    """A transform's matrices built when first read: F(7×7, 5×5)'s exact construction takes most of a tenth of a
+    second, which every ``import minidnn`` would otherwise pay."""
+
+    def __init__(self, build: Callable[[], dict[str, np.ndarray]]) -> None:
+        self._build, self._matrices = build, None
+
+    def _built(self) -> dict[str, np.ndarray]:
+        if self._matrices is None:
+            self._matrices = self._build()
+        return self._matrices
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._built()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+TRANSFORMS[7, 5] = _BuiltOnFirstUse(lambda: cook_toom(7, 5, WEIGHT_GRADIENT_POINTS))
 WEIGHT_GRADIENT_ONLY = {(7, 5)}
 _SOURCE = "conv/winograd.cu"
 
@@ -180,7 +205,7 @@ class Tiling:
         return self.m + self.r - 1
 
     @property
-    def transforms(self) -> dict[str, np.ndarray]:
+    def transforms(self) -> Mapping[str, np.ndarray]:
         return TRANSFORMS[self.m, self.r]
 
 
