@@ -48,3 +48,7 @@ def __getattr__(name: str) -> _Any:
     if name == "bfloat16":
         return primitives.convert.bfloat16()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "bfloat16"})
