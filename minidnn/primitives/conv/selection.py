@@ -58,8 +58,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU; a half-precision
     problem on the GPU tries ``implicit_gemm_wgmma`` (on Hopper) and ``implicit_gemm_nhwc`` before implicit GEMM
-    (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them,
-    and backward-filter often keeps implicit GEMM).
+    (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them
+    all and keeps the fastest per layer and direction).
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
