@@ -302,10 +302,8 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     p = dropout_checks.check_probability(p)
     seed = check_int(seed, "dropout: seed", 0, (1 << 64) - 1)
     offset = check_int(offset, "dropout: offset", 0)
-    half = convert.half_type_of(x)
-    if half is not None:
-        y, mask = dropout_forward(convert.half_to_float(x, half), p, seed, offset)
-        return convert.float_to_half(y, half), mask
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened_first(dropout_forward, x, p, seed, offset)
     mask = keep_mask(tuple(x.shape), p, seed, offset, xp)
     return x * mask * _keep_scale(p, x.dtype), mask
 

@@ -39,11 +39,9 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     of each maximum in its plane (N, C, P, Q): Caffe's int32 ``max_idx_`` mask (MaxPoolForward), or
     int64 with ``return_indices`` (PyTorch's). Caffe had no half precision: a half x runs the float32 layer on
     its widening, and the maximum is rounded back exactly."""
-    half = convert.half_type_of(x) if hasattr(x, "dtype") else None
-    if half is not None:
-        y, indices = max_pool2d_forward(convert.half_to_float(x, half), kernel_size, stride, padding, dilation,
-                                        ceil_mode, return_indices)
-        return convert.float_to_half(y, half), indices
+    if hasattr(x, "dtype") and convert.half_type_of(x) is not None:
+        return convert.on_widened_first(max_pool2d_forward, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                        return_indices)
     checks._check_input(x)
     index_type = np.int64 if check_bool(return_indices, "return_indices") else np.int32
     kernel, stride, padding, dilation, ceil_mode = checks._window_params(kernel_size, stride, padding, dilation,
@@ -86,11 +84,9 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     pixel (MaxPoolBackward); without them, or with dilation, a plain scatter-add of dy at the indices.
     A half dy runs the float32 layer on its widening and dx is rounded once.
     """
-    half = convert.half_type_of(dy) if hasattr(dy, "dtype") else None
-    if half is not None:
-        dx = max_pool2d_backward(convert.half_to_float(dy, half), indices, x_shape, kernel_size, stride, padding,
-                                 dilation, ceil_mode)
-        return convert.float_to_half(dx, half)
+    if hasattr(dy, "dtype") and convert.half_type_of(dy) is not None:
+        return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding,
+                                  dilation, ceil_mode)
     (N, C, H, W), window = checks._check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                                 dilation, ceil_mode)
     if backend.is_cuda_array(dy) and window is not None and window[3] == (1, 1):

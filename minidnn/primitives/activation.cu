@@ -24,36 +24,20 @@ __device__ __forceinline__ scalar_t relu(const scalar_t v) {
     return (v > scalar_t(0) || isnan(v)) ? v : scalar_t(0);
 }
 
-// y = max(x, 0). y may be x (the in-place ReLU), so the pointers are not __restrict__: each element is
-// read once and then written by the same thread, which is safe when they alias.
-struct Relu {
-    const elem_t* x;
-    elem_t* y;
-    template <int V>
-    __device__ __forceinline__ void run(const int i) const {
-        Pack<V> p = packs<V>(x)[i];
-#pragma unroll
-        for (int u = 0; u < V; ++u) p.e[u] = element_of(relu(element_value(p.e[u])));
-        packs<V>(y)[i] = p;
+// y = max(x, 0); y may be x (the in-place ReLU). elements.cuh's Map.
+struct ReluOf {
+    __device__ __forceinline__ elem_t operator()(const elem_t x) const { return element_of(relu(element_value(x))); }
+};
+
+// y = max(a + b, 0), the sum rounded to scalar_t first (as relu_forward(a + b)); y may be a or b.
+struct AddThenRelu {
+    __device__ __forceinline__ elem_t operator()(const elem_t a, const elem_t b) const {
+        return element_of(relu(element_value(a) + element_value(b)));
     }
 };
 
-// y = max(a + b, 0), the sum rounded to scalar_t first (as relu_forward(a + b)). y may be a or b
-// (in place), hence no __restrict__ (see Relu).
-struct AddRelu {
-    const elem_t *a, *b;
-    elem_t* y;
-    template <int V>
-    __device__ __forceinline__ void run(const int i) const {
-        const Pack<V> q = packs<V>(b)[i];
-        Pack<V> p = packs<V>(a)[i];
-#pragma unroll
-        for (int u = 0; u < V; ++u) p.e[u] = element_of(relu(element_value(p.e[u]) + element_value(q.e[u])));
-        packs<V>(y)[i] = p;
-    }
-};
-
-// dx = dy where y > 0, else 0: the gradient at x = 0 is 0 (PyTorch), and y > 0 exactly when x > 0.
+// dx = dy where y > 0, else 0: the gradient at x = 0 is 0 (PyTorch), and y > 0 exactly when x > 0. A body of its
+// own rather than Map2: its arrays never alias, and __restrict__ leaves the compiler free to order the loads.
 struct ReluBackward {
     const elem_t *__restrict__ dy, *__restrict__ y;
     elem_t* __restrict__ dx;
@@ -69,15 +53,17 @@ struct ReluBackward {
 
 // Each in single elements and in packs of VECTOR (activation.py launches the packs where every array is
 // 16-byte aligned).
-extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) { by_packs<1>(n, Relu{x, y}); }
+extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) {
+    by_packs<1>(n, Map<ReluOf>{x, y, {}});
+}
 extern "C" __global__ void relu_forward_vector(const elem_t* x, elem_t* y, const int n) {
-    by_packs<VECTOR>(n, Relu{x, y});
+    by_packs<VECTOR>(n, Map<ReluOf>{x, y, {}});
 }
 extern "C" __global__ void add_relu_forward(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
-    by_packs<1>(n, AddRelu{a, b, y});
+    by_packs<1>(n, Map2<AddThenRelu>{a, b, y, {}});
 }
 extern "C" __global__ void add_relu_forward_vector(const elem_t* a, const elem_t* b, elem_t* y, const int n) {
-    by_packs<VECTOR>(n, AddRelu{a, b, y});
+    by_packs<VECTOR>(n, Map2<AddThenRelu>{a, b, y, {}});
 }
 extern "C" __global__ void relu_backward(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
                                          elem_t* __restrict__ dx, const int n) {

@@ -192,12 +192,17 @@ __device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const 
 // C) doubles = (mean, invstd·weight) for bn_apply; and, when running_mean is not null, the in-place
 // running-statistics update with the unbiased variance M2/(M − 1); channel 0's also adds 1 to
 // *batches_tracked when it is not null (the layer's count of batches). weight may be null (weight 1).
+#define STATISTICS_PARAMETERS                                                                                    \
+    const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters, const int N, \
+    const int C, const int S, const int per, const scalar_t* __restrict__ weight,                                \
+    scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var, scalar_t* __restrict__ mean_out,    \
+    scalar_t* __restrict__ invstd_out, acc_t* __restrict__ coef, const double eps_arg,                           \
+    const double momentum_arg, long long* __restrict__ batches_tracked
+#define STATISTICS_ARGUMENTS                                                                                    \
+    x, partial, counters, N, C, S, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps_arg, \
+    momentum_arg, batches_tracked
 template <int V>
-__device__ void statistics(const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,
-                           const int N, const int C, const int S, const int per, const scalar_t* __restrict__ weight,
-                           scalar_t* __restrict__ running_mean, scalar_t* __restrict__ running_var,
-                           scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out, acc_t* __restrict__ coef,
-                           const double eps_arg, const double momentum_arg, long long* __restrict__ batches_tracked) {
+__device__ void statistics(STATISTICS_PARAMETERS) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int packs_of_channel = N * (S / V);
@@ -268,9 +273,12 @@ __device__ void statistics(const elem_t* __restrict__ x, acc_t* __restrict__ par
 // y = (x − mean)·(invstd·weight) + bias, then max(·, 0) when relu != 0, element-wise, with coef (2, C)
 // from bn_statistics; a grid-stride loop over total/V packs. The mean is subtracted before scaling, in
 // double, so |mean| ≫ std does not cancel. bias may be null.
+#define APPLY_PARAMETERS                                                                         \
+    const elem_t* __restrict__ x, elem_t* __restrict__ y, const acc_t* __restrict__ coef,        \
+    const scalar_t* __restrict__ bias, const int relu, const int C, const int S, const int total
+#define APPLY_ARGUMENTS x, y, coef, bias, relu, C, S, total
 template <int V>
-__device__ void apply(const elem_t* __restrict__ x, elem_t* __restrict__ y, const acc_t* __restrict__ coef,
-                      const scalar_t* __restrict__ bias, const int relu, const int C, const int S, const int total) {
+__device__ void apply(APPLY_PARAMETERS) {
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
@@ -296,11 +304,14 @@ __device__ void apply(const elem_t* __restrict__ x, elem_t* __restrict__ y, cons
 // y = (x − running_mean)·rsqrt(running_var + eps)·weight + bias, then max(·, 0) when relu != 0;
 // weight and bias may be null. The per-channel invstd is recomputed per pack (a double rsqrt)
 // rather than in a second launch: the kernel stays memory-bound and inference stays a single launch.
+#define INFERENCE_PARAMETERS                                                                           \
+    const elem_t* __restrict__ x, elem_t* __restrict__ y, const scalar_t* __restrict__ running_mean,   \
+    const scalar_t* __restrict__ running_var, const scalar_t* __restrict__ weight,                     \
+    const scalar_t* __restrict__ bias, const double eps_arg, const int relu, const int C, const int S, \
+    const int total
+#define INFERENCE_ARGUMENTS x, y, running_mean, running_var, weight, bias, eps_arg, relu, C, S, total
 template <int V>
-__device__ void inference(const elem_t* __restrict__ x, elem_t* __restrict__ y, const scalar_t* __restrict__ running_mean,
-                          const scalar_t* __restrict__ running_var, const scalar_t* __restrict__ weight,
-                          const scalar_t* __restrict__ bias, const double eps_arg, const int relu, const int C,
-                          const int S, const int total) {
+__device__ void inference(INFERENCE_PARAMETERS) {
     const acc_t eps = eps_arg;
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -335,14 +346,17 @@ __device__ void inference(const elem_t* __restrict__ x, elem_t* __restrict__ y, 
 // (3, C) doubles for bn_backward_dx: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
 // Inference passes dx (not null), and dx = g·weight·invstd is written in the same pass, as its scale
 // is a per-channel constant. weight may be null.
+#define BACKWARD_REDUCE_PARAMETERS                                                                               \
+    const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,         \
+    const scalar_t* __restrict__ center, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,       \
+    elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd, const scalar_t* __restrict__ running_var,      \
+    const scalar_t* __restrict__ weight, const double eps_arg, scalar_t* __restrict__ dweight,                   \
+    scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int N, const int C, const int S, const int per
+#define BACKWARD_REDUCE_ARGUMENTS                                                                            \
+    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
+    coef, N, C, S, per
 template <int V>
-__device__ void backward_reduce(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
-                                const elem_t* __restrict__ relu_output, const scalar_t* __restrict__ center,
-                                acc_t* __restrict__ partial, unsigned int* __restrict__ counters,
-                                elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd,
-                                const scalar_t* __restrict__ running_var, const scalar_t* __restrict__ weight,
-                                const double eps_arg, scalar_t* __restrict__ dweight, scalar_t* __restrict__ dbias,
-                                acc_t* __restrict__ coef, const int N, const int C, const int S, const int per) {
+__device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int packs_of_channel = N * (S / V);
@@ -432,11 +446,13 @@ __device__ void backward_reduce(const elem_t* __restrict__ dy, const elem_t* __r
 // Training dx = (g − Σg/M)·scale − (x − mean)·scale·invstd·dweight/M with g = dy·[relu_output > 0] (or
 // dy), the NumPy twin's formula, element-wise (packs of V) with coef (3, C) from bn_backward_reduce and the
 // saved mean.
+#define BACKWARD_DX_PARAMETERS                                                                               \
+    const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,     \
+    const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef, elem_t* __restrict__ dx, const int C, \
+    const int S, const int total
+#define BACKWARD_DX_ARGUMENTS dy, x, relu_output, mean, coef, dx, C, S, total
 template <int V>
-__device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restrict__ x,
-                            const elem_t* __restrict__ relu_output, const scalar_t* __restrict__ mean,
-                            const acc_t* __restrict__ coef, elem_t* __restrict__ dx, const int C, const int S,
-                            const int total) {
+__device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
@@ -449,7 +465,8 @@ __device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restr
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
-            p.e[u] = element_of((g - coef[c]) * coef[C + c] - (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
+            p.e[u] = element_of((g - coef[c]) * coef[C + c] -
+                                (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
         }
         out[i] = p;
     }
@@ -459,42 +476,15 @@ __device__ void backward_dx(const elem_t* __restrict__ dy, const elem_t* __restr
 // The kernels: each body above for single elements and for packs of VECTOR (batchnorm.py picks)
 // ----------------------------------------------------------------------------------------------
 
-#define STATISTICS_PARAMETERS                                                                                     \
-    const elem_t *__restrict__ x, acc_t *__restrict__ partial, unsigned int *__restrict__ counters, const int N, \
-        const int C, const int S, const int per, const scalar_t *__restrict__ weight,                            \
-        scalar_t *__restrict__ running_mean, scalar_t *__restrict__ running_var, scalar_t *__restrict__ mean_out, \
-        scalar_t *__restrict__ invstd_out, acc_t *__restrict__ coef, const double eps, const double momentum,   \
-        long long *__restrict__ batches_tracked
-#define STATISTICS_ARGUMENTS                                                                                   \
-    x, partial, counters, N, C, S, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps, momentum, \
-        batches_tracked
 extern "C" __global__ void bn_statistics(STATISTICS_PARAMETERS) { statistics<1>(STATISTICS_ARGUMENTS); }
 extern "C" __global__ void bn_statistics_vector(STATISTICS_PARAMETERS) { statistics<VECTOR>(STATISTICS_ARGUMENTS); }
 
-#define APPLY_PARAMETERS                                                                                  \
-    const elem_t *__restrict__ x, elem_t *__restrict__ y, const acc_t *__restrict__ coef,                \
-        const scalar_t *__restrict__ bias, const int relu, const int C, const int S, const int total
-#define APPLY_ARGUMENTS x, y, coef, bias, relu, C, S, total
 extern "C" __global__ void bn_apply(APPLY_PARAMETERS) { apply<1>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_apply_vector(APPLY_PARAMETERS) { apply<VECTOR>(APPLY_ARGUMENTS); }
 
-#define INFERENCE_PARAMETERS                                                                                    \
-    const elem_t *__restrict__ x, elem_t *__restrict__ y, const scalar_t *__restrict__ running_mean,           \
-        const scalar_t *__restrict__ running_var, const scalar_t *__restrict__ weight,                          \
-        const scalar_t *__restrict__ bias, const double eps, const int relu, const int C, const int S,          \
-        const int total
-#define INFERENCE_ARGUMENTS x, y, running_mean, running_var, weight, bias, eps, relu, C, S, total
 extern "C" __global__ void bn_inference(INFERENCE_PARAMETERS) { inference<1>(INFERENCE_ARGUMENTS); }
 extern "C" __global__ void bn_inference_vector(INFERENCE_PARAMETERS) { inference<VECTOR>(INFERENCE_ARGUMENTS); }
 
-#define BACKWARD_REDUCE_PARAMETERS                                                                              \
-    const elem_t *__restrict__ dy, const elem_t *__restrict__ x, const elem_t *__restrict__ relu_output,        \
-        const scalar_t *__restrict__ center, acc_t *__restrict__ partial, unsigned int *__restrict__ counters,  \
-        elem_t *__restrict__ dx, const scalar_t *__restrict__ invstd, const scalar_t *__restrict__ running_var, \
-        const scalar_t *__restrict__ weight, const double eps, scalar_t *__restrict__ dweight,                  \
-        scalar_t *__restrict__ dbias, acc_t *__restrict__ coef, const int N, const int C, const int S, const int per
-#define BACKWARD_REDUCE_ARGUMENTS \
-    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps, dweight, dbias, coef, N, C, S, per
 extern "C" __global__ void bn_backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
     backward_reduce<1>(BACKWARD_REDUCE_ARGUMENTS);
 }
@@ -502,10 +492,5 @@ extern "C" __global__ void bn_backward_reduce_vector(BACKWARD_REDUCE_PARAMETERS)
     backward_reduce<VECTOR>(BACKWARD_REDUCE_ARGUMENTS);
 }
 
-#define BACKWARD_DX_PARAMETERS                                                                                  \
-    const elem_t *__restrict__ dy, const elem_t *__restrict__ x, const elem_t *__restrict__ relu_output,        \
-        const scalar_t *__restrict__ mean, const acc_t *__restrict__ coef, elem_t *__restrict__ dx, const int C, \
-        const int S, const int total
-#define BACKWARD_DX_ARGUMENTS dy, x, relu_output, mean, coef, dx, C, S, total
 extern "C" __global__ void bn_backward_dx(BACKWARD_DX_PARAMETERS) { backward_dx<1>(BACKWARD_DX_ARGUMENTS); }
 extern "C" __global__ void bn_backward_dx_vector(BACKWARD_DX_PARAMETERS) { backward_dx<VECTOR>(BACKWARD_DX_ARGUMENTS); }

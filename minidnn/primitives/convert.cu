@@ -46,28 +46,20 @@ __device__ __forceinline__ float add_keeping_subnormals(const float a, const flo
 
 // y = a + b for two arrays of bfloat16 words: each word widened exactly, the pair added in float32 and rounded
 // once (ml_dtypes' bfloat16 addition), in one pass where widening both, adding and rounding took four. Built on
-// elements.cuh's packs of 16-bit words (its bfloat16 element type, HALF 2): add_bfloat16_vector moves eight
+// elements.cuh's packs of 16-bit words (its bfloat16 element type, HALF 2) and Map2: add_bfloat16_vector moves eight
 // words an access where the arrays are 16-byte aligned, add_bfloat16 one.
 #define HALF 2
 #include "elements.cuh"
 struct AddBfloat16 {
-    const elem_t *a, *b;
-    elem_t* y;
-    template <int V>
-    __device__ __forceinline__ void run(const int i) const {
-        const Pack<V> q = packs<V>(b)[i];
-        Pack<V> p = packs<V>(a)[i];
-#pragma unroll
-        for (int u = 0; u < V; ++u)
-            p.e[u] = element_of(add_keeping_subnormals(element_value(p.e[u]), element_value(q.e[u])));
-        packs<V>(y)[i] = p;
+    __device__ __forceinline__ elem_t operator()(const elem_t a, const elem_t b) const {
+        return element_of(add_keeping_subnormals(element_value(a), element_value(b)));
     }
 };
 extern "C" __global__ void add_bfloat16(const u16* __restrict__ a, const u16* __restrict__ b, u16* __restrict__ y,
                                         const int n) {
-    by_packs<1>(n, AddBfloat16{a, b, y});
+    by_packs<1>(n, Map2<AddBfloat16>{a, b, y, {}});
 }
 extern "C" __global__ void add_bfloat16_vector(const u16* __restrict__ a, const u16* __restrict__ b,
                                                u16* __restrict__ y, const int n) {
-    by_packs<VECTOR>(n, AddBfloat16{a, b, y});
+    by_packs<VECTOR>(n, Map2<AddBfloat16>{a, b, y, {}});
 }

@@ -194,6 +194,14 @@ def on_widened(function: Any, array: Any, *args: Any) -> Any:
     return float_to_half(function(half_to_float(array, name), *args), name)
 
 
+def on_widened_first(function: Any, array: Any, *args: Any) -> tuple[Any, ...]:
+    """:func:`on_widened` for a function returning (result, record, ...): the result rounded back, the records
+    (max pooling's indices, dropout's mask) as they are."""
+    name = half_type_of(array)
+    result, *records = function(half_to_float(array, name), *args)
+    return (float_to_half(result, name), *records)
+
+
 # ----------------------------------------------------------------------------------------------
 # Any dtype to any dtype, and across devices, with bfloat16 held in its device's storage
 # ----------------------------------------------------------------------------------------------

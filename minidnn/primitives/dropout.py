@@ -212,10 +212,8 @@ def dropout_forward(x: Any, p: float, seed: int, offset: int = 0) -> tuple[Any, 
     offset = check_int(offset, "dropout: offset", 0)
     if backend.is_cuda_array(x):
         return _dropout_forward_gpu(x, p, seed, offset)
-    half = convert.half_type_of(x)
-    if half is not None:
-        y, mask = dropout_forward(convert.half_to_float(x, half), p, seed, offset)
-        return convert.float_to_half(y, half), mask
+    if convert.half_type_of(x) is not None:
+        return convert.on_widened_first(dropout_forward, x, p, seed, offset)
     shape = tuple(x.shape)
     if p == 0.0:
         return x.copy(), xp.ones(shape, dtype=bool)

@@ -50,3 +50,34 @@ __device__ __forceinline__ void by_packs(const int n, const Body& body) {
     for (int i = first; i < count; i += G) body.template run<V>(i);
     for (int i = count * V + first; i < n; i += G) body.template run<1>(i);
 }
+
+// by_packs' bodies for an element-wise map of one array or two: y = op(a) or op(a, b), on the element words
+// (op widens and rounds as it needs), pack by pack. y may be a or b (in place): each pack is read before the
+// same thread writes it, hence no __restrict__.
+template <typename Op>
+struct Map {
+    const elem_t* a;
+    elem_t* y;
+    Op op;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        Pack<V> p = packs<V>(a)[i];
+#pragma unroll
+        for (int u = 0; u < V; ++u) p.e[u] = op(p.e[u]);
+        packs<V>(y)[i] = p;
+    }
+};
+template <typename Op>
+struct Map2 {
+    const elem_t *a, *b;
+    elem_t* y;
+    Op op;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        const Pack<V> q = packs<V>(b)[i];
+        Pack<V> p = packs<V>(a)[i];
+#pragma unroll
+        for (int u = 0; u < V; ++u) p.e[u] = op(p.e[u], q.e[u]);
+        packs<V>(y)[i] = p;
+    }
+};

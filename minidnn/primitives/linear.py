@@ -203,7 +203,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     half = convert.half_type_of(dy)
     axis = _check_bias_backward_arguments(dy, axis, half is not None)
     if half is not None and not backend.is_cuda_array(dy):
-        return convert.float_to_half(bias_backward(convert.half_to_float(xp.ascontiguousarray(dy), half), axis), half)
+        return convert.on_widened(bias_backward, xp.ascontiguousarray(dy), axis)
     if backend.is_cuda_array(dy):
         return _bias_backward_gpu(dy, axis)
     others = tuple(a for a in range(dy.ndim) if a != axis)

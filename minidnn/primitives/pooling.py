@@ -187,9 +187,8 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     _check_input(x, half=True)
     half = convert.half_type_of(x)
     if half is not None and not backend.is_cuda_array(x):  # the half kernels' twin: the float32 maximum, exact
-        y, indices = max_pool2d_forward(convert.half_to_float(x, half), kernel_size, stride, padding, dilation,
-                                        ceil_mode, return_indices)
-        return convert.float_to_half(y, half), indices
+        return convert.on_widened_first(max_pool2d_forward, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                        return_indices)
     kernel, stride, padding, dilation, ceil_mode = _window_params(kernel_size, stride, padding, dilation, ceil_mode)
     taps = not check_bool(return_indices, "return_indices") and kernel[0] * kernel[1] <= MAX_TAPS
     xp = backend.get_array_module(x)
