@@ -380,8 +380,11 @@ def test_add_relu_widens_a_half_tensor_beside_a_float32_one(rng):
 
 def test_importing_minidnn_leaves_ml_dtypes_for_the_first_bfloat16():
     """ml_dtypes' import takes most of a second, which every process (train.py, a data-loader worker, a rank)
-    would pay with ``import minidnn``: minidnn imports it when bfloat16 is first asked for."""
+    would pay with ``import minidnn``: minidnn imports it when bfloat16 is first asked for (and builds
+    F(7×7, 5×5)'s Winograd transforms when first read, another tenth of a second)."""
     code = ("import sys, minidnn; assert 'ml_dtypes' not in sys.modules, 'imported with minidnn'; "
+            "from minidnn.primitives.conv import winograd; "
+            "assert winograd.TRANSFORMS[7, 5]._matrices is None, 'F(7x7, 5x5) built at import'; "
             "t = minidnn.tensor([1.5]).to(minidnn.bfloat16); assert 'ml_dtypes' in sys.modules; print(t.dtype)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
