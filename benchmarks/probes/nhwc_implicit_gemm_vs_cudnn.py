@@ -23,7 +23,8 @@ LAYERS = [("resnet18.layer1.conv", 128, 64, 56, 56, 64, 3, 3, 1, 1),
 
 def kernel_only(direction, layer, cupy, rng, kernels=nhwc):
     """The NHWC kernel alone, on operands already in its layouts (what a channels-last tensor would skip): the
-    ``_launch_forward`` and ``_launch_backward_filter`` of ``kernels`` (implicit_gemm_wgmma's, in its probe)."""
+    ``_launch_forward`` and ``_launch_backward_filter`` of ``kernels`` (implicit_gemm_wgmma's, in its probe).
+    The call's ``output`` is the array it writes."""
     _, N, C, H, W, K, R, S, stride, padding = layer
     problem = conv.problem.make_problem((N, C, H, W), (K, C, R, S), (stride, stride), (padding, padding), (1, 1), 1,
                                         np.dtype(np.uint16), "cuda")
@@ -36,12 +37,17 @@ def kernel_only(direction, layer, cupy, rng, kernels=nhwc):
     if direction == "backward_filter":
         x, dy = operand((N, H, W, C)), operand((N, problem.P, problem.Q, K))
         dw = cupy.zeros(problem.w_shape, np.float32)
-        return lambda: kernels._launch_backward_filter(x, dy, dw, problem)
+        return _with_output(lambda: kernels._launch_backward_filter(x, dy, dw, problem), dw)
     shape = problem if direction == "forward" else nhwc.backward_data_problem(problem)
     source = operand((N, shape.H, shape.W, shape.C))
     weights = operand((shape.K, R, S, shape.C))
     out = cupy.empty((N, shape.K, shape.P, shape.Q), np.uint16)
-    return lambda: kernels._launch_forward(source, weights, out, nhwc._shape_struct(shape))
+    return _with_output(lambda: kernels._launch_forward(source, weights, out, nhwc._shape_struct(shape)), out)
+
+
+def _with_output(call, output):
+    call.output = output
+    return call
 
 
 def main() -> None:

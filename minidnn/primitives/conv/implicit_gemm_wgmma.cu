@@ -42,7 +42,14 @@ typedef unsigned long long uint64_t;
 constexpr int THREADS = 256;  // two warpgroups
 constexpr int BLOCK_M = 128;  // 64 rows per warpgroup
 constexpr int BLOCK_K = 64;   // one 128-byte swizzled row
-constexpr int STAGES = 3;
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef IN_FLIGHT
+#define IN_FLIGHT 0
+#endif
+constexpr int AHEAD = STAGES - 1 - IN_FLIGHT;  // stages whose copies are in flight while one is multiplied
+static_assert(AHEAD >= 1, "at least one stage of copies ahead");
 constexpr int VECTOR = 8;     // half values in one 16-byte copy
 constexpr int CHUNKS = BLOCK_K / VECTOR;  // 16-byte chunks of a row
 constexpr int ROW_BYTES = BLOCK_K * 2;
@@ -77,7 +84,8 @@ __device__ __forceinline__ uint64_t descriptor(const unsigned address, const uns
 __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous products.
 __device__ __forceinline__ void fence_accumulators(float (&d)[ACCUMULATORS]) {
 #pragma unroll
@@ -155,18 +163,16 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
     const int steps = (reduction + BLOCK_K - 1) / BLOCK_K, warpgroup = tid / 128;
     float acc[ACCUMULATORS] = {};
 #pragma unroll
-    for (int stage = 0; stage < STAGES - 1; ++stage) {
+    for (int stage = 0; stage < AHEAD; ++stage) {
         if (stage < steps) copy_stage(stage);
         commit_copies();
     }
     for (int step = 0; step < steps; ++step) {
-        // Stage `step` has landed once at most STAGES − 2 later groups are pending; after the barrier every
-        // thread's copies of it are visible to wgmma, and the stage multiplied last step (waited for) is free.
-        wait_copies<STAGES - 2>();
+        // Stage `step` has landed once at most AHEAD − 1 later groups are pending; after the barrier every
+        // thread's copies of it are visible to wgmma, and the products of stage step − 1 − IN_FLIGHT are done.
+        wait_copies<AHEAD - 1>();
         fence_async_proxy();
         __syncthreads();
-        if (step + STAGES - 1 < steps) copy_stage((step + STAGES - 1) % STAGES);
-        commit_copies();
         const unsigned a = shared_address(tiles + step % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2);
         const unsigned b = shared_address(tiles + step % STAGES * STAGE_BYTES + A_BYTES);
         fence_accumulators(acc);
@@ -174,9 +180,15 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
 #pragma unroll
         for (int k = 0; k < BLOCK_K / 16; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
         wgmma_commit();
-        wgmma_wait();
+        // While the tensor cores multiply, the copies of the stage AHEAD on go into the buffer those products
+        // last read.
+        if (step + AHEAD < steps) copy_stage((step + AHEAD) % STAGES);
+        commit_copies();
+        wgmma_wait<IN_FLIGHT>();
         fence_accumulators(acc);
     }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
     wait_copies<0>();
     __syncthreads();  // the output tile reuses the pipeline's memory
 
@@ -254,17 +266,15 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
 
     float acc[ACCUMULATORS] = {};
 #pragma unroll
-    for (int stage = 0; stage < STAGES - 1; ++stage) {
+    for (int stage = 0; stage < AHEAD; ++stage) {
         if (first + stage < last) copy_stage(stage, first + stage);
         commit_copies();
     }
     for (int step = first; step < last; ++step) {
         const int index = step - first;
-        wait_copies<STAGES - 2>();
+        wait_copies<AHEAD - 1>();
         fence_async_proxy();
         __syncthreads();
-        if (step + STAGES - 1 < last) copy_stage((index + STAGES - 1) % STAGES, step + STAGES - 1);
-        commit_copies();
         const unsigned a = shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * PANEL_BYTES;
         const unsigned b = shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES);
         fence_accumulators(acc);
@@ -273,9 +283,13 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
         for (int k = 0; k < BLOCK_K / 16; ++k)
             wgmma_tile<1>(acc, descriptor(a + 16 * 128 * k, PANEL_BYTES), descriptor(b + 16 * 128 * k, PANEL_BYTES));
         wgmma_commit();
-        wgmma_wait();
+        if (step + AHEAD < last) copy_stage((index + AHEAD) % STAGES, step + AHEAD);
+        commit_copies();
+        wgmma_wait<IN_FLIGHT>();
         fence_accumulators(acc);
     }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
     wait_copies<0>();
 
     // C (row (r, s, c), column k) is dw[k][c][r][s]: each thread's rows and columns, decoded once.

@@ -32,9 +32,12 @@ from .registry import register
 SOURCE = "conv/implicit_gemm_wgmma.cu"
 THREADS = 256
 # implicit_gemm_wgmma.cu's tile: 128 rows (64 per warpgroup), BLOCK_N columns (implicit_gemm_nhwc's rule),
-# BLOCK_K reduction values (one 128-byte row) a stage, STAGES stages; the stages start on the swizzle's
-# 1024-byte period, which the dynamic allocation may not: the launch asks for one period more.
-BLOCK_M, BLOCK_K, STAGES, SWIZZLE_PERIOD = 128, 64, 3, 1024
+# BLOCK_K reduction values (one 128-byte row) a stage; the stages start on the swizzle's 1024-byte period,
+# which the dynamic allocation may not: the launch asks for one period more.
+BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = 128, 64, 1024
+# The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
+# flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead).
+PIPELINES = {128: (3, 0), 64: (3, 0)}
 
 
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
@@ -69,11 +72,14 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
 
 def shared_bytes(block_n: int) -> int:
     """The kernel's dynamic shared memory: the stages (the epilogue's output tile fits in them), plus a period."""
-    return STAGES * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
+    stages, _ = PIPELINES[block_n]
+    return stages * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
 
 
 def _kernel(name: str, half: str, block_n: int) -> Any:
-    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
+    stages, in_flight = PIPELINES[block_n]
+    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)))
 
 
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
