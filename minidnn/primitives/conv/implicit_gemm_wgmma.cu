@@ -9,13 +9,15 @@
 // Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
-// product 64 columns wide or less), BLOCK_K = 64 reduction values a stage, three stages of cp.async copies in
-// flight. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 64 values, 128 bytes: the K-major layout
+// product 64 columns wide or less), BLOCK_K = 64 reduction values a stage, STAGES stages (three by default) of
+// cp.async copies. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 64 values, 128 bytes: the K-major layout
 // with the 128-byte swizzle, in which 16-byte chunk j of row r lies at chunk j ^ (r % 8) of its row, so that
 // the eight rows of a 1024-byte group spread each column of chunks over all 32 banks. A shared-memory
 // descriptor names a tile to wgmma (its start, 1024 bytes from one group of 8 rows to the next, the swizzle);
 // the k-th 16-value step starts 32·k bytes into the rows. Each warpgroup issues four m64nNk16 wgmma a stage
-// (one per 16 values), waits for them, and the stage is free for the copies two steps later.
+// (one per 16 values), then, while they run, the copies of the stage two on (into the buffer the products of
+// the step before read), then waits for them. The pipeline is a build (STAGES, IN_FLIGHT: stages of shared
+// memory, product groups left in flight across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
 //
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.

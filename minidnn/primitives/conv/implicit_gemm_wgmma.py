@@ -36,7 +36,9 @@ THREADS = 256
 # which the dynamic allocation may not: the launch asks for one period more.
 BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = 128, 64, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
-# flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead).
+# flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
+# in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
+# leaves room for one CTA per SM instead of two.
 PIPELINES = {128: (3, 0), 64: (3, 0)}
 
 
