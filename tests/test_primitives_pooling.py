@@ -299,6 +299,23 @@ def test_max_pool2d_random_cases_match_reference(xp, rng):
             checked += 1
 
 
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape",
+                         [(3, 2, 1, 1, False, (3, 5, 11, 9)), (3, 1, 1, 2, True, (2, 7, 6, 37)),
+                          ((2, 3), (3, 2), (1, 0), (2, 1), False, (4, 3, 40, 9))])
+def test_max_pool2d_threads_loop_over_the_planes(poisoned, rng, monkeypatch, kernel, stride, padding, dilation,
+                                                 ceil_mode, shape):
+    """The GPU's max-pool kernels give a thread one position of a plane and loop over the planes from
+    blockIdx.y: with a single row of blocks (max_blocks 1, as when N·C outnumbers what fills the GPU) each
+    thread covers every plane; a plane of more positions than a block's threads spans several blocks. Every
+    element written (empty arrays poisoned) and right."""
+    if poisoned is np:
+        pytest.skip("the GPU's launch")
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    monkeypatch.setattr(_cuda, "max_blocks", lambda: 1)
+    check_max_pool(poisoned, rng, kernel, stride, padding, dilation, ceil_mode, shape)
+
+
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES[3::2])
 def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
     x = draw(rng, shape).astype(np.float32)

@@ -530,14 +530,33 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     _cuda.launch(kernel, count, (*arrays, shape))
 
 
+# Max pooling's kernels: a thread per position of a plane, the planes in a loop from blockIdx.y (pooling.cu).
+MAX_GRID_Y = 65535
+
+
+def _launch_by_planes(name: str, positions: int, planes: int, arrays: tuple, shape: np.void) -> None:
+    """Run max-pool kernel ``name`` of pooling.cu with a thread per one of ``positions`` positions of a plane
+    (a block a warp or more of them, up to _cuda.THREADS) and as many rows of blocks over the ``planes`` as fill
+    the GPU (_cuda.max_blocks), each looping over its share."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.check_int32(*arrays)
+    kernel = _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
+    threads = min(_cuda.THREADS, -(-positions // 32) * 32)
+    blocks = -(-positions // threads)
+    rows = max(1, min(planes, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks)))
+    _cuda.launch_blocks(kernel, (blocks, rows), threads, (*arrays, shape))
+
+
 def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
     cupy = backend.cupy()
     x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
     out_shape = tuple(x.shape[:2]) + tuple(out_hw)
     y = cupy.empty(out_shape, dtype=x.dtype)
     indices = cupy.empty(out_shape, dtype=cupy.uint8 if taps else cupy.int64)
-    _launch("max_pool_forward_taps" if taps else "max_pool_forward", y.size, (x, y, indices),
-            _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
+    _launch_by_planes("max_pool_forward_taps" if taps else "max_pool_forward", out_hw[0] * out_hw[1],
+                      x.shape[0] * x.shape[1], (x, y, indices),
+                      _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
     return y, indices
 
 
@@ -548,8 +567,9 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
     if indices.dtype == cupy.uint8:
         kernel, stride, padding, dilation, _ = window
         dx = cupy.empty(x_shape, dtype=dy.dtype)
-        _launch("max_pool_backward_taps", dx.size, (dy, cupy.ascontiguousarray(indices), dx),
-                _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
+        _launch_by_planes("max_pool_backward_taps", x_shape[2] * x_shape[3], x_shape[0] * x_shape[1],
+                          (dy, cupy.ascontiguousarray(indices), dx),
+                          _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
         return dx
     indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
     if window is None:
@@ -559,8 +579,8 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
         return dx
     kernel, stride, padding, dilation, _ = window
     dx = cupy.empty(x_shape, dtype=dy.dtype)
-    _launch("max_pool_backward", dx.size, (dy, indices, dx),
-            _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
+    _launch_by_planes("max_pool_backward", x_shape[2] * x_shape[3], x_shape[0] * x_shape[1], (dy, indices, dx),
+                      _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
     return dx
 
 
