@@ -91,11 +91,13 @@ def rng(request):
 
 @pytest.fixture
 def poisoned(xp, monkeypatch):
-    """``xp``; on CuPy, ``empty`` and ``empty_like`` then return arrays filled with NaN (integers -77), so that
-    an element a kernel leaves unwritten fails the comparison with a reference."""
+    """``xp``; on CuPy, ``empty`` and ``empty_like`` then return arrays filled with NaN (signed integers -77,
+    unsigned ones all bits set), so that an element a kernel leaves unwritten fails the comparison with a
+    reference."""
     if xp is not np:
         def filled(array):
-            array.fill(np.nan if array.dtype.kind in "fc" else -77)
+            kind = array.dtype.kind  # unsigned words (half storage, uint8 records): all bits set, a NaN as half
+            array.fill(np.nan if kind in "fc" else np.iinfo(array.dtype).max if kind == "u" else -77)
             return array
 
         empty, empty_like = xp.empty, xp.empty_like

@@ -304,10 +304,11 @@ def test_max_pool2d_random_cases_match_reference(xp, rng):
                           ((2, 3), (3, 2), (1, 0), (2, 1), False, (4, 3, 40, 9))])
 def test_max_pool2d_threads_loop_over_the_planes(poisoned, rng, monkeypatch, kernel, stride, padding, dilation,
                                                  ceil_mode, shape):
-    """The GPU's max-pool kernels give a thread one position of a plane and loop over the planes from
+    """The GPU's max-pool backward kernels give a thread one position of a plane and loop over the planes from
     blockIdx.y: with a single row of blocks (max_blocks 1, as when N·C outnumbers what fills the GPU) each
-    thread covers every plane; a plane of more positions than a block's threads spans several blocks. Every
-    element written (empty arrays poisoned) and right."""
+    thread covers every plane; a plane of more positions than a block's threads spans several blocks (the
+    forward kernels' grid-stride loops then run in one block). Every element written (empty arrays poisoned)
+    and right."""
     if poisoned is np:
         pytest.skip("the GPU's launch")
     from minidnn.primitives import _cuda  # noqa: PLC0415

@@ -11,11 +11,12 @@
 // can cover its pixel and sums their gradients in a fixed order (p, then q), so no two threads
 // write one address (no atomics) and the result is deterministic.
 //
-// Max pooling's kernels give each thread one position of a plane (an output (p, q) forward, an input
-// (h, w) backward: blockIdx.x and threadIdx.x) and loop over the N·C planes (from blockIdx.y, gridDim.y
-// apart). A position's window, or the outputs that may have chosen its pixel, is the same in every
-// plane: worked out once, its divisions (a few dozen instructions each on a runtime divisor) leave the
-// per-element loop, where they made the kernels compute-bound far above their memory time.
+// Max pooling's backward kernels give each thread one input position (h, w) of a plane (blockIdx.x and
+// threadIdx.x) and loop over the N·C planes (from blockIdx.y, gridDim.y apart). The outputs that may have
+// chosen its pixel, and the tap each would have chosen it by, are the same in every plane: worked out once,
+// their divisions (a few dozen instructions each on a runtime divisor) leave the per-element loop, where
+// they made the gather compute-bound at many times its memory time. The forward kernels stay one thread
+// per output: the same plane loop made them slower (docs/gpu.md, Max pooling).
 //
 // Index arithmetic stays in int: pooling.py refuses arrays of 2^31 elements or more and windows
 // with size + 2·pad + stride + span >= 2^31 on an axis, and every intermediate below is bounded by
@@ -72,53 +73,43 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
-
-// Output (p, q)'s window: its first input row and column, and the taps [r0, r1) × [c0, c1) inside the input.
-struct Window {
-    int hstart, wstart, r0, r1, c0, c1;
-    __device__ __forceinline__ Window(const PoolShape& s, const int p, const int q)
-        : hstart(p * s.stride_h - s.pad_h), wstart(q * s.stride_w - s.pad_w),
-          r0(first_tap(hstart, s.dilation_h)), r1(last_tap(hstart, s.H, s.kernel_h, s.dilation_h)),
-          c0(first_tap(wstart, s.dilation_w)), c1(last_tap(wstart, s.W, s.kernel_w, s.dilation_w)) {}
-
-    // The maximum over plane xs (H × W) and where it is: (row, column) of the winning tap.
-    __device__ __forceinline__ scalar_t max_of(const elem_t* __restrict__ xs, const PoolShape& s, int& best_r,
-                                               int& best_c) const {
-        best_r = r0;
-        best_c = c0;
-        scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
-        for (int r = r0; r < r1; ++r) {
-            const elem_t* __restrict__ row = xs + (hstart + r * s.dilation_h) * s.W + wstart;
-            for (int c = c0; c < c1; ++c) {
-                const scalar_t v = element_value(row[c * s.dilation_w]);
-                if (v > best || isnan(v)) {
-                    best = v;
-                    best_r = r;
-                    best_c = c;
-                }
+// The maximum of output i's window and where it is: (row, column) of the winning tap.
+__device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, const PoolShape& s, const int i,
+                                              int& best_r, int& best_c) {
+    const int q = i % s.Q;
+    const int p = (i / s.Q) % s.P;
+    const int plane = i / (s.Q * s.P);
+    const int hstart = p * s.stride_h - s.pad_h;
+    const int wstart = q * s.stride_w - s.pad_w;
+    const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
+    const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
+    const elem_t* __restrict__ xs = x + plane * s.H * s.W;
+    best_r = r0;
+    best_c = c0;
+    scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
+    for (int r = r0; r < r1; ++r) {
+        const int row = (hstart + r * s.dilation_h) * s.W;
+        for (int c = c0; c < c1; ++c) {
+            const scalar_t v = element_value(xs[row + wstart + c * s.dilation_w]);
+            if (v > best || isnan(v)) {
+                best = v;
+                best_r = r;
+                best_c = c;
             }
         }
-        return best;
     }
-};
-
-// The thread's position of a P × Q (or H × W) plane, or -1 past it.
-__device__ __forceinline__ int plane_position(const int positions) {
-    const int position = blockIdx.x * blockDim.x + threadIdx.x;
-    return position < positions ? position : -1;
+    return best;
 }
 
 // y and PyTorch's indices: the flat position h·W + w of each maximum in its plane (return_indices).
 extern "C" __global__ void max_pool_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                             long long* __restrict__ indices, const PoolShape s) {
-    const int position = plane_position(s.P * s.Q);
-    if (position < 0) return;
-    const Window window(s, position / s.Q, position % s.Q);
-    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
         int r, c;
-        const int o = plane * s.P * s.Q + position;
-        y[o] = element_of(window.max_of(x + plane * s.H * s.W, s, r, c));
-        indices[o] = (window.hstart + r * s.dilation_h) * s.W + (window.wstart + c * s.dilation_w);
+        y[i] = element_of(window_max(x, s, i, r, c));
+        const int p = (i / s.Q) % s.P, q = i % s.Q;
+        indices[i] = (p * s.stride_h - s.pad_h + r * s.dilation_h) * s.W + (q * s.stride_w - s.pad_w + c * s.dilation_w);
     }
 }
 
@@ -126,15 +117,18 @@ extern "C" __global__ void max_pool_forward(const elem_t* __restrict__ x, elem_t
 // window, one byte (kernel_h·kernel_w <= 256): an eighth of int64 indices' memory.
 extern "C" __global__ void max_pool_forward_taps(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                  unsigned char* __restrict__ taps, const PoolShape s) {
-    const int position = plane_position(s.P * s.Q);
-    if (position < 0) return;
-    const Window window(s, position / s.Q, position % s.Q);
-    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
+    const int total = s.N * s.C * s.P * s.Q;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
         int r, c;
-        const int o = plane * s.P * s.Q + position;
-        y[o] = element_of(window.max_of(x + plane * s.H * s.W, s, r, c));
-        taps[o] = (unsigned char)(r * s.kernel_w + c);
+        y[i] = element_of(window_max(x, s, i, r, c));
+        taps[i] = (unsigned char)(r * s.kernel_w + c);
     }
+}
+
+// Backward: the thread's input position (h, w) of a plane, or -1 past it.
+__device__ __forceinline__ int plane_position(const int positions) {
+    const int position = blockIdx.x * blockDim.x + threadIdx.x;
+    return position < positions ? position : -1;
 }
 
 // The outputs [p0, p1) × [q0, q1) whose windows may cover input pixel (h, w): a superset where the windows

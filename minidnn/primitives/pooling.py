@@ -530,12 +530,13 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     _cuda.launch(kernel, count, (*arrays, shape))
 
 
-# Max pooling's kernels: a thread per position of a plane, the planes in a loop from blockIdx.y (pooling.cu).
+# Max pooling's backward kernels: a thread per position of a plane, the planes in a loop from blockIdx.y
+# (pooling.cu).
 MAX_GRID_Y = 65535
 
 
 def _launch_by_planes(name: str, positions: int, planes: int, arrays: tuple, shape: np.void) -> None:
-    """Run max-pool kernel ``name`` of pooling.cu with a thread per one of ``positions`` positions of a plane
+    """Run max-pool backward kernel ``name`` of pooling.cu with a thread per one of ``positions`` positions of a plane
     (a block a warp or more of them, up to _cuda.THREADS) and as many rows of blocks over the ``planes`` as fill
     the GPU (_cuda.max_blocks), each looping over its share."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -554,9 +555,8 @@ def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: 
     out_shape = tuple(x.shape[:2]) + tuple(out_hw)
     y = cupy.empty(out_shape, dtype=x.dtype)
     indices = cupy.empty(out_shape, dtype=cupy.uint8 if taps else cupy.int64)
-    _launch_by_planes("max_pool_forward_taps" if taps else "max_pool_forward", out_hw[0] * out_hw[1],
-                      x.shape[0] * x.shape[1], (x, y, indices),
-                      _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
+    _launch("max_pool_forward_taps" if taps else "max_pool_forward", y.size, (x, y, indices),
+            _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
     return y, indices
 
 
