@@ -160,6 +160,8 @@ MAX_CASES = [
     (4, 3, 2, 1, True, (2, 2, 9, 7)),                      # padding 2
     (4, (1, 3), (2, 1), (1, 2), False, (1, 1, 6, 11)),
     (2, 3, 1, 1, True, (1, 2, 5, 8)),                      # ceil mode drops a window starting in the padding
+    (3, 1, 1, 1, False, (2, 3, 6, 7)),                     # three candidate outputs per axis (the GPU's largest fixed grid)
+    (4, 1, 2, 1, False, (1, 2, 6, 9)),                     # four: the GPU's loop on runtime bounds
 ]
 AVG_CASES = [
     (1, None, 0, False, True, None, (1, 2, 5, 4)),

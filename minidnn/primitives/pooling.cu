@@ -73,6 +73,35 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
+// A K × K window without dilation (ResNet's and CaffeNet's 3 × 3), its taps inside [r0, r1) × [c0, c1): every
+// load issued before the first comparison, so that a thread waits for memory once per window rather than once
+// per tap (the loop below, on runtime bounds, compares each value before it loads the next). The same rule and
+// order: the first tap inside starts the maximum. `window` points at tap (0, 0), which may lie in the padding.
+template <int K>
+__device__ __forceinline__ scalar_t fixed_window_max(const elem_t* __restrict__ window, const int W, const int r0,
+                                                     const int r1, const int c0, const int c1, int& best_r,
+                                                     int& best_c) {
+    scalar_t v[K][K];
+#pragma unroll
+    for (int r = 0; r < K; ++r)
+#pragma unroll
+        for (int c = 0; c < K; ++c)
+            v[r][c] = (r >= r0 && r < r1 && c >= c0 && c < c1) ? element_value(window[r * W + c]) : scalar_t(0);
+    scalar_t best = 0;
+    bool found = false;
+#pragma unroll
+    for (int r = 0; r < K; ++r)
+#pragma unroll
+        for (int c = 0; c < K; ++c)
+            if (r >= r0 && r < r1 && c >= c0 && c < c1 && (!found || v[r][c] > best || isnan(v[r][c]))) {
+                best = v[r][c];
+                best_r = r;
+                best_c = c;
+                found = true;
+            }
+    return best;
+}
+
 // The maximum of output i's window and where it is: (row, column) of the winning tap.
 __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, const PoolShape& s, const int i,
                                               int& best_r, int& best_c) {
@@ -84,6 +113,10 @@ __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, con
     const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
     const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
     const elem_t* __restrict__ xs = x + plane * s.H * s.W;
+    if (s.dilation_h == 1 && s.dilation_w == 1 && s.kernel_h == s.kernel_w) {
+        if (s.kernel_h == 2) return fixed_window_max<2>(xs + hstart * s.W + wstart, s.W, r0, r1, c0, c1, best_r, best_c);
+        if (s.kernel_h == 3) return fixed_window_max<3>(xs + hstart * s.W + wstart, s.W, r0, r1, c0, c1, best_r, best_c);
+    }
     best_r = r0;
     best_c = c0;
     scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
@@ -166,6 +199,46 @@ extern "C" __global__ void max_pool_backward(const elem_t* __restrict__ dy, cons
 // The same gather from the compact record: output (p, q) chose this pixel when its winning tap (r, c) lands
 // on it, i.e. h = p·stride_h − pad_h + r·dilation_h (and w alike) with r·kernel_w + c equal to the stored tap.
 // Each candidate's tap is the same in every plane; with dilation 1 it takes no division to find.
+//
+// Without dilation a pixel has at most ⌈kernel / stride⌉ candidate outputs along each axis (2 for ResNet's and
+// CaffeNet's 3 × 3 windows of stride 2): for up to 3 of them, a fixed grid of candidates, each one's tap loaded
+// first and its dy only where the tap chose the pixel, so that a thread waits for memory twice per plane rather
+// than twice per candidate; the sums in the same order.
+template <int M>
+__device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restrict__ dy,
+                                                          const unsigned char* __restrict__ taps,
+                                                          elem_t* __restrict__ dx, const PoolShape& s,
+                                                          const int position, const int h, const int w,
+                                                          const Candidates& candidates) {
+    int tap[M][M];  // the tap by which candidate (p0 + i, q0 + j) would have chosen (h, w); -1 if none
+    int at[M][M];   // its place in a plane
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int j = 0; j < M; ++j) {
+            const int p = candidates.p0 + i, q = candidates.q0 + j;
+            const bool valid = p < candidates.p1 && q < candidates.q1;
+            tap[i][j] = valid ? (h - (p * s.stride_h - s.pad_h)) * s.kernel_w + (w - (q * s.stride_w - s.pad_w)) : -1;
+            at[i][j] = valid ? p * s.Q + q : 0;
+        }
+    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
+        const unsigned char* __restrict__ plane_taps = taps + plane * s.P * s.Q;
+        const elem_t* __restrict__ plane_dy = dy + plane * s.P * s.Q;
+        bool chose[M][M];
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+#pragma unroll
+            for (int j = 0; j < M; ++j) chose[i][j] = tap[i][j] >= 0 && plane_taps[at[i][j]] == tap[i][j];
+        scalar_t sum = 0;
+#pragma unroll
+        for (int i = 0; i < M; ++i)
+#pragma unroll
+            for (int j = 0; j < M; ++j)
+                if (chose[i][j]) sum += element_value(plane_dy[at[i][j]]);
+        dx[plane * s.H * s.W + position] = element_of(sum);
+    }
+}
+
 extern "C" __global__ void max_pool_backward_taps(const elem_t* __restrict__ dy,
                                                   const unsigned char* __restrict__ taps,
                                                   elem_t* __restrict__ dx, const PoolShape s) {
@@ -174,6 +247,12 @@ extern "C" __global__ void max_pool_backward_taps(const elem_t* __restrict__ dy,
     const int h = position / s.W, w = position % s.W;
     const Candidates candidates(s, h, w);
     const bool dilated = s.dilation_h != 1 || s.dilation_w != 1;
+    if (!dilated) {
+        const int most = max((s.kernel_h + s.stride_h - 1) / s.stride_h, (s.kernel_w + s.stride_w - 1) / s.stride_w);
+        if (most == 1) return fixed_candidates_backward<1>(dy, taps, dx, s, position, h, w, candidates);
+        if (most == 2) return fixed_candidates_backward<2>(dy, taps, dx, s, position, h, w, candidates);
+        if (most == 3) return fixed_candidates_backward<3>(dy, taps, dx, s, position, h, w, candidates);
+    }
     for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
         const int offset = plane * s.P * s.Q;
         scalar_t sum = 0;
