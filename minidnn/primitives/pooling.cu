@@ -16,7 +16,8 @@
 // chosen its pixel, and the tap each would have chosen it by, are the same in every plane: worked out once,
 // their divisions (a few dozen instructions each on a runtime divisor) leave the per-element loop, where
 // they made the gather compute-bound at many times its memory time. The forward kernels stay one thread
-// per output: the same plane loop made them slower (docs/gpu.md, Max pooling).
+// per output: the same plane loop made them slower, and so did loading a fixed 3 × 3 window's taps before
+// comparing them, on some layers (docs/gpu.md, Max pooling).
 //
 // Index arithmetic stays in int: pooling.py refuses arrays of 2^31 elements or more and windows
 // with size + 2·pad + stride + span >= 2^31 on an axis, and every intermediate below is bounded by
@@ -73,35 +74,6 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
-// A K × K window without dilation (ResNet's and CaffeNet's 3 × 3), its taps inside [r0, r1) × [c0, c1): every
-// load issued before the first comparison, so that a thread waits for memory once per window rather than once
-// per tap (the loop below, on runtime bounds, compares each value before it loads the next). The same rule and
-// order: the first tap inside starts the maximum. `window` points at tap (0, 0), which may lie in the padding.
-template <int K>
-__device__ __forceinline__ scalar_t fixed_window_max(const elem_t* __restrict__ window, const int W, const int r0,
-                                                     const int r1, const int c0, const int c1, int& best_r,
-                                                     int& best_c) {
-    scalar_t v[K][K];
-#pragma unroll
-    for (int r = 0; r < K; ++r)
-#pragma unroll
-        for (int c = 0; c < K; ++c)
-            v[r][c] = (r >= r0 && r < r1 && c >= c0 && c < c1) ? element_value(window[r * W + c]) : scalar_t(0);
-    scalar_t best = 0;
-    bool found = false;
-#pragma unroll
-    for (int r = 0; r < K; ++r)
-#pragma unroll
-        for (int c = 0; c < K; ++c)
-            if (r >= r0 && r < r1 && c >= c0 && c < c1 && (!found || v[r][c] > best || isnan(v[r][c]))) {
-                best = v[r][c];
-                best_r = r;
-                best_c = c;
-                found = true;
-            }
-    return best;
-}
-
 // The maximum of output i's window and where it is: (row, column) of the winning tap.
 __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, const PoolShape& s, const int i,
                                               int& best_r, int& best_c) {
@@ -113,10 +85,6 @@ __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, con
     const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
     const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
     const elem_t* __restrict__ xs = x + plane * s.H * s.W;
-    if (s.dilation_h == 1 && s.dilation_w == 1 && s.kernel_h == s.kernel_w) {
-        if (s.kernel_h == 2) return fixed_window_max<2>(xs + hstart * s.W + wstart, s.W, r0, r1, c0, c1, best_r, best_c);
-        if (s.kernel_h == 3) return fixed_window_max<3>(xs + hstart * s.W + wstart, s.W, r0, r1, c0, c1, best_r, best_c);
-    }
     best_r = r0;
     best_c = c0;
     scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
