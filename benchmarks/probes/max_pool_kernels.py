@@ -8,6 +8,7 @@ backward runs through torch.autograd.grad, its dispatch inside the events.
 
 Writes DIR/max-pool.json and DIR/max-pool.md.
 """
+import functools
 import os
 
 import numpy as np
@@ -33,9 +34,9 @@ def main() -> None:
             dy = cupy.ones_like(y)
             size = x.dtype.itemsize
             row = {"layer": name, "dtype": dtype_name,
-                   "forward": timed(lambda: pooling.max_pool2d_forward(x, kernel, stride, padding), cupy),
-                   "backward": timed(lambda: pooling.max_pool2d_backward(dy, taps, x.shape, kernel, stride, padding),
-                                     cupy),
+                   "forward": timed(functools.partial(pooling.max_pool2d_forward, x, kernel, stride, padding), cupy),
+                   "backward": timed(functools.partial(pooling.max_pool2d_backward, dy, taps, x.shape, kernel, stride,
+                                                       padding), cupy),
                    "forward_memory": (x.size + y.size) * size / PEAK_BYTES_PER_MS + y.size / PEAK_BYTES_PER_MS,
                    "backward_memory": (y.size + x.size) * size / PEAK_BYTES_PER_MS + y.size / PEAK_BYTES_PER_MS}
             torch_dtype = torch.float32 if dtype_name == "float32" else torch.bfloat16
@@ -45,8 +46,10 @@ def main() -> None:
                 tx.requires_grad_(True)
                 ty = torch.nn.functional.max_pool2d(tx, kernel, stride, padding)
                 tdy = torch.ones_like(ty)
-                times = {"forward": timed(lambda: torch.nn.functional.max_pool2d(tx, kernel, stride, padding), cupy),
-                         "backward": timed(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True), cupy)}
+                times = {"forward": timed(functools.partial(torch.nn.functional.max_pool2d, tx, kernel, stride,
+                                                            padding), cupy),
+                         "backward": timed(functools.partial(torch.autograd.grad, ty, tx, tdy, retain_graph=True),
+                                           cupy)}
                 for key, value in times.items():
                     best[key] = value if best[key] is None else min(best[key], value)
             row["torch_forward"], row["torch_backward"] = best["forward"], best["backward"]

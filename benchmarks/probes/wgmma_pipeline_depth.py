@@ -26,7 +26,7 @@ DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 def columns_of(layer, direction):
     """The product's width, which picks the tile (implicit_gemm_nhwc._block_n): K, or C for backward-data."""
-    _, N, C, H, W, K, R, S, stride, padding = layer
+    C, K = layer[2], layer[5]  # (name, N, C, H, W, K, R, S, stride, padding)
     return C if direction == "backward_data" else K
 
 
@@ -51,10 +51,9 @@ def main() -> None:
     chosen = dict(getattr(wgmma, "PIPELINES", {}))
     rows = []
     for layer in LAYERS:
-        name, N, C, H, W, K, R, S, stride, padding = layer
         for direction in DIRECTIONS:
             block_n = nhwc._block_n(columns_of(layer, direction))
-            row = {"layer": name, "direction": direction, "block_n": block_n}
+            row = {"layer": layer[0], "direction": direction, "block_n": block_n}
             first = None
             for text, build in zip(args.builds, builds):
                 if build is not None:

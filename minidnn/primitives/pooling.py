@@ -541,6 +541,8 @@ def _launch_by_planes(name: str, positions: int, planes: int, arrays: tuple, sha
     the GPU (_cuda.max_blocks), each looping over its share."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
+    if planes == 0:  # an empty batch: nothing to launch, as _cuda.launch does for no elements
+        return
     _cuda.check_int32(*arrays)
     kernel = _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
     threads = min(_cuda.THREADS, -(-positions // 32) * 32)
