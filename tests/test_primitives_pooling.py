@@ -319,6 +319,14 @@ def test_max_pool2d_threads_loop_over_the_planes(poisoned, rng, monkeypatch, ker
     check_max_pool(poisoned, rng, kernel, stride, padding, dilation, ceil_mode, shape)
 
 
+def test_max_pool2d_empty_batch(xp):
+    """A batch of no images pools to no images, forward and back (the GPU launches nothing)."""
+    y, taps = pooling.max_pool2d_forward(xp.zeros((0, 2, 5, 5), dtype=np.float32), 3, 2, 1)
+    assert y.shape == taps.shape == (0, 2, 3, 3)
+    dx = pooling.max_pool2d_backward(xp.zeros(y.shape, dtype=np.float32), taps, (0, 2, 5, 5), 3, 2, 1)
+    assert dx.shape == (0, 2, 5, 5) and dx.dtype == np.float32
+
+
 @pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", MAX_CASES[3::2])
 def test_max_pool2d_float32(xp, rng, kernel, stride, padding, dilation, ceil_mode, shape):
     x = draw(rng, shape).astype(np.float32)
