@@ -14,8 +14,8 @@
 // Max pooling's backward kernels give each thread one input position (h, w) of a plane (blockIdx.x and
 // threadIdx.x) and loop over the N·C planes (from blockIdx.y, gridDim.y apart). The outputs that may have
 // chosen its pixel, and the tap each would have chosen it by, are the same in every plane: worked out once,
-// their divisions (a few dozen instructions each on a runtime divisor) leave the per-element loop, where
-// they made the gather compute-bound at many times its memory time. The forward kernels stay one thread
+// their divisions (a few dozen instructions each on a runtime divisor) leave the per-element loop, where the
+// gather ran at many times its memory time. The forward kernels stay one thread
 // per output: the same plane loop made them slower, and so did loading a fixed 3 × 3 window's taps before
 // comparing them, on some layers (docs/gpu.md, Max pooling).
 //
