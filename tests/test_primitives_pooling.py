@@ -319,6 +319,25 @@ def test_max_pool2d_threads_loop_over_the_planes(poisoned, rng, monkeypatch, ker
     check_max_pool(poisoned, rng, kernel, stride, padding, dilation, ceil_mode, shape)
 
 
+def test_max_pool_backward_grid_fills_the_gpu_with_rows_of_planes(monkeypatch):
+    """The plane loop's launch rule (pooling._launch_by_planes), with a stand-in launch: blocks of a warp or more
+    threads, up to 256, over a plane's positions; as many rows of blocks as fill max_blocks, no more than there
+    are planes, at most 65535; nothing launched for no planes."""
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    launched = []
+    monkeypatch.setattr(_cuda, "element_function", lambda *args: "kernel")
+    monkeypatch.setattr(_cuda, "launch_blocks", lambda kernel, grid, threads, args: launched.append((grid, threads)))
+    monkeypatch.setattr(_cuda, "max_blocks", lambda: 4224)  # 32 blocks on each of the H200's 132 SMs
+    arrays = (np.zeros(1, np.float32),)
+    for positions, planes in [(112 * 112, 128 * 64), (7 * 7, 10), (1, 10**6), (5 * 5, 0)]:
+        pooling._launch_by_planes("max_pool_backward_taps", positions, planes, arrays, None)
+    assert launched == [((49, 87), 256), ((1, 10), 64), ((1, 4224), 32)]
+    monkeypatch.setattr(_cuda, "max_blocks", lambda: 10**6)
+    pooling._launch_by_planes("max_pool_backward_taps", 1, 10**6, arrays, None)
+    assert launched[-1] == ((1, pooling.MAX_GRID_Y), 32)
+
+
 def test_max_pool2d_empty_batch(xp):
     """A batch of no images pools to no images, forward and back (the GPU launches nothing)."""
     y, taps = pooling.max_pool2d_forward(xp.zeros((0, 2, 5, 5), dtype=np.float32), 3, 2, 1)
