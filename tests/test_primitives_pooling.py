@@ -326,15 +326,21 @@ def test_max_pool_backward_grid_fills_the_gpu_with_rows_of_planes(monkeypatch):
     from minidnn.primitives import _cuda  # noqa: PLC0415
 
     launched = []
-    monkeypatch.setattr(_cuda, "element_function", lambda *args: "kernel")
-    monkeypatch.setattr(_cuda, "launch_blocks", lambda kernel, grid, threads, args: launched.append((grid, threads)))
+
+    def kernel(grid, block, args, shared_mem=0):  # the stand-in kernel; _cuda.launch_blocks is the real one
+        launched.append((grid, block[0]))
+
+    monkeypatch.setattr(_cuda, "element_function", lambda *args: kernel)
     monkeypatch.setattr(_cuda, "max_blocks", lambda: 4224)  # 32 blocks on each of the H200's 132 SMs
-    arrays = (np.zeros(1, np.float32),)
+
+    def dx_of(positions, planes):  # (planes, 1, 1, positions): only its shape is read
+        return np.broadcast_to(np.float32(0), (planes, 1, 1, positions))
+
     for positions, planes in [(112 * 112, 128 * 64), (7 * 7, 10), (1, 10**6), (5 * 5, 0)]:
-        pooling._launch_by_planes("max_pool_backward_taps", positions, planes, arrays, None)
+        pooling._launch_by_planes("max_pool_backward_taps", (dx_of(positions, planes),), None)
     assert launched == [((49, 87), 256), ((1, 10), 64), ((1, 4224), 32)]
     monkeypatch.setattr(_cuda, "max_blocks", lambda: 10**6)
-    pooling._launch_by_planes("max_pool_backward_taps", 1, 10**6, arrays, None)
+    pooling._launch_by_planes("max_pool_backward_taps", (dx_of(1, 10**6),), None)
     assert launched[-1] == ((1, pooling.MAX_GRID_Y), 32)
 
 

@@ -15,9 +15,9 @@
 // threadIdx.x) and loop over the N·C planes (from blockIdx.y, gridDim.y apart). The outputs that may have
 // chosen its pixel, and the tap each would have chosen it by, are the same in every plane: worked out once,
 // their divisions (a few dozen instructions each on a runtime divisor) leave the per-element loop, where the
-// gather ran at many times its memory time. The forward kernels stay one thread
-// per output: the same plane loop made them slower, and so did loading a fixed 3 × 3 window's taps before
-// comparing them, on some layers (docs/gpu.md, Max pooling).
+// gather ran at many times its memory time. The forward kernels stay one thread per output: the same plane
+// loop made them slower, and so did loading a fixed 3 × 3 window's taps before comparing them, on some layers
+// (docs/gpu.md, Max pooling).
 //
 // Index arithmetic stays in int: pooling.py refuses arrays of 2^31 elements or more and windows
 // with size + 2·pad + stride + span >= 2^31 on an axis, and every intermediate below is bounded by

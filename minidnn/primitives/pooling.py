@@ -520,14 +520,20 @@ def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), d
     return np.array([tuple(_cuda.i32(v) for v in values)], dtype=_POOL_SHAPE)[0]
 
 
-def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
-    """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride), compiled for arrays[0]'s dtype
-    (its half build for half storage)."""
+def _kernel(name: str, arrays: tuple) -> Any:
+    """Kernel ``name`` of pooling.cu compiled for arrays[0]'s dtype (its half build for half storage), the
+    arrays checked for 32-bit indexing."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
     _cuda.check_int32(*arrays)
-    kernel = _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
-    _cuda.launch(kernel, count, (*arrays, shape))
+    return _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
+
+
+def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
+    """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride)."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    _cuda.launch(_kernel(name, arrays), count, (*arrays, shape))
 
 
 # Max pooling's backward kernels: a thread per position of a plane, the planes in a loop from blockIdx.y
@@ -535,20 +541,18 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
 MAX_GRID_Y = 65535
 
 
-def _launch_by_planes(name: str, positions: int, planes: int, arrays: tuple, shape: np.void) -> None:
-    """Run max-pool backward kernel ``name`` of pooling.cu with a thread per one of ``positions`` positions of a plane
-    (a block a warp or more of them, up to _cuda.THREADS) and as many rows of blocks over the ``planes`` as fill
-    the GPU (_cuda.max_blocks), each looping over its share."""
+def _launch_by_planes(name: str, arrays: tuple, shape: np.void) -> None:
+    """Run max-pool backward kernel ``name`` of pooling.cu over dx = arrays[-1] (N, C, H, W): a thread per
+    position of an H × W plane (blocks of a warp or more of them, up to _cuda.THREADS) and as many rows of blocks
+    over the N·C planes as fill the GPU (_cuda.max_blocks), each looping over its share; an empty batch makes
+    no rows, which _cuda.launch_blocks does not launch."""
     from . import _cuda  # noqa: PLC0415 - GPU only
 
-    if planes == 0:  # an empty batch: nothing to launch, as _cuda.launch does for no elements
-        return
-    _cuda.check_int32(*arrays)
-    kernel = _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
-    threads = min(_cuda.THREADS, -(-positions // 32) * 32)
-    blocks = -(-positions // threads)
-    rows = max(1, min(planes, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks)))
-    _cuda.launch_blocks(kernel, (blocks, rows), threads, (*arrays, shape))
+    N, C, H, W = arrays[-1].shape
+    threads = min(_cuda.THREADS, -(-H * W // 32) * 32)
+    blocks = -(-H * W // threads)
+    rows = min(N * C, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks))
+    _cuda.launch_blocks(_kernel(name, arrays), (blocks, rows), threads, (*arrays, shape))
 
 
 def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
@@ -569,8 +573,7 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
     if indices.dtype == cupy.uint8:
         kernel, stride, padding, dilation, _ = window
         dx = cupy.empty(x_shape, dtype=dy.dtype)
-        _launch_by_planes("max_pool_backward_taps", x_shape[2] * x_shape[3], x_shape[0] * x_shape[1],
-                          (dy, cupy.ascontiguousarray(indices), dx),
+        _launch_by_planes("max_pool_backward_taps", (dy, cupy.ascontiguousarray(indices), dx),
                           _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
         return dx
     indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
@@ -581,8 +584,8 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
         return dx
     kernel, stride, padding, dilation, _ = window
     dx = cupy.empty(x_shape, dtype=dy.dtype)
-    _launch_by_planes("max_pool_backward", x_shape[2] * x_shape[3], x_shape[0] * x_shape[1], (dy, indices, dx),
-                      _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
+    _launch_by_planes("max_pool_backward", (dy, indices, dx), _pool_shape(x_shape, out_hw, kernel, stride, padding,
+                                                                          dilation))
     return dx
 
 
