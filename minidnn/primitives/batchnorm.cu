@@ -17,8 +17,10 @@
 // but not coalesced; a channels-last kernel would serve that case better). A Cursor steps from one j to
 // the next without a division per value, and each thread reads four values per iteration (four loads
 // in flight). The statistics are one pass: each thread keeps a Welford state (count, mean, M2) and
-// merges each group of four values into it with the parallel-combination formula. Accumulators are
-// double for float inputs too: they live in registers, so this costs no memory traffic. A block merges
+// merges each group of four reads into it with the parallel-combination formula. Accumulators are
+// double for float inputs too: they live in registers, so this costs no memory traffic. A group's own
+// sums run in chunk_t (below), one chain per read, so that no thread waits on one long chain of
+// dependent adds (a double add's latency, 4·V times, per group). A block merges
 // its threads' results with a fixed tree (warp shuffles, then shared memory) and thread 0 writes the
 // block's partial result to a (fields, splits, C) double workspace.
 //
@@ -47,6 +49,16 @@ typedef double acc_t;  // accumulators and per-channel coefficients, for float a
 #include "elements.cuh"
 
 #include "channels.cuh"
+
+// The reductions' inner sums, over one group of 4·V values, before they merge into the double accumulators:
+// double for float and double inputs, float in the half build. A half value has 8 or 11 significant bits, so a
+// float sum of 32 of them (and of their products with a float) rounds far below what the half result can
+// hold; double there is 2-4 times the issue slots per value (and twice the registers) for no visible bit.
+#ifdef HALF
+typedef float chunk_t;
+#else
+typedef acc_t chunk_t;
+#endif
 
 // Every kernel has a build that moves packs of VECTOR elements (elements.cuh's Pack) as well as the plain one
 // (V = 1); batchnorm.py launches it when S is a multiple of VECTOR, so that a pack lies inside one plane, and
@@ -156,8 +168,9 @@ __device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
 // One element's dy·[y > 0], y the fused ReLU's output (relu_output), or plain dy without the ReLU (y is then
 // not read): the ReLU's gradient folded into the read. A select, not a product, so that dy = ±inf or NaN
 // where y <= 0 gives 0 as relu_backward does.
-__device__ __forceinline__ acc_t gradient(const elem_t dy, const elem_t y, const bool relu) {
-    return (!relu || element_value(y) > acc_t(0)) ? element_value(dy) : acc_t(0);
+template <typename T = acc_t>
+__device__ __forceinline__ T gradient(const elem_t dy, const elem_t y, const bool relu) {
+    return (!relu || element_value(y) > 0) ? (T)element_value(dy) : T(0);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -217,20 +230,30 @@ __device__ void statistics(STATISTICS_PARAMETERS) {
             // then one Welford merge, so the division of the merge is paid once per 4·V values.
             int o[4];
             cursor.take4(o, left);
+            // Each pack sums into its own accumulator, four chains of V dependent adds rather than one of 4·V,
+            // then the four in a fixed tree.
             Pack<V> p[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) p[q] = xc[o[q]];
-            acc_t sum = 0;
+            chunk_t sums[4];
 #pragma unroll
-            for (int u = 0; u < 4 * V; ++u) sum += element_value(p[u / V].e[u % V]);
-            const acc_t chunk_mean = sum * (1.0 / (4 * V));  // 4·V is a power of two: exact
-            acc_t squares = 0;
+            for (int q = 0; q < 4; ++q) {
+                sums[q] = 0;
 #pragma unroll
-            for (int u = 0; u < 4 * V; ++u) {
-                const acc_t d = element_value(p[u / V].e[u % V]) - chunk_mean;
-                squares += d * d;
+                for (int u = 0; u < V; ++u) sums[q] += (chunk_t)element_value(p[q].e[u]);
             }
-            welford_merge(n, mean, m2, 4.0 * V, chunk_mean, squares);
+            const chunk_t chunk_mean = ((sums[0] + sums[1]) + (sums[2] + sums[3])) * (chunk_t)(1.0 / (4 * V));
+            chunk_t squares[4];  // 4·V is a power of two: the mean's scaling is exact
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                squares[q] = 0;
+#pragma unroll
+                for (int u = 0; u < V; ++u) {
+                    const chunk_t d = (chunk_t)element_value(p[q].e[u]) - chunk_mean;
+                    squares[q] += d * d;
+                }
+            }
+            welford_merge(n, mean, m2, 4.0 * V, chunk_mean, (squares[0] + squares[1]) + (squares[2] + squares[3]));
         }
         while (left > 0) {
             const Pack<V> p = xc[cursor.take(left)];
@@ -371,6 +394,7 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
         const Pack<V>* __restrict__ yc = relu_output ? packs<V>(relu_output + base) : nullptr;
         Pack<V>* __restrict__ dxc = dx ? packs<V>(dx + base) : nullptr;
         const acc_t mu = (acc_t)center[c];
+        const chunk_t chunk_mu = (chunk_t)center[c];
         acc_t scale = 0;
         if (dx) {
             scale = inference_invstd(running_var[c], eps);
@@ -380,7 +404,7 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
         while (left >= 4) {
             int o[4];
             cursor.take4(o, left);
-            // Every load first (twelve in flight), then the arithmetic in the values' order.
+            // Every load first (twelve in flight), then the arithmetic, pack by pack.
             Pack<V> d[4], y[4], p[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
@@ -388,18 +412,24 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
                 y[q] = yc ? yc[o[q]] : d[q];
                 p[q] = xc[o[q]];
             }
+            // Each pack sums into its own pair of accumulators (as in statistics), added to the double sums
+            // once per four packs in a fixed tree.
+            chunk_t group_dy[4], group_dy_xc[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 Pack<V> out;
+                group_dy[q] = group_dy_xc[q] = 0;
 #pragma unroll
                 for (int u = 0; u < V; ++u) {
-                    const acc_t g = gradient(d[q].e[u], y[q].e[u], yc != nullptr);
-                    sum_dy += g;
-                    sum_dy_xc += g * (element_value(p[q].e[u]) - mu);
-                    out.e[u] = element_of(g * scale);
+                    const chunk_t g = gradient<chunk_t>(d[q].e[u], y[q].e[u], yc != nullptr);
+                    group_dy[q] += g;
+                    group_dy_xc[q] += g * ((chunk_t)element_value(p[q].e[u]) - chunk_mu);
+                    out.e[u] = element_of((acc_t)g * scale);
                 }
                 if (dxc) dxc[o[q]] = out;
             }
+            sum_dy += (group_dy[0] + group_dy[1]) + (group_dy[2] + group_dy[3]);
+            sum_dy_xc += (group_dy_xc[0] + group_dy_xc[1]) + (group_dy_xc[2] + group_dy_xc[3]);
         }
         while (left > 0) {
             const int o = cursor.take(left);
