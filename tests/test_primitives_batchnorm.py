@@ -427,9 +427,10 @@ def test_float32_against_float64_reference(xp, rng, shape):
 # ----------------------------------------------------------------------------------------------
 # Large enough that the GPU kernels split each channel over several blocks, give every thread many
 # values (chunks of four and a tail), step across planes with S > 256, S = 1 and S < 256, and loop
-# more than once in the grid-stride element-wise kernels (4·3·300·400 > 132·32·256 threads). The last two
-# have S a multiple of 16 bytes' worth of elements: the kernels' pack builds (the others: single elements).
-GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400), (8, 3, 20, 24)]
+# more than once in the grid-stride element-wise kernels (4·3·300·400 > 132·32·256 threads). The fourth
+# and fifth have S a multiple of 16 bytes' worth of elements: the kernels' 16-byte builds; the last of 8 bytes'
+# worth but not 16 for float32 (its 8-byte build; float64's 16-byte one); the others: single elements.
+GPU_SHAPES = [(64, 3, 33, 35), (20000, 2), (300, 2, 7, 9), (4, 3, 300, 400), (8, 3, 20, 24), (8, 3, 21, 22)]
 
 
 @pytest.mark.parametrize("shape", GPU_SHAPES)
@@ -646,8 +647,9 @@ def test_matches_torch(xp, rng):
 # Half precision: x, dy, relu_output, y and dx in float16 / bfloat16, the vectors float32
 # ----------------------------------------------------------------------------------------------
 HALF_SHAPES = [(6, 3), (3, 4, 5, 7), (2, 5, 33, 3)]  # the last: several blocks per channel on the GPU
-# S a multiple of 8: the GPU kernels' 16-byte packs (batchnorm.cu's Pack); the second has several blocks per channel.
-HALF_PACKED_SHAPES = [(3, 4, 4, 6), (8, 3, 64, 40)]
+# S a multiple of 8: the GPU kernels' 16-byte packs (batchnorm.cu's Pack); of 4 but not 8: their 8-byte packs.
+# The last two have several blocks per channel, and run on the GPU only.
+HALF_PACKED_SHAPES = [(3, 4, 4, 6), (3, 4, 4, 5), (8, 3, 64, 40), (16, 3, 28, 25)]
 
 
 def _half_arrays(xp, rng, shape, name, relu):
@@ -676,7 +678,7 @@ def _assert_half_close(got, exact, scale, name, label):
 @pytest.mark.parametrize("shape", HALF_SHAPES + HALF_PACKED_SHAPES)
 @pytest.mark.parametrize("relu", [False, True])
 def test_half_precision_training_against_float64(xp, rng, name, shape, relu):
-    if xp is np and shape == HALF_PACKED_SHAPES[-1]:
+    if xp is np and shape in HALF_PACKED_SHAPES[2:]:
         pytest.skip("the GPU's packs over several blocks per channel (the float64 reference takes a minute here)")
     _check_half_training(xp, rng, name, shape, relu)
 
@@ -711,6 +713,28 @@ def test_gpu_pack_width_follows_the_plane_and_the_alignment():
     assert _cuda.elements_per_access((words, words[4:]), plane=48) == 1  # a view 8 bytes in
     assert _cuda.elements_per_access((words, words[8:], None), plane=48) == 8  # 16 bytes in
     assert _cuda.elements_per_access((words[3:],)) == 1 and _cuda.pack_build("relu_forward", 8) == "relu_forward_vector"
+
+
+def test_pack_build_is_the_widest_that_fits_the_plane_and_the_alignment():
+    """16-byte packs where the plane S is a multiple of the pack and every array starts on 16 bytes, else
+    8-byte packs on the same terms (a 14 x 14 plane of half words), else single elements; doubles have no
+    8-byte build of more than one element. Stand-in arrays: only their item size and address are read."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
+
+    def array(itemsize, address=4096):
+        return SimpleNamespace(itemsize=itemsize, data=SimpleNamespace(ptr=address))
+
+    words, floats, doubles = array(2), array(4), array(8)
+    assert batchnorm._packing((words, words), 48) == ("_vector", 8)
+    assert batchnorm._packing((words, None), 196) == ("_vector8", 4)
+    assert batchnorm._packing((words,), 49) == ("", 1)
+    assert batchnorm._packing((words, array(2, 4096 + 8)), 48) == ("_vector8", 4)  # a view 8 bytes in
+    assert batchnorm._packing((words, array(2, 4096 + 4)), 48) == ("", 1)
+    assert batchnorm._packing((floats,), 462) == ("_vector8", 2)
+    assert batchnorm._packing((doubles,), 462) == ("_vector", 2)
+    assert batchnorm._packing((doubles,), 49) == ("", 1)
 
 
 def _check_half_training(xp, rng, name, shape, relu):

@@ -216,13 +216,13 @@ def max_blocks() -> int:
 PACK_BYTES = 16
 
 
-def elements_per_access(arrays: Sequence[Any], plane: int | None = None) -> int:
+def elements_per_access(arrays: Sequence[Any], plane: int | None = None, pack_bytes: int = PACK_BYTES) -> int:
     """How many elements each access of a kernel with a pack build moves over ``arrays`` (None entries
-    skipped): a 16-byte pack when every array starts on a 16-byte boundary and ``plane`` (the run of elements a
-    pack must stay inside; None for a flat array) is a multiple of it, else 1 (the plain build)."""
-    width = PACK_BYTES // arrays[0].itemsize
+    skipped): a pack of ``pack_bytes`` when every array starts on a multiple of it and ``plane`` (the run of
+    elements a pack must stay inside; None for a flat array) is a multiple of the pack, else 1 (the plain build)."""
+    width = max(1, pack_bytes // arrays[0].itemsize)
     fits = plane is None or plane % width == 0
-    return width if fits and all(a is None or a.data.ptr % PACK_BYTES == 0 for a in arrays) else 1
+    return width if fits and all(a is None or a.data.ptr % pack_bytes == 0 for a in arrays) else 1
 
 
 def pack_build(name: str, width: int) -> str:

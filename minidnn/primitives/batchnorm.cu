@@ -60,9 +60,10 @@ typedef float chunk_t;
 typedef acc_t chunk_t;
 #endif
 
-// Every kernel has a build that moves packs of VECTOR elements (elements.cuh's Pack) as well as the plain one
-// (V = 1); batchnorm.py launches it when S is a multiple of VECTOR, so that a pack lies inside one plane, and
-// the arrays are aligned. The element-wise arithmetic is the same, element by element in the same order, so
+// Every kernel has builds that move packs of VECTOR elements (16 bytes, elements.cuh's Pack) and of VECTOR8
+// (8 bytes) as well as the plain one (V = 1); batchnorm.py launches the widest whose pack S is a multiple of, so
+// that a pack lies inside one plane (a 14 x 14 plane holds whole packs of 4 half words, not of 8), and whose
+// size the arrays are aligned to. The element-wise arithmetic is the same, element by element in the same order, so
 // V changes no result of the element-wise kernels; the reductions group their values by 4·V before a Welford
 // merge, a different rounding of the double accumulators.
 
@@ -503,17 +504,22 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The kernels: each body above for single elements and for packs of VECTOR (batchnorm.py picks)
+// The kernels: each body above for single elements and for packs of VECTOR and VECTOR8 (batchnorm.py picks)
 // ----------------------------------------------------------------------------------------------
+
+#define VECTOR8 (8 / (int)sizeof(elem_t))
 
 extern "C" __global__ void bn_statistics(STATISTICS_PARAMETERS) { statistics<1>(STATISTICS_ARGUMENTS); }
 extern "C" __global__ void bn_statistics_vector(STATISTICS_PARAMETERS) { statistics<VECTOR>(STATISTICS_ARGUMENTS); }
+extern "C" __global__ void bn_statistics_vector8(STATISTICS_PARAMETERS) { statistics<VECTOR8>(STATISTICS_ARGUMENTS); }
 
 extern "C" __global__ void bn_apply(APPLY_PARAMETERS) { apply<1>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_apply_vector(APPLY_PARAMETERS) { apply<VECTOR>(APPLY_ARGUMENTS); }
+extern "C" __global__ void bn_apply_vector8(APPLY_PARAMETERS) { apply<VECTOR8>(APPLY_ARGUMENTS); }
 
 extern "C" __global__ void bn_inference(INFERENCE_PARAMETERS) { inference<1>(INFERENCE_ARGUMENTS); }
 extern "C" __global__ void bn_inference_vector(INFERENCE_PARAMETERS) { inference<VECTOR>(INFERENCE_ARGUMENTS); }
+extern "C" __global__ void bn_inference_vector8(INFERENCE_PARAMETERS) { inference<VECTOR8>(INFERENCE_ARGUMENTS); }
 
 extern "C" __global__ void bn_backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
     backward_reduce<1>(BACKWARD_REDUCE_ARGUMENTS);
@@ -521,6 +527,12 @@ extern "C" __global__ void bn_backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
 extern "C" __global__ void bn_backward_reduce_vector(BACKWARD_REDUCE_PARAMETERS) {
     backward_reduce<VECTOR>(BACKWARD_REDUCE_ARGUMENTS);
 }
+extern "C" __global__ void bn_backward_reduce_vector8(BACKWARD_REDUCE_PARAMETERS) {
+    backward_reduce<VECTOR8>(BACKWARD_REDUCE_ARGUMENTS);
+}
 
 extern "C" __global__ void bn_backward_dx(BACKWARD_DX_PARAMETERS) { backward_dx<1>(BACKWARD_DX_ARGUMENTS); }
 extern "C" __global__ void bn_backward_dx_vector(BACKWARD_DX_PARAMETERS) { backward_dx<VECTOR>(BACKWARD_DX_ARGUMENTS); }
+extern "C" __global__ void bn_backward_dx_vector8(BACKWARD_DX_PARAMETERS) {
+    backward_dx<VECTOR8>(BACKWARD_DX_ARGUMENTS);
+}

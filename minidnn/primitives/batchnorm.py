@@ -405,6 +405,22 @@ def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
     return _cuda.element_function(_SOURCE, name, half, dtype)
 
 
+# The kernels' builds by pack (batchnorm.cu), widest first: 16-byte packs, 8-byte packs, single elements.
+_PACKINGS = ((16, "_vector"), (8, "_vector8"))
+
+
+def _packing(arrays: tuple, plane: int) -> tuple[str, int]:
+    """(the build's name suffix, elements per access) for ``arrays`` (None entries skipped) whose packs must
+    stay inside planes of ``plane`` elements: the widest pack that fits, else single elements."""
+    from . import _cuda  # noqa: PLC0415 - GPU only
+
+    for pack_bytes, suffix in _PACKINGS:
+        width = _cuda.elements_per_access(arrays, plane, pack_bytes)
+        if width > 1:
+            return suffix, width
+    return "", 1
+
+
 def _split(C: int, values: int, width: int) -> tuple[int, int]:
     """The reductions' (splits, per) in packs of ``width`` elements."""
     from . import _cuda  # noqa: PLC0415 - GPU only
@@ -427,17 +443,17 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     y = xp.empty(x.shape, dtype=x.dtype)
-    width = _cuda.elements_per_access((x, y), plane=S)
+    build, width = _packing((x, y), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
     mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32, f64 = _cuda.i32, _cuda.f64
-    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_statistics", width), x.dtype, half), (C, splits),
+    _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), (C, splits),
                         _cuda.THREADS,
                         (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
                          invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
-    _cuda.launch(_kernel(_cuda.pack_build("bn_apply", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), x.size // width,
                  (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
@@ -457,9 +473,9 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     _cuda.check_int32(x)
     _, C, S = _layout(x)
     y = xp.empty(x.shape, dtype=x.dtype)
-    width = _cuda.elements_per_access((x, y), plane=S)
+    build, width = _packing((x, y), S)
     i32 = _cuda.i32
-    _cuda.launch(_kernel(_cuda.pack_build("bn_inference", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), x.size // width,
                  (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
                   i32(x.size)))
     return y
@@ -477,17 +493,17 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    width = _cuda.elements_per_access((x, dy, relu_output, dx), plane=S)
+    build, width = _packing((x, dy, relu_output, dx), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_backward_reduce", width), x.dtype, half), (C, splits),
+    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), (C, splits),
                         _cuda.THREADS,
                         (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
                          weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
-    _cuda.launch(_kernel(_cuda.pack_build("bn_backward_dx", width), x.dtype, half), x.size // width,
+    _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), x.size // width,
                  (dy, x, relu_output, mean, coef, dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
@@ -504,12 +520,12 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     dx = xp.empty(x.shape, dtype=x.dtype)
-    width = _cuda.elements_per_access((x, dy, relu_output, dx), plane=S)
+    build, width = _packing((x, dy, relu_output, dx), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel(_cuda.pack_build("bn_backward_reduce", width), x.dtype, half), (C, splits),
+    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), (C, splits),
                         _cuda.THREADS,
                         (dy, x, relu_output, running_mean, partial, _block_counters(x, C), dx, None, running_var,
                          weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
