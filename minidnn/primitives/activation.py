@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from . import convert
 from ._checks import check_contiguous, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
 from ._select import where_or_zero
@@ -326,8 +327,6 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
     such as a slope) follow the element count. ``half``: the half build for that type's words."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     # A RawKernel sees only the base pointer. (Not ascontiguousarray on every input: it would turn a
     # 0-d array into a 1-d one.) An out that is an input is contiguous, so it stays that very array.

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from ._checks import check_contiguous, check_float, check_int, check_out, check_real, pair
 
 __all__ = ["crop_flip_normalize"]
@@ -125,8 +126,6 @@ def _check_offsets(shape: tuple[int, ...], size: tuple[int, int], padding: int, 
 def _crop_flip_normalize_gpu(images: Any, top: Any, left: Any, flip: Any, size: tuple[int, int], mean: Any,
                              std: Any, padding: int, fill: int, scale: float, dtype: np.dtype, out: Any) -> Any:
     """One launch of augment.cu's kernel, one thread per output element."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     count, image_height, image_width, channels = images.shape
     if out is None:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from . import convert
 from ._checks import check_bool, check_float, check_float_or_half, check_number
 from ._select import where_or_zero
@@ -400,8 +401,6 @@ def _layout(x: Any) -> tuple[int, int, int]:
 
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
     """The kernel for x's dtype, or for half-precision x its half build (float math and vectors)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.element_function(_SOURCE, name, half, dtype)
 
 
@@ -412,8 +411,6 @@ _PACKINGS = ((16, "_vector"), (8, "_vector8"))
 def _packing(arrays: tuple, plane: int) -> tuple[str, int]:
     """(the build's name suffix, elements per access) for ``arrays`` (None entries skipped) whose packs must
     stay inside planes of ``plane`` elements: the widest pack that fits, else single elements."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     for pack_bytes, suffix in _PACKINGS:
         width = _cuda.elements_per_access(arrays, plane, pack_bytes)
         if width > 1:
@@ -423,8 +420,6 @@ def _packing(arrays: tuple, plane: int) -> tuple[str, int]:
 
 def _split(C: int, values: int, width: int) -> tuple[int, int]:
     """The reductions' (splits, per) in packs of ``width`` elements."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.reduction_split(C, values // width, minimum=max(1, _cuda.MIN_VALUES_PER_BLOCK // width))
 
 
@@ -433,8 +428,6 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
     channel (mean, invstd, running statistics in place; channel 0's counts the batch), then the fused
     normalisation (and ReLU)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
     # The running statistics are updated in place: a strided view gets a contiguous working copy,
@@ -465,8 +458,6 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
 def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float,
                            relu: bool, half: str | None) -> Any:
     """One element-wise launch."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
@@ -485,8 +476,6 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                            relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
     the channel (dweight, dbias, the dx coefficients), then the element-wise dx."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
     mean, invstd = _contiguous(xp, mean), _contiguous(xp, invstd)
@@ -512,8 +501,6 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
                             relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
     """One launch: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass; the
     last block per channel finishes it (dweight, dbias)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 
 HALF_TYPES = ("bfloat16", "float16")
 _FULL_PRECISION = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
@@ -61,12 +62,24 @@ def half_type(dtype: Any) -> str:
     return name
 
 
+# (dtype, on_gpu) -> stored_half_type's answer: a half step asks hundreds of times, of a few dtypes.
+_stored_half_types: dict[tuple[Any, bool], str | None] = {}
+
+
 def stored_half_type(dtype: Any, on_gpu: bool) -> str | None:
     """``"float16"`` or ``"bfloat16"`` when ``dtype`` is the storage of a half type (see the module docstring:
     bfloat16 is ``ml_dtypes.bfloat16`` on the CPU and uint16 words on the GPU), None for any other dtype."""
     if dtype in _FULL_PRECISION:  # the common case first: every float32 primitive call asks
         return None
-    dtype = np.dtype(dtype)
+    key = (dtype, on_gpu)
+    try:
+        return _stored_half_types[key]
+    except KeyError:
+        found = _stored_half_types[key] = _half_type_of_storage(np.dtype(dtype), on_gpu)
+        return found
+
+
+def _half_type_of_storage(dtype: np.dtype, on_gpu: bool) -> str | None:
     if dtype == np.float16:
         return "float16"
     if (on_gpu and dtype == np.uint16) or (not on_gpu and dtype.name == "bfloat16"):
@@ -122,8 +135,6 @@ def _output(out: Any, shape: tuple, dtype: np.dtype, xp: Any) -> Any:
 
 
 def _launch(kernel: str, source: Any, out: Any) -> None:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(source)
     _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size, (source, out, _cuda.i32(source.size)))
 
@@ -254,8 +265,6 @@ def add(a: Any, b: Any) -> Any:
         return a + b
     if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(a, b)
     a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
     out = xp.empty(a.shape, dtype=np.uint16)

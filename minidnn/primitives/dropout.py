@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from . import convert
 from ._checks import check_float_or_half, check_int
 
@@ -249,8 +250,6 @@ def dropout_backward(dy: Any, mask: Any, p: float) -> Any:
 def _launch(name: str, dtype: Any, count: int, args: tuple, half: str | None = None) -> None:
     """Run kernel ``name`` of dropout.cu, compiled for ``dtype`` (or ``half``'s build for half storage), on
     ``count`` elements (grid-stride); every kernel takes the element count as its last argument."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(count)
     kernel = _cuda.element_function("dropout.cu", name, half, dtype)
     _cuda.launch(kernel, count, (*args, _cuda.i32(count)))
@@ -260,8 +259,6 @@ def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: "int | DeviceOffse
     """mask and y in one launch. p = 0 and p = 1 need no special case: threshold 0 keeps every element
     (y = x·1), threshold 2^24 none (y = x·0, as the NumPy twin's x·0). A :class:`DeviceOffset` reads
     the start from device memory (the kernel variant a CUDA graph replays with new masks)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     x = x if x.flags.c_contiguous else xp.ascontiguousarray(x)  # the hash follows the C-order index
     y = xp.empty(x.shape, dtype=x.dtype)
@@ -280,8 +277,6 @@ def _dropout_forward_gpu(x: Any, p: float, seed: int, offset: "int | DeviceOffse
 
 
 def _dropout_backward_gpu(dy: Any, mask: Any, p: float) -> Any:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(dy)
     dy = dy if dy.flags.c_contiguous else xp.ascontiguousarray(dy)
     mask = mask if mask.flags.c_contiguous else xp.ascontiguousarray(mask)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from ._checks import check_float, check_number
 
 __all__ = ["layer_norm_forward", "layer_norm_backward"]
@@ -159,8 +160,6 @@ MIN_ROWS_PER_SPLIT = 64
 
 
 def _kernel(name: str, dtype: Any) -> Any:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.function(_SOURCE, name, dtype)
 
 
@@ -170,8 +169,6 @@ def _contiguous(xp: Any, a: Any) -> Any:
 
 def _forward_gpu(x: Any, weight: Any, bias: Any, eps: float, rows: int, size: int) -> tuple[Any, Any, Any]:
     """One launch: a block per row (grid-stride over rows) computes the statistics and writes y."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     x, weight, bias = (_contiguous(xp, a) for a in (x, weight, bias))
     _cuda.check_int32(x)
@@ -185,8 +182,6 @@ def _forward_gpu(x: Any, weight: Any, bias: Any, eps: float, rows: int, size: in
 def _backward_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any, shape: tuple[int, ...], rows: int,
                   size: int) -> tuple[Any, Any, Any]:
     """Three launches: dx (a block per row); the per-split column sums of dy·x̂ and dy; their totals."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(x)
     dy, x, weight, mean, invstd = (_contiguous(xp, a) for a in (dy, x, weight, mean, invstd))
     _cuda.check_int32(x)

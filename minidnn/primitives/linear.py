@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from .. import backend
+from . import _cuda
 from . import blas, convert
 from ._checks import check_float, check_float_or_half, check_out, check_same_dtype, normalise_axis
 
@@ -228,15 +229,11 @@ def _outer_channel_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, i
 
 def _kernel(name: str, array: Any) -> Any:
     """linear.cu's kernel ``name`` for ``array``'s dtype, or its half build for half storage."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.element_function(_SOURCE, name, convert.half_type_of(array), array.dtype)
 
 
 def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
     """One element-wise launch into ``out`` (a new array when None; y itself for an in-place add)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(y)
     y = y if y.flags.c_contiguous else xp.ascontiguousarray(y)  # a RawKernel sees only the base pointer
     bias = bias if bias.flags.c_contiguous else xp.ascontiguousarray(bias)
@@ -251,8 +248,6 @@ def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
 def _bias_backward_gpu(dy: Any, axis: int) -> Any:
     """Two launches: per-(channels, split) float64 partial sums, then one warp per channel adds a
     channel's splits in a fixed order and rounds once to dy's dtype."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     xp = backend.get_array_module(dy)
     dy = dy if dy.flags.c_contiguous else xp.ascontiguousarray(dy)
     _cuda.check_int32(dy)

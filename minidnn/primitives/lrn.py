@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from ._checks import check_bool, check_float, check_int, check_real, check_same_dtype
 
 __all__ = ["lrn_forward", "lrn_backward"]
@@ -143,8 +144,6 @@ def _geometry(x: Any) -> tuple[int, int, int]:
 def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float, want_y: bool,
                      want_scale: bool) -> tuple[Any, Any]:
     """(y or None, scale or None) in one launch; an output not wanted is a null pointer to the kernel."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
     y = cupy.empty(x.shape, dtype=x.dtype) if want_y else None
@@ -162,8 +161,6 @@ def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float, wan
 
 
 def _lrn_backward_gpu(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float, beta: float) -> Any:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     dy, x, y, scale = (cupy.ascontiguousarray(a) for a in (dy, x, y, scale))
     dx = cupy.empty(x.shape, dtype=x.dtype)

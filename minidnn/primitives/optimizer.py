@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from ._checks import check_bool, check_contiguous, check_float, check_number
 
 __all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi", "unscale_gradients_multi",
@@ -325,8 +326,6 @@ def update_loss_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_fa
     growth_factor, backoff_factor, growth_interval = check_loss_scale_arguments(
         scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
     if backend.is_cuda_array(scale):
-        from . import _cuda  # noqa: PLC0415 - GPU only
-
         kernel = _cuda.function("optimizer.cu", "update_loss_scale", np.float32)
         _cuda.launch_blocks(kernel, 1, 1, (scale, growth_tracker, found_inf, _cuda.f64(growth_factor),
                                            _cuda.f64(backoff_factor), _cuda.i32(growth_interval)))
@@ -466,8 +465,6 @@ def launch_plan(sizes: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], int, np.
 def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], arguments: tuple) -> None:
     """Launch ``kernel_name`` once per chunk of the plan for ``lists[0]``'s sizes; ``lists``: the kernel's
     tensor lists in its order (None: a list it does not read); ``arguments``: its arguments after the table."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     params = lists[0]
     _cuda.check_int32(*params)
     kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)

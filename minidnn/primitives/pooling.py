@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from . import convert
 from ._checks import check_bool, check_float, check_float_or_half, check_int, check_rank, pair
 from ._select import select, where_or_zero
@@ -506,8 +507,6 @@ _POOL_SHAPE = np.dtype([(name, np.int32) for name in (
 def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                 count_include_pad=True, divisor_override=None) -> np.void:
     """The PoolShape struct argument; divisor_override None travels as 0 (0 itself is refused)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     for a, axis in enumerate(("height", "width")):
         # The kernels' int arithmetic stays below size + 2·padding + stride + span (pooling.cu).
         span = dilation[a] * (kernel[a] - 1) + 1
@@ -523,16 +522,12 @@ def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), d
 def _kernel(name: str, arrays: tuple) -> Any:
     """Kernel ``name`` of pooling.cu compiled for arrays[0]'s dtype (its half build for half storage), the
     arrays checked for 32-bit indexing."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(*arrays)
     return _cuda.element_function("pooling.cu", name, convert.half_type_of(arrays[0]), arrays[0].dtype)
 
 
 def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     """Run kernel ``name`` of pooling.cu on ``count`` threads (grid-stride)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.launch(_kernel(name, arrays), count, (*arrays, shape))
 
 
@@ -546,8 +541,6 @@ def _launch_by_planes(name: str, arrays: tuple, shape: np.void) -> None:
     position of an H × W plane (blocks of a warp or more of them, up to _cuda.THREADS) and as many rows of blocks
     over the N·C planes as fill the GPU (_cuda.max_blocks), each looping over its share; an empty batch makes
     no rows, which _cuda.launch_blocks does not launch."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     N, C, H, W = arrays[-1].shape
     threads = min(_cuda.THREADS, -(-H * W // 32) * 32)
     blocks = -(-H * W // threads)
@@ -613,8 +606,6 @@ def _adaptive_avg_pool2d_gpu(name: str, source: Any, target_shape: tuple, x_shap
     The kernels' window bounds multiply an axis size by its output size; the 32-bit build serves
     whenever (size + 1)·(out + 1) fits in an int on both axes, else the slower 64-bit one.
     """
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     source = cupy.ascontiguousarray(source)
     target = cupy.empty(target_shape, dtype=source.dtype)

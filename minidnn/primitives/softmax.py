@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from . import _cuda
 from ._checks import check_float, check_like, check_rank, check_same_dtype, normalise_axis
 
 __all__ = [
@@ -369,15 +370,11 @@ _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 
 def _kernel(name: str, dtype: Any) -> Any:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     return _cuda.function("softmax.cu", name, dtype)
 
 
 def _launch_rows(name: str, dtype: Any, rows: int, args: tuple) -> None:
     """Run a one-warp-per-row kernel on ``rows`` rows (grid-stride over rows past the grid cap)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     warps = _ROW_THREADS // 32
     blocks = min((rows + warps - 1) // warps, _cuda.max_blocks())
     _cuda.launch_blocks(_kernel(name, dtype), blocks, _ROW_THREADS, args)
@@ -401,8 +398,6 @@ def _ignore_index_arg(ignore_index: int) -> np.int64:
 def _softmax_forward_gpu(x: Any, axis: int, log: bool) -> Any:
     """x viewed as (outer, C, inner) around ``axis``: one warp per row when axis is the last one, else one
     thread per (outer, inner) position."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     shape = tuple(x.shape)
     if shape[axis] == 0:  # NumPy's max over an empty axis (the twin's first step) raises this
         raise ValueError("zero-size array to reduction operation maximum which has no identity")
@@ -420,8 +415,6 @@ def _softmax_forward_gpu(x: Any, axis: int, log: bool) -> Any:
 
 
 def _softmax_backward_gpu(dy: Any, y: Any, axis: int, log: bool) -> Any:
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     shape = tuple(dy.shape)
     dy, y = _contiguous(dy), _contiguous(y)
     dx = backend.cupy().empty(shape, dtype=dy.dtype)
@@ -441,8 +434,6 @@ def _softmax_backward_gpu(dy: Any, y: Any, axis: int, log: bool) -> Any:
 
 def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
     """(N,) row losses -> the loss: themselves for "none", else a 0-d array from loss_reduce (one block)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     if reduction == "none":
         return row_loss
     loss = backend.cupy().empty((), dtype=row_loss.dtype)
@@ -454,8 +445,6 @@ def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
 def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_index: int, epsilon: float,
                                reduction: str) -> tuple[Any, Any]:
     """log_probs, row losses and row weights in one launch (one warp per row), then the reduction."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     logits, target, weight = _contiguous(logits), _contiguous(target), _contiguous(weight)
     rows, classes = logits.shape
@@ -471,8 +460,6 @@ def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_ind
 
 def _nll_loss_forward_gpu(log_probs: Any, target: Any, weight: Any, ignore_index: int, reduction: str) -> Any:
     """Row losses and weights (one thread per row), then the reduction."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     cupy = backend.cupy()
     log_probs, target, weight = _contiguous(log_probs), _contiguous(target), _contiguous(weight)
     rows, classes = log_probs.shape
@@ -487,8 +474,6 @@ def _nll_loss_forward_gpu(log_probs: Any, target: Any, weight: Any, ignore_index
 
 def _denominators_gpu(target: Any, weight: Any, classes: int, ignore_index: int, dtype: Any) -> Any:
     """(2,) device array: Σ_i w[t_i] and Σ_c w[c] (loss_denominators, one block)."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     sums = backend.cupy().empty(2, dtype=dtype)
     _cuda.launch_blocks(_kernel("loss_denominators", dtype), 1, _REDUCE_THREADS,
                         (target, weight, sums, _cuda.i32(target.size), _cuda.i32(classes),
@@ -499,8 +484,6 @@ def _denominators_gpu(target: Any, weight: Any, classes: int, ignore_index: int,
 def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, weight: Any, ignore_index: int,
                                 epsilon: float, reduction: str) -> Any:
     """One element-wise launch; before it, the denominators pass when the mean or weighted smoothing needs it."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     grad_loss, log_probs = _contiguous(grad_loss), _contiguous(log_probs)
     target, weight = _contiguous(target), _contiguous(weight)
     rows, classes = log_probs.shape
@@ -517,8 +500,6 @@ def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, wei
 def _nll_loss_backward_gpu(grad_loss: Any, target: Any, weight: Any, shape: tuple[int, int], ignore_index: int,
                            reduction: str) -> Any:
     """One element-wise launch (every element written, zeros included); the denominators pass first for the mean."""
-    from . import _cuda  # noqa: PLC0415 - GPU only
-
     grad_loss, target, weight = _contiguous(grad_loss), _contiguous(target), _contiguous(weight)
     rows, classes = shape
     grad = backend.cupy().empty(shape, dtype=grad_loss.dtype)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
+from .. import _cuda
 from .problem import ConvProblem
 from .reference import padded, tap_slices, windows
 
@@ -67,8 +68,6 @@ def col2im(columns: Any, problem: ConvProblem, out: Any = None) -> Any:
 
 def _launch(name: str, source: Any, target: Any, problem: ConvProblem, count: int) -> None:
     """Run kernel ``name`` of im2col.cu; the problem's shape travels as one struct argument."""
-    from .. import _cuda  # noqa: PLC0415 - GPU only
-
     _cuda.check_int32(source, target)
     _cuda.launch(_cuda.function("conv/im2col.cu", name, source.dtype), count, (source, target, _shape_struct(problem)))
 
