@@ -149,6 +149,15 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
                 name = f"{engine_name}-{model}-{batch}-{mode}"
                 with open(os.path.join(out, f"{name}.txt"), "w") as file:
                     file.write(text.getvalue())
+                # The whole profile by cumulative time, and what each primitive's GPU path calls: where a
+                # primitive's host time goes below it.
+                text = io.StringIO()
+                stats = pstats.Stats(profile, stream=text).sort_stats("cumulative")
+                stats.print_stats()
+                stats.print_callees(r"conv2d_|batch_norm_(forward|backward)_training|_by_chunks|_training_gpu|"
+                                    r"_launch_backward_filter|_launch_forward|_run\b|apply\b")
+                with open(os.path.join(out, f"{name}-cumulative.txt"), "w") as file:
+                    file.write(text.getvalue())
                 record["python_calls"] = sum(calls for _, calls, _, _, _ in pstats.Stats(profile).stats.values())
                 record["top_own_time"] = top_functions(profile, "tottime", 25)
                 record["top_calls"] = top_functions(profile, "ncalls", 15)

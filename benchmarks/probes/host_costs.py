@@ -1,0 +1,98 @@
+# Measures the host cost of the CuPy operations a GPU primitive is built from (an allocation, a kernel launch by argument count, a view, a fill, a launch-struct field read): the floor under issue 22's eager host time, which says which per-call work is worth taking out of a primitive's path.
+"""Each operation called 3000 times after 200 warm-ups, perf_counter around the loop, µs per call (median of 5
+loops); the device synchronised before each loop, and the launches queued on a stream held busy
+(_cuda.hold_stream) so that no launch waits for a full queue.
+
+    PYTHONPATH=. python benchmarks/probes/host_costs.py --out DIR
+
+Writes DIR/host-costs.json and DIR/host-costs.md.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from minidnn import backend
+from minidnn.primitives import _cuda, convert
+
+KERNEL = r"""
+extern "C" __global__ void four(const unsigned short* a, unsigned short* b, int n, int m) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && n < 0) b[0] = a[m];
+}
+extern "C" __global__ void sixteen(const unsigned short* a, double* b, unsigned int* c, int n, int d, int e,
+                                   int f, const float* g, float* h, float* i, float* j, float* k, double* l,
+                                   double m, double o, long long* p) {
+    if (threadIdx.x == 0 && blockIdx.x == 0 && n < 0) b[0] = a[d] + m + o;
+}
+"""
+
+
+def per_call_us(call, repeats=3000, loops=5, cupy=None):
+    for _ in range(200):
+        call()
+    samples = []
+    for _ in range(loops):
+        cupy.cuda.Device().synchronize()
+        _cuda.hold_stream(50.0)  # launches queue behind this; none waits for the GPU
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        samples.append((time.perf_counter() - start) / repeats * 1e6)
+    cupy.cuda.Device().synchronize()
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    cupy = backend.cupy()
+    module = cupy.RawModule(code=KERNEL)
+    four, sixteen = module.get_function("four"), module.get_function("sixteen")
+    a = cupy.zeros((128, 64, 56, 56), dtype=np.uint16)
+    b = cupy.zeros(1024, dtype=np.float64)
+    counters = cupy.zeros(64, dtype=np.uint32)
+    vectors = [cupy.zeros(64, dtype=np.float32) for _ in range(5)]
+    tracked = cupy.zeros(1, dtype=np.int64)
+    small = cupy.zeros((64, 3, 3, 64), dtype=np.float32)
+    shape = np.zeros(1, dtype=np.dtype([(f"f{i}", np.int32) for i in range(15)]))[0]
+    i32, f64 = _cuda.i32, _cuda.f64
+    operations = {
+        "cupy.empty (128, 64, 56, 56) uint16": lambda: cupy.empty((128, 64, 56, 56), dtype=np.uint16),
+        "cupy.empty (64,) float32": lambda: cupy.empty(64, dtype=np.float32),
+        "launch, 4 arguments": lambda: four((1,), (32,), (a, a, i32(1), i32(2))),
+        "launch, 16 arguments": lambda: sixteen((1, 1), (32,), (a, b, counters, i32(1), i32(2), i32(3), i32(4),
+                                                             *vectors, b, f64(0.1), f64(0.2), tracked)),
+        "launch, 4 arguments, struct last": lambda: four((1,), (32,), (a, a, i32(1), shape)),
+        "_cuda.launch_blocks, 4 arguments": lambda: _cuda.launch_blocks(four, (1,), 32, (a, a, i32(1), i32(2))),
+        "a[0:64] (a view)": lambda: a[0:64],
+        "cupy.ascontiguousarray (already contiguous)": lambda: cupy.ascontiguousarray(a),
+        "small.fill(0)": lambda: small.fill(0),
+        "np.void field read": lambda: int(shape["f3"]),
+        "convert.half_type_of": lambda: convert.half_type_of(a),
+        "backend.get_array_module, two arrays": lambda: backend.get_array_module(a, a),
+        "_cuda.function (cached)": lambda: _cuda.function("batchnorm.cu", "bn_apply", np.float32,
+                                                          _cuda.HALF_BUILDS["bfloat16"]),
+        "_cuda.i32 (cached)": lambda: i32(56),
+    }
+    rows = []
+    for name, call in operations.items():
+        rows.append({"operation": name, "us_per_call": per_call_us(call, cupy=cupy)})
+        print(f"{name}: {rows[-1]['us_per_call']:.2f} us", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    lines = ["| operation | µs per call |", "|---|---|"] + [f"| {r['operation']} | {r['us_per_call']:.2f} |"
+                                                          for r in rows]
+    for stem, text in (("host-costs.json", json.dumps({"rows": rows}, indent=1)),
+                       ("host-costs.md", "Host µs per call, median of 5 loops of 3000 (perf_counter).\n\n"
+                        + "\n".join(lines) + "\n")):
+        temporary = os.path.join(args.out, stem + ".part")
+        with open(temporary, "w") as file:
+            file.write(text)
+        os.replace(temporary, os.path.join(args.out, stem))
+
+
+if __name__ == "__main__":
+    main()
