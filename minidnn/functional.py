@@ -12,11 +12,14 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
+
 from . import random as _random
 from .autocast_mode import lower_precision
 from .autograd import Function, is_grad_enabled, is_half
 from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
+from .ops import takes_float32_gradient
 from .primitives import pair
 from .primitives.activation import check_negative_slope
 from .primitives.dropout import check_probability
@@ -55,7 +58,10 @@ class Conv2dFunction(Function):
     def backward(self, dy):
         x, w = self.saved
         dx = library.conv2d_backward_data(dy, w, self.x_shape, *self.args) if self.needs_input_grad[0] else None
-        dw = library.conv2d_backward_filter(x, dy, self.w_shape, *self.args) if self.needs_input_grad[1] else None
+        dw = None
+        if self.needs_input_grad[1]:  # float32 when the weight is autocast's bfloat16 copy of a float32 one
+            dw = library.conv2d_backward_filter(x, dy, self.w_shape, *self.args, dtype=np.float32 if
+                                                takes_float32_gradient(self.parents[1]) else None)
         db = library.bias_backward(dy, axis=1) if self.needs_input_grad[2] else None
         return dx, dw, db
 

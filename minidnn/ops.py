@@ -251,10 +251,30 @@ class CastFunction(Function):
         self.source_dtype = _logical_dtype(a)
         out = convert.cast(a, dtype)
         half_tensors.made = half_tensors.made or is_half(out)
+        self.rounds_float32_to_bfloat16 = self.source_dtype == np.float32 and convert.half_type_of(out) == "bfloat16"
         return out
 
     def backward(self, grad):
+        if grad.dtype == self.source_dtype:  # already widened by its producer (takes_float32_gradient)
+            return grad
         return convert.cast(grad, self.source_dtype)
+
+
+def takes_float32_gradient(parent: Any) -> bool:
+    """Whether ``parent`` (the node an input came from) is a cast of a float32 tensor to bfloat16, whose backward
+    widens the gradient back to float32: a producer that sums the gradient in float32 may then hand it over
+    as it is, unrounded and one conversion fewer (autocast's weight casts). Not for float16: its narrow range
+    is what a loss scaler's overflow check looks at, so its gradients keep their rounding."""
+    return type(parent) is CastFunction and parent.rounds_float32_to_bfloat16
+
+
+def add_gradients(a: Any, b: Any) -> Any:
+    """The sum of two gradients of one half-precision tensor: of one dtype, :func:`convert.add`; a float32 one
+    (see :func:`takes_float32_gradient`) and a half one, in float32."""
+    if a.dtype == b.dtype:
+        return convert.add(a, b)
+    return (a if a.dtype == np.float32 else convert.half_to_float(a, convert.half_type_of(a))) + \
+        (b if b.dtype == np.float32 else convert.half_to_float(b, convert.half_type_of(b)))
 
 
 def _logical_dtype(array: Any) -> np.dtype:
@@ -267,7 +287,7 @@ def widen_to_float32(tensor: Any) -> Any:
     return CastFunction.apply(tensor, dtype=np.dtype(np.float32))
 
 
-half_tensors.widen, half_tensors.add = widen_to_float32, convert.add
+half_tensors.widen, half_tensors.add = widen_to_float32, add_gradients
 
 
 class ToDeviceFunction(Function):

@@ -159,7 +159,8 @@ def test_autocast_linear_and_matmul_run_in_the_half_type_within_their_bound(devi
 def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(device, half, rng):
     """conv -> batch norm -> ReLU -> linear -> cross-entropy under autocast, against PyTorch in float64 with
     the half type's roundings where autocast puts them: each operand of a half-precision operation, its
-    output, and (since a half operation's gradients are half too) each gradient crossing those casts. The
+    output, and (since a half operation's gradients are half too) each gradient crossing those casts, but the
+    bfloat16 convolution's weight gradient, which reaches the float32 weight unrounded. The
     parameters' gradients are float32 and within 4 units of the half type's roundoff of the largest.
 
     (Against plain float64 the gradients differ far more, up to a quarter of the largest in bfloat16: batch
@@ -176,7 +177,18 @@ def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(devi
         def backward(ctx, grad):
             return grad.to(half_torch).to(torch.float64)
 
+    class RoundForward(torch.autograd.Function):  # the cast alone: the gradient as it comes
+        @staticmethod
+        def forward(ctx, x):
+            return x.to(half_torch).to(torch.float64)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
     rounded = RoundTrip.apply
+    # A bfloat16 convolution's weight gradient reaches the float32 weight unrounded (its float32 sum).
+    weight_cast = RoundForward.apply if half == "bfloat16" else rounded
     minidnn.manual_seed(int(rng.integers(2**31)))  # the weights, reproducibly (not the suite's RNG state)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                           nn.Linear(8 * 6 * 6, 5)).to(device)
@@ -188,7 +200,7 @@ def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(devi
     loss.backward()
     params = [to_numpy(p.data).astype(np.float64) for p in model.parameters()]
     conv_w, gamma, beta, fc_w, fc_b = [torch.tensor(p, requires_grad=True) for p in params]
-    h = rounded(torch.nn.functional.conv2d(rounded(torch.tensor(images, dtype=torch.float64)), rounded(conv_w),
+    h = rounded(torch.nn.functional.conv2d(rounded(torch.tensor(images, dtype=torch.float64)), weight_cast(conv_w),
                                            padding=1))
     h = torch.relu(torch.nn.functional.batch_norm(h, None, None, gamma, beta, training=True))
     logits = rounded(torch.nn.functional.linear(rounded(h.flatten(1)), rounded(fc_w), rounded(fc_b)))
@@ -200,6 +212,45 @@ def test_autocast_gradients_reach_float32_master_weights_as_pytorch_float64(devi
         assert p.grad.dtype == np.float32
         expected = exact.grad.numpy()
         np.testing.assert_allclose(p.grad.numpy(), expected, rtol=0, atol=4 * u * np.abs(expected).max())
+
+
+def test_a_bfloat16_convolution_hands_its_weight_gradient_to_the_float32_weight_unrounded(device, half, rng):
+    """Under autocast the weight reaches the convolution as a cast of the float32 weight. In bfloat16 the
+    convolution's float32 sum goes to the float32 weight as it is (one rounding and one conversion fewer); in
+    float16 it is rounded to float16 as the cast's gradient, so that a loss scaler sees its overflows."""
+    x = minidnn.tensor(rng.standard_normal((3, 8, 9, 7)).astype(np.float32), device=device)
+    w = minidnn.tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), device=device, requires_grad=True)
+    dy = rng.standard_normal((3, 16, 9, 7)).astype(np.float32)
+    with minidnn.autocast(device, dtype=HALF_DTYPES[half]):
+        y = F.conv2d(x, w, padding=1)
+    (y.float() * minidnn.tensor(dy, device=device)).sum().backward()
+    assert w.grad.dtype == np.float32
+    xs, dys = _rounded(x.numpy(), half), _rounded(dy, half)  # y.float()'s gradient is rounded to the half type
+    padded = np.pad(xs, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # N, C, P, Q, R, S
+    exact = np.einsum("ncpqrs,nkpq->kcrs", windows, dys)
+    got = w.grad.numpy().astype(np.float64)
+    if half == "bfloat16":  # float32 sums of 189 exact products: far inside a hundredth of one bfloat16 rounding
+        assert np.max(np.abs(got - exact)) < 2.0 ** -8 / 100 * np.max(np.abs(exact))
+    else:
+        np.testing.assert_array_equal(got, _rounded(got, half))  # every element a float16 value
+        assert np.max(np.abs(got - exact)) <= 2.0 ** -11 * np.max(np.abs(exact))
+
+
+def test_a_cast_weight_used_twice_sums_a_float32_gradient_and_a_half_one(device, rng):
+    """One bfloat16 cast feeding a convolution (whose weight gradient comes back float32) and an element-wise
+    use (whose gradient comes back bfloat16): the cast's node sums the two in float32."""
+    x = minidnn.tensor(rng.standard_normal((2, 8, 6, 5)).astype(np.float32), device=device).to(minidnn.bfloat16)
+    w = minidnn.tensor(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), device=device, requires_grad=True)
+    c = rng.standard_normal((4, 8, 3, 3)).astype(np.float32)
+    h = w.to(minidnn.bfloat16)
+    loss = F.conv2d(x, h).float().sum() + (h.float() * minidnn.tensor(c, device=device)).sum()
+    loss.backward()
+    xs = _values(x)
+    windows = np.lib.stride_tricks.sliding_window_view(xs, (3, 3), axis=(2, 3))  # N, C, P, Q, R, S
+    exact = windows.sum(axis=(0, 2, 3))[None] + _rounded(c, "bfloat16")  # the conv's sum, the rounded c
+    assert w.grad.dtype == np.float32
+    assert np.max(np.abs(w.grad.numpy() - exact)) < 2.0 ** -8 / 100 * np.max(np.abs(exact))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ import pytest
 
 from minidnn import backend
 from minidnn.primitives import conv, convert
-from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, assert_within_half_bound, half_operand
+from tests.helpers import (FLOAT32_UNIT, HALF_UNIT_ROUNDOFF, assert_half_twins_agree, assert_within_half_bound,
+                           half_operand, to_numpy)
 from tests.test_conv_implicit_gemm import TILE_EDGE_CASES, arguments, output_shape, problem_of
 from tests.test_conv_implicit_gemm import run as run_algorithm
 
@@ -171,3 +172,59 @@ def test_gemm_1x1_runs_half_problems_within_the_bound(xp, rng, case_name, direct
         exact, magnitude = exact + before_exact, magnitude + np.abs(before_exact)
     assert_within_half_bound(out, exact, magnitude, name, reduction_length(case, direction),
                              f"gemm_1x1 {case_name} {direction} {name} on {xp.__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward-filter's float32 weight gradient (dtype=np.float32): the float32 sum, never rounded to the half type
+# ----------------------------------------------------------------------------------------------
+# (algorithm, case): those that sum into a float32 dw hand it over as it is; gemm_1x1 has no such path, so the
+# dispatcher widens its rounded result.
+FLOAT32_GRADIENT_CASES = {
+    "implicit_gemm": CASES["many_tiles_and_splits"],
+    "implicit_gemm_nhwc": (3, 24, 17, 19, 40, 3, 3, 1, 1, 1, 1),
+    "implicit_gemm_wgmma": (3, 24, 17, 19, 40, 3, 3, 1, 1, 1, 1),
+    "gemm_1x1": ONE_BY_ONE_CASES["one_by_one"],
+}
+GPU_ONLY = {"implicit_gemm_wgmma"}
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("algo", FLOAT32_GRADIENT_CASES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_filter_gives_the_float32_gradient_unrounded(xp, rng, algo, name, accumulate):
+    if algo in GPU_ONLY and xp is np:
+        pytest.skip("Hopper's kernel")
+    case = FLOAT32_GRADIENT_CASES[algo]
+    x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
+    dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
+    before = (rng.standard_normal(output_shape(case, "backward_filter")) * 10).astype(np.float32)
+    out = xp.array(before) if accumulate else xp.full(output_shape(case, "backward_filter"), np.nan, np.float32)
+    got = run("backward_filter", x, dy, case, algo=algo, out=out, accumulate=accumulate, dtype=np.float32)
+    assert got is out and got.dtype == np.float32
+    exact = run("backward_filter", x_exact, dy_exact, case, algo="reference")
+    magnitude = run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
+    values = to_numpy(got).astype(np.float64)
+    widened = to_numpy(convert.half_to_float(run("backward_filter", x, dy, case, algo=algo), name)).astype(np.float64)
+    if accumulate:
+        exact, magnitude = exact + before, magnitude + np.abs(before)
+    if algo == "gemm_1x1":  # no float32 path: the dispatcher's widening of the rounded result, added in float32
+        np.testing.assert_array_equal(values, (widened + before if accumulate else widened).astype(np.float32))
+        return
+    # float32 sums only: no half rounding in the bound (the half type's would be 2^13-2^16 times wider).
+    length = reduction_length(case, "backward_filter") + accumulate
+    bound = (1 + FLOAT32_UNIT) * length * FLOAT32_UNIT * magnitude + 2.0 ** -126
+    assert np.all(np.abs(values - exact) <= bound), f"{algo} {name}: {np.max(np.abs(values - exact) - bound):.3g} over"
+    # Not rounded on the way: a rounding to the half type would leave errors near u/2 of the largest gradients.
+    gradient = run("backward_filter", x_exact, dy_exact, case, algo="reference")
+    assert np.max(np.abs(values - exact)) < HALF_UNIT_ROUNDOFF[name] / 16 * np.max(np.abs(gradient))
+
+
+def test_backward_filter_dtype_is_checked(xp):
+    x16, dy16 = (convert.float_to_half(xp.zeros(s, np.float32), "bfloat16") for s in ((2, 8, 5, 5), (2, 4, 3, 3)))
+    with pytest.raises(ValueError, match="dtype must be the input's dtype or float32"):
+        conv.conv2d_backward_filter(x16, dy16, (4, 8, 3, 3), dtype=np.float64)
+    with pytest.raises(ValueError, match="dtype must be the input's dtype \\(float32\\)"):
+        conv.conv2d_backward_filter(xp.zeros((2, 8, 5, 5), np.float32), xp.zeros((2, 4, 3, 3), np.float32),
+                                    (4, 8, 3, 3), dtype=np.float16)
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array"):
+        conv.conv2d_backward_filter(x16, dy16, (4, 8, 3, 3), dtype=np.float32, out=xp.zeros((4, 8, 3, 3), np.float16))

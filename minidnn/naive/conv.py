@@ -123,9 +123,10 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                            groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
-                           out: Any = None, accumulate: bool = False) -> Any:
+                           out: Any = None, accumulate: bool = False, dtype: Any = None) -> Any:
     """dw, summed image by image (Backward_gpu, weight_gpu_gemm). x: (N, C, H, W); dy: (N, K, P, Q);
-    returns dw: w_shape, written into ``out`` or, with ``accumulate``, added to it."""
+    returns dw: w_shape, written into ``out`` or, with ``accumulate``, added to it; ``dtype`` x's (no half
+    precision here)."""
     check_conv_dtype(x, "input")
     check_rank(x, 4, "input", "(N, C, H, W)")
     problem = _full_precision(make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype,
@@ -133,7 +134,7 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     check_output_grad(dy, problem)
     api._check_accumulate(accumulate, out)
     xp = backend.get_array_module(x)
-    dw = api._output(out, problem.w_shape, problem, xp)
+    dw = api._output(out, problem.w_shape, problem, xp, None if dtype is None else api.gradient_dtype(dtype, problem))
     _check_settings(algo, workspace_limit)
     x, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(dy)
     dw_rows = dw.reshape(problem.K, -1)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
-from .. import _cuda
+from .. import _cuda, convert
 from .._checks import check_rank
 from . import plans, registry, selection, workspace
 from .plans import Plan, even_split, single
@@ -131,6 +131,14 @@ def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProbl
          accumulate: bool = False) -> Any:
     """Run the plan's segments on consecutive slices of the batch (see the module docstring)."""
     xp = backend.get_array_module(first)
+    if out.dtype != problem.dtype and not all(a.float32_weight_gradient for _, a in plan.segments):
+        # A float32 weight gradient of a half problem from an algorithm that writes only the half type: its
+        # rounded result, widened.
+        wide = convert.half_to_float(_run(plan, direction, first, second, problem, xp.empty(problem.w_shape,
+                                                                                            problem.dtype)),
+                                     problem.half_type)
+        registry.store_filter_gradient(wide, out, accumulate)
+        return out
     plan, workspace = _workspace(plan, problem, direction, xp)
     start = 0
     for images, algorithm in plan.segments:
@@ -158,13 +166,29 @@ def _check_accumulate(accumulate: Any, out: Any) -> None:
         raise ValueError("accumulate=True needs an out array to add into")
 
 
-def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any) -> Any:
+def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any, dtype: Any = None) -> Any:
+    dtype = problem.dtype if dtype is None else dtype
     if out is None:
-        return xp.empty(shape, dtype=problem.dtype)
-    if tuple(out.shape) != shape or out.dtype != problem.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous {problem.dtype} array of shape {shape}, "
+        return xp.empty(shape, dtype=dtype)
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {dtype} array of shape {shape}, "
                          f"got {out.dtype} {tuple(out.shape)}")
     return out
+
+
+def gradient_dtype(dtype: Any, problem: ConvProblem) -> np.dtype:
+    """The weight gradient's dtype for :func:`conv2d_backward_filter`'s ``dtype``: the problem's by default, or
+    float32 for a half-precision problem (the gradient before its rounding to the half type)."""
+    if dtype is None:
+        return problem.dtype
+    try:
+        wanted = np.dtype(dtype)
+    except TypeError:
+        wanted = None
+    if wanted == problem.dtype or (wanted == np.float32 and problem.half_type is not None):
+        return wanted
+    allowed = "the input's dtype" + (" or float32" if problem.half_type is not None else "")
+    raise ValueError(f"dtype must be {allowed} ({problem.dtype}), got {dtype!r}")
 
 
 def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, *,
@@ -208,12 +232,14 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
                            groups: int = 1, *, algo: str | None = None, workspace_limit: int | None = None,
-                           out: Any = None, accumulate: bool = False) -> Any:
+                           out: Any = None, accumulate: bool = False, dtype: Any = None) -> Any:
     """dw = ∂L/∂w from the input x and dy = ∂L/∂y.
 
-    x: (N, C, H, W); dy: (N, K, P, Q); w_shape: (K, C/groups, R, S); returns dw: w_shape.
-    With ``out`` the result is written there, or added to it when ``accumulate`` (cuDNN's
-    beta = 1): the seam a caller uses to sum weight gradients over its own micro-batches.
+    x: (N, C, H, W); dy: (N, K, P, Q); w_shape: (K, C/groups, R, S); returns dw: w_shape, of x's dtype, or of
+    ``dtype`` float32 for a float16 or bfloat16 x: the gradient as the kernels sum it, never rounded to the half
+    type (what a float32 master weight's gradient wants). With ``out`` (of that dtype) the result is written
+    there, or added to it when ``accumulate`` (cuDNN's beta = 1): the seam a caller uses to sum weight
+    gradients over its own micro-batches.
     """
     def check() -> ConvProblem:
         check_conv_dtype(x, "input")
@@ -226,5 +252,5 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
-    dw = _output(out, problem.w_shape, problem, xp)
+    dw = _output(out, problem.w_shape, problem, xp, None if dtype is None else gradient_dtype(dtype, problem))
     return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)

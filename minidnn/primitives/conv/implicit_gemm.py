@@ -42,7 +42,7 @@ from .. import _cuda, convert
 from .._checks import check_rank, check_same_dtype
 from .problem import ConvProblem, check_conv_dtype
 from .reference import padded, tap_slices
-from .registry import ConvAlgorithm, register, store_filter_gradient, workspace_array
+from .registry import ConvAlgorithm, register, store_filter_gradient, store_half_filter_gradient, workspace_array
 
 # The kernels' CTA and tile sizes (implicit_gemm.cu): rows × columns of the product per CTA, and
 # the reduction step, per dtype.
@@ -98,6 +98,7 @@ class ImplicitGemm(ConvAlgorithm):
     name = "implicit_gemm"
     deterministic = False
     half_precision = True
+    float32_weight_gradient = True
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return True
@@ -126,20 +127,20 @@ class ImplicitGemm(ConvAlgorithm):
                         workspace: Any) -> None:
         half = problem.half_type
         if backend.is_cuda_array(x):
-            # The kernel adds into its dw (beta = 1): a float32 one for a half problem, carved from the workspace.
-            dw = workspace_array(workspace, problem.w_shape, np.float32) if half else out
-            if accumulate and half:
+            # The kernel adds into its dw (beta = 1): for a half problem a float32 one, carved from the workspace
+            # unless out is float32 itself.
+            rounded = half and out.dtype != np.float32
+            dw = workspace_array(workspace, problem.w_shape, np.float32) if rounded else out
+            if accumulate and rounded:
                 convert.half_to_float(out, half, out=dw)
             elif not accumulate:
                 dw.fill(0)
             _launch("backward_filter", (x, dy, dw), problem)
-            if half:
+            if rounded:
                 convert.float_to_half(dw, half, out=out)
         elif half:
             dw = _numpy_backward_filter(convert.half_to_float(x, half), convert.half_to_float(dy, half), problem)
-            if accumulate:
-                dw += convert.half_to_float(out, half)
-            convert.float_to_half(dw, half, out=out)
+            store_half_filter_gradient(dw, out, half, accumulate)
         else:
             store_filter_gradient(_numpy_backward_filter(x, dy, problem), out, accumulate)
 

@@ -36,7 +36,7 @@ from ... import backend
 from .. import _cuda, convert
 from .problem import ConvProblem
 from . import registry
-from .registry import ConvAlgorithm, register, workspace_array
+from .registry import ConvAlgorithm, register, store_half_filter_gradient, workspace_array
 from .workspace import carved
 
 SOURCE = "conv/implicit_gemm_nhwc.cu"
@@ -124,6 +124,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     name = "implicit_gemm_nhwc"
     deterministic = False
     half_precision = True
+    float32_weight_gradient = True
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         if problem.half_type is None or problem.groups != 1 or problem.C % VECTOR:
@@ -161,9 +162,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
         if not backend.is_cuda_array(x):
             dw = _numpy_backward_filter(_widened_channels_last(x, problem), _widened_channels_last(dy, problem),
                                         problem)
-            if accumulate:
-                dw += convert.half_to_float(out, half)
-            convert.float_to_half(dw, half, out=out)
+            store_half_filter_gradient(dw, out, half, accumulate)
             return
         _backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace)
 
@@ -320,20 +319,25 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
 def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool, workspace: Any,
                                launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None) -> None:
     """Backward-filter on the GPU: per chunk of images the channels-last copies of x and dy and one ``launch``
-    (this file's kernel, by default) adding into one float32 dw, rounded into out at the end."""
+    (this file's kernel, by default) adding into one float32 dw, rounded into out at the end; a float32 out is
+    that dw itself."""
     launch = launch or _launch_backward_filter
     half = problem.half_type
+    rounded = out.dtype != np.float32
     for first, chunk in _chunks(problem, "backward_filter"):
         dw, x_last, dy_last = _workspace_arrays(workspace, chunk, "backward_filter")
+        if not rounded:
+            dw = out
         if first == 0:  # every chunk adds into the one float32 sum
-            if accumulate:
+            if accumulate and rounded:
                 convert.half_to_float(out, half, out=dw)
-            else:
+            elif not accumulate:
                 dw.fill(0)
         _to_channels_last(x[first:first + chunk.N], x_last)
         _to_channels_last(dy[first:first + chunk.N], dy_last)
         launch(x_last, dy_last, dw, chunk)
-    convert.float_to_half(dw, half, out=out)
+    if rounded:
+        convert.float_to_half(dw, half, out=out)
 
 
 def _to_channels_last(array: Any, out: Any) -> None:

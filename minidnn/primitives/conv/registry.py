@@ -26,6 +26,7 @@ import os
 import warnings
 from typing import Any, Iterator
 
+from .. import convert
 from .problem import DIRECTIONS, ConvProblem
 
 MiB = 1 << 20
@@ -53,7 +54,10 @@ class ConvAlgorithm:
       (K, C/groups, R, S), added to it when ``accumulate`` (cuDNN's beta = 1), so micro-batches
       sum without a temporary.
 
-    ``out`` is a C-contiguous array of the problem's dtype on the inputs' device. ``workspace``
+    ``out`` is a C-contiguous array of the problem's dtype on the inputs' device; for backward-filter of a
+    half-precision problem it may be float32 instead where ``float32_weight_gradient`` is True: the gradient
+    as the algorithm accumulates it, never rounded to the half type (:func:`~.api.conv2d_backward_filter`'s
+    ``dtype``; api rounds and widens for an algorithm without it). ``workspace``
     is a 1-D uint8 array of at least ``workspace_bytes(problem, direction)`` bytes on that
     device (carve typed arrays from it with :func:`workspace_array`), or None when the algorithm
     needs none. Inputs are C-contiguous.
@@ -63,6 +67,7 @@ class ConvAlgorithm:
     deterministic = True
     automatic = True
     half_precision = False
+    float32_weight_gradient = False
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError
@@ -395,6 +400,17 @@ def supports(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str) -> 
 def fits(algorithm: ConvAlgorithm, problem: ConvProblem, direction: str, limit: int) -> bool:
     """Whether the algorithm supports ``problem`` and can run its whole batch within ``limit``."""
     return supports(algorithm, problem, direction) and algorithm.workspace_bytes(problem, direction) <= limit
+
+
+def store_half_filter_gradient(dw: Any, out: Any, half: str, accumulate: bool) -> None:
+    """A half problem's float32 weight gradient ``dw`` into ``out``: rounded to the half type ``half``, or as it
+    is when ``out`` is float32; added to what ``out`` holds when ``accumulate`` (in float32, then rounded)."""
+    if out.dtype == "float32":
+        store_filter_gradient(dw, out, accumulate)
+        return
+    if accumulate:
+        dw = dw + convert.half_to_float(out, half)
+    convert.float_to_half(dw, half, out=out)
 
 
 def store_filter_gradient(dw: Any, out: Any, accumulate: bool) -> None:
