@@ -1,7 +1,8 @@
 # Measures the host cost of the CuPy operations a GPU primitive is built from (an allocation, a kernel launch by argument count, a view, a fill, a launch-struct field read): the floor under issue 22's eager host time, which says which per-call work is worth taking out of a primitive's path.
 """Each operation called 3000 times after 200 warm-ups, perf_counter around the loop, µs per call (median of 5
-loops); the device synchronised before each loop, and the launches queued on a stream held busy
-(_cuda.hold_stream) so that no launch waits for a full queue.
+loops), the device synchronised before each loop. The stream is not held: a held stream fills the driver's
+queue of pending launches (about a thousand) and every launch after that waits for the GPU, which is what the
+first run of this probe measured for its launch and fill rows (2026-12-04-h200-eager-host-costs/NOTE.md).
 
     PYTHONPATH=. python benchmarks/probes/host_costs.py --out DIR
 
@@ -36,7 +37,6 @@ def per_call_us(call, repeats=3000, loops=5, cupy=None):
     samples = []
     for _ in range(loops):
         cupy.cuda.Device().synchronize()
-        _cuda.hold_stream(50.0)  # launches queue behind this; none waits for the GPU
         start = time.perf_counter()
         for _ in range(repeats):
             call()
