@@ -59,7 +59,7 @@ class Conv2dFunction(Function):
         x, w = self.saved
         dx = library.conv2d_backward_data(dy, w, self.x_shape, *self.args) if self.needs_input_grad[0] else None
         dw = None
-        if self.needs_input_grad[1]:  # float32 when the weight is autocast's bfloat16 copy of a float32 one
+        if self.needs_input_grad[1]:  # float32 when the weight is a bfloat16 cast of a float32 tensor (autocast's)
             dw = library.conv2d_backward_filter(x, dy, self.w_shape, *self.args, dtype=np.float32 if
                                                 takes_float32_gradient(self.parents[1]) else None)
         db = library.bias_backward(dy, axis=1) if self.needs_input_grad[2] else None

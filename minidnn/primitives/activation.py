@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
-from . import convert
+from . import _cuda, convert
 from ._checks import check_contiguous, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
 from ._select import where_or_zero
 

@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
-from . import convert
+from . import _cuda, convert
 from ._checks import check_bool, check_float, check_float_or_half, check_number
 from ._select import where_or_zero
 

@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
-from . import convert
+from . import _cuda, convert
 from ._checks import check_float_or_half, check_int
 
 _MASK64 = (1 << 64) - 1

@@ -22,8 +22,7 @@ import math
 from typing import Any
 
 from .. import backend
-from . import _cuda
-from . import blas, convert
+from . import _cuda, blas, convert
 from ._checks import check_float, check_float_or_half, check_out, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
