@@ -14,7 +14,8 @@ import os
 import statistics
 
 import numpy as np
-from half_implicit_gemm_vs_cudnn import start, write_report  # this folder's probes
+from half_implicit_gemm_vs_cudnn import (LAYER_COLUMNS, keep_faster, layer_table, print_row, start,  # this folder's probes
+                                         write_report)
 
 from minidnn.primitives import _cuda, batchnorm, convert
 
@@ -66,19 +67,15 @@ def main() -> None:
                 times = {"forward": gpu_ms(forward),
                          "backward": gpu_ms(functools.partial(torch.autograd.grad, ty, (tx, tw, tb), tdy,
                                                               retain_graph=True))}
-                for key, value in times.items():
-                    best[key] = value if best[key] is None else min(best[key], value)
+                keep_faster(best, times)
             row["torch_forward"], row["torch_backward"] = best["forward"], best["backward"]
             rows.append(row)
-            print("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-                  flush=True)
+            print_row(row)
     os.makedirs(args.out, exist_ok=True)
-    columns = ["forward", "torch_forward", "forward_memory", "backward", "torch_backward", "backward_memory"]
-    lines = ["| layer | dtype | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
-    lines += [f"| {r['layer']} | {r['dtype']} | " + " | ".join(f"{r[c]:.4g}" for c in columns) + " |" for r in rows]
+    lines = layer_table(rows)
     for dtype_name in ("float32", "bfloat16"):
         mine = [r for r in rows if r["dtype"] == dtype_name]
-        lines.append(f"| **sum** | {dtype_name} | " + " | ".join(f"{sum(r[c] for r in mine):.4g}" for c in columns)
+        lines.append(f"| **sum** | {dtype_name} | " + " | ".join(f"{sum(r[c] for r in mine):.4g}" for c in LAYER_COLUMNS)
                      + " |")
     write_report(args.out, "batch-norm", rows, "ms of GPU time per call, median of 15 (queued behind a hold: no "
                  "host gaps); PyTorch's the faster of NCHW and channels_last; memory: the bytes moved over "

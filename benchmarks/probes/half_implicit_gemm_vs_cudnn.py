@@ -130,6 +130,27 @@ def main() -> None:
                  torch)
 
 
+# The per-layer probes' rows of a layer's two directions against PyTorch's and the memory time (ms).
+LAYER_COLUMNS = ["forward", "torch_forward", "forward_memory", "backward", "torch_backward", "backward_memory"]
+
+
+def keep_faster(best: dict, times: dict) -> None:
+    """Each ``best[key]`` (None at first) becomes the smaller of itself and ``times[key]``: PyTorch's faster layout."""
+    for key, value in times.items():
+        best[key] = value if best[key] is None else min(best[key], value)
+
+
+def print_row(row: dict) -> None:
+    print("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)
+
+
+def layer_table(rows: list) -> list[str]:
+    """Markdown lines of ``rows`` (each with its layer, dtype and LAYER_COLUMNS)."""
+    lines = ["| layer | dtype | " + " | ".join(LAYER_COLUMNS) + " |", "|---" * (len(LAYER_COLUMNS) + 2) + "|"]
+    return lines + [f"| {r['layer']} | {r['dtype']} | " + " | ".join(f"{r[c]:.4g}" for c in LAYER_COLUMNS) + " |"
+                    for r in rows]
+
+
 def write_report(out: str, stem: str, rows: list, markdown: str, torch) -> None:
     """DIR/stem.json (the rows, with torch's, cuDNN's and the GPU's names) and DIR/stem.md, each written whole
     (temporary file, then rename)."""

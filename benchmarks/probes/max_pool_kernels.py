@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import start, timed, write_report  # this folder's probes
+from half_implicit_gemm_vs_cudnn import (keep_faster, layer_table, print_row, start, timed,  # this folder's probes
+                                         write_report)
 from minidnn.primitives import convert, pooling
 
 # (name, N, C, H, W, kernel, stride, padding): ResNet's stem pool and CaffeNet's three.
@@ -50,16 +51,12 @@ def main() -> None:
                                                             padding), cupy),
                          "backward": timed(functools.partial(torch.autograd.grad, ty, tx, tdy, retain_graph=True),
                                            cupy)}
-                for key, value in times.items():
-                    best[key] = value if best[key] is None else min(best[key], value)
+                keep_faster(best, times)
             row["torch_forward"], row["torch_backward"] = best["forward"], best["backward"]
             rows.append(row)
-            print("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-                  flush=True)
+            print_row(row)
     os.makedirs(args.out, exist_ok=True)
-    columns = ["forward", "torch_forward", "forward_memory", "backward", "torch_backward", "backward_memory"]
-    lines = ["| layer | dtype | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
-    lines += [f"| {r['layer']} | {r['dtype']} | " + " | ".join(f"{r[c]:.4g}" for c in columns) + " |" for r in rows]
+    lines = layer_table(rows)
     write_report(args.out, "max-pool", rows, "ms, median of 20 (CUDA events); PyTorch's the faster of NCHW and "
                  "channels_last; memory: the bytes moved over 4.8 TB/s.\n\n" + "\n".join(lines) + "\n", torch)
 
