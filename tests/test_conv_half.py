@@ -228,3 +228,26 @@ def test_backward_filter_dtype_is_checked(xp):
                                     (4, 8, 3, 3), dtype=np.float16)
     with pytest.raises(ValueError, match="out must be a C-contiguous float32 array"):
         conv.conv2d_backward_filter(x16, dy16, (4, 8, 3, 3), dtype=np.float32, out=xp.zeros((4, 8, 3, 3), np.float16))
+
+
+@pytest.mark.parametrize("algo", ["implicit_gemm", "gemm_1x1"])
+def test_a_float32_weight_gradient_sums_micro_batches(xp, rng, algo):
+    """A plan of three micro-batches (3, 3 and 2 images) writes the first and adds the others into the float32
+    gradient, natively (implicit_gemm) or each rounded and widened (gemm_1x1): the whole batch's gradient,
+    within the float32 bound of the unsplit call's (or, for gemm_1x1, within one rounding per micro-batch)."""
+    name, case = "bfloat16", (8, 16, 5, 6, 24, 1, 1, 1, 0, 1, 1)
+    x, x_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[0], name)
+    dy, dy_exact = half_operand(xp, rng, operand_shapes(case, "backward_filter")[1], name, scale=0.5)
+    problem = conv.problem.forward_problem(x, convert.float_to_half(xp.zeros(problem_of(case).w_shape, np.float32),
+                                                                    name),
+                                           *arguments(case)[2], "cpu" if xp is np else "cuda")
+    algorithm = conv.registry.get(algo)
+    plan = conv.plans.Plan(((3, algorithm), (3, algorithm), (2, algorithm)),
+                           max(algorithm.workspace_bytes(problem.with_batch(n), "backward_filter") for n in (2, 3)))
+    out = xp.full(problem.w_shape, np.nan, np.float32)
+    conv.api._run(plan, "backward_filter", x, dy, problem, out)
+    exact = run("backward_filter", x_exact, dy_exact, case, algo="reference")
+    magnitude = run("backward_filter", np.abs(x_exact), np.abs(dy_exact), case, algo="reference")
+    slack = 3 * HALF_UNIT_ROUNDOFF[name] * magnitude if algo == "gemm_1x1" else 0
+    bound = (1 + FLOAT32_UNIT) * (reduction_length(case, "backward_filter") + 3) * FLOAT32_UNIT * magnitude + slack
+    assert np.all(np.abs(to_numpy(out).astype(np.float64) - exact) <= bound + 2.0 ** -126)
