@@ -122,6 +122,14 @@ def _conv_float64(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
     return np.einsum("ncpqrs,kcrs->nkpq", windows, w)
 
 
+def _conv_weight_gradient_float64(x: np.ndarray, dy: np.ndarray, padding: int) -> np.ndarray:
+    """The weight gradient of :func:`_conv_float64` for the output gradient dy (stride 1), in float64."""
+    padded = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    R, S = padded.shape[2] - dy.shape[2] + 1, padded.shape[3] - dy.shape[3] + 1
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (R, S), axis=(2, 3))  # N, C, P, Q, R, S
+    return np.einsum("ncpqrs,nkpq->kcrs", windows, dy)
+
+
 def test_autocast_conv2d_runs_in_the_half_type_within_its_bound(device, half, rng):
     x = minidnn.tensor(rng.standard_normal((3, 5, 9, 7)).astype(np.float32), device=device)
     w = minidnn.tensor(rng.standard_normal((6, 5, 3, 3)).astype(np.float32), device=device)
@@ -225,10 +233,8 @@ def test_a_bfloat16_convolution_hands_its_weight_gradient_to_the_float32_weight_
         y = F.conv2d(x, w, padding=1)
     (y.float() * minidnn.tensor(dy, device=device)).sum().backward()
     assert w.grad.dtype == np.float32
-    xs, dys = _rounded(x.numpy(), half), _rounded(dy, half)  # y.float()'s gradient is rounded to the half type
-    padded = np.pad(xs, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # N, C, P, Q, R, S
-    exact = np.einsum("ncpqrs,nkpq->kcrs", windows, dys)
+    # y.float()'s gradient is rounded to the half type on its way back
+    exact = _conv_weight_gradient_float64(_rounded(x.numpy(), half), _rounded(dy, half), 1)
     got = w.grad.numpy().astype(np.float64)
     if half == "bfloat16":  # float32 sums of 189 exact products: far inside a hundredth of one bfloat16 rounding
         assert np.max(np.abs(got - exact)) < 2.0 ** -8 / 100 * np.max(np.abs(exact))
@@ -246,9 +252,8 @@ def test_a_cast_weight_used_twice_sums_a_float32_gradient_and_a_half_one(device,
     h = w.to(minidnn.bfloat16)
     loss = F.conv2d(x, h).float().sum() + (h.float() * minidnn.tensor(c, device=device)).sum()
     loss.backward()
-    xs = _values(x)
-    windows = np.lib.stride_tricks.sliding_window_view(xs, (3, 3), axis=(2, 3))  # N, C, P, Q, R, S
-    exact = windows.sum(axis=(0, 2, 3))[None] + _rounded(c, "bfloat16")  # the conv's sum, the rounded c
+    ones = np.ones((2, 4, 4, 3))  # the gradient F.conv2d(x, h).float().sum() sends back
+    exact = _conv_weight_gradient_float64(_values(x), ones, 0) + _rounded(c, "bfloat16")  # the conv's, the rounded c
     assert w.grad.dtype == np.float32
     assert np.max(np.abs(w.grad.numpy() - exact)) < 2.0 ** -8 / 100 * np.max(np.abs(exact))
 

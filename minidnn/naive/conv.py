@@ -134,7 +134,7 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     check_output_grad(dy, problem)
     api._check_accumulate(accumulate, out)
     xp = backend.get_array_module(x)
-    dw = api._output(out, problem.w_shape, problem, xp, None if dtype is None else api.gradient_dtype(dtype, problem))
+    dw = api._output(out, problem.w_shape, problem, xp, api.gradient_dtype(dtype, problem))
     _check_settings(algo, workspace_limit)
     x, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(dy)
     dw_rows = dw.reshape(problem.K, -1)

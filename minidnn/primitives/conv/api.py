@@ -252,5 +252,5 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
-    dw = _output(out, problem.w_shape, problem, xp, None if dtype is None else gradient_dtype(dtype, problem))
+    dw = _output(out, problem.w_shape, problem, xp, gradient_dtype(dtype, problem))
     return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)
