@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "no layer tables); default as --tf32's")
     parser.add_argument("--torch-channels-last", action="store_true", help="PyTorch's fp32 and tf32 cells run "
                         "channels_last too (its bf16/fp16 cells always do): cuDNN's fastest layout for TF32")
+    parser.add_argument("--channels-last", action="store_true", help="minidnn's cells run channels_last: the "
+                        "model's convolution weights and the batch (model.to(memory_format=minidnn.channels_last)), "
+                        "as PyTorch's bf16/fp16 cells do")
     parser.add_argument("--no-memory-plan", action="store_true", help="the captured step's arrays come from a "
                         "caching pool as they are asked for, not from the arena laid out from a recorded step "
                         "(graphs.capture(plan_memory=False)): the plan's saving, measured")
@@ -216,7 +219,8 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     each engine in each math mode (minidnn's engines once per setting, the others once)."""
     common = {"device": args.device, "warmup": args.warmup, "steps": args.steps, "profile_steps": args.profile_steps,
               "layer_repeats": args.layer_repeats, "measure_step": not args.layers_only,
-              "torch_channels_last": args.torch_channels_last, "plan_memory": not args.no_memory_plan}
+              "torch_channels_last": args.torch_channels_last, "channels_last": args.channels_last,
+              "plan_memory": not args.no_memory_plan}
     cells = []
     for key, (architecture, image, batches) in args.suite.items():
         image = args.image_size or image

@@ -227,6 +227,10 @@ class MinidnnEngine(Engine):
         self.model = minidnn_model(spec).to(self.device)
         x, y = batch_arrays(spec)
         self.x, self.y = minidnn.tensor(x, device=self.device), minidnn.tensor(y, device=self.device)
+        self.channels_last = bool(spec.get("channels_last"))
+        if self.channels_last:  # as a user asks for NHWC: the model's convolution weights and the batch
+            self.model.to(memory_format=minidnn.channels_last)
+            self.x = self.x.to(memory_format=minidnn.channels_last)
         self.optimizer = optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
         self.minidnn_model, self.minidnn_device = self.model, self.device
         half = HALF_DTYPES.get(spec.get("precision"))
@@ -240,6 +244,9 @@ class MinidnnEngine(Engine):
             self.clock = Clock(cupy.cuda.Event, cupy.cuda.get_elapsed_time)
         else:
             self.clock = Clock()
+
+    def prepared(self) -> dict[str, Any]:
+        return {"channels_last": self.channels_last}
 
     def synchronize(self) -> None:
         if self.gpu:
@@ -280,7 +287,7 @@ class CapturedMinidnnEngine(MinidnnEngine):
         self.fallback = self.replay.reason if isinstance(self.replay, graphs.EagerStep) else None
 
     def prepared(self) -> dict[str, Any]:
-        return {"captured": self.fallback is None, "memory_plan": self.plan_memory,
+        return {**super().prepared(), "captured": self.fallback is None, "memory_plan": self.plan_memory,
                 **({"capture_fallback": self.fallback} if self.fallback else {})}
 
     def step(self) -> None:

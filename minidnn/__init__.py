@@ -22,6 +22,7 @@ from . import engine
 from .engine import get_engine, set_engine, use_engine
 from .creation import arange, empty, from_numpy, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .autocast_mode import autocast, get_autocast_dtype, is_autocast_enabled
+from .memory_format import channels_last, contiguous_format, memory_format, preserve_format
 from .tensor import Tensor, argmax, argmin, cat, clamp, clone, flatten, stack, std, tensor, topk, var, where
 from .random import get_rng_state, manual_seed, set_rng_state
 from .primitives.conv.registry import are_deterministic_algorithms_enabled, use_deterministic_algorithms
@@ -38,7 +39,8 @@ __all__ = [
     "get_rng_state", "set_rng_state", "use_deterministic_algorithms",
     "are_deterministic_algorithms_enabled", "amp", "backend", "cuda", "functional", "nn",
     "optim", "primitives", "engine", "use_engine", "set_engine", "get_engine", "save_checkpoint", "load_checkpoint", "read_checkpoint", "save", "load", "autocast",
-    "is_autocast_enabled", "get_autocast_dtype", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
+    "is_autocast_enabled", "get_autocast_dtype", "channels_last", "contiguous_format", "preserve_format",
+    "memory_format", "bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool_",
 ]
 
 

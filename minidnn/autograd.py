@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import backend
+from .primitives import layout
 
 __all__ = ["Value", "Function", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
            "unbroadcast", "bump_version", "version_of", "RemovableHandle", "is_half", "is_floating"]
@@ -300,6 +301,7 @@ class Function:
     # Class-level defaults, so that making a node runs no __init__: a step makes hundreds.
     parents: tuple = ()  # per input: the node that made it, the leaf itself, or None
     input_shapes: tuple = ()
+    input_layouts: tuple = ()  # per input: True where it was channels-last (its gradient is laid out so too)
     needs_input_grad: tuple = ()
     saved: tuple | None = ()
     retained: Any = None  # weak reference to the output tensor when it retains its grad
@@ -350,6 +352,7 @@ class Function:
             function.parents = tuple([(a if a._node is None else a._node) if need else None
                                       for a, need in zip(args, needs)])
             function.input_shapes = tuple([a.data.shape if isinstance(a, Value) else None for a in args])
+            function.input_layouts = tuple([isinstance(a, Value) and layout.is_channels_last(a.data) for a in args])
             output._node = function
             if function.saved:
                 function.saved_versions = _versions_of_saved(function.saved, args, output)
@@ -393,6 +396,8 @@ class Function:
             function.parents = (first_edge,) + tuple(_edge(a) for a in args)
             function.input_shapes = (tuple(target.data.shape),) + tuple(
                 tuple(a.data.shape) if isinstance(a, Value) else None for a in args)
+            function.input_layouts = (layout.is_channels_last(target.data),) + tuple(
+                isinstance(a, Value) and layout.is_channels_last(a.data) for a in args)
             target._node, target.requires_grad = function, True
             if function.saved:
                 function.saved_versions = _versions_of_saved(function.saved, args, target)
@@ -512,14 +517,16 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
         del grad  # the output's gradient is dead once the inputs' exist: free it before summing them
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
-        parents, shapes = node.parents, node.input_shapes
+        parents, shapes, layouts = node.parents, node.input_shapes, node.input_layouts
         if not retain_graph:
             node.release()
-        for parent, shape, parent_grad in zip(parents, shapes, input_grads):
+        for parent, shape, channels_last, parent_grad in zip(parents, shapes, layouts, input_grads):
             if parent is None or parent_grad is None:
                 continue
             if parent_grad.shape != shape:
                 parent_grad = unbroadcast(parent_grad, shape)
+            if channels_last != layout.is_channels_last(parent_grad):  # a gradient keeps its tensor's layout
+                parent_grad = layout.like(parent_grad, channels_last)
             if isinstance(parent, Value):
                 parent._accumulate_grad(parent_grad)
             else:

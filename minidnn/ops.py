@@ -20,7 +20,7 @@ import numpy as np
 from . import backend
 from .autograd import Function, half_tensors, is_half, unbroadcast
 from .engine import library
-from .primitives import blas, convert
+from .primitives import blas, convert, layout
 
 
 def _xp(*arrays: Any):
@@ -258,6 +258,19 @@ class CastFunction(Function):
         if grad.dtype == self.source_dtype:  # already widened by its producer (takes_float32_gradient)
             return grad
         return convert.cast(grad, self.source_dtype)
+
+
+class LayoutFunction(Function):
+    """``a`` laid out channels-last or C-contiguous (the same values); the gradient comes back in a's layout
+    (autograd lays every gradient out as its tensor)."""
+
+    half_inputs = True
+
+    def forward(self, a, channels_last):
+        return layout.like(a, channels_last)
+
+    def backward(self, grad):
+        return grad
 
 
 def takes_float32_gradient(parent: Any) -> bool:

@@ -16,9 +16,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend, ops
+from . import memory_format as formats
 from .autocast_mode import lower_precision
 from .autograd import Value, bump_version, is_grad_enabled, version_of
-from .primitives import convert
+from .primitives import convert, layout
 
 __all__ = ["Tensor", "tensor", "cat", "stack", "where", "argmax", "argmin", "flatten", "clamp", "topk", "var",
            "std", "clone", "MaxMin", "TopK"]
@@ -218,16 +219,28 @@ class Tensor(Value):
             raise TypeError("only integer tensors can be used as an index")
         return int(self.item())
 
-    def to(self, target: Any = None, dtype: Any = None) -> "Tensor":
-        """``to("cuda")``, ``to("cpu")``, ``to(float64)`` or ``to("cuda", dtype=float32)``; differentiable."""
+    def to(self, target: Any = None, dtype: Any = None, *,
+           memory_format: formats.memory_format = formats.preserve_format) -> "Tensor":
+        """``to("cuda")``, ``to("cpu")``, ``to(float64)``, ``to("cuda", dtype=float32)`` or
+        ``to(memory_format=minidnn.channels_last)`` (a 4-D tensor's values in NHWC memory order, its shape still
+        (N, C, H, W)); differentiable. Returns the tensor itself when nothing changes."""
         if target is not None and not isinstance(target, (str, backend.Device)):
             target, dtype = None, target
+        formats.check(memory_format)
         result = self
         if dtype is not None and as_dtype(dtype) != self.dtype:
             result = ops.CastFunction.apply(result, dtype=as_dtype(dtype))
         if target is not None and backend.device(target) != self.device:
             result = ops.ToDeviceFunction.apply(result, target=backend.device(target))
+        if memory_format is not formats.preserve_format:
+            result = result._laid_out(memory_format)
         return result
+
+    def _laid_out(self, memory_format: formats.memory_format) -> "Tensor":
+        formats.check_rank(self.shape, memory_format)
+        if self.is_contiguous(memory_format=memory_format):
+            return self
+        return ops.LayoutFunction.apply(self, channels_last=memory_format is formats.channels_last)
 
     def cpu(self) -> "Tensor":
         return self.to("cpu")
@@ -259,8 +272,19 @@ class Tensor(Value):
     def astype(self, dtype: Any) -> "Tensor":
         return self.to(as_dtype(dtype))
 
-    def contiguous(self) -> "Tensor":
-        return self
+    def contiguous(self, memory_format: formats.memory_format = formats.contiguous_format) -> "Tensor":
+        """The tensor in ``memory_format`` (C-contiguous by default, or ``minidnn.channels_last``): itself when
+        it already is, else a copy in the graph."""
+        formats.check(memory_format, allowed=(formats.contiguous_format, formats.channels_last))
+        return self._laid_out(memory_format)
+
+    def is_contiguous(self, memory_format: formats.memory_format = formats.contiguous_format) -> bool:
+        """Whether the values lie in ``memory_format``'s order: C order, or for ``minidnn.channels_last`` a 4-D
+        tensor's NHWC order (both, where the two coincide: C = 1 or H = W = 1)."""
+        formats.check(memory_format, allowed=(formats.contiguous_format, formats.channels_last))
+        if memory_format is formats.channels_last:
+            return self.ndim == 4 and bool(self.data.transpose(layout.TO_BUFFER).flags.c_contiguous)
+        return bool(self.data.flags.c_contiguous)
 
     # --- in-place updates ----------------------------------------------------------------------
     # Each bumps the version counter, so a node that saved the old values refuses its backward. The

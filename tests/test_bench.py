@@ -447,7 +447,8 @@ def test_a_captured_fp16_cell_is_captured_with_its_loss_scaler(monkeypatch):
                         raising=False)
     engine = measure.CapturedMinidnnEngine({**TINY_CELL, "engine": "minidnn-graph", "precision": "fp16"})
     engine.prepare()
-    assert engine.prepared() == {"captured": True, "memory_plan": True} and captured == [engine.train_step]
+    assert engine.prepared() == {"channels_last": False, "captured": True, "memory_plan": True} \
+        and captured == [engine.train_step]
     engine.step()  # the replay runs the step with the scaler (the stand-in runs it eagerly)
     assert engine.scaler.get_scale() == 2.0 ** 16
 

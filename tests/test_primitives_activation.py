@@ -190,7 +190,7 @@ def test_out_and_add_relu_errors(xp):
         relu_forward(x, out=xp.empty((3, 2)))
     with pytest.raises(TypeError, match="out and x must have the same dtype, got float32 and float64"):
         relu_forward(x, out=xp.empty((2, 3), dtype=xp.float32))
-    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+    with pytest.raises(ValueError, match="out must be a C-contiguous or channels-last array"):
         relu_forward(x, out=xp.empty((3, 2)).T)
     with pytest.raises(TypeError, match="out must be a float32 or float64 array"):
         relu_forward(x, out=xp.empty((2, 3), dtype=xp.int32))
@@ -200,7 +200,7 @@ def test_out_and_add_relu_errors(xp):
         add_relu_forward(x, xp.ones((2, 3), dtype=xp.float32))
     with pytest.raises(TypeError, match="b must be a float32 or float64 array"):
         add_relu_forward(x, xp.ones((2, 3), dtype=xp.int64))
-    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+    with pytest.raises(ValueError, match="out must be a C-contiguous or channels-last array"):
         add_relu_forward(x, x, out=xp.empty((3, 2)).T)
 
 
@@ -386,7 +386,7 @@ def test_modern_activation_errors_name_the_argument(xp):
         gelu_backward(x, x.astype(xp.float32))
     with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
         silu_forward(xp.arange(3))
-    with pytest.raises(ValueError, match="out must be a C-contiguous array"):
+    with pytest.raises(ValueError, match="out must be a C-contiguous or channels-last array"):
         leaky_relu_forward(x, out=xp.empty((3, 2)).T)
 
 

@@ -84,7 +84,7 @@ def test_shapes_and_out_are_kept(rng):
     (lambda: convert.float_to_half(np.zeros(3, np.float32), 7), ValueError, "dtype must be one of"),
     (lambda: convert.half_to_float(np.zeros(3, np.uint16), "bfloat16"), TypeError, "h must be a bfloat16 array"),
     (lambda: convert.float_to_half(np.zeros(3, np.float32), "float16", out=np.zeros(4, np.float16)), ValueError,
-     "out must be a C-contiguous float16 array of shape"),
+     "out must be a C-contiguous or channels-last float16 array of shape"),
 ])
 def test_bad_arguments_are_clear_errors(call, error, match):
     with pytest.raises(error, match=match):

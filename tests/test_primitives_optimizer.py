@@ -292,8 +292,11 @@ def error_cases(xp):
     ps, gs = [p, xp.ones(4)], [g, xp.ones(4)]
     strided = xp.ones((3, 2)).T
     return [
-        (lambda: sgd_update(strided, g, lr=0.1), ValueError, "param must be a C-contiguous array"),
-        (lambda: sgd_update(p, strided, lr=0.1), ValueError, "grad must be a C-contiguous array"),
+        (lambda: sgd_update(strided, g, lr=0.1), ValueError, "param must be a C-contiguous or channels-last array"),
+        (lambda: sgd_update(p, strided, lr=0.1), ValueError, "grad must be a C-contiguous or channels-last array"),
+        (lambda: sgd_update(xp.ones((2, 3, 4, 5)).transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2),
+                            xp.ones((2, 3, 4, 5)), lr=0.1), ValueError,
+         r"grad must be laid out as param \(C-contiguous or channels-last, strides \(480, 8, 120, 24\)\)"),
         (lambda: sgd_update(p, g, strided, lr=0.1, momentum=0.9), ValueError, "momentum_buffer must be a C-contig"),
         (lambda: sgd_update(p, g, None, lr=0.1, momentum=0.9), TypeError, "momentum_buffer must be a float32 or"),
         (lambda: sgd_update(xp.ones(3, dtype=xp.int64), xp.ones(3), lr=0.1), TypeError,

@@ -111,10 +111,14 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
     architecture, side = SUITE[model]
     records = []
     for mode in modes:
+        precision, _, arrangement = mode.partition("+")  # "bf16+channels_last": the model and batch channels-last
+        if arrangement not in ("", "channels_last"):
+            raise ValueError(f"--modes: {mode!r} is not a precision, or a precision+channels_last")
         spec = {"engine": engine_name, "architecture": architecture, "image_size": side, "batch": batch,
-                "num_classes": 1000 if side > 32 else 10, "device": device, "precision": mode}
+                "num_classes": 1000 if side > 32 else 10, "device": device, "precision": precision,
+                "channels_last": arrangement == "channels_last"}
         engine = measure.ENGINES[engine_name](spec)
-        with measure.measurement_state(engine_name, mode):
+        with measure.measurement_state(engine_name, precision):
             start = time.perf_counter()
             engine.step()
             engine.synchronize()
@@ -201,7 +205,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default=DEFAULT_MODELS, help="model:batch,... of " + ", ".join(SUITE))
     parser.add_argument("--engines", default="minidnn", help="minidnn, minidnn-graph (captured) and/or torch")
-    parser.add_argument("--modes", default="fp32,tf32", help="precisions, comma-separated: fp32, tf32, bf16, fp16")
+    parser.add_argument("--modes", default="fp32,tf32", help="precisions, comma-separated: fp32, tf32, bf16, fp16, "
+                        "each with +channels_last for a channels-last model and batch (bf16+channels_last)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")
     parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # engine:model:batch, run in this process

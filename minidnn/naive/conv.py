@@ -85,15 +85,16 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     returns y: (N, K, P, Q) (into ``out`` when given)."""
     problem = _full_precision(forward_problem(x, w, stride, padding, dilation, groups, api._device(x, w)))
     xp = backend.get_array_module(x)
-    y = api._output(out, problem.y_shape, problem, xp)
+    result = api._output(out, problem.y_shape, problem, xp, channels_last=False)
     _check_settings(algo, workspace_limit)
     x, weights = xp.ascontiguousarray(x), xp.ascontiguousarray(w).reshape(problem.K, -1)
     image = problem.with_batch(1)
+    y = _contiguous_target(result, xp)
     for n in range(problem.N):
         columns, y_n = _lowered(x, n, image), y[n].reshape(problem.K, -1)
         for filters, taps in _groups(problem):
             blas.gemm(weights[filters], columns[taps], y_n[filters])
-    return y
+    return _written_back(y, result)
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -107,10 +108,11 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
                                            api._device(dy, w)))
     check_output_grad(dy, problem)
     xp = backend.get_array_module(dy)
-    dx = api._output(out, problem.x_shape, problem, xp)
+    result = api._output(out, problem.x_shape, problem, xp, channels_last=False)
     _check_settings(algo, workspace_limit)
     dy, weights = xp.ascontiguousarray(dy), xp.ascontiguousarray(w).reshape(problem.K, -1)
     image = problem.with_batch(1)
+    dx = _contiguous_target(result, xp)
     for n in range(problem.N):
         columns = dx[n].reshape(problem.C, -1) if image.is_1x1 else _column_buffer(image, dy)
         dy_n = dy[n].reshape(problem.K, -1)
@@ -118,7 +120,19 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
             blas.gemm(weights[filters].T, dy_n[filters], columns[taps])
         if not image.is_1x1:
             lowering.col2im(columns, image, out=dx[n:n + 1])
-    return dx
+    return _written_back(dx, result)
+
+
+def _contiguous_target(result: Any, xp: Any) -> Any:
+    """Where the image-by-image GEMMs write: ``result`` itself, or a C-contiguous array for a channels-last
+    ``out`` (Caffe knows one layout; the primitives' rule for out is kept, the copy is this engine's)."""
+    return result if result.flags.c_contiguous else xp.empty(result.shape, dtype=result.dtype)
+
+
+def _written_back(target: Any, result: Any) -> Any:
+    if target is not result:
+        result[...] = target
+    return result
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from .. import backend
+from .. import memory_format as formats
 from ..autograd import RemovableHandle, is_grad_enabled, no_grad
 from ..tensor import Tensor, cat
 
@@ -260,16 +261,22 @@ class Module:
             elif p.grad is not None:
                 p.grad.data[...] = 0
 
-    def to(self, target: Any = None, dtype: Any = None) -> "Module":
-        """Move parameters and buffers in place to a device and/or cast floating ones to ``dtype``."""
+    def to(self, target: Any = None, dtype: Any = None, *,
+           memory_format: formats.memory_format = formats.preserve_format) -> "Module":
+        """Move parameters and buffers in place to a device and/or cast floating ones to ``dtype``; with
+        ``memory_format=minidnn.channels_last`` (or ``contiguous_format``) lay out the 4-D floating ones so
+        (convolution weights), as PyTorch does: a convolution with a channels-last weight gives a
+        channels-last output, and the layers after it keep that layout."""
         if target is not None and not isinstance(target, (str, backend.Device)):
             target, dtype = None, target
         target = None if target is None else backend.device(target)
         dtype = None if dtype is None else np.dtype(dtype)
+        formats.check(memory_format)
 
         def convert(array: Any) -> Any:
             if dtype is not None and array.dtype.kind == "f":
                 array = array.astype(dtype, copy=False)
+            array = formats.lay_out(array, memory_format)
             return array if target is None else backend.to_device(array, target)
 
         for tensor in list(self.parameters()) + list(self.buffers()):

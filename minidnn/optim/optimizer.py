@@ -9,6 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import backend
+from .. import memory_format as formats
 from ..autograd import bump_version
 from ..tensor import Tensor
 
@@ -192,10 +193,15 @@ def live_optimizers() -> list[Optimizer]:
 
 
 def contiguous_grad(p: Tensor) -> Any:
-    """p's gradient array, copied to C order if it is a strided view (a transpose's gradient can be):
-    the update primitives take contiguous arrays only."""
+    """p's gradient array laid out as p is (C order, or channels-last for a 4-D parameter laid out so), copied
+    when it is not (a transpose's gradient can be a strided view): the update primitives walk a parameter, its
+    gradient and its state as flat buffers of one layout."""
     grad = p.grad.data
-    return grad if grad.flags.c_contiguous else backend.get_array_module(grad).ascontiguousarray(grad)
+    if grad.strides == p.data.strides:
+        return grad
+    if p.ndim == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=formats.channels_last):
+        return formats.lay_out(grad, formats.channels_last)
+    return backend.get_array_module(grad).ascontiguousarray(grad)
 
 
 def _is_array(value: Any) -> bool:

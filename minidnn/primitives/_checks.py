@@ -6,6 +6,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import layout
+
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -118,6 +120,12 @@ def check_out(out: Any, like: Any, like_name: str) -> None:
         got = type(out).__name__ if dtype is None else f"{layout}{dtype} {tuple(out.shape)}"
         raise ValueError(f"out must be a C-contiguous {like.dtype} array of {like_name}'s shape {tuple(like.shape)}, "
                          f"got {got}")
+
+def check_dense(array: Any, name: str) -> None:
+    """``array`` must be C-contiguous or channels-last (primitives/layout.py): a kernel walks it as a buffer."""
+    if not (array.flags.c_contiguous or layout.is_channels_last(array)):
+        raise ValueError(f"{name} must be a C-contiguous or channels-last array, got one with strides {array.strides}")
+
 
 def check_contiguous(array: Any, name: str) -> None:
     """``array`` must be C-contiguous: a GPU kernel sees only its base pointer."""

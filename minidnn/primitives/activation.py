@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda, convert
-from ._checks import check_contiguous, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
+from . import _cuda, convert, layout
+from ._checks import check_dense, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
 from ._select import where_or_zero
 
 __all__ = ["relu_forward", "relu_backward", "add_relu_forward", "sigmoid_forward", "sigmoid_backward",
@@ -41,7 +41,7 @@ def _check_out(out: Any, like: Any, like_name: str) -> None:
     check_float(out, "out")
     check_same_shape(out, like, "out", like_name)
     check_same_dtype(out, like, "out", like_name)
-    check_contiguous(out, "out")
+    check_dense(out, "out")
     backend.get_array_module(out, like)  # one device, or a clear ValueError
 
 
@@ -57,7 +57,7 @@ def relu_forward(x: Any, out: Any = None) -> Any:
         _check_half_arrays(("x", x), out=out)
         if backend.is_cuda_array(x):
             return _elementwise_gpu("relu_forward", x, out=out, half=half)
-        wide = convert.half_to_float(np.ascontiguousarray(x), half)
+        wide = convert.half_to_float(x, half)  # in x's layout, which the result keeps
         return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     check_float(x, "x")
     _check_out(out, x, "x")
@@ -78,7 +78,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
         _check_half_arrays(("dy", dy), ("y", y))
         if backend.is_cuda_array(dy):
             return _elementwise_gpu("relu_backward", dy, y, half=half)
-        return where_or_zero(convert.half_to_float(np.ascontiguousarray(y), half) > 0, dy)
+        return layout.like(where_or_zero(convert.half_to_float(y, half) > 0, dy), layout.is_channels_last(dy))
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
@@ -102,7 +102,7 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
         _check_half_arrays(("a", a), ("b", b), out=out)
         if backend.is_cuda_array(a):
             return _elementwise_gpu("add_relu_forward", a, b, out=out, half=half)
-        wide = convert.half_to_float(np.ascontiguousarray(a), half) + convert.half_to_float(np.ascontiguousarray(b), half)
+        wide = convert.half_to_float(a, half) + convert.half_to_float(b, half)
         return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     _check_add_relu_arguments(a, b, out)
     xp = backend.get_array_module(a, b)
@@ -309,13 +309,13 @@ def _check_half_arrays(*named: tuple[str, Any], out: Any = None) -> None:
         check_same_dtype(array, first, name, first_name)
         check_same_shape(array, first, name, first_name)
     if out is not None:
-        check_contiguous(out, "out")
+        check_dense(out, "out")
     backend.get_array_module(*(array for _, array in named), out)
 
 
 def _rounded_into(wide: Any, half: str, out: Any) -> Any:
     """float32 ``wide`` rounded to the half type, into ``out`` (a new array when None)."""
-    return convert.float_to_half(np.ascontiguousarray(wide, dtype=np.float32), half, out=out)
+    return convert.float_to_half(wide.astype(np.float32, copy=False), half, out=out)
 
 
 # The kernels of activation.cu with builds moving 16-byte packs (elements.cuh's by_packs).
@@ -326,15 +326,20 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
     such as a slope) follow the element count. ``half``: the half build for that type's words."""
-    cupy = backend.cupy()
-    # A RawKernel sees only the base pointer. (Not ascontiguousarray on every input: it would turn a
-    # 0-d array into a 1-d one.) An out that is an input is contiguous, so it stays that very array.
-    inputs = tuple(a if a.flags.c_contiguous else cupy.ascontiguousarray(a) for a in arrays)
+    # A RawKernel sees only the base pointer: the inputs in one layout, walked as flat buffers (layout.common:
+    # channels-last ones as they are, others C-contiguous; a 0-d array stays 0-d). An out that is an input is
+    # already in that layout, so it stays that very array.
     if out is None:
-        out = cupy.empty(arrays[0].shape, dtype=arrays[0].dtype)
+        inputs, channels_last = layout.common(arrays)
+    else:
+        channels_last = layout.is_channels_last(out)
+        inputs = tuple(layout.like(a, channels_last) for a in arrays)
+    if out is None:
+        out = layout.empty(arrays[0].shape, arrays[0].dtype, backend.cupy(), channels_last)
     _cuda.check_int32(out)
     width = _cuda.elements_per_access((*inputs, out)) if name in _PACKED else 1
     kernel = _cuda.element_function("activation.cu", _cuda.pack_build(name, width), half, out.dtype)
     _cuda.launch(kernel, -(-out.size // width),
-                 (*inputs, out, _cuda.i32(out.size), *(_cuda.f64(v) for v in scalars)))
+                 (*(layout.flat(a) for a in inputs), layout.flat(out), _cuda.i32(out.size),
+                  *(_cuda.f64(v) for v in scalars)))
     return out

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda, convert
+from . import _cuda, convert, layout
 from ._checks import check_bool, check_float, check_float_or_half, check_number
 from ._select import where_or_zero
 
@@ -233,10 +233,11 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
                                      num_batches_tracked)
     if num_batches_tracked is not None:
         num_batches_tracked[...] += 1
+    channels_last = layout.is_channels_last(x)
     if half is not None:
         y, mean, invstd = batch_norm_forward_training(_wide(x, half), weight, bias, running_mean, running_var,
                                                       momentum, eps, relu)
-        return convert.float_to_half(y, half), mean, invstd
+        return layout.like(convert.float_to_half(y, half), channels_last), mean, invstd
 
     xv = _channel_view(x)
     mean = _channel_sum(xv) / count  # float64
@@ -251,7 +252,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
 
     # x − mean is already in ``centered``, computed as _normalise would: it continues from there.
     y = _normalise(x, weight, bias, mean, invstd, relu, centered=centered)
-    return y, mean.astype(x.dtype), invstd.astype(x.dtype)
+    return layout.like(y, channels_last), mean.astype(x.dtype), invstd.astype(x.dtype)
 
 
 def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -273,10 +274,12 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
     if backend.is_cuda_array(x):
         return _forward_inference_gpu(x, weight, bias, running_mean, running_var, eps, relu, half)
     if half is not None:
-        return convert.float_to_half(batch_norm_forward_inference(_wide(x, half), weight, bias, running_mean,
-                                                                  running_var, eps, relu), half)
-    invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
-    return _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd, relu)
+        y = convert.float_to_half(batch_norm_forward_inference(_wide(x, half), weight, bias, running_mean,
+                                                               running_var, eps, relu), half)
+    else:
+        invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
+        y = _normalise(x, weight, bias, running_mean.astype(xp.float64), invstd, relu)
+    return layout.like(y, layout.is_channels_last(x))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,10 +314,11 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     if backend.is_cuda_array(x):
         return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, half)
+    channels_last = layout.is_channels_last(x)
     if half is not None:
         dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), _wide(x, half), weight, mean, invstd,
                                                           _wide(relu_output, half))
-        return convert.float_to_half(dx, half), dweight, dbias
+        return layout.like(convert.float_to_half(dx, half), channels_last), dweight, dbias
 
     xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd64 = invstd.astype(xp.float64)
@@ -327,7 +331,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     dx *= _per_channel(scale, x.dtype)
     centered *= _per_channel(scale * invstd64 * dweight / count, x.dtype)
     dx -= centered
-    return dx.reshape(x.shape), dweight.astype(x.dtype), dbias.astype(x.dtype)
+    return layout.like(dx.reshape(x.shape), channels_last), dweight.astype(x.dtype), dbias.astype(x.dtype)
 
 
 def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any,
@@ -351,10 +355,11 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     xp = backend.get_array_module(dy, x, weight, running_mean, running_var, relu_output)
     if backend.is_cuda_array(x):
         return _backward_inference_gpu(dy, x, weight, running_mean, running_var, eps, relu_output, half)
+    channels_last = layout.is_channels_last(x)
     if half is not None:
         dx, dweight, dbias = batch_norm_backward_inference(_wide(dy, half), _wide(x, half), weight, running_mean,
                                                            running_var, eps, _wide(relu_output, half))
-        return convert.float_to_half(dx, half), dweight, dbias
+        return layout.like(convert.float_to_half(dx, half), channels_last), dweight, dbias
 
     xv, dyv = _channel_view(x), _channel_view(_relu_masked(dy, relu_output))
     invstd = 1.0 / xp.sqrt(running_var.astype(xp.float64) + eps)
@@ -363,7 +368,7 @@ def batch_norm_backward_inference(dy: Any, x: Any, weight: Any, running_mean: An
     centered = xv - _per_channel(running_mean, x.dtype)
     dweight = _channel_sum(dyv * centered) * invstd
     dbias = _channel_sum(dyv)
-    return dx, dweight.astype(x.dtype), dbias.astype(x.dtype)
+    return layout.like(dx, channels_last), dweight.astype(x.dtype), dbias.astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -394,7 +399,9 @@ def _contiguous(xp: Any, a: Any) -> Any:
 
 
 def _layout(x: Any) -> tuple[int, int, int]:
-    """(N, C, S) of the kernels' (N, C, S) view of x."""
+    """(N, C, S) of the kernels' (N, C, S) view of x: a channels-last x's buffer is (N·H·W, C, 1)."""
+    if layout.is_channels_last(x):
+        return math.prod(x.shape) // int(x.shape[1]), int(x.shape[1]), 1
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
 
 
@@ -428,13 +435,14 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     channel (mean, invstd, running statistics in place; channel 0's counts the batch), then the fused
     normalisation (and ReLU)."""
     xp = backend.get_array_module(x)
-    x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
+    (x,), channels_last = layout.common((x,))
+    weight, bias = _contiguous(xp, weight), _contiguous(xp, bias)
     # The running statistics are updated in place: a strided view gets a contiguous working copy,
     # written back below (a parameter buffer's own views are contiguous: no copy).
     rm, rv = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x)
     N, C, S = _layout(x)
-    y = xp.empty(x.shape, dtype=x.dtype)
+    y = layout.empty(x.shape, x.dtype, xp, channels_last)
     build, width = _packing((x, y), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
@@ -443,10 +451,10 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     i32, f64 = _cuda.i32, _cuda.f64
     _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), (C, splits),
                         _cuda.THREADS,
-                        (x, partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight, rm, rv, mean,
-                         invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
+                        (layout.flat(x), partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight,
+                         rm, rv, mean, invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
     _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), x.size // width,
-                 (x, y, coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
+                 (layout.flat(x), layout.flat(y), coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
     if rv is not running_var:
@@ -458,15 +466,16 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
                            relu: bool, half: str | None) -> Any:
     """One element-wise launch."""
     xp = backend.get_array_module(x)
-    x, weight, bias = _contiguous(xp, x), _contiguous(xp, weight), _contiguous(xp, bias)
+    (x,), channels_last = layout.common((x,))
+    weight, bias = _contiguous(xp, weight), _contiguous(xp, bias)
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x)
     _, C, S = _layout(x)
-    y = xp.empty(x.shape, dtype=x.dtype)
+    y = layout.empty(x.shape, x.dtype, xp, channels_last)
     build, width = _packing((x, y), S)
     i32 = _cuda.i32
     _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), x.size // width,
-                 (x, y, running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
+                 (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
                   i32(x.size)))
     return y
 
@@ -476,11 +485,12 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
     the channel (dweight, dbias, the dx coefficients), then the element-wise dx."""
     xp = backend.get_array_module(x)
-    dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
-    mean, invstd = _contiguous(xp, mean), _contiguous(xp, invstd)
+    (dy, x, relu_output), channels_last = layout.common((dy, x, relu_output))
+    weight, mean, invstd = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
     _cuda.check_int32(x)
     N, C, S = _layout(x)
-    dx = xp.empty(x.shape, dtype=x.dtype)
+    dx = layout.empty(x.shape, x.dtype, xp, channels_last)
+    dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
     build, width = _packing((x, dy, relu_output, dx), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
@@ -492,7 +502,7 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                         (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
                          weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
     _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), x.size // width,
-                 (dy, x, relu_output, mean, coef, dx, i32(C), i32(S), i32(x.size)))
+                 (dy, x, relu_output, mean, coef, flat_dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
 
@@ -501,11 +511,13 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     """One launch: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass; the
     last block per channel finishes it (dweight, dbias)."""
     xp = backend.get_array_module(x)
-    dy, x, weight, relu_output = (_contiguous(xp, a) for a in (dy, x, weight, relu_output))
+    (dy, x, relu_output), channels_last = layout.common((dy, x, relu_output))
+    weight = _contiguous(xp, weight)
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x)
     N, C, S = _layout(x)
-    dx = xp.empty(x.shape, dtype=x.dtype)
+    dx = layout.empty(x.shape, x.dtype, xp, channels_last)
+    dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
     build, width = _packing((x, dy, relu_output, dx), S)
     splits, per = _split(C, N * S, width)
     partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
@@ -513,6 +525,6 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     i32 = _cuda.i32
     _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), (C, splits),
                         _cuda.THREADS,
-                        (dy, x, relu_output, running_mean, partial, _block_counters(x, C), dx, None, running_var,
+                        (dy, x, relu_output, running_mean, partial, _block_counters(x, C), flat_dx, None, running_var,
                          weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
     return dx, dweight, dbias

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
+from . import _cuda, layout
 
 HALF_TYPES = ("bfloat16", "float16")
 _FULL_PRECISION = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
@@ -124,19 +124,24 @@ def float_from_bfloat16_words(words: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 # The conversions
 # ----------------------------------------------------------------------------------------------
-def _output(out: Any, shape: tuple, dtype: np.dtype, xp: Any) -> Any:
+def _output(out: Any, shape: tuple, dtype: np.dtype, xp: Any, channels_last: bool = False) -> Any:
+    """``out`` checked, or a new array: channels-last when the source is (a cast keeps the layout)."""
     if out is None:
-        return xp.empty(shape, dtype=dtype)
+        return layout.empty(shape, dtype, xp, channels_last)
     if backend.get_array_module(out) is not xp or tuple(out.shape) != shape or out.dtype != dtype \
-            or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous {dtype} array of shape {shape} on the input's device, "
+            or not (out.flags.c_contiguous or layout.is_channels_last(out)):
+        raise ValueError(f"out must be a C-contiguous or channels-last {dtype} array of shape {shape} on the "
+                         f"input's device, "
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
     return out
 
 
 def _launch(kernel: str, source: Any, out: Any) -> None:
+    """An element-wise conversion on the GPU: source and out walked as flat buffers of one layout."""
+    (source, out), _ = layout.common((source, out))
     _cuda.check_int32(source)
-    _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size, (source, out, _cuda.i32(source.size)))
+    _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size,
+                 (layout.flat(source), layout.flat(out), _cuda.i32(source.size)))
 
 
 def checked_to_half(x: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
@@ -145,7 +150,7 @@ def checked_to_half(x: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
     xp = backend.get_array_module(x)
     if getattr(x, "dtype", None) != np.float32:
         raise TypeError(f"float_to_half: x must be a float32 array, got {getattr(x, 'dtype', type(x).__name__)}")
-    return name, xp, _output(out, tuple(x.shape), storage_dtype(name, xp), xp)
+    return name, xp, _output(out, tuple(x.shape), storage_dtype(name, xp), xp, layout.is_channels_last(x))
 
 
 def checked_to_float(h: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
@@ -156,7 +161,7 @@ def checked_to_float(h: Any, dtype: Any, out: Any) -> tuple[str, Any, Any]:
     if getattr(h, "dtype", None) != expected:
         raise TypeError(f"half_to_float: h must be a {expected} array holding {name} on its device, got "
                         f"{getattr(h, 'dtype', type(h).__name__)}")
-    return name, xp, _output(out, tuple(h.shape), np.dtype(np.float32), xp)
+    return name, xp, _output(out, tuple(h.shape), np.dtype(np.float32), xp, layout.is_channels_last(h))
 
 
 def to_half_by_expressions(name: str, x: Any, result: Any) -> Any:
@@ -184,7 +189,7 @@ def float_to_half(x: Any, dtype: Any, out: Any = None) -> Any:
     name, xp, result = checked_to_half(x, dtype, out)
     if xp is np:
         return to_half_by_expressions(name, x, result)
-    _launch("float_to_bfloat16" if name == "bfloat16" else "float_to_float16", xp.ascontiguousarray(x), result)
+    _launch("float_to_bfloat16" if name == "bfloat16" else "float_to_float16", x, result)
     return result
 
 
@@ -194,7 +199,7 @@ def half_to_float(h: Any, dtype: Any, out: Any = None) -> Any:
     name, xp, result = checked_to_float(h, dtype, out)
     if xp is np:
         return to_float_by_expressions(name, h, result)
-    _launch("bfloat16_to_float" if name == "bfloat16" else "float16_to_float", xp.ascontiguousarray(h), result)
+    _launch("bfloat16_to_float" if name == "bfloat16" else "float16_to_float", h, result)
     return result
 
 
@@ -235,7 +240,7 @@ def cast(array: Any, dtype: Any) -> Any:
         source = stored_half_type(array.dtype, on_gpu=True)
         target = dtype.name if dtype.name in HALF_TYPES else None
         if source is not None and source == target:
-            return array.copy()
+            return array.copy(order="K")  # the layout kept, as every cast keeps it
         if source is not None:
             wide = half_to_float(array, source)
             return wide if target is None and dtype == np.float32 else cast(wide, dtype)
@@ -266,10 +271,10 @@ def add(a: Any, b: Any) -> Any:
     if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
     xp = backend.get_array_module(a, b)
-    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
-    out = xp.empty(a.shape, dtype=np.uint16)
+    (a, b), channels_last = layout.common((a, b))
+    out = layout.empty(a.shape, np.uint16, xp, channels_last)
     _cuda.check_int32(a)
     width = _cuda.elements_per_access((a, b, out))
     _cuda.launch(_cuda.function(_SOURCE, _cuda.pack_build("add_bfloat16", width), np.float32), -(-a.size // width),
-                 (a, b, out, _cuda.i32(a.size)))
+                 (layout.flat(a), layout.flat(b), layout.flat(out), _cuda.i32(a.size)))
     return out

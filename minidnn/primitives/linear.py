@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from .. import backend
-from . import _cuda, blas, convert
+from . import _cuda, blas, convert, layout
 from ._checks import check_float, check_float_or_half, check_out, check_same_dtype, normalise_axis
 
 # ----------------------------------------------------------------------------------------------
@@ -169,6 +169,11 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
+def _channels_last_axis(y: Any, axis: Any) -> bool:
+    """Whether ``axis`` of y is the channel axis of a channels-last y, the last one of its buffer."""
+    return axis in (1, -3) and layout.is_channels_last(y)
+
+
 def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     """y + bias, with bias broadcast along ``axis`` of y: a new array, or written into ``out``
     (``out`` may be y itself: the bias added in place, with no copy of the output).
@@ -177,6 +182,10 @@ def bias_add(y: Any, bias: Any, axis: int = 1, out: Any = None) -> Any:
     -1 for (..., out_features). Half-precision arrays are added in float32 and rounded once (on the GPU in
     linear.cu's half build, one pass; on NumPy by widening).
     """
+    if _channels_last_axis(y, axis) and (out is None or layout.is_channels_last(out)):
+        # The channels are the buffer's last axis: one bias per element of each (N·H·W, C) row.
+        return bias_add(layout.buffer(y), bias, -1, None if out is None else layout.buffer(out)).transpose(
+            layout.TO_VIEW)
     half = convert.half_type_of(y)
     axis = _check_bias_add_arguments(y, bias, axis, out, half is not None)
     if half is not None and not backend.is_cuda_array(y):
@@ -199,6 +208,8 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     millions of terms. Half precision: that float64 sum of the exact values, rounded to float32 and then to dy's
     type (what the float32 primitive on the widened dy gives; on the GPU in linear.cu's half build).
     """
+    if _channels_last_axis(dy, axis):
+        return bias_backward(layout.buffer(dy), -1)
     xp = backend.get_array_module(dy)
     half = convert.half_type_of(dy)
     axis = _check_bias_backward_arguments(dy, axis, half is not None)

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import backend
 from . import _cuda
-from ._checks import check_bool, check_contiguous, check_float, check_number
+from ._checks import check_bool, check_dense, check_float, check_number
 
 __all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi", "unscale_gradients_multi",
            "update_loss_scale"]
@@ -359,8 +359,8 @@ def _multi_names(name: str, index: int) -> str:
 
 
 def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]]) -> None:
-    """Every list holds one C-contiguous float array per parameter: the params' dtype and device, and the
-    shape of its parameter. ``names(name, i)`` is how errors name element i ("grad" or "grads[3]")."""
+    """Every list holds one float array per parameter: the params' dtype and device, and the shape and layout of
+    its parameter (C-contiguous, or channels-last: the kernels walk them as flat buffers). ``names(name, i)`` is how errors name element i ("grad" or "grads[3]")."""
     (_, params), *states = lists
     for name, arrays in lists:
         if not isinstance(arrays, (list, tuple)):  # (only the multi-tensor functions take lists from callers)
@@ -376,8 +376,10 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
     # messages) only for an array that fails it.
     for name, arrays in lists:
         for i, array in enumerate(arrays):
-            if not (type(array) is type(first) and array.dtype == first.dtype and array.flags.c_contiguous
-                    and (name == "param" or array.shape == params[i].shape)
+            # A state array laid out as its parameter (checked first) is as dense as it is.
+            if not (type(array) is type(first) and array.dtype == first.dtype
+                    and (array.flags.c_contiguous if name == "param"
+                         else array.shape == params[i].shape and array.strides == params[i].strides)
                     and (device_id is None or array.data.device_id == device_id)):
                 _check_array(names, name, i, array, params)
 
@@ -394,7 +396,10 @@ def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any
     if name != "param" and tuple(array.shape) != tuple(params[i].shape):
         raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
                          f"got {tuple(array.shape)}")
-    check_contiguous(array, label)
+    check_dense(array, label)
+    if name != "param" and array.strides != params[i].strides:
+        raise ValueError(f"{label} must be laid out as {names('param', i)} (C-contiguous or channels-last, strides "
+                         f"{params[i].strides}), got strides {array.strides}")
 
 
 def _check_one_element(array: Any, name: str, dtype: Any, like: Any, like_name: str) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda, convert
+from . import _cuda, convert, layout
 from ._checks import check_bool, check_float, check_float_or_half, check_int, check_rank, pair
 from ._select import select, where_or_zero
 
@@ -183,8 +183,13 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype and where each maximum is, (N, C, P, Q):
     with ``return_indices`` int64 flat positions h·W + w in its (n, c) plane (PyTorch's), else
     the uint8 winning tap r·kernel_w + c of its window (int64 positions for windows of > 256 taps).
+    A channels-last x gives a channels-last y (computed on a C-contiguous copy: no channels-last kernel yet).
     """
     _check_input(x, half=True)
+    if layout.is_channels_last(x):
+        y, indices = max_pool2d_forward(layout.contiguous(x), kernel_size, stride, padding, dilation, ceil_mode,
+                                        return_indices)
+        return layout.to_channels_last(y), indices
     half = convert.half_type_of(x)
     if half is not None and not backend.is_cuda_array(x):  # the half kernels' twin: the float32 maximum, exact
         return convert.on_widened_first(max_pool2d_forward, x, kernel_size, stride, padding, dilation, ceil_mode,
@@ -368,9 +373,13 @@ def avg_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
                        count_include_pad: bool = True, divisor_override: int | None = None) -> Any:
     """Mean over each window (see the module docstring for the divisor).
 
-    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype.
+    x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype, channels-last for a channels-last x (computed on a
+    C-contiguous copy).
     """
     _check_input(x, half=True)
+    if layout.is_channels_last(x):
+        return layout.to_channels_last(avg_pool2d_forward(layout.contiguous(x), kernel_size, stride, padding,
+                                                          ceil_mode, count_include_pad, divisor_override))
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override = _avg_params(
         kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
     xp = backend.get_array_module(x)
@@ -453,9 +462,11 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     """Mean over windows that tile the input into ``output_size`` cells (PyTorch's adaptive_avg_pool2d).
 
     x: (N, C, H, W); output_size: int or (P, Q), a None entry keeping H or W; returns y: (N, C, P, Q)
-    of x's dtype.
+    of x's dtype, channels-last for a channels-last x (computed on a C-contiguous copy).
     """
     _check_input(x, half=True)
+    if layout.is_channels_last(x):
+        return layout.to_channels_last(adaptive_avg_pool2d_forward(layout.contiguous(x), output_size))
     xp = backend.get_array_module(x)
     H, W = x.shape[2:]
     P, Q = _adaptive_output_size(output_size, (H, W))

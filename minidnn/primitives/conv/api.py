@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
-from .. import _cuda, convert
+from .. import _cuda, convert, layout
 from .._checks import check_rank
 from . import plans, registry, selection, workspace
 from .plans import Plan, even_split, single
@@ -144,11 +144,19 @@ def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProbl
     for images, algorithm in plan.segments:
         part = problem if images == problem.N else problem.with_batch(images)
         stop = start + images
+        # An algorithm without channels-last kernels gets C-contiguous copies, and its y or dx is laid out
+        # as out is afterwards.
+        arrange = (lambda a: a) if algorithm.channels_last else layout.contiguous
         if direction == "backward_filter":
-            algorithm.backward_filter(first[start:stop], second[start:stop], part, out, accumulate or start > 0,
-                                      workspace)
+            algorithm.backward_filter(arrange(first[start:stop]), arrange(second[start:stop]), part, out,
+                                      accumulate or start > 0, workspace)
         else:
-            algorithm.run(direction, first[start:stop], second, part, out[start:stop], False, workspace)
+            view = result = out[start:stop]
+            if not (algorithm.channels_last or view.flags.c_contiguous):
+                result = xp.empty(view.shape, dtype=view.dtype)
+            algorithm.run(direction, arrange(first[start:stop]), arrange(second), part, result, False, workspace)
+            if result is not view:
+                view[...] = result
         start = stop
     return out
 
@@ -166,12 +174,17 @@ def _check_accumulate(accumulate: Any, out: Any) -> None:
         raise ValueError("accumulate=True needs an out array to add into")
 
 
-def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any, dtype: Any = None) -> Any:
+def _output(out: Any, shape: tuple, problem: ConvProblem, xp: Any, dtype: Any = None,
+            channels_last: bool | None = None) -> Any:
+    """``out`` checked, or a new array; ``channels_last`` (forward, backward-data): a new one in that layout,
+    and a given one may be channels-last too. None (backward-filter): C-contiguous only."""
     dtype = problem.dtype if dtype is None else dtype
     if out is None:
-        return xp.empty(shape, dtype=dtype)
-    if tuple(out.shape) != shape or out.dtype != dtype or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous {dtype} array of shape {shape}, "
+        return layout.empty(shape, dtype, xp, bool(channels_last))
+    dense = out.flags.c_contiguous or (channels_last is not None and layout.is_channels_last(out))
+    if tuple(out.shape) != shape or out.dtype != dtype or not dense:
+        form = "C-contiguous" if channels_last is None else "C-contiguous or channels-last"
+        raise ValueError(f"out must be a {form} {dtype} array of shape {shape}, "
                          f"got {out.dtype} {tuple(out.shape)}")
     return out
 
@@ -196,7 +209,8 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     """y = x ⋆ w (cross-correlation, as every DL framework calls convolution).
 
     x: (N, C, H, W); w: (K, C/groups, R, S); returns y: (N, K, P, Q) of x's dtype (written into
-    ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default.
+    ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default. y is
+    channels-last when x or w is (PyTorch's rule; primitives/layout.py), else C-contiguous.
     """
     def check() -> ConvProblem:
         return forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
@@ -204,8 +218,8 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit)
     problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
-    y = _output(out, problem.y_shape, problem, xp)
-    return _run(plan, "forward", xp.ascontiguousarray(x), xp.ascontiguousarray(w), problem, y)
+    y = _output(out, problem.y_shape, problem, xp, channels_last=layout.is_channels_last(x) or layout.is_channels_last(w))
+    return _run(plan, "forward", x, w, problem, y)
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -213,7 +227,8 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
                          out: Any = None) -> Any:
     """dx = ∂L/∂x from dy = ∂L/∂y.
 
-    dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape.
+    dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape, channels-last when
+    dy or w is.
     """
     def check() -> ConvProblem:
         check_conv_dtype(w, "weight")
@@ -226,8 +241,9 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
     key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit)
     problem, plan = _problem_and_plan("backward_data", key, check, algo, workspace_limit)
     xp = backend.get_array_module(dy, w)
-    dx = _output(out, problem.x_shape, problem, xp)
-    return _run(plan, "backward_data", xp.ascontiguousarray(dy), xp.ascontiguousarray(w), problem, dx)
+    dx = _output(out, problem.x_shape, problem, xp,
+                 channels_last=layout.is_channels_last(dy) or layout.is_channels_last(w))
+    return _run(plan, "backward_data", dy, w, problem, dx)
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -253,4 +269,4 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp, gradient_dtype(dtype, problem))
-    return _run(plan, "backward_filter", xp.ascontiguousarray(x), xp.ascontiguousarray(dy), problem, dw, accumulate)
+    return _run(plan, "backward_filter", x, dy, problem, dw, accumulate)

@@ -1,6 +1,7 @@
 // What the half-precision implicit GEMMs on channels-last copies share (implicit_gemm_nhwc.cu on mma.sync,
 // implicit_gemm_wgmma.cu on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async copy, the
-// reduction index kept as (tap, channel), forward's gather, and its store of a rounded tile to y (N, K, P, Q).
+// reduction index kept as (tap, channel), forward's gather, and its store of a rounded tile to y (N, K, P, Q)
+// or to a channels-last y's (N, P, Q, K) buffer (the Y_LAST build).
 // Include after half.cuh, with HALF defined (1: float16, 2: bfloat16).
 
 #ifndef MINIDNN_CHANNELS_LAST_CUH
@@ -97,19 +98,51 @@ struct ForwardGather {
     }
 };
 
-// Forward's store: the CTA's M_TILE × N_TILE tile of y, rounded and staged in shared memory as
-// out[column][row] (rows padded by 8 values), to y (N, K, P, Q). Thread i writes pixel i % M_TILE of every
-// (THREAD_COUNT / M_TILE)-th channel, so that a warp stores 32 consecutive pixels of one channel.
+// Forward's output: y (N, K, P, Q), or with Y_LAST 1 the channels-last buffer (N, P, Q, K) of a channels-last y,
+// which is the product's own row-major layout (row n·P·Q + p·Q + q, column k).
+#ifndef Y_LAST
+#define Y_LAST 0
+#endif
+
+// The CTA's M_TILE × N_TILE tile of rounded outputs, staged in shared memory (rows padded by 8 values) in the
+// order its store reads: [column][row] for y (N, K, P, Q), [row][column] for the channels-last buffer.
+template <int M_TILE, int N_TILE>
+struct OutputStage {
+    u16 values[Y_LAST ? M_TILE : N_TILE][(Y_LAST ? N_TILE : M_TILE) + 8];
+    __device__ __forceinline__ u16& at(const int row, const int column) {
+        return Y_LAST ? values[row][column] : values[column][row];
+    }
+};
+
+// Forward's store of the staged tile. To y (N, K, P, Q): thread i writes pixel i % M_TILE of every
+// (THREAD_COUNT / M_TILE)-th channel, so that a warp stores 32 consecutive pixels of one channel. To the
+// channels-last buffer: each thread writes 16-byte runs of 8 channels of one pixel (single values where K is
+// not a multiple of 8, so a run would not start 16-byte aligned), consecutive threads along a pixel's row.
 template <int M_TILE, int N_TILE, int THREAD_COUNT>
-__device__ __forceinline__ void store_output_tile(const u16 (*out)[M_TILE + 8], u16* __restrict__ y,
+__device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& out, u16* __restrict__ y,
                                                   const NhwcShape& s, const int tile_m, const int tile_n) {
-    const int PQ = s.P * s.Q, pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
-    if (row >= s.N * PQ) return;
+    const int PQ = s.P * s.Q, rows = s.N * PQ;
+#if Y_LAST
+    constexpr int RUNS = N_TILE / 8;
+    for (int i = threadIdx.x; i < M_TILE * RUNS; i += THREAD_COUNT) {
+        const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + 8 * run;
+        if (row >= rows || k >= s.K) continue;
+        u16* destination = y + (long long)row * s.K + k;
+        if (s.K % 8 == 0) {
+            *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(&out.values[pixel][8 * run]);
+        } else {
+            for (int j = 0; j < 8 && k + j < s.K; ++j) destination[j] = out.values[pixel][8 * run + j];
+        }
+    }
+#else
+    const int pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
+    if (row >= rows) return;
     u16* destination = y + (row / PQ) * s.K * PQ + row % PQ;
     for (int column = threadIdx.x / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
         const int k = tile_n * N_TILE + column;
-        if (k < s.K) destination[k * PQ] = out[column][pixel];
+        if (k < s.K) destination[k * PQ] = out.values[column][pixel];
     }
+#endif
 }
 
 #endif  // MINIDNN_CHANNELS_LAST_CUH

@@ -54,7 +54,7 @@ struct FilterTiles {
     u16 a[STAGES][BLOCK_K][BLOCK_M + PAD];
     u16 b[STAGES][BLOCK_K][BLOCK_N + PAD];
 };
-typedef u16 OutputTile[BLOCK_N][BLOCK_M + PAD];  // forward's epilogue, over the pipeline's memory
+typedef OutputStage<BLOCK_M, BLOCK_N> OutputTile;  // forward's epilogue, over the pipeline's memory
 
 extern __shared__ __align__(16) unsigned char shared_memory[];
 
@@ -183,7 +183,7 @@ implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w,
 #pragma unroll
             for (int v = 0; v < 4; ++v) {
                 const int row = warp_row() + mi * 16 + g + v / 2 * 8, column = warp_column() + ni * 8 + 2 * t + v % 2;
-                out[column][row] = half_word(acc[mi][ni][v]);
+                out.at(row, column) = half_word(acc[mi][ni][v]);
             }
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);

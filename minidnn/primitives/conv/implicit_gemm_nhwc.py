@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import backend
-from .. import _cuda, convert
+from .. import _cuda, convert, layout
 from .problem import ConvProblem
 from . import registry
 from .registry import ConvAlgorithm, register, store_half_filter_gradient, workspace_array
@@ -95,14 +95,22 @@ def images_per_chunk(problem: ConvProblem, direction: str) -> int:
 registry.cache_clearers.append(images_per_chunk.cache_clear)
 
 
-def _chunks(problem: ConvProblem, direction: str):
-    """(first image, the chunk's problem) for each chunk of the batch."""
+def _chunks(problem: ConvProblem, direction: str, whole: bool = False):
+    """(first image, the chunk's problem) for each chunk of the batch; ``whole``: the batch in one chunk when
+    it needs no copies that grow with it (its source channels-last), only the first chunk's workspace pieces."""
     images = images_per_chunk(problem, direction)
-    if images == problem.N:  # the common case: the call's own problem, its launch struct already cached
+    if images == problem.N or whole:  # the common case: the call's own problem, its launch struct already cached
         yield 0, problem
         return
     for first in range(0, problem.N, images):
         yield first, problem.with_batch(min(images, problem.N - first))
+
+
+def _chunk_arrays(workspace: Any, problem: ConvProblem, chunk: ConvProblem, direction: str) -> list[Any]:
+    """The workspace's arrays for ``chunk`` of ``problem``; a whole batch run without copies (``_chunks``'s
+    ``whole``) gets those of a regular chunk, whose fixed pieces (the ones it uses) lie at the same places."""
+    images = images_per_chunk(problem, direction)
+    return _workspace_arrays(workspace, chunk if chunk.N <= images else problem.with_batch(images), direction)
 
 
 def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> list[Any]:
@@ -125,6 +133,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     deterministic = False
     half_precision = True
     float32_weight_gradient = True
+    channels_last = True  # reads channels-last buffers as its copies, writes a channels-last y from its epilogue
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         if problem.half_type is None or problem.groups != 1 or problem.C % VECTOR:
@@ -245,8 +254,10 @@ def _numpy_backward_filter(x_last: np.ndarray, dy_last: np.ndarray, problem: Con
 # ----------------------------------------------------------------------------------------------
 # CUDA
 # ----------------------------------------------------------------------------------------------
-def _kernel(name: str, half: str, block_n: int = 128) -> Any:
-    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),))
+def _kernel(name: str, half: str, block_n: int = 128, y_last: bool = False) -> Any:
+    """``name``'s build for the half type and tile width; ``y_last``: forward's store to a channels-last y."""
+    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (("BLOCK_N", block_n),)
+                          + ((("Y_LAST", 1),) if y_last else ()))
 
 
 def _block_n(columns: int) -> int:
@@ -255,8 +266,9 @@ def _block_n(columns: int) -> int:
 
 
 def _shared_bytes(direction: str, block_n: int) -> int:
-    if direction == "forward":  # the pipeline's [row][k] tiles, or the output tile [column][row] after it
-        return max(STAGES * (BLOCK_M + block_n) * (BLOCK_K + PAD) * 2, block_n * (BLOCK_M + PAD) * 2)
+    if direction == "forward":  # the pipeline's [row][k] tiles, or the output tile after it (either order)
+        return max(STAGES * (BLOCK_M + block_n) * (BLOCK_K + PAD) * 2, block_n * (BLOCK_M + PAD) * 2,
+                   BLOCK_M * (block_n + PAD) * 2)
     return STAGES * BLOCK_K * (BLOCK_M + PAD + block_n + PAD) * 2
 
 
@@ -271,14 +283,15 @@ def _launch_tile_kernel(kernel: Any, grid: tuple[int, int], shared_bytes: int, a
 
 
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
-    """out (N, K, P, Q) = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
     N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
     block_n = _block_n(K)
     half = convert.half_type_of(out)
     tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
-    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_forward", half, block_n), (tiles,),
-                        _shared_bytes("forward", block_n), (x_last, w_last, out, shape))
+    y_last = layout.is_channels_last(out)
+    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_forward", half, block_n, y_last), (tiles,),
+                        _shared_bytes("forward", block_n), (x_last, w_last, layout.flat(out), shape))
 
 
 def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K) -> int:
@@ -304,14 +317,18 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
                        launch: Callable[[Any, Any, Any, np.void], None] | None = None) -> None:
     """Forward (source x) or stride-1 backward-data (source dy, the filter turned) on the GPU: the filter's copy
     once, then per chunk of images the source's channels-last copy and one ``launch`` (the forward kernel's,
-    by default) into out's slice."""
+    by default) into out's slice. A channels-last source is read as it is, and so is a channels-last filter
+    in forward (no copies); out may be either layout."""
     launch = launch or _launch_forward
     turned = direction == "backward_data"
-    for first, chunk in _chunks(problem, direction):
-        w_last, source_last = _workspace_arrays(workspace, chunk, direction)
-        _to_channels_last(source[first:first + chunk.N], source_last)
-        if first == 0:
-            _filter_to_channels_last(w, w_last, turned=turned)
+    filter_last = None if turned or not layout.is_channels_last(w) else layout.buffer(w)
+    for first, chunk in _chunks(problem, direction, whole=layout.is_channels_last(source)):
+        w_last, source_last = _chunk_arrays(workspace, problem, chunk, direction)
+        source_last = _channels_last_buffer(source[first:first + chunk.N], source_last)
+        if filter_last is not None:
+            w_last = filter_last
+        elif first == 0:
+            _filter_to_channels_last(layout.contiguous(w), w_last, turned=turned)
         shape = backward_data_problem(chunk) if turned else chunk
         launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
@@ -324,8 +341,9 @@ def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, 
     launch = launch or _launch_backward_filter
     half = problem.half_type
     rounded = out.dtype != np.float32
-    for first, chunk in _chunks(problem, "backward_filter"):
-        dw, x_last, dy_last = _workspace_arrays(workspace, chunk, "backward_filter")
+    whole = layout.is_channels_last(x) and layout.is_channels_last(dy)
+    for first, chunk in _chunks(problem, "backward_filter", whole=whole):
+        dw, x_last, dy_last = _chunk_arrays(workspace, problem, chunk, "backward_filter")
         if not rounded:
             dw = out
         if first == 0:  # every chunk adds into the one float32 sum
@@ -333,11 +351,19 @@ def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, 
                 convert.half_to_float(out, half, out=dw)
             elif not accumulate:
                 dw.fill(0)
-        _to_channels_last(x[first:first + chunk.N], x_last)
-        _to_channels_last(dy[first:first + chunk.N], dy_last)
-        launch(x_last, dy_last, dw, chunk)
+        launch(_channels_last_buffer(x[first:first + chunk.N], x_last),
+               _channels_last_buffer(dy[first:first + chunk.N], dy_last), dw, chunk)
     if rounded:
         convert.float_to_half(dw, half, out=out)
+
+
+def _channels_last_buffer(array: Any, copy: Any) -> Any:
+    """The (N, H, W, C) buffer of ``array`` (N, C, H, W): its own for a channels-last array, else ``copy``
+    (a workspace array of that shape) filled by the transpose."""
+    if layout.is_channels_last(array):
+        return layout.buffer(array)
+    _to_channels_last(array, copy)
+    return copy
 
 
 def _to_channels_last(array: Any, out: Any) -> None:

@@ -61,7 +61,7 @@ constexpr int ACCUMULATORS = BLOCK_N / 2;  // floats per thread of an m64nNk16 p
 constexpr int ROWS_PER_PASS = THREADS / CHUNKS;  // 32
 constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
 constexpr int PAD = 8;
-typedef u16 OutputTile[BLOCK_N][BLOCK_M + PAD];  // the epilogue's, over the pipeline's memory
+typedef OutputStage<BLOCK_M, BLOCK_N> OutputTile;  // the epilogue's, over the pipeline's memory
 static_assert(STAGE_BYTES % GROUP_BYTES == 0, "stages start on the swizzle's 1024-byte period");
 
 // The kernel's shared memory: STAGES stages, from the first 1024-byte boundary of the dynamic allocation (the
@@ -199,7 +199,7 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) out[8 * i + 2 * q + v % 2][row0 + v / 2 * 8] = half_word(acc[4 * i + v]);
+        for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = half_word(acc[4 * i + v]);
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }

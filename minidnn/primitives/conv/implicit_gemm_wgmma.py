@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ... import backend
-from .. import _cuda, convert
+from .. import _cuda, convert, layout
 from . import implicit_gemm_nhwc
 from .implicit_gemm_nhwc import ImplicitGemmNhwc
 from .problem import ConvProblem
@@ -78,20 +78,23 @@ def shared_bytes(block_n: int) -> int:
     return stages * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
 
 
-def _kernel(name: str, half: str, block_n: int) -> Any:
+def _kernel(name: str, half: str, block_n: int, y_last: bool = False) -> Any:
+    """``name``'s build for the half type and tile width; ``y_last``: forward's store to a channels-last y."""
     stages, in_flight = PIPELINES[block_n]
     return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)))
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ()))
 
 
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
-    """out (N, K, P, Q) = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
     N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
     block_n = implicit_gemm_nhwc._block_n(K)
-    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n)
+    y_last = layout.is_channels_last(out)
+    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n, y_last)
     tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
-    implicit_gemm_nhwc._launch_tile_kernel(kernel, (tiles,), shared_bytes(block_n), (x_last, w_last, out, shape))
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, (tiles,), shared_bytes(block_n),
+                                           (x_last, w_last, layout.flat(out), shape))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:

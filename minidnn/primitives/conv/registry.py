@@ -60,7 +60,10 @@ class ConvAlgorithm:
     ``dtype``; api rounds and widens for an algorithm without it). ``workspace``
     is a 1-D uint8 array of at least ``workspace_bytes(problem, direction)`` bytes on that
     device (carve typed arrays from it with :func:`workspace_array`), or None when the algorithm
-    needs none. Inputs are C-contiguous.
+    needs none. Inputs are C-contiguous, except for an algorithm whose ``channels_last`` is True: it takes
+    x, dy and w in either layout (C-contiguous or channels-last, primitives/layout.py) as they are, and writes
+    forward's and backward-data's ``out`` in the layout ``out`` has (api gives the others C-contiguous copies
+    and lays their results out as asked).
     """
 
     name = "abstract"
@@ -68,6 +71,7 @@ class ConvAlgorithm:
     automatic = True
     half_precision = False
     float32_weight_gradient = False
+    channels_last = False
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError

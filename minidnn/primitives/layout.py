@@ -1,0 +1,76 @@
+"""Memory layouts of (N, C, H, W) arrays: C-contiguous, or channels-last (PyTorch's ``channels_last``).
+
+A channels-last array is an (N, C, H, W) view of an (N, H, W, C) C-contiguous buffer: its strides put the
+channels innermost, so a kernel that reads it as that buffer finds 8 half-precision channels of one pixel in
+16 contiguous bytes. The array keeps the (N, C, H, W) shape every primitive takes; only its strides say the
+layout. A primitive that keeps layouts returns its output in its input's layout (PyTorch's rule): with a
+kernel of its own for channels-last buffers, or by running on C-contiguous copies and laying the result out
+again (:func:`like`). An array whose two layouts coincide (C = 1, or H = W = 1) counts as C-contiguous.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .. import backend
+
+# The axis orders between the (N, C, H, W) view and the (N, H, W, C) buffer.
+TO_BUFFER = (0, 2, 3, 1)
+TO_VIEW = (0, 3, 1, 2)
+
+
+def is_channels_last(array: Any) -> bool:
+    """True for a 4-D array that is an (N, C, H, W) view of an (N, H, W, C) C-contiguous buffer (the strides of
+    that buffer's transpose) and not C-contiguous itself. Asked on every call of the primitives that keep
+    layouts: strides compared, no view made."""
+    if getattr(array, "ndim", 0) != 4 or array.flags.c_contiguous:
+        return False
+    _, C, H, W = array.shape
+    item = array.itemsize
+    return array.strides == (H * W * C * item, item, W * C * item, C * item)
+
+
+def buffer(array: Any) -> Any:
+    """The C-contiguous (N, H, W, C) buffer of a channels-last array (a view, no copy)."""
+    return array.transpose(TO_BUFFER)
+
+
+def flat(array: Any) -> Any:
+    """What a kernel walking memory in order is given: a channels-last array's buffer, any other array itself."""
+    return buffer(array) if is_channels_last(array) else array
+
+
+def empty(shape: Sequence[int], dtype: Any, xp: Any, channels_last: bool) -> Any:
+    """A new (N, C, H, W) array of ``shape``: channels-last when asked (and the shape is 4-D), else C-contiguous."""
+    if channels_last and len(shape) == 4:
+        N, C, H, W = shape
+        return xp.empty((N, H, W, C), dtype=dtype).transpose(TO_VIEW)
+    return xp.empty(tuple(shape), dtype=dtype)
+
+
+def to_channels_last(array: Any) -> Any:
+    """``array`` laid out channels-last (itself when it already is, or when its layouts coincide)."""
+    if array.ndim != 4 or is_channels_last(array):
+        return array
+    return backend.get_array_module(array).ascontiguousarray(array.transpose(TO_BUFFER)).transpose(TO_VIEW)
+
+
+def contiguous(array: Any) -> Any:
+    """``array`` C-contiguous (itself when it is)."""
+    return array if array.flags.c_contiguous else backend.get_array_module(array).ascontiguousarray(array)
+
+
+def like(result: Any, channels_last: bool) -> Any:
+    """``result`` in the layout asked for: channels-last, or C-contiguous."""
+    return to_channels_last(result) if channels_last else contiguous(result)
+
+
+def common(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], bool]:
+    """The arrays (None kept) in one layout an element-wise kernel can walk as flat buffers, and whether
+    it is channels-last: when every 4-D array among them is channels-last (and there is one) they stay as
+    they are, else every array is made C-contiguous."""
+    present = [a for a in arrays if a is not None and getattr(a, "ndim", 0) > 0]
+    channels_last = bool(present) and all(is_channels_last(a) for a in present)
+    if channels_last:
+        return tuple(arrays), True
+    return tuple(a if a is None or getattr(a, "ndim", 0) == 0 else contiguous(a) for a in arrays), False
+
