@@ -52,6 +52,19 @@ def test_to_and_is_contiguous_agree_with_pytorch(shape):
     assert ours.to(memory_format=minidnn.preserve_format) is ours
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 37, 5, 7), (2, 64, 33, 1), (1, 5, 40, 41)])
+def test_layout_changes_keep_the_values(xp, shape, dtype):
+    """layout.to_channels_last and layout.contiguous (on the GPU layout.cu's transpose: tiles off the 32 x 32
+    grid, 2-, 4- and 8-byte words) against NumPy's own strided copies."""
+    values = (np.arange(np.prod(shape)) % 65521).astype(dtype).reshape(shape)
+    last = layout.to_channels_last(xp.asarray(values))
+    assert layout.is_channels_last(last)
+    assert np.array_equal(to_numpy(layout.buffer(last)), values.transpose(0, 2, 3, 1))
+    back = layout.contiguous(last)
+    assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
+
+
 def test_a_layout_change_is_differentiable():
     x = minidnn.randn(2, 3, 4, 5, requires_grad=True)
     y = x.to(memory_format=minidnn.channels_last)
@@ -165,15 +178,23 @@ def test_float_convolution_keeps_the_layout(xp, rng):
 # ----------------------------------------------------------------------------------------------
 # Batch norm and the element-wise primitives
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [None, "bfloat16"])
-def test_batch_norm_on_channels_last(xp, rng, name):
-    shape = (3, 16, 5, 7)
+# (N, C, H, W): one channel block of two packs; C = 12 (no 16-byte pack fits a row of half words: single
+# elements); C = 520 (three channel blocks of the 32-pack columns, the last with one pack); many splits of rows.
+BATCH_NORM_SHAPES = [(3, 16, 5, 7), (2, 12, 3, 5), (2, 520, 3, 3), (16, 64, 20, 20)]
+
+
+@pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+@pytest.mark.parametrize("name", [None, "bfloat16", "float16"])
+def test_batch_norm_on_channels_last(xp, rng, name, shape):
+    """Training forward and backward, inference forward and backward, channels-last against C-contiguous: the
+    GPU's row kernels sum in another order than its plane kernels, so the results agree to rounding."""
+    C = shape[1]
     if name is None:
         x, dy = (xp.asarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))
     else:
         (x, _), (dy, _) = (half_operand(xp, rng, shape, name) for _ in range(2))
-    weight = xp.asarray(rng.standard_normal(16).astype(np.float32))
-    bias = xp.asarray(rng.standard_normal(16).astype(np.float32))
+    weight = xp.asarray(rng.standard_normal(C).astype(np.float32))
+    bias = xp.asarray(rng.standard_normal(C).astype(np.float32))
     y, mean, invstd = batchnorm.batch_norm_forward_training(x, weight, bias, None, None, relu=True)
     last = layout.to_channels_last(x)
     y_last, mean_last, invstd_last = batchnorm.batch_norm_forward_training(last, weight, bias, None, None, relu=True)
@@ -190,8 +211,18 @@ def test_batch_norm_on_channels_last(xp, rng, name):
     np.testing.assert_allclose(wide(dx_last), wide(dx), **tolerance)
     np.testing.assert_allclose(to_numpy(dweight_last), to_numpy(dweight), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(to_numpy(dbias_last), to_numpy(dbias), rtol=1e-4, atol=1e-4)
-    y_eval = batchnorm.batch_norm_forward_inference(last, weight, bias, mean, 1 / invstd**2)
+    running_var = (1 / invstd**2).astype(np.float32)
+    y_eval = batchnorm.batch_norm_forward_inference(last, weight, bias, mean, running_var, relu=True)
     assert layout.is_channels_last(y_eval)
+    y_eval_plain = batchnorm.batch_norm_forward_inference(x, weight, bias, mean, running_var, relu=True)
+    np.testing.assert_allclose(wide(y_eval), wide(y_eval_plain), **tolerance)
+    dx_eval, dweight_eval, _ = batchnorm.batch_norm_backward_inference(layout.to_channels_last(dy), last, weight, mean,
+                                                                       running_var, relu_output=y_eval)
+    want_dx, want_dweight, _ = batchnorm.batch_norm_backward_inference(dy, x, weight, mean, running_var,
+                                                                       relu_output=y_eval_plain)
+    assert layout.is_channels_last(dx_eval)
+    np.testing.assert_allclose(wide(dx_eval), wide(want_dx), **tolerance)
+    np.testing.assert_allclose(to_numpy(dweight_eval), to_numpy(want_dweight), rtol=1e-4, atol=1e-4)
 
 
 def test_element_wise_primitives_keep_the_layout(xp, rng):

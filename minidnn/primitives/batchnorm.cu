@@ -504,6 +504,370 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// Channels-last: x, y, dy, dx as (M, C) rows, M = N·H·W, the channels contiguous
+// ----------------------------------------------------------------------------------------------
+// A channels-last (N, C, H, W) tensor's buffer is (N, H, W, C): row m holds one pixel's C channels. The planes
+// above do not exist there, so these kernels walk rows. A pack of V holds V consecutive channels of one row
+// (batchnorm.py launches V > 1 where C is a multiple of V and the arrays are aligned), so each thread reads
+// whole packs and keeps V channels' sums; the threads of a block split into `block_packs` columns of packs (up
+// to 32 packs, e.g. 256 bfloat16 channels) by rows_per_pass = blockDim.x / block_packs rows, so a warp reads
+// contiguous runs of rows. Grid (channel blocks, splits): block (b, k) owns packs [b·block_packs, ...) and the
+// rows [k·per, min((k + 1)·per, M)). Its threads merge into the block's per-channel results in a fixed order
+// (thread row 0, 1, ... of each column, through shared memory), the block publishes them, and the last block of
+// its channel block finishes those channels: every thread takes splits g, g + groups, ... of one channel (groups
+// = blockDim.x / channels of the block), then one thread per channel merges the groups, again in a fixed order.
+// The same bits on every run, as above.
+#define LAST_THREADS 256  // blockDim.x of the channels-last reductions (batchnorm.py launches _cuda.THREADS)
+
+struct RowsOfBlock {
+    int block_packs, rows_per_pass, pack, row, channels, first_channel;
+    bool active;
+    __device__ RowsOfBlock(const int packs_per_row, const int V) {
+        block_packs = min(packs_per_row, 32);
+        rows_per_pass = blockDim.x / block_packs;
+        const int t = threadIdx.x, column = t % block_packs;
+        pack = blockIdx.x * block_packs + column;
+        row = t / block_packs;
+        active = row < rows_per_pass && pack < packs_per_row;
+        first_channel = blockIdx.x * block_packs * V;
+        channels = min(block_packs, packs_per_row - blockIdx.x * block_packs) * V;
+    }
+};
+
+// One thread's Welford states of V channels: the count is the same for all of them (every row has each channel).
+template <int V>
+struct ChannelStates {
+    acc_t n, mean[V], m2[V];
+};
+
+template <int V>
+__device__ __forceinline__ void merge_states(ChannelStates<V>& a, const acc_t nb, const acc_t* meanb,
+                                             const acc_t* m2b) {
+    if (nb == 0) return;
+    const acc_t total = a.n + nb, fb = nb / total, weight = a.n * fb;
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+        const acc_t delta = meanb[u] - a.mean[u];
+        a.mean[u] += delta * fb;
+        a.m2[u] += m2b[u] + delta * delta * weight;
+    }
+    a.n = total;
+}
+
+// Grid (channel blocks, splits), LAST_THREADS threads; partial (3, splits, C) as in statistics; counters: one
+// per channel block. The finish is statistics' (mean_out, invstd_out, coef, the running statistics, the batch
+// count), channel by channel.
+#define STATISTICS_LAST_PARAMETERS                                                                                  \
+    const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters, const int M,   \
+    const int C, const int per, const scalar_t* __restrict__ weight, scalar_t* __restrict__ running_mean,         \
+    scalar_t* __restrict__ running_var, scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,       \
+    acc_t* __restrict__ coef, const double eps_arg, const double momentum_arg, long long* __restrict__ batches_tracked
+#define STATISTICS_LAST_ARGUMENTS                                                                                 \
+    x, partial, counters, M, C, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps_arg, \
+    momentum_arg, batches_tracked
+template <int V>
+__device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
+    __shared__ acc_t shared_n[LAST_THREADS], shared_mean[LAST_THREADS * V], shared_m2[LAST_THREADS * V];
+    const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
+    const RowsOfBlock rows(packs_per_row, V);
+    const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
+    ChannelStates<V> state = {};
+    if (rows.active) {
+        const Pack<V>* __restrict__ xp = packs<V>(x) + rows.pack;
+        int m = begin + rows.row;
+        for (; m + 3 * pass < end; m += 4 * pass) {
+            // Four rows per step (four loads in flight): each channel's four values, their exact two-pass
+            // statistics in chunk_t, one merge for all V channels (one division).
+            Pack<V> p[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) p[q] = xp[(long long)(m + q * pass) * packs_per_row];
+            acc_t chunk_mean[V], chunk_m2[V];
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const chunk_t a = element_value(p[0].e[u]), b = element_value(p[1].e[u]);
+                const chunk_t c = element_value(p[2].e[u]), d = element_value(p[3].e[u]);
+                const chunk_t mu = ((a + b) + (c + d)) * (chunk_t)0.25;  // a power of two: exact scaling
+                chunk_mean[u] = mu;
+                chunk_m2[u] = ((a - mu) * (a - mu) + (b - mu) * (b - mu)) + ((c - mu) * (c - mu) + (d - mu) * (d - mu));
+            }
+            merge_states<V>(state, 4.0, chunk_mean, chunk_m2);
+        }
+        for (; m < end; m += pass) {
+            const Pack<V> p = xp[(long long)m * packs_per_row];
+            acc_t value[V], zero[V];
+#pragma unroll
+            for (int u = 0; u < V; ++u) value[u] = element_value(p.e[u]), zero[u] = 0;
+            merge_states<V>(state, 1.0, value, zero);
+        }
+    }
+    // The block's result per channel: thread row 0, 1, ... of each column, in order.
+    shared_n[t] = state.n;
+#pragma unroll
+    for (int u = 0; u < V; ++u) shared_mean[t * V + u] = state.mean[u], shared_m2[t * V + u] = state.m2[u];
+    __syncthreads();
+    if (t < rows.channels) {
+        const int column = t / V, u = t % V;
+        ChannelStates<1> block = {};
+        for (int r = 0; r < pass; ++r) {
+            const int from = r * rows.block_packs + column;
+            merge_states<1>(block, shared_n[from], &shared_mean[from * V + u], &shared_m2[from * V + u]);
+        }
+        const int c = rows.first_channel + t;
+        partial[k * C + c] = block.n;
+        partial[(splits + k) * C + c] = block.mean[0];
+        partial[(2 * splits + k) * C + c] = block.m2[0];
+    }
+    if (!last_block_of_channel(counters + blockIdx.x, splits)) return;
+
+    // The channel block's last block: splits g, g + groups, ... per thread, then the groups in order.
+    const int groups = blockDim.x / rows.channels, group = t / rows.channels, j = t % rows.channels;
+    const int c = rows.first_channel + j;
+    ChannelStates<1> merged = {};
+    if (group < groups) {
+        for (int split = group; split < splits; split += groups) {
+            const acc_t nb = __ldcg(partial + split * C + c), meanb = __ldcg(partial + (splits + split) * C + c);
+            const acc_t m2b = __ldcg(partial + (2 * splits + split) * C + c);
+            merge_states<1>(merged, nb, &meanb, &m2b);
+        }
+    }
+    __syncthreads();  // the block's own shared results are read: the arrays are free
+    shared_n[t] = merged.n, shared_mean[t] = merged.mean[0], shared_m2[t] = merged.m2[0];
+    __syncthreads();
+    if (t >= rows.channels) return;
+    ChannelStates<1> total = {};
+    for (int g = 0; g < groups; ++g) {
+        const int from = g * rows.channels + t;
+        merge_states<1>(total, shared_n[from], &shared_mean[from], &shared_m2[from]);
+    }
+    const acc_t eps = eps_arg, momentum = momentum_arg, n = total.n, mean = total.mean[0];
+    const acc_t var = total.m2[0] / n;  // biased: the normalisation uses it
+    const acc_t invstd = 1.0 / sqrt(var + eps);
+    mean_out[c] = (scalar_t)mean;
+    invstd_out[c] = (scalar_t)invstd;
+    coef[c] = mean;
+    coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
+    if (running_mean) {
+        running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
+        const acc_t unbiased = var * (n / (n - 1.0));
+        running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
+    }
+    if (batches_tracked && c == 0) *batches_tracked += 1;
+}
+
+// Grid (channel blocks, splits), LAST_THREADS threads: backward_reduce's sums (Σg, Σg·(x − center)) and
+// finish, channel by channel; the DX build (inference: dx not null) writes dx = g·weight·invstd in the same pass,
+// a build of its own so that training's reduction keeps no per-channel scale in registers.
+#define BACKWARD_REDUCE_LAST_PARAMETERS                                                                          \
+    const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,         \
+    const scalar_t* __restrict__ center, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,       \
+    elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd, const scalar_t* __restrict__ running_var,      \
+    const scalar_t* __restrict__ weight, const double eps_arg, scalar_t* __restrict__ dweight,                   \
+    scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int M, const int C, const int per
+#define BACKWARD_REDUCE_LAST_ARGUMENTS                                                                       \
+    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
+    coef, M, C, per
+template <int V, bool DX>
+__device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
+    __shared__ acc_t shared_a[LAST_THREADS * V], shared_b[LAST_THREADS * V];
+    const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
+    const RowsOfBlock rows(packs_per_row, V);
+    const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
+    const acc_t eps = eps_arg;
+    acc_t sum_dy[V] = {}, sum_dy_xc[V] = {};
+    if (rows.active) {
+        const int c0 = rows.pack * V;
+        chunk_t mu[V];
+        acc_t scale[DX ? V : 1];
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            mu[u] = (chunk_t)center[c0 + u];
+            if (DX) {
+                scale[u] = inference_invstd(running_var[c0 + u], eps);
+                if (weight) scale[u] *= (acc_t)weight[c0 + u];
+            }
+        }
+        const Pack<V>* __restrict__ dyp = packs<V>(dy) + rows.pack;
+        const Pack<V>* __restrict__ xp = packs<V>(x) + rows.pack;
+        const Pack<V>* __restrict__ yp = relu_output ? packs<V>(relu_output) + rows.pack : nullptr;
+        Pack<V>* __restrict__ dxp = DX ? packs<V>(dx) + rows.pack : nullptr;
+        // ROWS rows per step, every load first: four for narrow packs; two for 16-byte packs of half words,
+        // whose twelve loads and double sums would not fit the registers of two blocks an SM.
+        constexpr int ROWS = (V >= 8) ? 2 : 4;
+        int m = begin + rows.row;
+        for (; m + (ROWS - 1) * pass < end; m += ROWS * pass) {
+            Pack<V> d[ROWS], y[ROWS], p[ROWS];
+#pragma unroll
+            for (int q = 0; q < ROWS; ++q) {
+                const long long o = (long long)(m + q * pass) * packs_per_row;
+                d[q] = dyp[o];
+                y[q] = yp ? yp[o] : d[q];
+                p[q] = xp[o];
+            }
+            // Each channel's rows sum in chunk_t (a pair, or a pair of pairs), then into the double sums.
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                chunk_t g[ROWS], gx[ROWS];
+#pragma unroll
+                for (int q = 0; q < ROWS; ++q) {
+                    g[q] = gradient<chunk_t>(d[q].e[u], y[q].e[u], yp != nullptr);
+                    gx[q] = g[q] * ((chunk_t)element_value(p[q].e[u]) - mu[u]);
+                }
+                if (ROWS == 4) {
+                    sum_dy[u] += (g[0] + g[1]) + (g[ROWS - 2] + g[ROWS - 1]);
+                    sum_dy_xc[u] += (gx[0] + gx[1]) + (gx[ROWS - 2] + gx[ROWS - 1]);
+                } else {
+                    sum_dy[u] += g[0] + g[1];
+                    sum_dy_xc[u] += gx[0] + gx[1];
+                }
+            }
+            if (DX) {
+#pragma unroll
+                for (int q = 0; q < ROWS; ++q) {
+                    Pack<V> out;
+#pragma unroll
+                    for (int u = 0; u < V; ++u) {
+                        out.e[u] = element_of(gradient(d[q].e[u], y[q].e[u], yp != nullptr) * scale[DX ? u : 0]);
+                    }
+                    dxp[(long long)(m + q * pass) * packs_per_row] = out;
+                }
+            }
+        }
+        for (; m < end; m += pass) {
+            const long long o = (long long)m * packs_per_row;
+            const Pack<V> d = dyp[o], y = yp ? yp[o] : d, p = xp[o];
+            Pack<V> out;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const acc_t g = gradient(d.e[u], y.e[u], yp != nullptr);
+                sum_dy[u] += g;
+                sum_dy_xc[u] += g * (element_value(p.e[u]) - (acc_t)center[c0 + u]);
+                if (DX) out.e[u] = element_of(g * scale[DX ? u : 0]);
+            }
+            if (DX) dxp[o] = out;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < V; ++u) shared_a[t * V + u] = sum_dy[u], shared_b[t * V + u] = sum_dy_xc[u];
+    __syncthreads();
+    if (t < rows.channels) {
+        const int column = t / V, u = t % V;
+        acc_t a = 0, b = 0;
+        for (int r = 0; r < pass; ++r) {
+            const int from = (r * rows.block_packs + column) * V + u;
+            a += shared_a[from];
+            b += shared_b[from];
+        }
+        const int c = rows.first_channel + t;
+        partial[k * C + c] = a;
+        partial[(splits + k) * C + c] = b;
+    }
+    if (!last_block_of_channel(counters + blockIdx.x, splits)) return;
+
+    const int groups = blockDim.x / rows.channels, group = t / rows.channels, j = t % rows.channels;
+    const int c = rows.first_channel + j;
+    acc_t a = 0, b = 0;
+    if (group < groups) {
+        for (int split = group; split < splits; split += groups) {
+            a += __ldcg(partial + split * C + c);
+            b += __ldcg(partial + (splits + split) * C + c);
+        }
+    }
+    __syncthreads();
+    shared_a[t] = a, shared_b[t] = b;
+    __syncthreads();
+    if (t >= rows.channels) return;
+    a = b = 0;
+    for (int g = 0; g < groups; ++g) a += shared_a[g * rows.channels + t], b += shared_b[g * rows.channels + t];
+    const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
+    const acc_t dw = b * is;
+    dbias[c] = (scalar_t)a;
+    dweight[c] = (scalar_t)dw;
+    if (coef) {
+        const acc_t scale = weight ? is * (acc_t)weight[c] : is;
+        coef[c] = a / M;
+        coef[C + c] = scale;
+        coef[2 * C + c] = scale * is * dw / M;
+    }
+}
+
+// The element-wise kernels on (M, C) rows: pack i holds channels (i·V) mod C, ..., + V − 1 (C a multiple of V).
+// The channel of the thread's first pack is one division; each grid step adds (G·V) mod C.
+struct RowChannel {
+    int c, C, step;
+    __device__ RowChannel(const int i, const int G, const int V, const int C_) : C(C_) {
+        c = (int)(((long long)i * V) % C);
+        step = (int)(((long long)G * V) % C);
+    }
+    __device__ __forceinline__ void advance() {
+        c += step;
+        if (c >= C) c -= C;
+    }
+};
+
+template <int V>
+__device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
+    const int G = blockDim.x * gridDim.x, count = total / V;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    Pack<V>* __restrict__ out = packs<V>(y);
+    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        const Pack<V> in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            const int c = channel.c + u;
+            acc_t w = (element_value(in.e[u]) - coef[c]) * coef[C + c];
+            if (bias) w += (acc_t)bias[c];
+            p.e[u] = element_of(apply_relu(w, relu));
+        }
+        out[i] = p;
+    }
+}
+
+template <int V>
+__device__ void inference_last(INFERENCE_PARAMETERS) {
+    const acc_t eps = eps_arg;
+    const int G = blockDim.x * gridDim.x, count = total / V;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    Pack<V>* __restrict__ out = packs<V>(y);
+    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        const Pack<V> in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            const int c = channel.c + u;
+            acc_t scale = inference_invstd(running_var[c], eps);
+            if (weight) scale *= (acc_t)weight[c];
+            acc_t w = (element_value(in.e[u]) - (acc_t)running_mean[c]) * scale;
+            if (bias) w += (acc_t)bias[c];
+            p.e[u] = element_of(apply_relu(w, relu));
+        }
+        out[i] = p;
+    }
+}
+
+template <int V>
+__device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
+    const int G = blockDim.x * gridDim.x, count = total / V;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
+    Pack<V>* __restrict__ out = packs<V>(dx);
+    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            const int c = channel.c + u;
+            const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
+            p.e[u] = element_of((g - coef[c]) * coef[C + c] - (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
+        }
+        out[i] = p;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
 // The kernels: each body above for single elements and for packs of VECTOR and VECTOR8 (batchnorm.py picks)
 // ----------------------------------------------------------------------------------------------
 
@@ -535,4 +899,33 @@ extern "C" __global__ void bn_backward_dx(BACKWARD_DX_PARAMETERS) { backward_dx<
 extern "C" __global__ void bn_backward_dx_vector(BACKWARD_DX_PARAMETERS) { backward_dx<VECTOR>(BACKWARD_DX_ARGUMENTS); }
 extern "C" __global__ void bn_backward_dx_vector8(BACKWARD_DX_PARAMETERS) {
     backward_dx<VECTOR8>(BACKWARD_DX_ARGUMENTS);
+}
+
+// Channels-last builds: packs of VECTOR and single elements.
+// Two blocks an SM at least (the reductions keep V channels' double sums per thread).
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last(STATISTICS_LAST_PARAMETERS) { statistics_last<1>(STATISTICS_LAST_ARGUMENTS); }
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last_vector(STATISTICS_LAST_PARAMETERS) {
+    statistics_last<VECTOR>(STATISTICS_LAST_ARGUMENTS);
+}
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
+    backward_reduce_last<1, false>(BACKWARD_REDUCE_LAST_ARGUMENTS);
+}
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
+bn_backward_reduce_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
+    backward_reduce_last<VECTOR, false>(BACKWARD_REDUCE_LAST_ARGUMENTS);
+}
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_backward_reduce_dx_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
+    backward_reduce_last<1, true>(BACKWARD_REDUCE_LAST_ARGUMENTS);
+}
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
+bn_backward_reduce_dx_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
+    backward_reduce_last<VECTOR, true>(BACKWARD_REDUCE_LAST_ARGUMENTS);
+}
+extern "C" __global__ void bn_apply_last(APPLY_PARAMETERS) { apply_last<1>(APPLY_ARGUMENTS); }
+extern "C" __global__ void bn_apply_last_vector(APPLY_PARAMETERS) { apply_last<VECTOR>(APPLY_ARGUMENTS); }
+extern "C" __global__ void bn_inference_last(INFERENCE_PARAMETERS) { inference_last<1>(INFERENCE_ARGUMENTS); }
+extern "C" __global__ void bn_inference_last_vector(INFERENCE_PARAMETERS) { inference_last<VECTOR>(INFERENCE_ARGUMENTS); }
+extern "C" __global__ void bn_backward_dx_last(BACKWARD_DX_PARAMETERS) { backward_dx_last<1>(BACKWARD_DX_ARGUMENTS); }
+extern "C" __global__ void bn_backward_dx_last_vector(BACKWARD_DX_PARAMETERS) {
+    backward_dx_last<VECTOR>(BACKWARD_DX_ARGUMENTS);
 }

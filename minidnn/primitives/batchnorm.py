@@ -399,10 +399,36 @@ def _contiguous(xp: Any, a: Any) -> Any:
 
 
 def _layout(x: Any) -> tuple[int, int, int]:
-    """(N, C, S) of the kernels' (N, C, S) view of x: a channels-last x's buffer is (N·H·W, C, 1)."""
-    if layout.is_channels_last(x):
-        return math.prod(x.shape) // int(x.shape[1]), int(x.shape[1]), 1
+    """(N, C, S) of the kernels' (N, C, S) view of a C-contiguous x."""
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
+
+
+# The channels-last reductions (batchnorm.cu's RowsOfBlock): a block's columns hold up to this many packs of a
+# row, and each thread sums at least this many passes of rows.
+_LAST_BLOCK_PACKS, _LAST_PASSES_PER_SPLIT = 32, 32
+
+
+def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, int], int]:
+    """A channels-last launch over (M, C) rows: (the build's suffix, elements per access, the reductions' grid
+    (channel blocks, splits), rows per split). Packs must lie inside a row: C a multiple of the pack."""
+    width = _cuda.elements_per_access(arrays, plane=C)
+    packs_per_row = C // width
+    block_packs = min(packs_per_row, _LAST_BLOCK_PACKS)
+    channel_blocks = -(-packs_per_row // block_packs)
+    rows_per_pass = _cuda.THREADS // block_packs
+    splits, per = _cuda.reduction_split(channel_blocks, M, minimum=_LAST_PASSES_PER_SPLIT * rows_per_pass)
+    return "_last" + ("_vector" if width > 1 else ""), width, (channel_blocks, splits), per
+
+
+def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int) -> tuple:
+    """A backward reduction's (grid, build suffix, elements per access, values per split, the size arguments):
+    over planes, or over channels-last rows."""
+    if channels_last:
+        build, width, grid, per = _rows_launch(arrays, C, N * S)
+        return grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C))
+    build, width = _packing(arrays, S)
+    splits, per = _split(C, N * S, width)
+    return (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C), _cuda.i32(S))
 
 
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
@@ -443,15 +469,13 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     y = layout.empty(x.shape, x.dtype, xp, channels_last)
-    build, width = _packing((x, y), S)
-    splits, per = _split(C, N * S, width)
-    partial = xp.empty((3, splits, C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
+    grid, build, width, per, sizes = _reduction(channels_last, (x, y), N, C, S)
+    partial = xp.empty((3, grid[1], C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
     mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32, f64 = _cuda.i32, _cuda.f64
-    _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), (C, splits),
-                        _cuda.THREADS,
-                        (layout.flat(x), partial, _block_counters(x, C), i32(N), i32(C), i32(S), i32(per), weight,
+    _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), grid, _cuda.THREADS,
+                        (layout.flat(x), partial, _block_counters(x, grid[0]), *sizes, i32(per), weight,
                          rm, rv, mean, invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
     _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), x.size // width,
                  (layout.flat(x), layout.flat(y), coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
@@ -472,7 +496,7 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     _cuda.check_int32(x)
     _, C, S = _layout(x)
     y = layout.empty(x.shape, x.dtype, xp, channels_last)
-    build, width = _packing((x, y), S)
+    build, width, *_ = _rows_launch((x, y), C, x.size // C) if channels_last else _packing((x, y), S)
     i32 = _cuda.i32
     _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), x.size // width,
                  (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
@@ -491,16 +515,14 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     N, C, S = _layout(x)
     dx = layout.empty(x.shape, x.dtype, xp, channels_last)
     dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    build, width = _packing((x, dy, relu_output, dx), S)
-    splits, per = _split(C, N * S, width)
-    partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
+    grid, build, width, per, sizes = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
+    partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), (C, splits),
-                        _cuda.THREADS,
-                        (dy, x, relu_output, mean, partial, _block_counters(x, C), None, invstd, None,
-                         weight, _cuda.f64(0.0), dweight, dbias, coef, i32(N), i32(C), i32(S), i32(per)))
+    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), grid, _cuda.THREADS,
+                        (dy, x, relu_output, mean, partial, _block_counters(x, grid[0]), None, invstd, None,
+                         weight, _cuda.f64(0.0), dweight, dbias, coef, *sizes, i32(per)))
     _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), x.size // width,
                  (dy, x, relu_output, mean, coef, flat_dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
@@ -518,13 +540,12 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     N, C, S = _layout(x)
     dx = layout.empty(x.shape, x.dtype, xp, channels_last)
     dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    build, width = _packing((x, dy, relu_output, dx), S)
-    splits, per = _split(C, N * S, width)
-    partial = xp.empty((2, splits, C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
+    grid, build, width, per, sizes = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
+    partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
-    i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), (C, splits),
-                        _cuda.THREADS,
-                        (dy, x, relu_output, running_mean, partial, _block_counters(x, C), flat_dx, None, running_var,
-                         weight, _cuda.f64(eps), dweight, dbias, None, i32(N), i32(C), i32(S), i32(per)))
+    # The channels-last reduction writes dx in a build of its own (batchnorm.cu's DX).
+    name = "bn_backward_reduce_dx" + build if channels_last else "bn_backward_reduce" + build
+    _cuda.launch_blocks(_kernel(name, x.dtype, half), grid, _cuda.THREADS,
+                        (dy, x, relu_output, running_mean, partial, _block_counters(x, grid[0]), flat_dx, None,
+                         running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per)))
     return dx, dweight, dbias

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from .. import backend
+from . import _cuda
 
 # The axis orders between the (N, C, H, W) view and the (N, H, W, C) buffer.
 TO_BUFFER = (0, 2, 3, 1)
@@ -48,15 +51,53 @@ def empty(shape: Sequence[int], dtype: Any, xp: Any, channels_last: bool) -> Any
 
 
 def to_channels_last(array: Any) -> Any:
-    """``array`` laid out channels-last (itself when it already is, or when its layouts coincide)."""
+    """``array`` laid out channels-last (itself when it already is, or when its layouts coincide). On the GPU a
+    C-contiguous array goes through layout.cu's transpose (one pass; CuPy's strided copy is several times slower)."""
     if array.ndim != 4 or is_channels_last(array):
         return array
-    return backend.get_array_module(array).ascontiguousarray(array.transpose(TO_BUFFER)).transpose(TO_VIEW)
+    xp = backend.get_array_module(array)
+    if xp is not np and array.flags.c_contiguous and array.itemsize in (2, 4, 8):
+        N, C, H, W = array.shape
+        out = xp.empty((N, H, W, C), dtype=array.dtype)
+        transpose_planes(array, out, C, H * W)
+        return out.transpose(TO_VIEW)
+    return xp.ascontiguousarray(array.transpose(TO_BUFFER)).transpose(TO_VIEW)
 
 
 def contiguous(array: Any) -> Any:
-    """``array`` C-contiguous (itself when it is)."""
-    return array if array.flags.c_contiguous else backend.get_array_module(array).ascontiguousarray(array)
+    """``array`` C-contiguous (itself when it is); a channels-last one on the GPU through layout.cu's transpose."""
+    if array.flags.c_contiguous:
+        return array
+    xp = backend.get_array_module(array)
+    if xp is not np and is_channels_last(array) and array.itemsize in (2, 4, 8):
+        N, C, H, W = array.shape
+        out = xp.empty(array.shape, dtype=array.dtype)
+        transpose_planes(buffer(array), out, H * W, C)
+        return out
+    return xp.ascontiguousarray(array)
+
+
+def copy_into(out: Any, source: Any) -> None:
+    """out[...] = source, for a channels-last ``out`` and a C-contiguous ``source`` on the GPU through layout.cu's
+    transpose into out's buffer."""
+    if is_channels_last(out) and source.flags.c_contiguous and source.itemsize in (2, 4, 8) \
+            and backend.get_array_module(out) is not np:
+        N, C, H, W = out.shape
+        transpose_planes(source, buffer(out), C, H * W)
+    else:
+        out[...] = source
+
+
+def transpose_planes(source: Any, out: Any, rows: int, cols: int) -> None:
+    """out (N, cols, rows) = each image of C-contiguous ``source`` (N, rows, cols) transposed, on the GPU:
+    (N, C, H·W) -> (N, H·W, C) with rows = C, or back with rows = H·W. Words of the arrays' item size."""
+    images = source.size // max(rows * cols, 1)
+    if images == 0 or rows == 0 or cols == 0:
+        return
+    _cuda.check_int32(source)
+    kernel = _cuda.function("layout.cu", f"transpose_planes_{source.itemsize}", np.float32)
+    _cuda.launch_blocks(kernel, (-(-cols // 32), -(-rows // 32), images), _cuda.THREADS,
+                        (source, out, _cuda.i32(rows), _cuda.i32(cols)))
 
 
 def like(result: Any, channels_last: bool) -> Any:

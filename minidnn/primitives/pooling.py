@@ -560,7 +560,7 @@ def _launch_by_planes(name: str, arrays: tuple, shape: np.void) -> None:
 
 def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
     cupy = backend.cupy()
-    x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
+    x = layout.contiguous(x)  # a RawKernel sees only the base pointer
     out_shape = tuple(x.shape[:2]) + tuple(out_hw)
     y = cupy.empty(out_shape, dtype=x.dtype)
     indices = cupy.empty(out_shape, dtype=cupy.uint8 if taps else cupy.int64)
@@ -571,7 +571,7 @@ def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: 
 
 def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
     cupy = backend.cupy()
-    dy = cupy.ascontiguousarray(dy)
+    dy = layout.contiguous(dy)  # a channels-last dy through the transpose (CuPy's strided copy is slower)
     out_hw = tuple(dy.shape[2:])
     if indices.dtype == cupy.uint8:
         kernel, stride, padding, dilation, _ = window
@@ -594,7 +594,7 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
 
 def _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pad, divisor_override) -> Any:
     cupy = backend.cupy()
-    x = cupy.ascontiguousarray(x)
+    x = layout.contiguous(x)
     y = cupy.empty(tuple(x.shape[:2]) + tuple(out_hw), dtype=x.dtype)
     _launch("avg_pool_forward", y.size, (x, y),
             _pool_shape(x.shape, out_hw, kernel, stride, padding, (1, 1), count_include_pad, divisor_override))
@@ -603,7 +603,7 @@ def _avg_pool2d_forward_gpu(x, kernel, stride, padding, out_hw, count_include_pa
 
 def _avg_pool2d_backward_gpu(dy, x_shape, kernel, stride, padding, count_include_pad, divisor_override) -> Any:
     cupy = backend.cupy()
-    dy = cupy.ascontiguousarray(dy)
+    dy = layout.contiguous(dy)
     dx = cupy.empty(x_shape, dtype=dy.dtype)
     _launch("avg_pool_backward", dx.size, (dy, dx),
             _pool_shape(x_shape, dy.shape[2:], kernel, stride, padding, (1, 1), count_include_pad, divisor_override))
@@ -617,7 +617,7 @@ def _adaptive_avg_pool2d_gpu(name: str, source: Any, target_shape: tuple, x_shap
     whenever (size + 1)·(out + 1) fits in an int on both axes, else the slower 64-bit one.
     """
     cupy = backend.cupy()
-    source = cupy.ascontiguousarray(source)
+    source = layout.contiguous(source)
     target = cupy.empty(target_shape, dtype=source.dtype)
     (H, W), (P, Q) = x_shape[2:], out_hw
     narrow = max((H + 1) * (P + 1), (W + 1) * (Q + 1)) <= _cuda.INT32_LIMIT

@@ -156,7 +156,7 @@ def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProbl
                 result = xp.empty(view.shape, dtype=view.dtype)
             algorithm.run(direction, arrange(first[start:stop]), arrange(second), part, result, False, workspace)
             if result is not view:
-                view[...] = result
+                layout.copy_into(view, result)
         start = stop
     return out
 

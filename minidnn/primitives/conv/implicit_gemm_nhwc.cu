@@ -283,27 +283,8 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Layouts: the channels-last copies the two kernels read
+// The filter's channels-last copy (the activations' come from layout.cu's transpose)
 // ---------------------------------------------------------------------------------------------------------------
-// (N, C, HW) -> (N, HW, C) through a 32 × 33 shared tile per block (the extra column keeps the transposed
-// reads off one bank): blockIdx = (HW / 32, C / 32, N), 256 threads as 8 rows of 32.
-extern "C" __global__ void nchw_to_nhwc(const u16* __restrict__ in, u16* __restrict__ out, int C, int HW) {
-    __shared__ u16 tile[32][33];
-    const int n = blockIdx.z, c0 = blockIdx.y * 32, pixel0 = blockIdx.x * 32;
-    const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
-    const u16* source = in + (long long)n * C * HW;
-    u16* destination = out + (long long)n * C * HW;
-    for (int i = row; i < 32; i += 8) {
-        const int c = c0 + i, pixel = pixel0 + lane;
-        if (c < C && pixel < HW) tile[i][lane] = source[c * HW + pixel];
-    }
-    __syncthreads();
-    for (int i = row; i < 32; i += 8) {
-        const int pixel = pixel0 + i, c = c0 + lane;
-        if (c < C && pixel < HW) destination[pixel * C + c] = tile[lane][i];
-    }
-}
-
 // w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
 // (`turned` non-zero): one thread per value.
 extern "C" __global__ void filter_to_channels_last(const u16* __restrict__ w, u16* __restrict__ out, int K, int C,

@@ -367,11 +367,9 @@ def _channels_last_buffer(array: Any, copy: Any) -> Any:
 
 
 def _to_channels_last(array: Any, out: Any) -> None:
-    """(N, C, H, W) -> out (N, H, W, C), 16-bit words."""
+    """(N, C, H, W) -> out (N, H, W, C), 16-bit words (layout.cu's transpose)."""
     N, C, H, W = array.shape
-    kernel = _kernel("nchw_to_nhwc", convert.half_type_of(array))
-    _cuda.launch_blocks(kernel, (-(-H * W // 32), -(-C // 32), N), THREADS,
-                        (array, out, _cuda.i32(C), _cuda.i32(H * W)))
+    layout.transpose_planes(layout.contiguous(array), out, C, H * W)
 
 
 def _filter_to_channels_last(w: Any, out: Any, turned: bool) -> None:

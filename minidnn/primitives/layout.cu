@@ -1,0 +1,38 @@
+// Layout changes of (N, C, H, W) arrays (layout.py): C-contiguous (N, C, H·W) <-> channels-last (N, H·W, C).
+// Both directions are one kernel: each image's rows × cols matrix transposed, (N, C, HW) -> (N, HW, C) with
+// rows = C, or back with rows = HW. The elements are moved as raw words of 2, 4 or 8 bytes (any dtype).
+//
+// A block moves a 32 × 32 tile through shared memory: its 256 threads read 8 rows of 32 consecutive columns
+// (coalesced), then write 8 columns of the tile as rows of the output (coalesced again); the tile's extra column
+// keeps the transposed reads of one warp on 32 different banks. blockIdx = (cols / 32, rows / 32, N).
+
+template <typename Word>
+__device__ __forceinline__ void transpose_tile(const Word* __restrict__ in, Word* __restrict__ out, const int rows,
+                                               const int cols) {
+    __shared__ Word tile[32][33];
+    const int n = blockIdx.z, row0 = blockIdx.y * 32, col0 = blockIdx.x * 32;
+    const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
+    const long long image = (long long)n * rows * cols;
+    const Word* source = in + image;
+    Word* destination = out + image;
+    for (int i = row; i < 32; i += 8) {
+        const int r = row0 + i, c = col0 + lane;
+        if (r < rows && c < cols) tile[i][lane] = source[(long long)r * cols + c];
+    }
+    __syncthreads();
+    for (int i = row; i < 32; i += 8) {
+        const int c = col0 + i, r = row0 + lane;
+        if (r < rows && c < cols) destination[(long long)c * rows + r] = tile[lane][i];
+    }
+}
+
+extern "C" __global__ void transpose_planes_2(const unsigned short* in, unsigned short* out, int rows, int cols) {
+    transpose_tile(in, out, rows, cols);
+}
+extern "C" __global__ void transpose_planes_4(const unsigned int* in, unsigned int* out, int rows, int cols) {
+    transpose_tile(in, out, rows, cols);
+}
+extern "C" __global__ void transpose_planes_8(const unsigned long long* in, unsigned long long* out, int rows,
+                                              int cols) {
+    transpose_tile(in, out, rows, cols);
+}
