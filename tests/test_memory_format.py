@@ -65,6 +65,26 @@ def test_layout_changes_keep_the_values(xp, shape, dtype):
     assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
 
 
+def test_shapes_whose_layouts_coincide_are_left_as_they_are(xp):
+    """C = 1 or H = W = 1: both layouts are one memory order, so nothing is copied or re-strided."""
+    for shape in ((4, 8, 1, 1), (2, 1, 3, 5)):
+        array = xp.zeros(shape, dtype=np.float32)
+        assert layout.to_channels_last(array) is array and not layout.is_channels_last(array)
+
+
+def test_the_update_takes_state_whose_length_1_axes_have_other_strides(xp):
+    """A (K, C, 1, 1) weight made channels-last by CuPy's copy has strides on its length-1 axes that a C-contiguous
+    gradient's do not share: one memory order all the same (the H200 found it: ResNet-18's 1 x 1 projections)."""
+    from minidnn.primitives import optimizer  # noqa: PLC0415
+
+    values = np.arange(32, dtype=np.float32).reshape(4, 8, 1, 1)
+    param = xp.lib.stride_tricks.as_strided(xp.asarray(values.copy()), values.shape, (32, 4, 32, 32))  # same memory
+    grad = xp.ones(values.shape, dtype=np.float32)
+    assert param.strides != grad.strides and layout.same_order(param, grad)
+    optimizer.sgd_update_multi([param], [grad], None, lr=0.5)
+    np.testing.assert_array_equal(to_numpy(param), values - 0.5)
+
+
 def test_a_layout_change_is_differentiable():
     x = minidnn.randn(2, 3, 4, 5, requires_grad=True)
     y = x.to(memory_format=minidnn.channels_last)
@@ -247,12 +267,13 @@ def test_element_wise_primitives_keep_the_layout(xp, rng):
 # A network, end to end
 # ----------------------------------------------------------------------------------------------
 def _build(net, m):
-    """conv-BN-ReLU, max pool, a residual block (conv-BN-ReLU, conv-BN, add, ReLU), average pool, linear; ``m``
-    is minidnn.nn or torch.nn."""
+    """conv-BN-ReLU, max pool, a residual block of stride 2 (conv-BN-ReLU, conv-BN; a 1 x 1 projection and BN
+    beside; add, ReLU), average pool, linear: ResNet's layers in little. ``m`` is minidnn.nn or torch.nn."""
     net.stem = m.Sequential(m.Conv2d(3, 8, 3, padding=1, bias=False), m.BatchNorm2d(8), m.ReLU(), m.MaxPool2d(2))
-    net.conv1, net.bn1 = m.Conv2d(8, 8, 3, padding=1, bias=False), m.BatchNorm2d(8)
-    net.conv2, net.bn2 = m.Conv2d(8, 8, 3, padding=1), m.BatchNorm2d(8)
-    net.head = m.Sequential(m.AdaptiveAvgPool2d(1), m.Flatten(), m.Linear(8, 5))
+    net.conv1, net.bn1 = m.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), m.BatchNorm2d(16)
+    net.conv2, net.bn2 = m.Conv2d(16, 16, 3, padding=1), m.BatchNorm2d(16)
+    net.projection = m.Sequential(m.Conv2d(8, 16, 1, stride=2, bias=False), m.BatchNorm2d(16))
+    net.head = m.Sequential(m.AdaptiveAvgPool2d(1), m.Flatten(), m.Linear(16, 5))
 
 
 class _Net(nn.Module):
@@ -270,7 +291,7 @@ class _TorchNet(torch.nn.Module):
 def _forward(net, x, relu):
     x = net.stem(x)
     y = net.bn2(net.conv2(relu(net.bn1(net.conv1(x)))))
-    return net.head(relu(y + x))
+    return net.head(relu(y + net.projection(x)))
 
 
 def _torch_twin(ours):

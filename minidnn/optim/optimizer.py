@@ -197,7 +197,7 @@ def contiguous_grad(p: Tensor) -> Any:
     when it is not (a transpose's gradient can be a strided view): the update primitives walk a parameter, its
     gradient and its state as flat buffers of one layout."""
     grad = p.grad.data
-    if grad.strides == p.data.strides:
+    if grad.strides == p.data.strides or (grad.flags.c_contiguous and p.data.flags.c_contiguous):
         return grad
     if p.ndim == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=formats.channels_last):
         return formats.lay_out(grad, formats.channels_last)

@@ -32,6 +32,18 @@ def is_channels_last(array: Any) -> bool:
     return array.strides == (H * W * C * item, item, W * C * item, C * item)
 
 
+def coincide(shape: Sequence[int]) -> bool:
+    """Whether the two layouts of an (N, C, H, W) shape are one memory order (C = 1, or H = W = 1)."""
+    return shape[1] == 1 or shape[2] * shape[3] == 1
+
+
+def same_order(a: Any, b: Any) -> bool:
+    """Whether two arrays of one shape and item size hold their elements in one memory order: equal strides on
+    every axis longer than 1 (an axis of length 1 moves nowhere, so its stride is anything)."""
+    return a.shape == b.shape and (a.strides == b.strides or all(
+        n == 1 or p == q for n, p, q in zip(a.shape, a.strides, b.strides)))
+
+
 def buffer(array: Any) -> Any:
     """The C-contiguous (N, H, W, C) buffer of a channels-last array (a view, no copy)."""
     return array.transpose(TO_BUFFER)
@@ -53,7 +65,7 @@ def empty(shape: Sequence[int], dtype: Any, xp: Any, channels_last: bool) -> Any
 def to_channels_last(array: Any) -> Any:
     """``array`` laid out channels-last (itself when it already is, or when its layouts coincide). On the GPU a
     C-contiguous array goes through layout.cu's transpose (one pass; CuPy's strided copy is several times slower)."""
-    if array.ndim != 4 or is_channels_last(array):
+    if array.ndim != 4 or is_channels_last(array) or (array.flags.c_contiguous and coincide(array.shape)):
         return array
     xp = backend.get_array_module(array)
     if xp is not np and array.flags.c_contiguous and array.itemsize in (2, 4, 8):

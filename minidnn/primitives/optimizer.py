@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import backend
-from . import _cuda
+from . import _cuda, layout
 from ._checks import check_bool, check_dense, check_float, check_number
 
 __all__ = ["sgd_update", "sgd_update_multi", "adam_update", "adam_update_multi", "unscale_gradients_multi",
@@ -378,8 +378,7 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
         for i, array in enumerate(arrays):
             # A state array laid out as its parameter (checked first) is as dense as it is.
             if not (type(array) is type(first) and array.dtype == first.dtype
-                    and (array.flags.c_contiguous if name == "param"
-                         else array.shape == params[i].shape and array.strides == params[i].strides)
+                    and (array.flags.c_contiguous if name == "param" else layout.same_order(array, params[i]))
                     and (device_id is None or array.data.device_id == device_id)):
                 _check_array(names, name, i, array, params)
 
@@ -397,7 +396,7 @@ def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any
         raise ValueError(f"{label} must have {names('param', i)}'s shape {tuple(params[i].shape)}, "
                          f"got {tuple(array.shape)}")
     check_dense(array, label)
-    if name != "param" and array.strides != params[i].strides:
+    if name != "param" and not layout.same_order(array, params[i]):
         raise ValueError(f"{label} must be laid out as {names('param', i)} (C-contiguous or channels-last, strides "
                          f"{params[i].strides}), got strides {array.strides}")
 
