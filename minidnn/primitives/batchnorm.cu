@@ -804,20 +804,33 @@ struct RowChannel {
     }
 };
 
+// Each thread loads its channels' coefficients when its channel moves: once, where the grid's stride is a whole
+// number of rows (G·V a multiple of C: every C dividing 256·V, i.e. powers of two up to 2048 half channels),
+// so a pack costs its loads and stores, not 2V coefficient loads more.
 template <int V>
 __device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     Pack<V>* __restrict__ out = packs<V>(y);
+    acc_t mean_of[V], scale_of[V], shift_of[V];
+    int loaded = -1;
     for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        if (channel.c != loaded) {
+            loaded = channel.c;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                mean_of[u] = coef[loaded + u];
+                scale_of[u] = coef[C + loaded + u];
+                shift_of[u] = bias ? (acc_t)bias[loaded + u] : acc_t(0);
+            }
+        }
         const Pack<V> in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const int c = channel.c + u;
-            acc_t w = (element_value(in.e[u]) - coef[c]) * coef[C + c];
-            if (bias) w += (acc_t)bias[c];
+            acc_t w = (element_value(in.e[u]) - mean_of[u]) * scale_of[u];
+            if (bias) w += shift_of[u];
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -831,16 +844,26 @@ __device__ void inference_last(INFERENCE_PARAMETERS) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     Pack<V>* __restrict__ out = packs<V>(y);
+    acc_t mean_of[V], scale_of[V], shift_of[V];
+    int loaded = -1;
     for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        if (channel.c != loaded) {  // as in apply_last
+            loaded = channel.c;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const int c = loaded + u;
+                scale_of[u] = inference_invstd(running_var[c], eps);
+                if (weight) scale_of[u] *= (acc_t)weight[c];
+                mean_of[u] = running_mean[c];
+                shift_of[u] = bias ? (acc_t)bias[c] : acc_t(0);
+            }
+        }
         const Pack<V> in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const int c = channel.c + u;
-            acc_t scale = inference_invstd(running_var[c], eps);
-            if (weight) scale *= (acc_t)weight[c];
-            acc_t w = (element_value(in.e[u]) - (acc_t)running_mean[c]) * scale;
-            if (bias) w += (acc_t)bias[c];
+            acc_t w = (element_value(in.e[u]) - mean_of[u]) * scale_of[u];
+            if (bias) w += shift_of[u];
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -854,14 +877,23 @@ __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
     if (i >= count) return;
     const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
     Pack<V>* __restrict__ out = packs<V>(dx);
+    acc_t mean_dy[V], scale[V], mean_of[V], slope[V];
+    int loaded = -1;
     for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+        if (channel.c != loaded) {  // as in apply_last
+            loaded = channel.c;
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const int c = loaded + u;
+                mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
+            }
+        }
         const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const int c = channel.c + u;
             const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
-            p.e[u] = element_of((g - coef[c]) * coef[C + c] - (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
+            p.e[u] = element_of((g - mean_dy[u]) * scale[u] - (element_value(in.e[u]) - mean_of[u]) * slope[u]);
         }
         out[i] = p;
     }
