@@ -255,7 +255,8 @@ def test_element_wise_primitives_keep_the_layout(xp, rng):
                          (activation.relu_backward(b, a), activation.relu_backward(layout.contiguous(b),
                                                                                     layout.contiguous(a))),
                          (convert.add(a, b), convert.add(layout.contiguous(a), layout.contiguous(b))),
-                         (convert.half_to_float(a, "bfloat16"), convert.half_to_float(layout.contiguous(a), "bfloat16"))):
+                         (convert.half_to_float(a, "bfloat16"),
+                          convert.half_to_float(layout.contiguous(a), "bfloat16"))):
         assert layout.is_channels_last(result)
         assert xp.array_equal(layout.contiguous(result), want)
     relu_in_place = layout.to_channels_last(layout.contiguous(a).copy())

@@ -1,6 +1,7 @@
 // Batch normalisation on the GPU (batchnorm.py states the maths; its NumPy code is the reference twin).
 //
-// Layout. x, y, dy and dx are contiguous (N, C, S) arrays (of elem_t: scalar_t, or half words, below), S = prod(spatial). Channel c holds
+// Layout. x, y, dy and dx are contiguous (N, C, S) arrays (of elem_t: scalar_t, or half words, below), S =
+// prod(spatial); channels-last ones are (M, C) rows, in their own section near the end. Channel c holds
 // M = N·S values: value j (0 <= j < M) is x[(n·C + c)·S + s] with n = j / S, s = j % S, so a channel
 // is N planes of S contiguous values, C·S apart. Per-channel vectors (C,) are contiguous, of x's dtype.
 //
@@ -935,7 +936,9 @@ extern "C" __global__ void bn_backward_dx_vector8(BACKWARD_DX_PARAMETERS) {
 
 // Channels-last builds: packs of VECTOR and single elements.
 // Two blocks an SM at least (the reductions keep V channels' double sums per thread).
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last(STATISTICS_LAST_PARAMETERS) { statistics_last<1>(STATISTICS_LAST_ARGUMENTS); }
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last(STATISTICS_LAST_PARAMETERS) {
+    statistics_last<1>(STATISTICS_LAST_ARGUMENTS);
+}
 extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last_vector(STATISTICS_LAST_PARAMETERS) {
     statistics_last<VECTOR>(STATISTICS_LAST_ARGUMENTS);
 }
@@ -946,7 +949,8 @@ extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
 bn_backward_reduce_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
     backward_reduce_last<VECTOR, false>(BACKWARD_REDUCE_LAST_ARGUMENTS);
 }
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_backward_reduce_dx_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
+bn_backward_reduce_dx_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     backward_reduce_last<1, true>(BACKWARD_REDUCE_LAST_ARGUMENTS);
 }
 extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
@@ -956,7 +960,9 @@ bn_backward_reduce_dx_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
 extern "C" __global__ void bn_apply_last(APPLY_PARAMETERS) { apply_last<1>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_apply_last_vector(APPLY_PARAMETERS) { apply_last<VECTOR>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_inference_last(INFERENCE_PARAMETERS) { inference_last<1>(INFERENCE_ARGUMENTS); }
-extern "C" __global__ void bn_inference_last_vector(INFERENCE_PARAMETERS) { inference_last<VECTOR>(INFERENCE_ARGUMENTS); }
+extern "C" __global__ void bn_inference_last_vector(INFERENCE_PARAMETERS) {
+    inference_last<VECTOR>(INFERENCE_ARGUMENTS);
+}
 extern "C" __global__ void bn_backward_dx_last(BACKWARD_DX_PARAMETERS) { backward_dx_last<1>(BACKWARD_DX_ARGUMENTS); }
 extern "C" __global__ void bn_backward_dx_last_vector(BACKWARD_DX_PARAMETERS) {
     backward_dx_last<VECTOR>(BACKWARD_DX_ARGUMENTS);

@@ -26,6 +26,10 @@ one-pass Welford statistics per channel accumulated in float64, then fused eleme
 two launches for each training direction, one for each inference direction. Both give the same
 results up to rounding.
 
+Channels-last x (primitives/layout.py): y and dx come back channels-last. The GPU runs kernels of their own on
+the (N·H·W, C) rows of its buffer (batchnorm.cu's channels-last section: a pack holds channels, not a plane's
+values); the NumPy twin computes on the (N, C, S) view and lays its results out again.
+
 Half precision (mixed precision's batch norm): x, dy, relu_output and the results y, dx in float16 or
 bfloat16 (convert.py's storage), the per-channel vectors (weight, bias, running statistics, mean, invstd,
 dweight, dbias) float32, the master weights' type. The GPU's half build reads the half values exactly,
@@ -503,8 +507,8 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     build, width, *_ = _rows_launch((x, y), C, x.size // C) if channels_last else _packing((x, y), S)
     i32 = _cuda.i32
     _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), x.size // width,
-                 (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu), i32(C), i32(S),
-                  i32(x.size)))
+                 (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu),
+                  i32(C), i32(S), i32(x.size)))
     return y
 
 

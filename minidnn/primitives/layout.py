@@ -126,4 +126,3 @@ def common(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], bool]:
     if channels_last:
         return tuple(arrays), True
     return tuple(a if a is None or getattr(a, "ndim", 0) == 0 else contiguous(a) for a in arrays), False
-

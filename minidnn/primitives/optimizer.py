@@ -360,7 +360,8 @@ def _multi_names(name: str, index: int) -> str:
 
 def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]]) -> None:
     """Every list holds one float array per parameter: the params' dtype and device, and the shape and layout of
-    its parameter (C-contiguous, or channels-last: the kernels walk them as flat buffers). ``names(name, i)`` is how errors name element i ("grad" or "grads[3]")."""
+    its parameter (C-contiguous, or channels-last: the kernels walk them as flat buffers). ``names(name, i)`` is
+    how errors name element i ("grad" or "grads[3]")."""
     (_, params), *states = lists
     for name, arrays in lists:
         if not isinstance(arrays, (list, tuple)):  # (only the multi-tensor functions take lists from callers)

@@ -218,7 +218,8 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit)
     problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
-    y = _output(out, problem.y_shape, problem, xp, channels_last=layout.is_channels_last(x) or layout.is_channels_last(w))
+    y = _output(out, problem.y_shape, problem, xp,
+                channels_last=layout.is_channels_last(x) or layout.is_channels_last(w))
     return _run(plan, "forward", x, w, problem, y)
 
 

@@ -3,9 +3,10 @@
 With the channels innermost, eight consecutive reduction values are 16 contiguous bytes: the kernels gather
 whole 16-byte vectors (cp.async, three stages deep) where ``implicit_gemm`` gathers 2-byte values one by one.
 
-Our tensors are NCHW, so each call first copies its activations to (N, H, W, C) in the workspace (one
-transpose, a pass over memory) and its filter to (K, R, S, C); forward writes y straight back as (N, K, P, Q)
-from its epilogue. Each direction is one GEMM (``implicit_gemm_nhwc.cu`` has the kernels):
+A C-contiguous (NCHW) operand is first copied to (N, H, W, C) in the workspace (one transpose, a pass over
+memory; layout.cu), the filter to (K, R, S, C); a channels-last operand (primitives/layout.py) is read as it is,
+its buffer being that copy already. Forward writes y from its epilogue in y's layout: (N, K, P, Q), or a
+channels-last y's (N, P, Q, K) buffer. Each direction is one GEMM (``implicit_gemm_nhwc.cu`` has the kernels):
 
     direction         rows M      columns N   reduction      operands (channels last)
     forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
