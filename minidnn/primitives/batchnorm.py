@@ -408,9 +408,9 @@ def _layout(x: Any) -> tuple[int, int, int]:
 
 
 # The channels-last reductions (batchnorm.cu's RowsOfBlock): a block's columns hold up to this many packs of a
-# row; about this many blocks an SM (two resident, two waves: the last block of a channel block merges every
-# split, so more splits lengthen its tail), each thread summing at least this many passes of rows.
-_LAST_BLOCK_PACKS, _LAST_BLOCKS_PER_SM, _LAST_PASSES_PER_SPLIT = 32, 4, 8
+# row, and each thread sums at least this many passes of rows (fewer, for about four blocks an SM, timed slower
+# on ResNet-18: the last block of a channel block merges every split, so more splits lengthen its tail).
+_LAST_BLOCK_PACKS, _LAST_PASSES_PER_SPLIT = 32, 32
 
 
 def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, int], int]:
@@ -421,10 +421,7 @@ def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, in
     block_packs = min(packs_per_row, _LAST_BLOCK_PACKS)
     channel_blocks = -(-packs_per_row // block_packs)
     rows_per_pass = _cuda.THREADS // block_packs
-    wanted = -(-_LAST_BLOCKS_PER_SM * _cuda.sm_count() // channel_blocks)
-    splits = max(1, min(wanted, M // (_LAST_PASSES_PER_SPLIT * rows_per_pass)))
-    per = max(1, -(-M // splits))
-    splits = max(1, -(-M // per))  # none empty
+    splits, per = _cuda.reduction_split(channel_blocks, M, minimum=_LAST_PASSES_PER_SPLIT * rows_per_pass)
     return "_last" + ("_vector" if width > 1 else ""), width, (channel_blocks, splits), per
 
 
