@@ -1,6 +1,6 @@
 """minidnn's primitives library: cuDNN-like functions on NumPy and CuPy arrays, no autograd.
 
-Layout NCHW, weights (K, C/groups, R, S). Every function takes and returns plain arrays; the
+Layout NCHW, or channels-last (an NCHW view of an NHWC buffer: layout.py), weights (K, C/groups, R, S). Every function takes and returns plain arrays; the
 array's type (numpy.ndarray or cupy.ndarray) selects the implementation. Forward functions
 return what their backward needs (argmax indices, saved statistics); backward functions take it.
 """
