@@ -196,6 +196,50 @@ __device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const 
     return last;
 }
 
+// What the last block does for channel c once its state (n, mean, M2) is merged: mean_out, invstd_out (the
+// caller's), coef (2, C) = (mean, invstd·weight) for the normalisation, the running statistics in place (the
+// unbiased variance M2/(n − 1)), and channel 0 counts the batch. The plane and the row kernels share it.
+__device__ __forceinline__ void finish_statistics(const int c, const int C, const acc_t n, const acc_t mean,
+                                                  const acc_t m2, const acc_t eps, const acc_t momentum,
+                                                  const scalar_t* __restrict__ weight,
+                                                  scalar_t* __restrict__ running_mean,
+                                                  scalar_t* __restrict__ running_var, scalar_t* __restrict__ mean_out,
+                                                  scalar_t* __restrict__ invstd_out, acc_t* __restrict__ coef,
+                                                  long long* __restrict__ batches_tracked) {
+    const acc_t var = m2 / n;  // biased: the normalisation uses it
+    const acc_t invstd = 1.0 / sqrt(var + eps);
+    mean_out[c] = (scalar_t)mean;
+    invstd_out[c] = (scalar_t)invstd;
+    coef[c] = mean;
+    coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
+    if (running_mean) {
+        running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
+        const acc_t unbiased = var * (n / (n - 1.0));
+        running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
+    }
+    if (batches_tracked && c == 0) *batches_tracked += 1;
+}
+
+// What the last block does for channel c once its sums are in (Σg over M values, Σg·(x − center)): dbias, dweight
+// = Σg·(x − center)·invstd, with invstd the saved one (training: invstd not null) or from running_var (inference);
+// training's coef (3, C) for the dx kernel: Σg/M, scale = invstd·weight, scale·invstd·dweight/M.
+__device__ __forceinline__ void finish_sums(const int c, const int C, const int M, const acc_t sum_dy,
+                                            const acc_t sum_dy_xc, const scalar_t* __restrict__ invstd,
+                                            const scalar_t* __restrict__ running_var, const acc_t eps,
+                                            const scalar_t* __restrict__ weight, scalar_t* __restrict__ dweight,
+                                            scalar_t* __restrict__ dbias, acc_t* __restrict__ coef) {
+    const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
+    const acc_t dw = sum_dy_xc * is;
+    dbias[c] = (scalar_t)sum_dy;
+    dweight[c] = (scalar_t)dw;
+    if (coef) {
+        const acc_t scale = weight ? is * (acc_t)weight[c] : is;
+        coef[c] = sum_dy / M;
+        coef[C + c] = scale;
+        coef[2 * C + c] = scale * is * dw / M;
+    }
+}
+
 // ----------------------------------------------------------------------------------------------
 // Training forward: statistics (finished by the last block of each channel), then normalise
 // ----------------------------------------------------------------------------------------------
@@ -279,19 +323,8 @@ __device__ void statistics(STATISTICS_PARAMETERS) {
     }
     warp_welford(n, mean, m2);
     if (t == 0) {
-        const acc_t eps = eps_arg, momentum = momentum_arg;
-        const acc_t var = m2 / n;  // biased: the normalisation uses it
-        const acc_t invstd = 1.0 / sqrt(var + eps);
-        mean_out[c] = (scalar_t)mean;
-        invstd_out[c] = (scalar_t)invstd;
-        coef[c] = mean;
-        coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
-        if (running_mean) {
-            running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
-            const acc_t unbiased = var * (n / (n - 1.0));
-            running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
-        }
-        if (batches_tracked && c == 0) *batches_tracked += 1;
+        finish_statistics(c, C, n, mean, m2, eps_arg, momentum_arg, weight, running_mean, running_var, mean_out,
+                          invstd_out, coef, batches_tracked);
     }
 }
 
@@ -461,18 +494,7 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
         sum_dy_xc += __ldcg(partial + (splits + j) * C + c);
     }
     warp_sum2(sum_dy, sum_dy_xc);
-    if (t == 0) {
-        const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
-        const acc_t dw = sum_dy_xc * is;
-        dbias[c] = (scalar_t)sum_dy;
-        dweight[c] = (scalar_t)dw;
-        if (coef) {
-            const acc_t scale = weight ? is * (acc_t)weight[c] : is;
-            coef[c] = sum_dy / (N * S);
-            coef[C + c] = scale;
-            coef[2 * C + c] = scale * is * dw / (N * S);
-        }
-    }
+    if (t == 0) finish_sums(c, C, N * S, sum_dy, sum_dy_xc, invstd, running_var, eps, weight, dweight, dbias, coef);
 }
 
 // Training dx = (g − Σg/M)·scale − (x − mean)·scale·invstd·dweight/M with g = dy·[relu_output > 0] (or
@@ -640,19 +662,8 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
         const int from = g * rows.channels + t;
         merge_states<1>(total, shared_n[from], &shared_mean[from], &shared_m2[from]);
     }
-    const acc_t eps = eps_arg, momentum = momentum_arg, n = total.n, mean = total.mean[0];
-    const acc_t var = total.m2[0] / n;  // biased: the normalisation uses it
-    const acc_t invstd = 1.0 / sqrt(var + eps);
-    mean_out[c] = (scalar_t)mean;
-    invstd_out[c] = (scalar_t)invstd;
-    coef[c] = mean;
-    coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
-    if (running_mean) {
-        running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
-        const acc_t unbiased = var * (n / (n - 1.0));
-        running_var[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_var[c] + momentum * unbiased);
-    }
-    if (batches_tracked && c == 0) *batches_tracked += 1;
+    finish_statistics(c, C, total.n, total.mean[0], total.m2[0], eps_arg, momentum_arg, weight, running_mean,
+                      running_var, mean_out, invstd_out, coef, batches_tracked);
 }
 
 // Grid (channel blocks, splits), LAST_THREADS threads: backward_reduce's sums (Σg, Σg·(x − center)) and
@@ -779,16 +790,7 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     if (t >= rows.channels) return;
     a = b = 0;
     for (int g = 0; g < groups; ++g) a += shared_a[g * rows.channels + t], b += shared_b[g * rows.channels + t];
-    const acc_t is = invstd ? (acc_t)invstd[c] : inference_invstd(running_var[c], eps);
-    const acc_t dw = b * is;
-    dbias[c] = (scalar_t)a;
-    dweight[c] = (scalar_t)dw;
-    if (coef) {
-        const acc_t scale = weight ? is * (acc_t)weight[c] : is;
-        coef[c] = a / M;
-        coef[C + c] = scale;
-        coef[2 * C + c] = scale * is * dw / M;
-    }
+    finish_sums(c, C, M, a, b, invstd, running_var, eps, weight, dweight, dbias, coef);
 }
 
 // The element-wise kernels on (M, C) rows: pack i holds channels (i·V) mod C, ..., + V − 1 (C a multiple of V).
@@ -808,8 +810,13 @@ struct RowChannel {
 // Each thread loads its channels' coefficients when its channel moves: once, where the grid's stride is a whole
 // number of rows (G·V a multiple of C: every C dividing 256·V, i.e. powers of two up to 2048 half channels),
 // so a pack costs its loads and stores, not 2V coefficient loads more.
-template <int V>
-__device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
+// y = (x − mean)·scale + shift, then max(·, 0) when relu != 0, over (M, C) rows, with each pack's coefficients from
+// `load(c, mean, scale, shift)` for its channels c, ..., c + V − 1 (shift added only when has_shift): the training
+// and the inference forward differ only in where the coefficients come from.
+template <int V, typename Load>
+__device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, elem_t* __restrict__ y,
+                                               const bool has_shift, const int relu, const int C, const int total,
+                                               const Load& load) {
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
@@ -819,19 +826,14 @@ __device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
     for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
         if (channel.c != loaded) {
             loaded = channel.c;
-#pragma unroll
-            for (int u = 0; u < V; ++u) {
-                mean_of[u] = coef[loaded + u];
-                scale_of[u] = coef[C + loaded + u];
-                shift_of[u] = bias ? (acc_t)bias[loaded + u] : acc_t(0);
-            }
+            load(loaded, mean_of, scale_of, shift_of);
         }
         const Pack<V> in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             acc_t w = (element_value(in.e[u]) - mean_of[u]) * scale_of[u];
-            if (bias) w += shift_of[u];
+            if (has_shift) w += shift_of[u];
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -839,36 +841,30 @@ __device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
 }
 
 template <int V>
-__device__ void inference_last(INFERENCE_PARAMETERS) {
-    const acc_t eps = eps_arg;
-    const int G = blockDim.x * gridDim.x, count = total / V;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
-    Pack<V>* __restrict__ out = packs<V>(y);
-    acc_t mean_of[V], scale_of[V], shift_of[V];
-    int loaded = -1;
-    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
-        if (channel.c != loaded) {  // as in apply_last
-            loaded = channel.c;
-#pragma unroll
-            for (int u = 0; u < V; ++u) {
-                const int c = loaded + u;
-                scale_of[u] = inference_invstd(running_var[c], eps);
-                if (weight) scale_of[u] *= (acc_t)weight[c];
-                mean_of[u] = running_mean[c];
-                shift_of[u] = bias ? (acc_t)bias[c] : acc_t(0);
-            }
-        }
-        const Pack<V> in = packs<V>(x)[i];
-        Pack<V> p;
+__device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
+    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c, acc_t* mean, acc_t* scale, acc_t* shift) {
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            acc_t w = (element_value(in.e[u]) - mean_of[u]) * scale_of[u];
-            if (bias) w += shift_of[u];
-            p.e[u] = element_of(apply_relu(w, relu));
+            mean[u] = coef[c + u];
+            scale[u] = coef[C + c + u];
+            shift[u] = bias ? (acc_t)bias[c + u] : acc_t(0);
         }
-        out[i] = p;
-    }
+    });
+}
+
+template <int V>
+__device__ void inference_last(INFERENCE_PARAMETERS) {  // S is unused (1)
+    const acc_t eps = eps_arg;
+    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c0, acc_t* mean, acc_t* scale, acc_t* shift) {
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            const int c = c0 + u;
+            scale[u] = inference_invstd(running_var[c], eps);
+            if (weight) scale[u] *= (acc_t)weight[c];
+            mean[u] = running_mean[c];
+            shift[u] = bias ? (acc_t)bias[c] : acc_t(0);
+        }
+    });
 }
 
 template <int V>
