@@ -1,10 +1,10 @@
 """Channels-last tensors (``minidnn.channels_last``, PyTorch's ``torch.channels_last``): the API against PyTorch's,
 the layout each primitive hands on, and the values, which a layout must never change.
 
-The primitives with channels-last kernels (the half-precision implicit GEMMs) are held to their own
-C-contiguous results (forward and backward-data bit for bit: the same sums, only the loads and the store
-differ) and to a float64 reference; the others run on C-contiguous copies and must lay out their results
-again. A small network's float64 step, channels-last, is held to PyTorch's channels-last step, and a bfloat16
+The primitives with channels-last kernels (the half-precision implicit GEMMs, batch norm) are held to their own
+C-contiguous results (the convolutions' forward and backward-data bit for bit: the same sums, only the loads and
+the store differ), which their own test files hold to float64 references; the others run on C-contiguous copies
+and must lay out their results again. A small network's float64 step, channels-last, is held to PyTorch's channels-last step, and a bfloat16
 autocast step to the same step on C-contiguous tensors.
 """
 import numpy as np
