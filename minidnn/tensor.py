@@ -283,7 +283,7 @@ class Tensor(Value):
         tensor's NHWC order (both, where the two coincide: C = 1 or H = W = 1)."""
         formats.check(memory_format, allowed=(formats.contiguous_format, formats.channels_last))
         if memory_format is formats.channels_last:
-            return self.ndim == 4 and bool(self.data.transpose(layout.TO_BUFFER).flags.c_contiguous)
+            return self.ndim == 4 and bool(layout.buffer(self.data).flags.c_contiguous)
         return bool(self.data.flags.c_contiguous)
 
     # --- in-place updates ----------------------------------------------------------------------

@@ -65,6 +65,17 @@ def test_layout_changes_keep_the_values(xp, shape, dtype):
     assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
 
 
+def test_a_given_out_decides_the_common_layout(xp):
+    """layout.common: the inputs follow a given out (which a kernel writes and the caller reads), whichever layout
+    they have; without out, channels-last only when every 4-D input is."""
+    plain, last = xp.zeros((2, 3, 4, 5)), layout.to_channels_last(xp.zeros((2, 3, 4, 5)))
+    (a, b), channels_last = layout.common((plain, last), out=last)
+    assert channels_last and layout.is_channels_last(a) and b is last
+    (a, b), channels_last = layout.common((plain, last), out=plain)
+    assert not channels_last and a is plain and a.flags.c_contiguous and b.flags.c_contiguous
+    assert layout.common((last, last))[1] and not layout.common((plain, last))[1]
+
+
 def test_shapes_whose_layouts_coincide_are_left_as_they_are(xp):
     """C = 1 or H = W = 1: both layouts are one memory order, so nothing is copied or re-strided."""
     for shape in ((4, 8, 1, 1), (2, 1, 3, 5)):

@@ -329,11 +329,7 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     # A RawKernel sees only the base pointer: the inputs in one layout, walked as flat buffers (layout.common:
     # channels-last ones as they are, others C-contiguous; a 0-d array stays 0-d). An out that is an input is
     # already in that layout, so it stays that very array.
-    if out is None:
-        inputs, channels_last = layout.common(arrays)
-    else:
-        channels_last = layout.is_channels_last(out)
-        inputs = tuple(layout.like(a, channels_last) for a in arrays)
+    inputs, channels_last = layout.common(arrays, out)
     if out is None:
         out = layout.empty(arrays[0].shape, arrays[0].dtype, backend.cupy(), channels_last)
     _cuda.check_int32(out)

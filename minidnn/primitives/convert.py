@@ -139,7 +139,7 @@ def _output(out: Any, shape: tuple, dtype: np.dtype, xp: Any, channels_last: boo
 def _launch(kernel: str, source: Any, out: Any) -> None:
     """An element-wise conversion on the GPU: source and out walked as flat buffers of one layout, out's (a
     source in another is laid out as out first; out is never replaced, since it is what the caller reads)."""
-    source = layout.like(source, layout.is_channels_last(out))
+    (source,), _ = layout.common((source,), out)
     _cuda.check_int32(source)
     _cuda.launch(_cuda.function(_SOURCE, kernel, np.float32), source.size,
                  (layout.flat(source), layout.flat(out), _cuda.i32(source.size)))

@@ -117,10 +117,14 @@ def like(result: Any, channels_last: bool) -> Any:
     return to_channels_last(result) if channels_last else contiguous(result)
 
 
-def common(arrays: Sequence[Any]) -> tuple[tuple[Any, ...], bool]:
+def common(arrays: Sequence[Any], out: Any = None) -> tuple[tuple[Any, ...], bool]:
     """The arrays (None kept) in one layout an element-wise kernel can walk as flat buffers, and whether
-    it is channels-last: when every 4-D array among them is channels-last (and there is one) they stay as
-    they are, else every array is made C-contiguous."""
+    it is channels-last: with ``out`` given, out's (out itself is what the caller reads, so it is never the one
+    replaced); else channels-last when every 4-D array among them is (and there is one), and every array is
+    made C-contiguous otherwise."""
+    if out is not None:
+        channels_last = is_channels_last(out)
+        return tuple(a if a is None else like(a, channels_last) for a in arrays), channels_last
     present = [a for a in arrays if a is not None and getattr(a, "ndim", 0) > 0]
     channels_last = bool(present) and all(is_channels_last(a) for a in present)
     if channels_last:
