@@ -78,7 +78,7 @@ def relu_backward(dy: Any, y: Any) -> Any:
         _check_half_arrays(("dy", dy), ("y", y))
         if backend.is_cuda_array(dy):
             return _elementwise_gpu("relu_backward", dy, y, half=half)
-        return layout.like(where_or_zero(convert.half_to_float(y, half) > 0, dy), layout.is_channels_last(dy))
+        return where_or_zero(convert.half_to_float(y, half) > 0, dy)  # NumPy keeps the layout of the mask and dy
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if backend.is_cuda_array(dy):
