@@ -206,6 +206,40 @@ def test_float_convolution_keeps_the_layout(xp, rng):
     assert xp.allclose(out, y, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_find_times_every_algorithm_in_the_calls_layout(monkeypatch, tmp_path, xp, rng, direction):
+    """find times a channels-last call's algorithms on channels-last operands, through the copies an algorithm
+    without channels-last kernels needs (what the call itself then runs), and keeps its results apart from the
+    same shapes' C-contiguous ones."""
+    monkeypatch.setenv("MINIDNN_CACHE_DIR", str(tmp_path))
+    conv.selection.clear_cache()
+    timed = []  # (channels-last problem, first operand channels-last, out channels-last) of each timed call
+    original = conv.registry.ConvAlgorithm.run_in_layout
+
+    def recording(self, direction, first, second, problem, out, accumulate, workspace):
+        timed.append((problem.channels_last, layout.is_channels_last(first), layout.is_channels_last(out)))
+        original(self, direction, first, second, problem, out, accumulate, workspace)
+
+    monkeypatch.setattr(conv.registry.ConvAlgorithm, "run_in_layout", recording)
+    x, w = xp.asarray(rng.standard_normal((2, 5, 8, 7))), xp.asarray(rng.standard_normal((6, 5, 3, 3)))
+    dy = xp.asarray(rng.standard_normal((2, 6, 8, 7)))
+    calls = {"forward": lambda last: conv.conv2d_forward(last(x), last(w), padding=1),
+             "backward_data": lambda last: conv.conv2d_backward_data(last(dy), last(w), x.shape, padding=1),
+             "backward_filter": lambda last: conv.conv2d_backward_filter(last(x), last(dy), w.shape, padding=1)}
+    try:
+        with conv.settings(benchmark=True):
+            laid_out = calls[direction](layout.to_channels_last)
+            assert len(timed) > 2 and all(problem and first for problem, first, _ in timed)
+            assert all(out == (direction != "backward_filter") for _, _, out in timed)
+            timed.clear()
+            plain = calls[direction](lambda a: a)
+            assert len(timed) > 2 and not any(problem or first or out for problem, first, out in timed)
+        assert [problem.channels_last for _, problem, _ in conv.selection._measured] == [True, False]
+    finally:
+        conv.selection.clear_cache()
+    assert xp.allclose(layout.contiguous(laid_out), plain, rtol=1e-12, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------------------------
 # Batch norm and the element-wise primitives
 # ----------------------------------------------------------------------------------------------

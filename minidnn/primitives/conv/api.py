@@ -42,14 +42,14 @@ def _plain(value: Any) -> bool:
 
 
 def _call_key(direction: str, first: Any, second: Any, shape: Any, stride: Any, padding: Any, dilation: Any,
-              groups: Any, algo: Any, workspace_limit: Any) -> tuple | None:
+              groups: Any, algo: Any, workspace_limit: Any, channels_last: bool) -> tuple | None:
     """The call cache's key, or None when the call must take the checking path."""
     if not (_plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int):
         return None
     try:
         return (direction, first.shape, second.shape, shape, first.dtype, second.dtype, type(first), type(second),
                 stride, padding, dilation, groups, algo, workspace_limit, registry._Settings.generation,
-                _cuda.allow_tf32())
+                _cuda.allow_tf32(), channels_last)
     except AttributeError:  # not arrays: the checks say what is wrong
         return None
 
@@ -144,19 +144,11 @@ def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProbl
     for images, algorithm in plan.segments:
         part = problem if images == problem.N else problem.with_batch(images)
         stop = start + images
-        # An algorithm without channels-last kernels gets C-contiguous copies, and its y or dx is laid out
-        # as out is afterwards.
-        arrange = (lambda a: a) if algorithm.channels_last else layout.contiguous
-        if direction == "backward_filter":
-            algorithm.backward_filter(arrange(first[start:stop]), arrange(second[start:stop]), part, out,
-                                      accumulate or start > 0, workspace)
-        else:
-            view = result = out[start:stop]
-            if not (algorithm.channels_last or view.flags.c_contiguous):
-                result = xp.empty(view.shape, dtype=view.dtype)
-            algorithm.run(direction, arrange(first[start:stop]), arrange(second), part, result, False, workspace)
-            if result is not view:
-                layout.copy_into(view, result)
+        if direction == "backward_filter":  # slices of x and dy, all adding into the one dw
+            algorithm.run_in_layout(direction, first[start:stop], second[start:stop], part, out,
+                                    accumulate or start > 0, workspace)
+        else:  # slices of x (dy) and of y (dx); w whole
+            algorithm.run_in_layout(direction, first[start:stop], second, part, out[start:stop], False, workspace)
         start = stop
     return out
 
@@ -212,14 +204,15 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     ``out`` when given). ``algo`` is ``"auto"``, an algorithm's name, or None for the default. y is
     channels-last when x or w is (PyTorch's rule; primitives/layout.py), else C-contiguous.
     """
-    def check() -> ConvProblem:
-        return forward_problem(x, w, stride, padding, dilation, groups, _device(x, w))
+    last = layout.is_channels_last(x) or layout.is_channels_last(w)
 
-    key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit)
+    def check() -> ConvProblem:
+        return forward_problem(x, w, stride, padding, dilation, groups, _device(x, w)).laid_out(last)
+
+    key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit, last)
     problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
-    y = _output(out, problem.y_shape, problem, xp,
-                channels_last=layout.is_channels_last(x) or layout.is_channels_last(w))
+    y = _output(out, problem.y_shape, problem, xp, channels_last=last)
     return _run(plan, "forward", x, w, problem, y)
 
 
@@ -231,19 +224,20 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
     dy: (N, K, P, Q); w: (K, C/groups, R, S); x_shape: (N, C, H, W); returns dx: x_shape, channels-last when
     dy or w is.
     """
+    last = layout.is_channels_last(dy) or layout.is_channels_last(w)
+
     def check() -> ConvProblem:
         check_conv_dtype(w, "weight")
         check_rank(w, 4, "weight", "(K, C/groups, R, S)")
         problem = make_problem(tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups, w.dtype,
                                _device(dy, w))
         check_output_grad(dy, problem)
-        return problem
+        return problem.laid_out(last)
 
-    key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit, last)
     problem, plan = _problem_and_plan("backward_data", key, check, algo, workspace_limit)
     xp = backend.get_array_module(dy, w)
-    dx = _output(out, problem.x_shape, problem, xp,
-                 channels_last=layout.is_channels_last(dy) or layout.is_channels_last(w))
+    dx = _output(out, problem.x_shape, problem, xp, channels_last=last)
     return _run(plan, "backward_data", dy, w, problem, dx)
 
 
@@ -258,15 +252,18 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     there, or added to it when ``accumulate`` (cuDNN's beta = 1): the seam a caller uses to sum weight
     gradients over its own micro-batches.
     """
+    last = layout.is_channels_last(x) or layout.is_channels_last(dy)
+
     def check() -> ConvProblem:
         check_conv_dtype(x, "input")
         check_rank(x, 4, "input", "(N, C, H, W)")
         problem = make_problem(x.shape, tuple(w_shape), stride, padding, dilation, groups, x.dtype, _device(x, dy))
         check_output_grad(dy, problem)
-        return problem
+        return problem.laid_out(last)
 
     _check_accumulate(accumulate, out)
-    key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit)
+    key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit,
+                    last)
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp, gradient_dtype(dtype, problem))

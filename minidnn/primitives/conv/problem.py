@@ -47,6 +47,9 @@ class ConvProblem:
     groups: int
     dtype: np.dtype
     device: str  # "cpu" or "cuda": which implementation family runs it
+    # The call's activations are channels-last (primitives/layout.py): ``find`` times each algorithm on operands
+    # so laid out, the copies of one without channels-last kernels counted.
+    channels_last: bool = False
 
     @property
     def P(self) -> int:
@@ -87,6 +90,10 @@ class ConvProblem:
         """The same problem on a micro-batch of ``n`` images."""
         return dataclasses.replace(self, N=n)
 
+    def laid_out(self, channels_last: bool) -> "ConvProblem":
+        """The same problem on activations of that layout (itself when they already are)."""
+        return self if channels_last == self.channels_last else dataclasses.replace(self, channels_last=channels_last)
+
     def flops(self) -> int:
         """Multiply-adds × 2 of one direction (all three directions cost the same)."""
         return 2 * self.N * self.K * self.P * self.Q * (self.C // self.groups) * self.R * self.S
@@ -95,6 +102,7 @@ class ConvProblem:
         """``[128,64,56,56] -> [128,64,56,56] (3x3, stride 1x1, pad 1x1, ...)`` as μ-cuDNN logs it."""
         extra = f", dilation {self.dilation[0]}x{self.dilation[1]}" if self.dilation != (1, 1) else ""
         extra += f", groups {self.groups}" if self.groups != 1 else ""
+        extra += ", channels-last" if self.channels_last else ""
         return (f"[{self.N},{self.C},{self.H},{self.W}] -> [{self.N},{self.K},{self.P},{self.Q}] "
                 f"({self.R}x{self.S}, stride {self.stride[0]}x{self.stride[1]}, "
                 f"pad {self.padding[0]}x{self.padding[1]}{extra}, {self.half_type or self.dtype.name})")

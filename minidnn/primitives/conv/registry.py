@@ -26,7 +26,8 @@ import os
 import warnings
 from typing import Any, Iterator
 
-from .. import convert
+from ... import backend
+from .. import convert, layout
 from .problem import DIRECTIONS, ConvProblem
 
 MiB = 1 << 20
@@ -62,8 +63,8 @@ class ConvAlgorithm:
     device (carve typed arrays from it with :func:`workspace_array`), or None when the algorithm
     needs none. Inputs are C-contiguous, except for an algorithm whose ``channels_last`` is True: it takes
     x, dy and w in either layout (C-contiguous or channels-last, primitives/layout.py) as they are, and writes
-    forward's and backward-data's ``out`` in the layout ``out`` has (api gives the others C-contiguous copies
-    and lays their results out as asked).
+    forward's and backward-data's ``out`` in the layout ``out`` has (:meth:`run_in_layout` gives the others
+    C-contiguous copies and lays their results out as asked).
     """
 
     name = "abstract"
@@ -104,6 +105,22 @@ class ConvAlgorithm:
             self.backward_data(first, second, problem, out, workspace)
         else:
             self.backward_filter(first, second, problem, out, accumulate, workspace)
+
+    def run_in_layout(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                      accumulate: bool, workspace: Any) -> None:
+        """:meth:`run` on operands of either layout (api's segments and ``find``'s timings both call this): an
+        algorithm without channels-last kernels gets C-contiguous copies, and its y or dx, written C-contiguous,
+        is laid out as ``out`` is afterwards."""
+        if self.channels_last:
+            self.run(direction, first, second, problem, out, accumulate, workspace)
+            return
+        first, second = layout.contiguous(first), layout.contiguous(second)
+        if direction == "backward_filter" or out.flags.c_contiguous:
+            self.run(direction, first, second, problem, out, accumulate, workspace)
+            return
+        result = backend.get_array_module(out).empty(out.shape, dtype=out.dtype)
+        self.run(direction, first, second, problem, result, accumulate, workspace)
+        layout.copy_into(out, result)
 
     def __repr__(self) -> str:
         return f"<conv algorithm {self.name!r}>"

@@ -8,7 +8,9 @@
   with its time and workspace bytes. Algorithms marked ``automatic = False`` (the float64
   reference) are left out unless nothing else can run.
 
-``find`` results are cached per (direction, problem, math mode) in memory, and on disk in one
+``find`` times each algorithm on operands in the call's layout (a channels-last problem's on channels-last
+arrays, so an algorithm without channels-last kernels is timed with its copies). Its results are cached per
+(direction, problem, math mode) in memory, and on disk in one
 JSON file per device (``$MINIDNN_CACHE_DIR/conv_find_<device>.json``, default
 ``~/.cache/minidnn``) whose header names the GPU and the minidnn version: a file made on another GPU or by another version,
 or one that does not parse, is ignored with a warning, and the file is always replaced atomically.
@@ -29,7 +31,7 @@ import numpy as np
 
 from ... import backend
 from ..._version import __version__
-from .. import _cuda, convert
+from .. import _cuda, convert, layout
 from . import plans, registry
 from .problem import ConvProblem
 
@@ -200,15 +202,20 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
 
     def random(shape: tuple) -> Any:
         if problem.half_type is None:
-            return xp.asarray(rng.standard_normal(shape).astype(problem.dtype))
-        return convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), problem.half_type)
+            array = xp.asarray(rng.standard_normal(shape).astype(problem.dtype))
+        else:
+            array = convert.float_to_half(xp.asarray(rng.standard_normal(shape).astype(np.float32)), problem.half_type)
+        # A channels-last problem's operands (the weight too, as Module.to(memory_format=...) lays it out) in
+        # that layout: an algorithm without channels-last kernels is timed with its copies.
+        return layout.to_channels_last(array) if problem.channels_last else array
 
     first, second, out_shape = {
         "forward": (problem.x_shape, problem.w_shape, problem.y_shape),
         "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
         "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape),
     }[direction]
-    first, second, out = random(first), random(second), xp.empty(out_shape, dtype=problem.dtype)
+    out = layout.empty(out_shape, problem.dtype, xp, problem.channels_last and direction != "backward_filter")
+    first, second = random(first), random(second)
     results = {}
     for algorithm in algorithms:
         size = algorithm.workspace_bytes(problem, direction)
@@ -220,7 +227,7 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
             continue
 
         def call(algorithm: registry.ConvAlgorithm = algorithm, workspace: Any = workspace) -> None:
-            algorithm.run(direction, first, second, problem, out, False, workspace)
+            algorithm.run_in_layout(direction, first, second, problem, out, False, workspace)
 
         times = _time(call, xp, repeats)
         results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size,
@@ -267,7 +274,7 @@ def _key_text(key: tuple) -> str:
     direction, p, mode = key
     return (f"{direction}|{p.N},{p.C},{p.H},{p.W}|{p.K},{p.R},{p.S}|stride {p.stride[0]},{p.stride[1]}"
             f"|pad {p.padding[0]},{p.padding[1]}|dilation {p.dilation[0]},{p.dilation[1]}|groups {p.groups}"
-            f"|{p.dtype.name}|{mode}")
+            f"|{p.dtype.name}|{mode}" + ("|channels_last" if p.channels_last else ""))
 
 
 class _DiskCache:
