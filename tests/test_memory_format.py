@@ -309,6 +309,35 @@ def test_element_wise_primitives_keep_the_layout(xp, rng):
     assert xp.array_equal(layout.contiguous(relu_in_place), activation.relu_forward(layout.contiguous(a)))
 
 
+# (x shape, kernel_size, stride, padding, dilation, ceil_mode): ResNet's window over an odd number of channels;
+# CaffeNet's with ceil mode; a dilated window and one of 4 candidates an axis (the kernels' general loop).
+MAX_POOL_CASES = [((2, 37, 13, 11), 3, 2, 1, 1, False), ((3, 8, 9, 10), 3, 2, 0, 1, True),
+                  ((2, 5, 12, 12), 3, 1, 1, 2, False), ((1, 16, 7, 9), 4, 1, 1, 1, False)]
+
+
+@pytest.mark.parametrize("return_indices", [False, True], ids=["taps", "indices"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("case", MAX_POOL_CASES, ids=lambda case: "x".join(map(str, case[0])))
+def test_max_pooling_on_channels_last(xp, rng, case, dtype, return_indices):
+    """y, the record of the maxima and dx come back channels-last (PyTorch's rule), each equal bit for bit to the
+    C-contiguous computation (on the GPU: kernels of that layout, the same maxima and the same sums). Values
+    rounded to halves, so that windows hold ties, which must keep the first maximum in both layouts."""
+    from minidnn.primitives import pooling  # noqa: PLC0415
+
+    shape, *window = case
+    values = xp.asarray(np.round(rng.standard_normal(shape) * 2) / 2)
+    x = convert.float_to_half(values.astype(np.float32), dtype) if dtype == "bfloat16" else values.astype(dtype)
+    y, record = pooling.max_pool2d_forward(layout.to_channels_last(x), *window, return_indices=return_indices)
+    want_y, want_record = pooling.max_pool2d_forward(x, *window, return_indices=return_indices)
+    assert layout.is_channels_last(y) and layout.is_channels_last(record)
+    assert xp.array_equal(layout.contiguous(y), want_y) and xp.array_equal(layout.contiguous(record), want_record)
+    dy = xp.asarray(rng.standard_normal(want_y.shape)).astype(np.float32)
+    dy = convert.float_to_half(dy, dtype) if dtype == "bfloat16" else dy.astype(dtype)
+    dx = pooling.max_pool2d_backward(layout.to_channels_last(dy), record, shape, *window)
+    assert layout.is_channels_last(dx)
+    assert xp.array_equal(layout.contiguous(dx), pooling.max_pool2d_backward(dy, want_record, shape, *window))
+
+
 # ----------------------------------------------------------------------------------------------
 # A network, end to end
 # ----------------------------------------------------------------------------------------------

@@ -321,8 +321,9 @@ def test_max_pool2d_threads_loop_over_the_planes(poisoned, rng, monkeypatch, ker
 
 def test_max_pool_backward_grid_fills_the_gpu_with_rows_of_planes(monkeypatch):
     """The plane loop's launch rule (pooling._launch_by_planes), with a stand-in launch: blocks of a warp or more
-    threads, up to 256, over a plane's positions; as many rows of blocks as fill max_blocks, no more than there
-    are planes, at most 65535; nothing launched for no planes."""
+    threads, up to 256, over a plane's positions (an (n, c)'s H·W; channels-last, an image's H·W·C and the
+    kernel of that layout); as many rows of blocks as fill max_blocks, no more than there are planes (N·C; N),
+    at most 65535; nothing launched for no planes."""
     from minidnn.primitives import _cuda  # noqa: PLC0415
 
     launched = []
@@ -330,17 +331,25 @@ def test_max_pool_backward_grid_fills_the_gpu_with_rows_of_planes(monkeypatch):
     def kernel(grid, block, args, shared_mem=0):  # the stand-in kernel; _cuda.launch_blocks is the real one
         launched.append((grid, block[0]))
 
-    monkeypatch.setattr(_cuda, "element_function", lambda *args: kernel)
+    def element_function(source, name, half, dtype):
+        launched.append(name)
+        return kernel
+
+    monkeypatch.setattr(_cuda, "element_function", element_function)
     monkeypatch.setattr(_cuda, "max_blocks", lambda: 4224)  # 32 blocks on each of the H200's 132 SMs
 
-    def dx_of(positions, planes):  # (planes, 1, 1, positions): only its shape is read
-        return np.broadcast_to(np.float32(0), (planes, 1, 1, positions))
+    def launch(x_shape, channels_last=False):  # only the shape struct is read, and the first array's dtype
+        pooling._launch_by_planes("max_pool_backward_taps", (np.empty(0, np.float32),),
+                                  pooling._pool_shape(x_shape, (1, 1)), channels_last)
 
     for positions, planes in [(112 * 112, 128 * 64), (7 * 7, 10), (1, 10**6), (5 * 5, 0)]:
-        pooling._launch_by_planes("max_pool_backward_taps", (dx_of(positions, planes),), None)
-    assert launched == [((49, 87), 256), ((1, 10), 64), ((1, 4224), 32)]
+        launch((planes, 1, 1, positions))
+    assert launched == ["max_pool_backward_taps", ((49, 87), 256), "max_pool_backward_taps", ((1, 10), 64),
+                        "max_pool_backward_taps", ((1, 4224), 32), "max_pool_backward_taps"]
+    launch((128, 64, 112, 112), channels_last=True)
+    assert launched[-2:] == ["max_pool_backward_taps_last", ((3136, 2), 256)]
     monkeypatch.setattr(_cuda, "max_blocks", lambda: 10**6)
-    pooling._launch_by_planes("max_pool_backward_taps", (dx_of(1, 10**6),), None)
+    launch((10**6, 1, 1, 1))
     assert launched[-1] == ((1, pooling.MAX_GRID_Y), 32)
 
 

@@ -2,7 +2,7 @@
 // NumPy code is the reference twin of every kernel here; Caffe's pooling_layer.cu design).
 //
 // Layout: x and dx are (N, C, H, W), y and dy are (N, C, P, Q), indices (int64) or taps (uint8) are (N, C, P, Q),
-// all contiguous. Output p, q reads the window of input rows p·stride_h − pad_h + r·dilation_h,
+// all contiguous (max pooling's *_last kernels: all channels-last, see Max pooling). Output p, q reads the window of input rows p·stride_h − pad_h + r·dilation_h,
 // r < kernel_h (columns alike); pixels outside [0, H) × [0, W) are padding or ceil-mode overhang.
 //
 // Thread mapping: forward kernels run one thread per output element, backward kernels one thread
@@ -69,29 +69,46 @@ __device__ __forceinline__ int last_window(int i, int stride, int pad, int out) 
 // Max pooling
 // ------------------------------------------------------------------------------------------------
 
+// Channels-last arrays (the kernels named *_last, pooling.py's layout rule): x, y, dy, dx and the record are
+// (N, H, W, C) buffers of (N, C, H, W) views. The same kernels with the roles of plane and position moved: a
+// forward thread's output i counts channels fastest, so consecutive threads read consecutive channels of one
+// pixel; a backward thread takes one (h, w, c) of an image, position (h·W + w)·C + c, and loops over the N
+// images (the planes of that layout), its candidates worked out once as in the plane loop.
+
+// Output i (an index in y's memory order): its (p, q), and where its (n, c) starts in x, whose pixel (h, w)
+// then lies at x[start + (h·W + w)·step].
+template <bool LAST>
+__device__ __forceinline__ void output_place(const PoolShape& s, const int i, int& p, int& q, int& start, int& step) {
+    const int pixel = LAST ? i / s.C : i;  // (n·P + p)·Q + q
+    q = pixel % s.Q;
+    p = (pixel / s.Q) % s.P;
+    step = LAST ? s.C : 1;
+    start = LAST ? pixel / (s.Q * s.P) * s.H * s.W * s.C + i % s.C : pixel / (s.Q * s.P) * s.H * s.W;
+}
+
 // y = max over the window's input pixels, indices = its flat position h·W + w in the (n, c) plane.
 // Same rule as the NumPy twin: only a strictly greater value or a NaN replaces the running maximum,
 // so ties keep the first maximum in row-major window order, the last NaN wins, padding is never
 // read, and a window of −inf pixels points at its first input pixel. Starting from that first
 // pixel (instead of −inf) gives the same result: re-visiting it changes nothing.
-// The maximum of output i's window and where it is: (row, column) of the winning tap.
+// The maximum of output i's window, its (p, q), and where the maximum is: (row, column) of the winning tap.
+template <bool LAST>
 __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, const PoolShape& s, const int i,
-                                              int& best_r, int& best_c) {
-    const int q = i % s.Q;
-    const int p = (i / s.Q) % s.P;
-    const int plane = i / (s.Q * s.P);
+                                              int& p, int& q, int& best_r, int& best_c) {
+    int start, step;
+    output_place<LAST>(s, i, p, q, start, step);
     const int hstart = p * s.stride_h - s.pad_h;
     const int wstart = q * s.stride_w - s.pad_w;
     const int r0 = first_tap(hstart, s.dilation_h), r1 = last_tap(hstart, s.H, s.kernel_h, s.dilation_h);
     const int c0 = first_tap(wstart, s.dilation_w), c1 = last_tap(wstart, s.W, s.kernel_w, s.dilation_w);
-    const elem_t* __restrict__ xs = x + plane * s.H * s.W;
+    const elem_t* __restrict__ xs = x + start;
     best_r = r0;
     best_c = c0;
-    scalar_t best = element_value(xs[(hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)]);
+    scalar_t best = element_value(xs[((hstart + r0 * s.dilation_h) * s.W + (wstart + c0 * s.dilation_w)) * step]);
     for (int r = r0; r < r1; ++r) {
         const int row = (hstart + r * s.dilation_h) * s.W;
         for (int c = c0; c < c1; ++c) {
-            const scalar_t v = element_value(xs[row + wstart + c * s.dilation_w]);
+            const scalar_t v = element_value(xs[(row + wstart + c * s.dilation_w) * step]);
             if (v > best || isnan(v)) {
                 best = v;
                 best_r = r;
@@ -103,34 +120,49 @@ __device__ __forceinline__ scalar_t window_max(const elem_t* __restrict__ x, con
 }
 
 // y and PyTorch's indices: the flat position h·W + w of each maximum in its plane (return_indices).
-extern "C" __global__ void max_pool_forward(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                            long long* __restrict__ indices, const PoolShape s) {
+template <bool LAST>
+__device__ __forceinline__ void max_pool_forward_body(const elem_t* __restrict__ x, elem_t* __restrict__ y,
+                                                      long long* __restrict__ indices, const PoolShape& s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        int r, c;
-        y[i] = element_of(window_max(x, s, i, r, c));
-        const int p = (i / s.Q) % s.P, q = i % s.Q;
+        int p, q, r, c;
+        y[i] = element_of(window_max<LAST>(x, s, i, p, q, r, c));
         indices[i] = (p * s.stride_h - s.pad_h + r * s.dilation_h) * s.W + (q * s.stride_w - s.pad_w + c * s.dilation_w);
     }
 }
 
 // y and the compact record the layer keeps for its backward: the winning tap r·kernel_w + c of each
 // window, one byte (kernel_h·kernel_w <= 256): an eighth of int64 indices' memory.
-extern "C" __global__ void max_pool_forward_taps(const elem_t* __restrict__ x, elem_t* __restrict__ y,
-                                                 unsigned char* __restrict__ taps, const PoolShape s) {
+template <bool LAST>
+__device__ __forceinline__ void max_pool_forward_taps_body(const elem_t* __restrict__ x, elem_t* __restrict__ y,
+                                                           unsigned char* __restrict__ taps, const PoolShape& s) {
     const int total = s.N * s.C * s.P * s.Q;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
-        int r, c;
-        y[i] = element_of(window_max(x, s, i, r, c));
+        int p, q, r, c;
+        y[i] = element_of(window_max<LAST>(x, s, i, p, q, r, c));
         taps[i] = (unsigned char)(r * s.kernel_w + c);
     }
 }
 
-// Backward: the thread's input position (h, w) of a plane, or -1 past it.
-__device__ __forceinline__ int plane_position(const int positions) {
-    const int position = blockIdx.x * blockDim.x + threadIdx.x;
-    return position < positions ? position : -1;
-}
+// Backward: the thread's input position in a plane of dx (blockIdx.x and threadIdx.x), its pixel (h, w) and
+// channel, and where a plane's elements lie (see the layouts above).
+template <bool LAST>
+struct BackwardPlace {
+    int position, positions, planes, h, w, channel, step;
+    __device__ __forceinline__ explicit BackwardPlace(const PoolShape& s)
+        : position(blockIdx.x * blockDim.x + threadIdx.x), positions(LAST ? s.H * s.W * s.C : s.H * s.W),
+          planes(LAST ? s.N : s.N * s.C), channel(LAST ? position % s.C : 0), step(LAST ? s.C : 1) {
+        const int pixel = LAST ? position / s.C : position;
+        h = pixel / s.W;
+        w = pixel % s.W;
+    }
+    __device__ __forceinline__ bool inside() const { return position < positions; }
+    // Output (p, q)'s place in a plane of dy (and of the record), and this thread's place in plane `plane` of dx.
+    __device__ __forceinline__ int output(const PoolShape& s, const int p, const int q) const {
+        return (p * s.Q + q) * step + channel;
+    }
+    __device__ __forceinline__ int input(const int plane) const { return plane * positions + position; }
+};
 
 // The outputs [p0, p1) × [q0, q1) whose windows may cover input pixel (h, w): a superset where the windows
 // have holes (dilation); the callers test each by its record of the winning pixel.
@@ -146,21 +178,24 @@ struct Candidates {
 // dx[h, w] = Σ dy[p, q] over the outputs whose index is h·W + w, in the order p, then q. An index that no
 // candidate window holds (a corrupt or foreign indices array) is simply never matched: the GPU skips the
 // range check that would need a host sync.
-extern "C" __global__ void max_pool_backward(const elem_t* __restrict__ dy, const long long* __restrict__ indices,
-                                             elem_t* __restrict__ dx, const PoolShape s) {
-    const int position = plane_position(s.H * s.W);
-    if (position < 0) return;
-    const Candidates candidates(s, position / s.W, position % s.W);
-    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
-        const int offset = plane * s.P * s.Q;
+template <bool LAST>
+__device__ __forceinline__ void max_pool_backward_body(const elem_t* __restrict__ dy,
+                                                       const long long* __restrict__ indices,
+                                                       elem_t* __restrict__ dx, const PoolShape& s) {
+    const BackwardPlace<LAST> place(s);
+    if (!place.inside()) return;
+    const Candidates candidates(s, place.h, place.w);
+    const int pixel = place.h * s.W + place.w;
+    for (int plane = blockIdx.y; plane < place.planes; plane += gridDim.y) {
+        const int offset = plane * s.P * s.Q * place.step;
         scalar_t sum = 0;
         for (int p = candidates.p0; p < candidates.p1; ++p) {
             for (int q = candidates.q0; q < candidates.q1; ++q) {
-                const int o = offset + p * s.Q + q;
-                if (indices[o] == position) sum += element_value(dy[o]);
+                const int o = offset + place.output(s, p, q);
+                if (indices[o] == pixel) sum += element_value(dy[o]);
             }
         }
-        dx[plane * s.H * s.W + position] = element_of(sum);
+        dx[place.input(plane)] = element_of(sum);
     }
 }
 
@@ -172,11 +207,11 @@ extern "C" __global__ void max_pool_backward(const elem_t* __restrict__ dy, cons
 // CaffeNet's 3 × 3 windows of stride 2): for up to 3 of them, a fixed grid of candidates, each one's tap loaded
 // first and its dy only where the tap chose the pixel, so that a thread waits for memory twice per plane rather
 // than twice per candidate; the sums in the same order.
-template <int M>
+template <int M, bool LAST>
 __device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restrict__ dy,
                                                           const unsigned char* __restrict__ taps,
                                                           elem_t* __restrict__ dx, const PoolShape& s,
-                                                          const int position, const int h, const int w,
+                                                          const BackwardPlace<LAST>& place,
                                                           const Candidates& candidates) {
     int tap[M][M];  // the tap by which candidate (p0 + i, q0 + j) would have chosen (h, w); -1 if none
     int at[M][M];   // its place in a plane
@@ -186,12 +221,13 @@ __device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restri
         for (int j = 0; j < M; ++j) {
             const int p = candidates.p0 + i, q = candidates.q0 + j;
             const bool valid = p < candidates.p1 && q < candidates.q1;
-            tap[i][j] = valid ? (h - (p * s.stride_h - s.pad_h)) * s.kernel_w + (w - (q * s.stride_w - s.pad_w)) : -1;
-            at[i][j] = valid ? p * s.Q + q : 0;
+            tap[i][j] = valid ? (place.h - (p * s.stride_h - s.pad_h)) * s.kernel_w + (place.w - (q * s.stride_w - s.pad_w))
+                              : -1;
+            at[i][j] = valid ? place.output(s, p, q) : 0;
         }
-    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
-        const unsigned char* __restrict__ plane_taps = taps + plane * s.P * s.Q;
-        const elem_t* __restrict__ plane_dy = dy + plane * s.P * s.Q;
+    for (int plane = blockIdx.y; plane < place.planes; plane += gridDim.y) {
+        const unsigned char* __restrict__ plane_taps = taps + plane * s.P * s.Q * place.step;
+        const elem_t* __restrict__ plane_dy = dy + plane * s.P * s.Q * place.step;
         bool chose[M][M];
 #pragma unroll
         for (int i = 0; i < M; ++i)
@@ -203,26 +239,27 @@ __device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restri
 #pragma unroll
             for (int j = 0; j < M; ++j)
                 if (chose[i][j]) sum += element_value(plane_dy[at[i][j]]);
-        dx[plane * s.H * s.W + position] = element_of(sum);
+        dx[place.input(plane)] = element_of(sum);
     }
 }
 
-extern "C" __global__ void max_pool_backward_taps(const elem_t* __restrict__ dy,
-                                                  const unsigned char* __restrict__ taps,
-                                                  elem_t* __restrict__ dx, const PoolShape s) {
-    const int position = plane_position(s.H * s.W);
-    if (position < 0) return;
-    const int h = position / s.W, w = position % s.W;
+template <bool LAST>
+__device__ __forceinline__ void max_pool_backward_taps_body(const elem_t* __restrict__ dy,
+                                                            const unsigned char* __restrict__ taps,
+                                                            elem_t* __restrict__ dx, const PoolShape& s) {
+    const BackwardPlace<LAST> place(s);
+    if (!place.inside()) return;
+    const int h = place.h, w = place.w;
     const Candidates candidates(s, h, w);
     const bool dilated = s.dilation_h != 1 || s.dilation_w != 1;
     if (!dilated) {
         const int most = max((s.kernel_h + s.stride_h - 1) / s.stride_h, (s.kernel_w + s.stride_w - 1) / s.stride_w);
-        if (most == 1) return fixed_candidates_backward<1>(dy, taps, dx, s, position, h, w, candidates);
-        if (most == 2) return fixed_candidates_backward<2>(dy, taps, dx, s, position, h, w, candidates);
-        if (most == 3) return fixed_candidates_backward<3>(dy, taps, dx, s, position, h, w, candidates);
+        if (most == 1) return fixed_candidates_backward<1, LAST>(dy, taps, dx, s, place, candidates);
+        if (most == 2) return fixed_candidates_backward<2, LAST>(dy, taps, dx, s, place, candidates);
+        if (most == 3) return fixed_candidates_backward<3, LAST>(dy, taps, dx, s, place, candidates);
     }
-    for (int plane = blockIdx.y; plane < s.N * s.C; plane += gridDim.y) {
-        const int offset = plane * s.P * s.Q;
+    for (int plane = blockIdx.y; plane < place.planes; plane += gridDim.y) {
+        const int offset = plane * s.P * s.Q * place.step;
         scalar_t sum = 0;
         for (int p = candidates.p0; p < candidates.p1; ++p) {
             int r = h - (p * s.stride_h - s.pad_h);
@@ -236,13 +273,36 @@ extern "C" __global__ void max_pool_backward_taps(const elem_t* __restrict__ dy,
                     if (c % s.dilation_w != 0) continue;
                     c /= s.dilation_w;
                 }
-                const int o = offset + p * s.Q + q;
+                const int o = offset + place.output(s, p, q);
                 if (taps[o] == r * s.kernel_w + c) sum += element_value(dy[o]);
             }
         }
-        dx[plane * s.H * s.W + position] = element_of(sum);
+        dx[place.input(plane)] = element_of(sum);
     }
 }
+
+// The kernels of both layouts.
+#define MAX_POOL_KERNELS(suffix, last)                                                                            \
+    extern "C" __global__ void max_pool_forward##suffix(const elem_t* __restrict__ x, elem_t* __restrict__ y,     \
+                                                        long long* __restrict__ indices, const PoolShape s) {     \
+        max_pool_forward_body<last>(x, y, indices, s);                                                            \
+    }                                                                                                             \
+    extern "C" __global__ void max_pool_forward_taps##suffix(const elem_t* __restrict__ x, elem_t* __restrict__ y,\
+                                                             unsigned char* __restrict__ taps, const PoolShape s) {\
+        max_pool_forward_taps_body<last>(x, y, taps, s);                                                          \
+    }                                                                                                             \
+    extern "C" __global__ void max_pool_backward##suffix(const elem_t* __restrict__ dy,                           \
+                                                         const long long* __restrict__ indices,                   \
+                                                         elem_t* __restrict__ dx, const PoolShape s) {            \
+        max_pool_backward_body<last>(dy, indices, dx, s);                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void max_pool_backward_taps##suffix(const elem_t* __restrict__ dy,                      \
+                                                              const unsigned char* __restrict__ taps,             \
+                                                              elem_t* __restrict__ dx, const PoolShape s) {       \
+        max_pool_backward_taps_body<last>(dy, taps, dx, s);                                                       \
+    }
+MAX_POOL_KERNELS(, false)
+MAX_POOL_KERNELS(_last, true)
 
 // Fallback when max_pool2d_backward is not told the window parameters: without them no thread can
 // know which outputs may point at its pixel, so one thread owns a whole (n, c) plane of dx (zeroed

@@ -183,13 +183,14 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
     x: (N, C, H, W); returns y: (N, C, P, Q) of x's dtype and where each maximum is, (N, C, P, Q):
     with ``return_indices`` int64 flat positions h·W + w in its (n, c) plane (PyTorch's), else
     the uint8 winning tap r·kernel_w + c of its window (int64 positions for windows of > 256 taps).
-    A channels-last x gives a channels-last y (computed on a C-contiguous copy: no channels-last kernel yet).
+    A channels-last x gives a channels-last y and indices (PyTorch's rule): on the GPU from kernels of that
+    layout, on the CPU from a C-contiguous copy.
     """
     _check_input(x, half=True)
-    if layout.is_channels_last(x):
+    if layout.is_channels_last(x) and not backend.is_cuda_array(x):
         y, indices = max_pool2d_forward(layout.contiguous(x), kernel_size, stride, padding, dilation, ceil_mode,
                                         return_indices)
-        return layout.to_channels_last(y), indices
+        return layout.to_channels_last(y), layout.to_channels_last(indices)
     half = convert.half_type_of(x)
     if half is not None and not backend.is_cuda_array(x):  # the half kernels' twin: the float32 maximum, exact
         return convert.on_widened_first(max_pool2d_forward, x, kernel_size, stride, padding, dilation, ceil_mode,
@@ -281,10 +282,14 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     given, they must be the forward's, dy's shape is checked against them, and on the GPU each
     input pixel then gathers from the few windows that cover it. Without them the GPU adds each
     (n, c) plane's gradients in one thread (deterministic, but only N·C threads): pass them for
-    speed. uint8 taps need them.
+    speed. uint8 taps need them. dx is channels-last when dy is (on the GPU from kernels of that layout when the
+    window parameters are given; otherwise from C-contiguous copies).
     """
     (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                          dilation, ceil_mode)
+    if layout.is_channels_last(dy) and not (backend.is_cuda_array(dy) and window is not None):
+        return layout.to_channels_last(max_pool2d_backward(layout.contiguous(dy), layout.contiguous(indices), x_shape,
+                                                           kernel_size, stride, padding, dilation, ceil_mode))
     xp = backend.get_array_module(dy, indices)
     half = convert.half_type_of(dy)
     if half is not None and (not backend.is_cuda_array(dy) or window is None):
@@ -546,49 +551,59 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
 MAX_GRID_Y = 65535
 
 
-def _launch_by_planes(name: str, arrays: tuple, shape: np.void) -> None:
-    """Run max-pool backward kernel ``name`` of pooling.cu over dx = arrays[-1] (N, C, H, W): a thread per
-    position of an H × W plane (blocks of a warp or more of them, up to _cuda.THREADS) and as many rows of blocks
-    over the N·C planes as fill the GPU (_cuda.max_blocks), each looping over its share; an empty batch makes
-    no rows, which _cuda.launch_blocks does not launch."""
-    N, C, H, W = arrays[-1].shape
-    threads = min(_cuda.THREADS, -(-H * W // 32) * 32)
-    blocks = -(-H * W // threads)
-    rows = min(N * C, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks))
-    _cuda.launch_blocks(_kernel(name, arrays), (blocks, rows), threads, (*arrays, shape))
+def _launch_by_planes(name: str, arrays: tuple, shape: np.void, channels_last: bool) -> None:
+    """Run max-pool backward kernel ``name`` of pooling.cu over dx (``shape``'s N, C, H, W): a thread per
+    position of a plane, an H × W plane of an (n, c) (channels-last: an H × W × C image), in blocks of a warp or more
+    of them, up to _cuda.THREADS, and as many rows of blocks over the N·C planes (the N images) as fill the GPU
+    (_cuda.max_blocks), each looping over its share; an empty batch makes no rows, which _cuda.launch_blocks does
+    not launch."""
+    N, C, H, W = (int(shape[axis]) for axis in "NCHW")
+    positions, planes = (H * W * C, N) if channels_last else (H * W, N * C)
+    threads = min(_cuda.THREADS, -(-positions // 32) * 32)
+    blocks = -(-positions // threads)
+    rows = min(planes, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks))
+    _cuda.launch_blocks(_kernel(name + ("_last" if channels_last else ""), arrays), (blocks, rows), threads,
+                        (*arrays, shape))
 
 
 def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: bool) -> tuple[Any, Any]:
+    """y and its record, both in x's layout (a RawKernel sees only the base pointer: any other x is copied
+    C-contiguous first)."""
     cupy = backend.cupy()
-    x = layout.contiguous(x)  # a RawKernel sees only the base pointer
-    out_shape = tuple(x.shape[:2]) + tuple(out_hw)
-    y = cupy.empty(out_shape, dtype=x.dtype)
-    indices = cupy.empty(out_shape, dtype=cupy.uint8 if taps else cupy.int64)
-    _launch("max_pool_forward_taps" if taps else "max_pool_forward", y.size, (x, y, indices),
-            _pool_shape(x.shape, out_hw, kernel, stride, padding, dilation))
+    last = layout.is_channels_last(x)
+    x = layout.flat(x) if last else cupy.ascontiguousarray(x)
+    N, C = (x.shape[0], x.shape[3]) if last else x.shape[:2]
+    out_shape = (N, C) + tuple(out_hw)
+    y = layout.empty(out_shape, x.dtype, cupy, last)
+    indices = layout.empty(out_shape, cupy.uint8 if taps else cupy.int64, cupy, last)
+    x_shape = (N, C, *(x.shape[1:3] if last else x.shape[2:]))
+    _launch(("max_pool_forward_taps" if taps else "max_pool_forward") + ("_last" if last else ""), y.size,
+            (x, layout.flat(y), layout.flat(indices)), _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
     return y, indices
 
 
 def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
+    """dx in dy's layout (channels-last only with the window parameters: max_pool2d_backward copies otherwise);
+    ``indices`` laid out as dy for the kernels."""
     cupy = backend.cupy()
-    dy = layout.contiguous(dy)  # a channels-last dy through the transpose (CuPy's strided copy is slower)
+    last = layout.is_channels_last(dy)
+    if last:
+        indices = layout.to_channels_last(indices)
+    else:
+        dy, indices = cupy.ascontiguousarray(dy), layout.contiguous(indices)
     out_hw = tuple(dy.shape[2:])
-    if indices.dtype == cupy.uint8:
-        kernel, stride, padding, dilation, _ = window
-        dx = cupy.empty(x_shape, dtype=dy.dtype)
-        _launch_by_planes("max_pool_backward_taps", (dy, cupy.ascontiguousarray(indices), dx),
-                          _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation))
-        return dx
-    indices = cupy.ascontiguousarray(indices, dtype=cupy.int64)  # no copy for max_pool2d_forward's own
+    if indices.dtype != cupy.uint8:
+        indices = indices.astype(cupy.int64, copy=False)  # no copy for max_pool2d_forward's own
     if window is None:
         # One thread per plane adds into a zeroed dx (see max_pool_backward_serial).
         dx = cupy.zeros(x_shape, dtype=dy.dtype)
         _launch("max_pool_backward_serial", x_shape[0] * x_shape[1], (dy, indices, dx), _pool_shape(x_shape, out_hw))
         return dx
     kernel, stride, padding, dilation, _ = window
-    dx = cupy.empty(x_shape, dtype=dy.dtype)
-    _launch_by_planes("max_pool_backward", (dy, indices, dx), _pool_shape(x_shape, out_hw, kernel, stride, padding,
-                                                                          dilation))
+    dx = layout.empty(x_shape, dy.dtype, cupy, last)
+    name = "max_pool_backward_taps" if indices.dtype == cupy.uint8 else "max_pool_backward"
+    _launch_by_planes(name, (layout.flat(dy), layout.flat(indices), layout.flat(dx)),
+                      _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation), last)
     return dx
 
 
