@@ -539,8 +539,12 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 // (thread row 0, 1, ... of each column, through shared memory), the block publishes them, and the last block of
 // its channel block finishes those channels: every thread takes splits g, g + groups, ... of one channel (groups
 // = blockDim.x / channels of the block), then one thread per channel merges the groups, again in a fixed order.
-// The same bits on every run, as above.
+// The same bits on every run, as above. A channel block's last block merges up to a hundred splits a thread
+// (many splits: a channel block covers every channel of a small C, and the grid must still fill the GPU), so it
+// loads MERGE_BATCH splits' results before merging any (in flight together; then merged one by one in the same
+// order, the same bits): one wait for L2 a batch rather than one a split.
 #define LAST_THREADS 256  // blockDim.x of the channels-last reductions (batchnorm.py launches _cuda.THREADS)
+#define MERGE_BATCH 8
 
 struct RowsOfBlock {
     int block_packs, rows_per_pass, pack, row, channels, first_channel;
@@ -647,10 +651,18 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     const int c = rows.first_channel + j;
     ChannelStates<1> merged = {};
     if (group < groups) {
-        for (int split = group; split < splits; split += groups) {
-            const acc_t nb = __ldcg(partial + split * C + c), meanb = __ldcg(partial + (splits + split) * C + c);
-            const acc_t m2b = __ldcg(partial + (2 * splits + split) * C + c);
-            merge_states<1>(merged, nb, &meanb, &m2b);
+        for (int first = group; first < splits; first += MERGE_BATCH * groups) {
+            acc_t nb[MERGE_BATCH], meanb[MERGE_BATCH], m2b[MERGE_BATCH];
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) {
+                const int split = first + b * groups;
+                const bool inside = split < splits;  // a count of 0 merges nothing
+                nb[b] = inside ? __ldcg(partial + split * C + c) : 0;
+                meanb[b] = inside ? __ldcg(partial + (splits + split) * C + c) : 0;
+                m2b[b] = inside ? __ldcg(partial + (2 * splits + split) * C + c) : 0;
+            }
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) merge_states<1>(merged, nb[b], &meanb[b], &m2b[b]);
         }
     }
     __syncthreads();  // the block's own shared results are read: the arrays are free
@@ -779,9 +791,18 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     const int c = rows.first_channel + j;
     acc_t a = 0, b = 0;
     if (group < groups) {
-        for (int split = group; split < splits; split += groups) {
-            a += __ldcg(partial + split * C + c);
-            b += __ldcg(partial + (splits + split) * C + c);
+        for (int first = group; first < splits; first += MERGE_BATCH * groups) {
+            acc_t batch_a[MERGE_BATCH], batch_b[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const int split = first + u * groups;
+                batch_a[u] = split < splits ? __ldcg(partial + split * C + c) : 0;
+                batch_b[u] = split < splits ? __ldcg(partial + (splits + split) * C + c) : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                if (first + u * groups < splits) a += batch_a[u], b += batch_b[u];  // no + 0: it would turn −0 to +0
+            }
         }
     }
     __syncthreads();
