@@ -12,6 +12,7 @@ delete exactly them on the next start, and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import os
@@ -185,7 +186,10 @@ def read_archive(source: Any, label: str) -> tuple[dict[str, np.ndarray], dict[s
             "a pickle, which is never loaded" if magic[:1] == b"\x80" else "it does not start as a zip file does"
         raise ValueError(f"{label} is not an .npz archive ({what})")
     try:
-        with np.load(source, allow_pickle=False) as archive:
+        # A path is opened here, not by np.load: NumPy leaves the file open when the zip directory is damaged.
+        with contextlib.ExitStack() as stack:
+            file = stack.enter_context(open(source, "rb")) if isinstance(source, (str, os.PathLike)) else source
+            archive = stack.enter_context(np.load(file, allow_pickle=False))
             arrays = {name: archive[name] for name in archive.files}
     except MemoryError:
         raise

@@ -395,6 +395,11 @@ def worker_processes():
     return [p for p in multiprocessing.active_children() if p.name.startswith("minidnn-data-worker")]
 
 
+def feeder_threads():
+    """The threads multiprocessing's queues write through (only the loaders make such queues here)."""
+    return [t for t in threading.enumerate() if t.name == "QueueFeederThread" and t.is_alive()]
+
+
 def test_workers_give_the_in_process_batches_in_order_and_end_with_the_iteration():
     images, labels = images_and_labels(40, 8)
     pipeline = T.Compose([T.RandomCrop(8, padding=2), T.RandomHorizontalFlip(), T.ToTensor()])
@@ -407,6 +412,22 @@ def test_workers_give_the_in_process_batches_in_order_and_end_with_the_iteration
     assert worker_processes() == []  # not persistent: gone with the iteration
     jittery = [y.numpy() for _, y in DataLoader(JitteryDataset(), batch_size=2, num_workers=3, prefetch=3)]
     np.testing.assert_array_equal(np.concatenate(jittery), np.arange(24))  # in order, whatever the timing
+
+
+def test_the_queues_threads_end_within_the_shutdown(monkeypatch):
+    """A queue's feeder thread closes its pipe last, and may fail there: the shutdown waits for it, so that it
+    ends (and reports) while the loader's thread waits, never later beside other work. Its close slowed here,
+    so that a shutdown that did not wait would leave it running."""
+    import multiprocessing.connection  # noqa: PLC0415
+    close = multiprocessing.connection.Connection.close
+
+    def slow_close(self):
+        time.sleep(0.2)
+        close(self)
+
+    monkeypatch.setattr(multiprocessing.connection.Connection, "close", slow_close)
+    assert np.concatenate(labels_of(DataLoader(JitteryDataset(8), batch_size=4, num_workers=2))).size == 8
+    assert feeder_threads() == []
 
 
 def test_workers_follow_the_sampler():

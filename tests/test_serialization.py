@@ -215,6 +215,10 @@ def damages(marker):
         start = data.index(b"NUMPY") + 200
         return data[:start] + bytes(b ^ 0xFF for b in data[start:start + 16]) + data[start + 16:]
 
+    def save_npy(path, array):
+        with open(path, "wb") as file:
+            np.save(file, array)
+
     def metadata_change(function):
         def apply(good, bad):
             with np.load(good, allow_pickle=False) as archive:
@@ -244,7 +248,7 @@ def damages(marker):
         ("wrong shape", lambda good, bad: rewrite(good, bad, lambda m: m.__setitem__(
             sorted(k for k in m if k != "metadata")[-1],
             np.zeros((3, 1, 4), m[sorted(k for k in m if k != "metadata")[-1]].dtype)))),
-        ("a .npy file", lambda good, bad: np.save(open(bad, "wb"), np.zeros(3))),
+        ("a .npy file", lambda good, bad: save_npy(bad, np.zeros(3))),
     ]
 
 

@@ -300,6 +300,15 @@ class WorkerPool:
         for channel in (*self.tasks, self.results):
             channel.cancel_join_thread()  # never wait at exit to flush a message no one will read
             channel.close()
+        # The queues' feeder threads end here, not at some later moment: a feeder that fails in its last close
+        # reports from its own thread while this one waits (a report racing the main thread's work can break
+        # Python 3.11, whose traceback formatting and ast.parse share state across threads). Bounded: the
+        # workers are gone, and what a feeder still holds is a few small task messages. multiprocessing offers
+        # no public join with a timeout, hence its private _thread.
+        for channel in self.tasks:
+            feeder = getattr(channel, "_thread", None)
+            if feeder is not None and feeder is not threading.current_thread():
+                feeder.join(_JOIN_SECONDS)
 
     def __del__(self) -> None:
         try:
