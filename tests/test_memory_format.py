@@ -244,8 +244,12 @@ def test_find_times_every_algorithm_in_the_calls_layout(monkeypatch, tmp_path, x
 # Batch norm and the element-wise primitives
 # ----------------------------------------------------------------------------------------------
 # (N, C, H, W): one channel block of two packs; C = 12 (no 16-byte pack fits a row of half words: single
-# elements); C = 520 (three channel blocks of the 32-pack columns, the last with one pack); many splits of rows.
-BATCH_NORM_SHAPES = [(3, 16, 5, 7), (2, 12, 3, 5), (2, 520, 3, 3), (16, 64, 20, 20)]
+# elements); C = 520 (three channel blocks of the 32-pack columns, the last with one pack); many splits of rows;
+# more than twice as many packs as a grid-stride launch has threads (2.4 M packs of 8 half words, 4.7 M of 4
+# floats; an H200's grid holds 1.1 M threads), so that the element-wise row kernels' threads take their packs two
+# at a time and then one (GPU only: NumPy has no grid).
+PAIRED_PACKS_SHAPE = (64, 64, 64, 72)
+BATCH_NORM_SHAPES = [(3, 16, 5, 7), (2, 12, 3, 5), (2, 520, 3, 3), (16, 64, 20, 20), PAIRED_PACKS_SHAPE]
 
 
 @pytest.mark.parametrize("shape", BATCH_NORM_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
@@ -253,6 +257,8 @@ BATCH_NORM_SHAPES = [(3, 16, 5, 7), (2, 12, 3, 5), (2, 520, 3, 3), (16, 64, 20, 
 def test_batch_norm_on_channels_last(xp, rng, name, shape):
     """Training forward and backward, inference forward and backward, channels-last against C-contiguous: the
     GPU's row kernels sum in another order than its plane kernels, so the results agree to rounding."""
+    if shape == PAIRED_PACKS_SHAPE and xp is np:
+        pytest.skip("the GPU grid's pairs of packs (NumPy has no grid)")
     C = shape[1]
     if name is None:
         x, dy = (xp.asarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(2))

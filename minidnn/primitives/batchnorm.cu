@@ -830,7 +830,10 @@ struct RowChannel {
 
 // Each thread loads its channels' coefficients when its channel moves: once, where the grid's stride is a whole
 // number of rows (G·V a multiple of C: every C dividing 256·V, i.e. powers of two up to 2048 half channels),
-// so a pack costs its loads and stores, not 2V coefficient loads more.
+// so a pack costs its loads and stores, not 2V coefficient loads more. Those V channels' coefficients are doubles
+// held in registers (up to 4V of them), which leaves room for few threads an SM: where the channels stay, a thread
+// loads its next two packs before it works on either, so that twice the bytes are in flight (the same arithmetic
+// on each pack: the same bits).
 // y = (x − mean)·scale + shift, then max(·, 0) when relu != 0, over (M, C) rows, with each pack's coefficients from
 // `load(c, mean, scale, shift)` for its channels c, ..., c + V − 1 (shift added only when has_shift): the training
 // and the inference forward differ only in where the coefficients come from.
@@ -841,23 +844,37 @@ __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, ele
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
+    const Pack<V>* __restrict__ in = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(y);
     acc_t mean_of[V], scale_of[V], shift_of[V];
-    int loaded = -1;
-    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
+    const auto normalised = [&](const Pack<V> a) {
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            acc_t w = (element_value(a.e[u]) - mean_of[u]) * scale_of[u];
+            if (has_shift) w += shift_of[u];
+            p.e[u] = element_of(apply_relu(w, relu));
+        }
+        return p;
+    };
+    RowChannel channel(i, G, V, C);
+    int loaded = channel.c;
+    load(loaded, mean_of, scale_of, shift_of);
+    if (channel.step == 0) {  // every pack of this thread holds the same channels
+        for (; i + G < count; i += 2 * G) {
+            const Pack<V> a = in[i], b = in[i + G];
+            out[i] = normalised(a);
+            out[i + G] = normalised(b);
+        }
+        if (i < count) out[i] = normalised(in[i]);
+        return;
+    }
+    for (; i < count; i += G, channel.advance()) {
         if (channel.c != loaded) {
             loaded = channel.c;
             load(loaded, mean_of, scale_of, shift_of);
         }
-        const Pack<V> in = packs<V>(x)[i];
-        Pack<V> p;
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-            acc_t w = (element_value(in.e[u]) - mean_of[u]) * scale_of[u];
-            if (has_shift) w += shift_of[u];
-            p.e[u] = element_of(apply_relu(w, relu));
-        }
-        out[i] = p;
+        out[i] = normalised(in[i]);
     }
 }
 
@@ -894,26 +911,51 @@ __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
+    const Pack<V>* __restrict__ dy_packs = packs<V>(dy);
+    const Pack<V>* __restrict__ x_packs = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(dx);
     acc_t mean_dy[V], scale[V], mean_of[V], slope[V];
-    int loaded = -1;
-    for (RowChannel channel(i, G, V, C); i < count; i += G, channel.advance()) {
-        if (channel.c != loaded) {  // as in apply_last
-            loaded = channel.c;
+    const auto load = [&](const int c0) {
 #pragma unroll
-            for (int u = 0; u < V; ++u) {
-                const int c = loaded + u;
-                mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
-            }
+        for (int u = 0; u < V; ++u) {
+            const int c = c0 + u;
+            mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
         }
-        const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
+    };
+    const auto gradient_of = [&](const Pack<V> d, const Pack<V> y, const Pack<V> in) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
             p.e[u] = element_of((g - mean_dy[u]) * scale[u] - (element_value(in.e[u]) - mean_of[u]) * slope[u]);
         }
-        out[i] = p;
+        return p;
+    };
+    RowChannel channel(i, G, V, C);
+    int loaded = channel.c;
+    load(loaded);
+    if (channel.step == 0) {  // as in normalise_rows: two packs in flight
+        for (; i + G < count; i += 2 * G) {
+            const int j = i + G;
+            const Pack<V> d = dy_packs[i], e = dy_packs[j];
+            const Pack<V> y = relu_packs ? relu_packs[i] : d, z = relu_packs ? relu_packs[j] : e;
+            const Pack<V> a = x_packs[i], b = x_packs[j];
+            out[i] = gradient_of(d, y, a);
+            out[j] = gradient_of(e, z, b);
+        }
+        if (i < count) {
+            const Pack<V> d = dy_packs[i], y = relu_packs ? relu_packs[i] : d, a = x_packs[i];
+            out[i] = gradient_of(d, y, a);
+        }
+        return;
+    }
+    for (; i < count; i += G, channel.advance()) {
+        if (channel.c != loaded) {  // as in normalise_rows
+            loaded = channel.c;
+            load(loaded);
+        }
+        const Pack<V> d = dy_packs[i], y = relu_packs ? relu_packs[i] : d, a = x_packs[i];
+        out[i] = gradient_of(d, y, a);
     }
 }
 
