@@ -53,16 +53,28 @@ def test_to_and_is_contiguous_agree_with_pytorch(shape):
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(3, 37, 5, 7), (2, 64, 33, 1), (1, 5, 40, 41)])
+@pytest.mark.parametrize("shape", [(3, 37, 5, 7), (2, 64, 33, 1), (1, 5, 40, 41), (4, 3, 9, 11), (6, 40, 3, 3)])
 def test_layout_changes_keep_the_values(xp, shape, dtype):
     """layout.to_channels_last and layout.contiguous (on the GPU layout.cu's transpose: tiles off the 32 x 32
-    grid, 2-, 4- and 8-byte words) against NumPy's own strided copies."""
+    grid, and the narrow kernels of 3 or 5 channels and of 3 x 3 planes; 2-, 4- and 8-byte words) against NumPy's
+    own strided copies."""
     values = (np.arange(np.prod(shape)) % 65521).astype(dtype).reshape(shape)
     last = layout.to_channels_last(xp.asarray(values))
     assert layout.is_channels_last(last)
     assert np.array_equal(to_numpy(layout.buffer(last)), values.transpose(0, 2, 3, 1))
     back = layout.contiguous(last)
     assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
+
+
+def test_a_narrow_transpose_moves_words_in_a_grid_that_fills_the_gpu():
+    """layout.transpose_launch: 32 x 32 tiles for wide matrices; a matrix with under 16 rows or columns (a stem's
+    3 channels: a tile of it would be 3/32 full) goes to the narrow kernel, in a grid of at most max_blocks blocks
+    shared by the images (at most 65535 rows of them), at least one block an image row."""
+    assert layout.transpose_launch(64, 3136, 128, 2, 4224) == ("transpose_planes_2", (98, 2, 128), 256)
+    assert layout.transpose_launch(3, 224 * 224, 128, 2, 4224) == ("transpose_narrow_2", (33, 128), 256)
+    assert layout.transpose_launch(224 * 224, 3, 128, 4, 4224) == ("transpose_narrow_4", (33, 128), 256)
+    assert layout.transpose_launch(9, 20, 7, 8, 4224) == ("transpose_narrow_8", (1, 7), 256)
+    assert layout.transpose_launch(9, 512, 10**5, 2, 4224) == ("transpose_narrow_2", (1, 65535), 256)
 
 
 def test_a_given_out_decides_the_common_layout(xp):

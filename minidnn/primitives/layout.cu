@@ -5,6 +5,11 @@
 // A block moves a 32 × 32 tile through shared memory: its 256 threads read 8 rows of 32 consecutive columns
 // (coalesced), then write 8 columns of the tile as rows of the output (coalesced again); the tile's extra column
 // keeps the transposed reads of one warp on 32 different banks. blockIdx = (cols / 32, rows / 32, N).
+//
+// A narrow matrix (rows or cols under NARROW in layout.py: a 3-channel image, a 3 × 3 filter's taps) would leave a
+// tile mostly empty, so its own kernels move single words: out[c·rows + r] = in[r·cols + c] for output word
+// o = c·rows + r of each image, consecutive threads writing consecutive words and reading words cols apart (so
+// few columns lie in the same cache lines). blockIdx = (a share of the plane, images), both in grid-stride loops.
 
 template <typename Word>
 __device__ __forceinline__ void transpose_tile(const Word* __restrict__ in, Word* __restrict__ out, const int rows,
@@ -26,6 +31,19 @@ __device__ __forceinline__ void transpose_tile(const Word* __restrict__ in, Word
     }
 }
 
+template <typename Word>
+__device__ __forceinline__ void transpose_narrow(const Word* __restrict__ in, Word* __restrict__ out, const int rows,
+                                                 const int cols, const int images) {
+    const int plane = rows * cols;
+    for (int n = blockIdx.y; n < images; n += gridDim.y) {
+        const long long image = (long long)n * plane;
+        for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < plane; o += blockDim.x * gridDim.x) {
+            const int c = o / rows, r = o - c * rows;
+            out[image + o] = in[image + (long long)r * cols + c];
+        }
+    }
+}
+
 extern "C" __global__ void transpose_planes_2(const unsigned short* in, unsigned short* out, int rows, int cols) {
     transpose_tile(in, out, rows, cols);
 }
@@ -35,4 +53,17 @@ extern "C" __global__ void transpose_planes_4(const unsigned int* in, unsigned i
 extern "C" __global__ void transpose_planes_8(const unsigned long long* in, unsigned long long* out, int rows,
                                               int cols) {
     transpose_tile(in, out, rows, cols);
+}
+
+extern "C" __global__ void transpose_narrow_2(const unsigned short* in, unsigned short* out, int rows, int cols,
+                                              int images) {
+    transpose_narrow(in, out, rows, cols, images);
+}
+extern "C" __global__ void transpose_narrow_4(const unsigned int* in, unsigned int* out, int rows, int cols,
+                                              int images) {
+    transpose_narrow(in, out, rows, cols, images);
+}
+extern "C" __global__ void transpose_narrow_8(const unsigned long long* in, unsigned long long* out, int rows,
+                                              int cols, int images) {
+    transpose_narrow(in, out, rows, cols, images);
 }

@@ -100,6 +100,11 @@ def copy_into(out: Any, source: Any) -> None:
         out[...] = source
 
 
+# Below this many rows or columns a matrix is narrow: a 32 x 32 tile of it would hold mostly nothing (layout.cu).
+NARROW = 16
+MAX_GRID_Y = 65535
+
+
 def transpose_planes(source: Any, out: Any, rows: int, cols: int) -> None:
     """out (N, cols, rows) = each image of C-contiguous ``source`` (N, rows, cols) transposed, on the GPU:
     (N, C, H·W) -> (N, H·W, C) with rows = C, or back with rows = H·W. Words of the arrays' item size."""
@@ -107,9 +112,24 @@ def transpose_planes(source: Any, out: Any, rows: int, cols: int) -> None:
     if images == 0 or rows == 0 or cols == 0:
         return
     _cuda.check_int32(source)
-    kernel = _cuda.function("layout.cu", f"transpose_planes_{source.itemsize}", np.float32)
-    _cuda.launch_blocks(kernel, (-(-cols // 32), -(-rows // 32), images), _cuda.THREADS,
-                        (source, out, _cuda.i32(rows), _cuda.i32(cols)))
+    name, grid, threads = transpose_launch(rows, cols, images, source.itemsize, _cuda.max_blocks())
+    arguments = (source, out, _cuda.i32(rows), _cuda.i32(cols))
+    if name.startswith("transpose_narrow"):  # its grid-stride loop over the images needs their count
+        arguments += (_cuda.i32(images),)
+    _cuda.launch_blocks(_cuda.function("layout.cu", name, np.float32), grid, threads, arguments)
+
+
+def transpose_launch(rows: int, cols: int, images: int, itemsize: int, max_blocks: int
+                     ) -> tuple[str, tuple[int, int, int] | tuple[int, int], int]:
+    """The kernel, grid and block size of :func:`transpose_planes`: 32 x 32 tiles, one block each, for a wide
+    matrix; for a narrow one (rows or cols under NARROW) single words in grid-stride loops, as many blocks as fill
+    ``max_blocks``, shared by the images."""
+    if min(rows, cols) >= NARROW:
+        return f"transpose_planes_{itemsize}", (-(-cols // 32), -(-rows // 32), images), _cuda.THREADS
+    plane_blocks = -(-rows * cols // _cuda.THREADS)
+    image_rows = min(images, MAX_GRID_Y)
+    return f"transpose_narrow_{itemsize}", (max(1, min(plane_blocks, max_blocks // image_rows)), image_rows), \
+        _cuda.THREADS
 
 
 def like(result: Any, channels_last: bool) -> Any:
