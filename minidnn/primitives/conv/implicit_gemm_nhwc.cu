@@ -286,17 +286,22 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
 // The filter's channels-last copy (the activations' come from layout.cu's transpose)
 // ---------------------------------------------------------------------------------------------------------------
 // w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
-// (`turned` non-zero): one thread per value.
+// (`turned` non-zero): one thread per value. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is
+// read as it is, so backward-data's turned copy needs no C-contiguous copy of it first.
 extern "C" __global__ void filter_to_channels_last(const u16* __restrict__ w, u16* __restrict__ out, int K, int C,
-                                                   int R, int S, int turned) {
+                                                   int R, int S, int turned, int w_last) {
     const int total = K * C * R * S;
+    // w's value (k, c, r, s)
+    const auto at = [&](const int k, const int c, const int r, const int s_) {
+        return w_last ? ((k * R + r) * S + s_) * C + c : ((k * C + c) * R + r) * S + s_;
+    };
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         if (turned) {  // out[c][r][s][k] = w[k][c][R-1-r][S-1-s]
             const int k = i % K, s_ = i / K % S, r = i / K / S % R, c = i / K / S / R;
-            out[i] = w[((k * C + c) * R + R - 1 - r) * S + S - 1 - s_];
+            out[i] = w[at(k, c, R - 1 - r, S - 1 - s_)];
         } else {       // out[k][r][s][c] = w[k][c][r][s]
             const int c = i % C, s_ = i / C % S, r = i / C / S % R, k = i / C / S / R;
-            out[i] = w[((k * C + c) * R + r) * S + s_];
+            out[i] = w[at(k, c, r, s_)];
         }
     }
 }

@@ -329,7 +329,7 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
         if filter_last is not None:
             w_last = filter_last
         elif first == 0:
-            _filter_to_channels_last(layout.contiguous(w), w_last, turned=turned)
+            _filter_to_channels_last(w, w_last, turned=turned)
         shape = backward_data_problem(chunk) if turned else chunk
         launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
@@ -374,10 +374,13 @@ def _to_channels_last(array: Any, out: Any) -> None:
 
 
 def _filter_to_channels_last(w: Any, out: Any, turned: bool) -> None:
+    """w (K, C, R, S) -> out (K, R, S, C), or turned (C, R, S, K) with r and s reversed; a channels-last w read as
+    it is, any other layout through a C-contiguous copy."""
     K, C, R, S = w.shape
+    last = layout.is_channels_last(w)
     kernel = _kernel("filter_to_channels_last", convert.half_type_of(w))
-    _cuda.launch(kernel, w.size, (w, out, _cuda.i32(K), _cuda.i32(C), _cuda.i32(R), _cuda.i32(S),
-                                  _cuda.i32(turned)))
+    _cuda.launch(kernel, w.size, (layout.buffer(w) if last else layout.contiguous(w), out, _cuda.i32(K), _cuda.i32(C),
+                                  _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last)))
 
 
 @functools.lru_cache(maxsize=1024)
