@@ -350,7 +350,7 @@ def test_max_pool_backward_grid_fills_the_gpu_with_rows_of_planes(monkeypatch):
     assert launched[-2:] == ["max_pool_backward_taps_last", ((3136, 2), 256)]
     monkeypatch.setattr(_cuda, "max_blocks", lambda: 10**6)
     launch((10**6, 1, 1, 1))
-    assert launched[-1] == ((1, pooling.MAX_GRID_Y), 32)
+    assert launched[-1] == ((1, _cuda.MAX_GRID_Y), 32)
 
 
 def test_max_pool2d_empty_batch(xp):

@@ -41,6 +41,7 @@ PACKAGE = os.path.dirname(HERE)  # minidnn/: kernels outside the primitives (the
 DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 INT32_LIMIT = 2**31 - 1
 THREADS = 256
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (and .z): longer loops go inside the kernels
 
 
 # ----------------------------------------------------------------------------------------------

@@ -102,7 +102,6 @@ def copy_into(out: Any, source: Any) -> None:
 
 # Below this many rows or columns a matrix is narrow: a 32 x 32 tile of it would hold mostly nothing (layout.cu).
 NARROW = 16
-MAX_GRID_Y = 65535
 
 
 def transpose_planes(source: Any, out: Any, rows: int, cols: int) -> None:
@@ -127,7 +126,7 @@ def transpose_launch(rows: int, cols: int, images: int, itemsize: int, max_block
     if min(rows, cols) >= NARROW:
         return f"transpose_planes_{itemsize}", (-(-cols // 32), -(-rows // 32), images), _cuda.THREADS
     plane_blocks = -(-rows * cols // _cuda.THREADS)
-    image_rows = min(images, MAX_GRID_Y)
+    image_rows = min(images, _cuda.MAX_GRID_Y)
     return f"transpose_narrow_{itemsize}", (max(1, min(plane_blocks, max_blocks // image_rows)), image_rows), \
         _cuda.THREADS
 

@@ -546,11 +546,6 @@ def _launch(name: str, count: int, arrays: tuple, shape: np.void) -> None:
     _cuda.launch(_kernel(name, arrays), count, (*arrays, shape))
 
 
-# Max pooling's backward kernels: a thread per position of a plane, the planes in a loop from blockIdx.y
-# (pooling.cu).
-MAX_GRID_Y = 65535
-
-
 def _launch_by_planes(name: str, arrays: tuple, shape: np.void, channels_last: bool) -> None:
     """Run max-pool backward kernel ``name`` of pooling.cu over dx (``shape``'s N, C, H, W): a thread per
     position of a plane, an H × W plane of an (n, c) (channels-last: an H × W × C image), in blocks of a warp or more
@@ -561,7 +556,7 @@ def _launch_by_planes(name: str, arrays: tuple, shape: np.void, channels_last: b
     positions, planes = (H * W * C, N) if channels_last else (H * W, N * C)
     threads = min(_cuda.THREADS, -(-positions // 32) * 32)
     blocks = -(-positions // threads)
-    rows = min(planes, MAX_GRID_Y, -(-_cuda.max_blocks() // blocks))
+    rows = min(planes, _cuda.MAX_GRID_Y, -(-_cuda.max_blocks() // blocks))
     _cuda.launch_blocks(_kernel(name + ("_last" if channels_last else ""), arrays), (blocks, rows), threads,
                         (*arrays, shape))
 

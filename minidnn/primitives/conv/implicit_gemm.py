@@ -55,7 +55,6 @@ TILE_K = {"float32": 16, "float64": 8, "float16": 32, "bfloat16": 32}
 # atomicAdd of one 128 × 64 tile stays a small fraction of its 128·64·16·steps multiply-adds.
 SPLIT_K_CTAS_PER_SM = 2 * 4
 MIN_STEPS_PER_SPLIT = 16
-MAX_GRID_Y = 65535
 # CTAs per SM the kernels are compiled for (implicit_gemm.cu's CTAS_PER_SM): two, and a second build
 # with three for SIMT grids longer than one wave of two per SM.
 DEFAULT_CTAS_PER_SM = 2
@@ -295,7 +294,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         bias = backend.get_array_module(bias).ascontiguousarray(bias) if has_bias else out  # out: an unread pointer
         arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
     tiles = -(-rows // TILE_M[_type(problem)]) * -(-columns // TILE_N)
-    grid = (tiles, min(problem.groups * splits, MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
+    grid = (tiles, min(problem.groups * splits, _cuda.MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
     if half:  # one build, two CTAs per SM: three would leave its tensor-core loop 85 registers a thread
         kernel = _cuda.element_function("conv/implicit_gemm.cu", f"implicit_gemm_{direction}_half", half, None)
     else:

@@ -52,7 +52,6 @@ STATIC_SHARED_LIMIT = 48 * 1024
 # (BLOCK_K pixels each) per CTA, so that its atomicAdd of one tile stays small beside its products.
 SPLIT_K_CTAS_PER_SM = 2 * 4
 MIN_STEPS_PER_SPLIT = 16
-MAX_GRID_Y = 65535
 # Workspace pieces start on 256-byte boundaries (the kernels' 16-byte copies need 16).
 ALIGNMENT = 256
 # The most workspace one call takes: larger batches run in chunks of images (a launch per chunk).
@@ -300,7 +299,7 @@ def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K) -> i
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
     wanted = -(-SPLIT_K_CTAS_PER_SM * sms // tiles)
-    return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // MAX_GRID_Y))
+    return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:
