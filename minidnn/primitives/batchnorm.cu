@@ -828,12 +828,38 @@ struct RowChannel {
     }
 };
 
+// The element-wise row kernels' grid-stride walk over the packs [0, count): `load(c)` fetches the thread's
+// channels' coefficients (c, ..., c + V − 1) whenever its channel moves, `one(i)` does pack i, and `two(i, j)` packs
+// i and j of the same channels, loading both before working on either.
 // Each thread loads its channels' coefficients when its channel moves: once, where the grid's stride is a whole
 // number of rows (G·V a multiple of C: every C dividing 256·V, i.e. powers of two up to 2048 half channels),
 // so a pack costs its loads and stores, not 2V coefficient loads more. Those V channels' coefficients are doubles
 // held in registers (up to 4V of them), which leaves room for few threads an SM: where the channels stay, a thread
 // loads its next two packs before it works on either, so that twice the bytes are in flight (the same arithmetic
 // on each pack: the same bits).
+template <int V, typename Load, typename One, typename Two>
+__device__ __forceinline__ void walk_row_packs(const int C, const int count, const Load& load, const One& one,
+                                               const Two& two) {
+    const int G = blockDim.x * gridDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    RowChannel channel(i, G, V, C);
+    int loaded = channel.c;
+    load(loaded);
+    if (channel.step == 0) {  // every pack of this thread holds the same channels: two in flight at a time
+        for (; i + G < count; i += 2 * G) two(i, i + G);
+        if (i < count) one(i);
+        return;
+    }
+    for (; i < count; i += G, channel.advance()) {
+        if (channel.c != loaded) {
+            loaded = channel.c;
+            load(loaded);
+        }
+        one(i);
+    }
+}
+
 // y = (x − mean)·scale + shift, then max(·, 0) when relu != 0, over (M, C) rows, with each pack's coefficients from
 // `load(c, mean, scale, shift)` for its channels c, ..., c + V − 1 (shift added only when has_shift): the training
 // and the inference forward differ only in where the coefficients come from.
@@ -841,9 +867,6 @@ template <int V, typename Load>
 __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, elem_t* __restrict__ y,
                                                const bool has_shift, const int relu, const int C, const int total,
                                                const Load& load) {
-    const int G = blockDim.x * gridDim.x, count = total / V;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
     const Pack<V>* __restrict__ in = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(y);
     acc_t mean_of[V], scale_of[V], shift_of[V];
@@ -857,25 +880,14 @@ __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, ele
         }
         return p;
     };
-    RowChannel channel(i, G, V, C);
-    int loaded = channel.c;
-    load(loaded, mean_of, scale_of, shift_of);
-    if (channel.step == 0) {  // every pack of this thread holds the same channels
-        for (; i + G < count; i += 2 * G) {
-            const Pack<V> a = in[i], b = in[i + G];
+    walk_row_packs<V>(
+        C, total / V, [&](const int c) { load(c, mean_of, scale_of, shift_of); },
+        [&](const int i) { out[i] = normalised(in[i]); },
+        [&](const int i, const int j) {
+            const Pack<V> a = in[i], b = in[j];
             out[i] = normalised(a);
-            out[i + G] = normalised(b);
-        }
-        if (i < count) out[i] = normalised(in[i]);
-        return;
-    }
-    for (; i < count; i += G, channel.advance()) {
-        if (channel.c != loaded) {
-            loaded = channel.c;
-            load(loaded, mean_of, scale_of, shift_of);
-        }
-        out[i] = normalised(in[i]);
-    }
+            out[j] = normalised(b);
+        });
 }
 
 template <int V>
@@ -907,21 +919,11 @@ __device__ void inference_last(INFERENCE_PARAMETERS) {  // S is unused (1)
 
 template <int V>
 __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
-    const int G = blockDim.x * gridDim.x, count = total / V;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) return;
     const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
     const Pack<V>* __restrict__ dy_packs = packs<V>(dy);
     const Pack<V>* __restrict__ x_packs = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(dx);
     acc_t mean_dy[V], scale[V], mean_of[V], slope[V];
-    const auto load = [&](const int c0) {
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-            const int c = c0 + u;
-            mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
-        }
-    };
     const auto gradient_of = [&](const Pack<V> d, const Pack<V> y, const Pack<V> in) {
         Pack<V> p;
 #pragma unroll
@@ -931,32 +933,26 @@ __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
         }
         return p;
     };
-    RowChannel channel(i, G, V, C);
-    int loaded = channel.c;
-    load(loaded);
-    if (channel.step == 0) {  // as in normalise_rows: two packs in flight
-        for (; i + G < count; i += 2 * G) {
-            const int j = i + G;
+    walk_row_packs<V>(
+        C, total / V,
+        [&](const int c0) {
+#pragma unroll
+            for (int u = 0; u < V; ++u) {
+                const int c = c0 + u;
+                mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
+            }
+        },
+        [&](const int i) {
+            const Pack<V> d = dy_packs[i], y = relu_packs ? relu_packs[i] : d, a = x_packs[i];
+            out[i] = gradient_of(d, y, a);
+        },
+        [&](const int i, const int j) {
             const Pack<V> d = dy_packs[i], e = dy_packs[j];
             const Pack<V> y = relu_packs ? relu_packs[i] : d, z = relu_packs ? relu_packs[j] : e;
             const Pack<V> a = x_packs[i], b = x_packs[j];
             out[i] = gradient_of(d, y, a);
             out[j] = gradient_of(e, z, b);
-        }
-        if (i < count) {
-            const Pack<V> d = dy_packs[i], y = relu_packs ? relu_packs[i] : d, a = x_packs[i];
-            out[i] = gradient_of(d, y, a);
-        }
-        return;
-    }
-    for (; i < count; i += G, channel.advance()) {
-        if (channel.c != loaded) {  // as in normalise_rows
-            loaded = channel.c;
-            load(loaded);
-        }
-        const Pack<V> d = dy_packs[i], y = relu_packs ? relu_packs[i] : d, a = x_packs[i];
-        out[i] = gradient_of(d, y, a);
-    }
+        });
 }
 
 // ----------------------------------------------------------------------------------------------
