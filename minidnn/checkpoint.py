@@ -187,9 +187,8 @@ def read_archive(source: Any, label: str) -> tuple[dict[str, np.ndarray], dict[s
         raise ValueError(f"{label} is not an .npz archive ({what})")
     try:
         # A path is opened here, not by np.load: NumPy leaves the file open when the zip directory is damaged.
-        with contextlib.ExitStack() as stack:
-            file = stack.enter_context(open(source, "rb")) if isinstance(source, (str, os.PathLike)) else source
-            archive = stack.enter_context(np.load(file, allow_pickle=False))
+        opened = open(source, "rb") if isinstance(source, (str, os.PathLike)) else contextlib.nullcontext(source)
+        with opened as file, np.load(file, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
     except MemoryError:
         raise

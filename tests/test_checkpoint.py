@@ -188,3 +188,23 @@ def test_temporaries_have_a_recognisable_name_and_only_orphans_are_removed(tmp_p
     removed = minidnn.checkpoint.remove_orphans(tmp_path, ["last.npz", "best.npz"])
     assert sorted(os.path.basename(p) for p in removed) == sorted(orphans)
     assert sorted(os.listdir(tmp_path)) == sorted(others + ["best.npz.minidnn-12345678.tmp"])
+
+
+def test_a_damaged_archive_leaves_no_file_open(tmp_path):
+    """Reading a truncated archive by path is a ValueError, and its file is closed by then (NumPy's np.load left it
+    open until collected)."""
+    import gc  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    from minidnn.checkpoint import read_archive  # noqa: PLC0415
+
+    good = tmp_path / "good.npz"
+    minidnn.save_checkpoint(good, nn.Linear(3, 2))
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(good.read_bytes()[:200])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(ValueError, match="not a readable .npz archive"):
+            read_archive(bad, str(bad))
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
