@@ -81,11 +81,13 @@ def torch_call(direction, layer, dtype, channels_last, torch):
                                                        [0, 0], 1, [False, True, False])
 
 
-def start(description: str) -> tuple[argparse.Namespace, Any, Any, np.random.Generator]:
-    """What every per-layer probe of this folder opens with: its --out argument, PyTorch (cudnn.benchmark on),
-    CuPy and a seeded generator."""
+def start(description: str, extra: Any = None) -> tuple[argparse.Namespace, Any, Any, np.random.Generator]:
+    """What every per-layer probe of this folder opens with: its --out argument (and those ``extra(parser)``
+    adds), PyTorch (cudnn.benchmark on), CuPy and a seeded generator."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
     import torch  # noqa: PLC0415 - the reference only
 

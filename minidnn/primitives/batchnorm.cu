@@ -19,7 +19,8 @@
 // the next without a division per value, and each thread reads four values per iteration (four loads
 // in flight). The statistics are one pass: each thread keeps a Welford state (count, mean, M2) and
 // merges each group of four reads into it with the parallel-combination formula. Accumulators are
-// double for float inputs too: they live in registers, so this costs no memory traffic. A group's own
+// double for float inputs too: they live in registers, so this costs no memory traffic (the channels-last
+// kernels' per-thread sums, V channels a thread, are float in the half build: row_sum_t). A group's own
 // sums run in chunk_t (below), one chain per read, so that no thread waits on one long chain of
 // dependent adds (a double add's latency, 4·V times, per group). A block merges
 // its threads' results with a fixed tree (warp shuffles, then shared memory) and thread 0 writes the
@@ -36,7 +37,8 @@
 //
 // Element-wise kernels: one thread per element (grid-stride loop of stride G); a ChannelStep tracks the
 // channel c = (i / S) % C of the thread's element with two divisions per thread, not per element. The
-// per-channel coefficients they read (a few doubles per channel) stay in the caches.
+// per-channel coefficients they read (a few doubles per channel) stay in the caches; their arithmetic is
+// math_t's (float in the half build).
 
 #ifndef SCALAR
 #define SCALAR float
@@ -59,6 +61,17 @@ typedef double acc_t;  // accumulators and per-channel coefficients, for float a
 typedef float chunk_t;
 #else
 typedef acc_t chunk_t;
+#endif
+
+// The element-wise kernels' arithmetic (normalise, dx), from the double per-channel coefficients: double for float
+// and double inputs, float in the half build. There the one rounding to 8 or 11 significant bits is of a float
+// result whose own error is 2^-24 relative (x − mean is still taken before the scaling), as PyTorch's half batch
+// norm computes in float; a thread's coefficients then take half the registers, which is what limits how many
+// threads of the channels-last kernels (V channels' coefficients each) an SM holds.
+#ifdef HALF
+typedef float math_t;
+#else
+typedef acc_t math_t;
 #endif
 
 // Every kernel has builds that move packs of VECTOR elements (16 bytes, elements.cuh's Pack) and of VECTOR8
@@ -163,8 +176,9 @@ __device__ __forceinline__ acc_t inference_invstd(const scalar_t running_var, co
 // ----------------------------------------------------------------------------------------------
 
 // y = max(v, 0), with NaN propagated as relu_forward does (activation.cu), when relu != 0.
-__device__ __forceinline__ acc_t apply_relu(const acc_t v, const int relu) {
-    return (!relu || v > 0 || isnan(v)) ? v : acc_t(0);
+template <typename T>
+__device__ __forceinline__ T apply_relu(const T v, const int relu) {
+    return (!relu || v > 0 || isnan(v)) ? v : T(0);
 }
 
 // One element's dy·[y > 0], y the fused ReLU's output (relu_output), or plain dy without the ReLU (y is then
@@ -343,12 +357,13 @@ __device__ void apply(APPLY_PARAMETERS) {
     Pack<V>* __restrict__ out = packs<V>(y);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
+        const math_t mean = coef[c], scale = coef[C + c], shift = bias ? (math_t)bias[c] : math_t(0);
         const Pack<V> in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            acc_t w = (element_value(in.e[u]) - coef[c]) * coef[C + c];
-            if (bias) w += (acc_t)bias[c];
+            math_t w = (element_value(in.e[u]) - mean) * scale;
+            if (bias) w += shift;
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -377,14 +392,15 @@ __device__ void inference(INFERENCE_PARAMETERS) {
     Pack<V>* __restrict__ out = packs<V>(y);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
-        acc_t scale = inference_invstd(running_var[c], eps);
-        if (weight) scale *= (acc_t)weight[c];
+        acc_t invstd_weight = inference_invstd(running_var[c], eps);
+        if (weight) invstd_weight *= (acc_t)weight[c];
+        const math_t scale = invstd_weight, mean = running_mean[c], shift = bias ? (math_t)bias[c] : math_t(0);
         const Pack<V> in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            acc_t w = (element_value(in.e[u]) - (acc_t)running_mean[c]) * scale;
-            if (bias) w += (acc_t)bias[c];
+            math_t w = (element_value(in.e[u]) - mean) * scale;
+            if (bias) w += shift;
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -514,13 +530,13 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
     Pack<V>* __restrict__ out = packs<V>(dx);
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
+        const math_t mean_dy = coef[c], scale = coef[C + c], slope = coef[2 * C + c], mean_of = mean[c];
         const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
-            p.e[u] = element_of((g - coef[c]) * coef[C + c] -
-                                (element_value(in.e[u]) - (acc_t)mean[c]) * coef[2 * C + c]);
+            const math_t g = gradient<math_t>(d.e[u], y.e[u], relu_packs != nullptr);
+            p.e[u] = element_of((g - mean_dy) * scale - (element_value(in.e[u]) - mean_of) * slope);
         }
         out[i] = p;
     }
@@ -561,22 +577,32 @@ struct RowsOfBlock {
     }
 };
 
+// A channels-last thread's own sums over the rows it visits (its Welford states, its backward sums), before they
+// merge into the block's double results: double for float and double inputs, float in the half build. A thread
+// keeps V channels' sums (3V values, 24 for 16-byte packs of half words) and, at two blocks an SM, every register
+// of theirs less is bytes in flight more; a thread visits tens of rows, whose float sums of 8- or 11-bit values
+// err by about that many float roundings, far below what the half results hold.
+#ifdef HALF
+typedef float row_sum_t;
+#else
+typedef acc_t row_sum_t;
+#endif
+
 // One thread's Welford states of V channels: the count is the same for all of them (every row has each channel).
-template <int V>
+template <int V, typename T = acc_t>
 struct ChannelStates {
-    acc_t n, mean[V], m2[V];
+    T n, mean[V], m2[V];
 };
 
-template <int V>
-__device__ __forceinline__ void merge_states(ChannelStates<V>& a, const acc_t nb, const acc_t* meanb,
-                                             const acc_t* m2b) {
+template <int V, typename T, typename U>
+__device__ __forceinline__ void merge_states(ChannelStates<V, T>& a, const U nb, const U* meanb, const U* m2b) {
     if (nb == 0) return;
-    const acc_t total = a.n + nb, fb = nb / total, weight = a.n * fb;
+    const T total = a.n + (T)nb, fb = (T)nb / total, weight = a.n * fb;
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-        const acc_t delta = meanb[u] - a.mean[u];
+        const T delta = (T)meanb[u] - a.mean[u];
         a.mean[u] += delta * fb;
-        a.m2[u] += m2b[u] + delta * delta * weight;
+        a.m2[u] += (T)m2b[u] + delta * delta * weight;
     }
     a.n = total;
 }
@@ -598,7 +624,7 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
     const RowsOfBlock rows(packs_per_row, V);
     const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
-    ChannelStates<V> state = {};
+    ChannelStates<V, row_sum_t> state = {};
     if (rows.active) {
         const Pack<V>* __restrict__ xp = packs<V>(x) + rows.pack;
         int m = begin + rows.row;
@@ -608,7 +634,7 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
             Pack<V> p[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) p[q] = xp[(long long)(m + q * pass) * packs_per_row];
-            acc_t chunk_mean[V], chunk_m2[V];
+            chunk_t chunk_mean[V], chunk_m2[V];
 #pragma unroll
             for (int u = 0; u < V; ++u) {
                 const chunk_t a = element_value(p[0].e[u]), b = element_value(p[1].e[u]);
@@ -617,14 +643,14 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
                 chunk_mean[u] = mu;
                 chunk_m2[u] = ((a - mu) * (a - mu) + (b - mu) * (b - mu)) + ((c - mu) * (c - mu) + (d - mu) * (d - mu));
             }
-            merge_states<V>(state, 4.0, chunk_mean, chunk_m2);
+            merge_states<V>(state, (chunk_t)4, chunk_mean, chunk_m2);
         }
         for (; m < end; m += pass) {
             const Pack<V> p = xp[(long long)m * packs_per_row];
-            acc_t value[V], zero[V];
+            chunk_t value[V], zero[V];
 #pragma unroll
             for (int u = 0; u < V; ++u) value[u] = element_value(p.e[u]), zero[u] = 0;
-            merge_states<V>(state, 1.0, value, zero);
+            merge_states<V>(state, (chunk_t)1, value, zero);
         }
     }
     // The block's result per channel: thread row 0, 1, ... of each column, in order.
@@ -637,7 +663,7 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
         ChannelStates<1> block = {};
         for (int r = 0; r < pass; ++r) {
             const int from = r * rows.block_packs + column;
-            merge_states<1>(block, shared_n[from], &shared_mean[from * V + u], &shared_m2[from * V + u]);
+            merge_states<1, acc_t, acc_t>(block, shared_n[from], &shared_mean[from * V + u], &shared_m2[from * V + u]);
         }
         const int c = rows.first_channel + t;
         partial[k * C + c] = block.n;
@@ -662,7 +688,7 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
                 m2b[b] = inside ? __ldcg(partial + (2 * splits + split) * C + c) : 0;
             }
 #pragma unroll
-            for (int b = 0; b < MERGE_BATCH; ++b) merge_states<1>(merged, nb[b], &meanb[b], &m2b[b]);
+            for (int b = 0; b < MERGE_BATCH; ++b) merge_states<1, acc_t, acc_t>(merged, nb[b], &meanb[b], &m2b[b]);
         }
     }
     __syncthreads();  // the block's own shared results are read: the arrays are free
@@ -672,7 +698,7 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     ChannelStates<1> total = {};
     for (int g = 0; g < groups; ++g) {
         const int from = g * rows.channels + t;
-        merge_states<1>(total, shared_n[from], &shared_mean[from], &shared_m2[from]);
+        merge_states<1, acc_t, acc_t>(total, shared_n[from], &shared_mean[from], &shared_m2[from]);
     }
     finish_statistics(c, C, total.n, total.mean[0], total.m2[0], eps_arg, momentum_arg, weight, running_mean,
                       running_var, mean_out, invstd_out, coef, batches_tracked);
@@ -697,7 +723,7 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     const RowsOfBlock rows(packs_per_row, V);
     const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
     const acc_t eps = eps_arg;
-    acc_t sum_dy[V] = {}, sum_dy_xc[V] = {};
+    row_sum_t sum_dy[V] = {}, sum_dy_xc[V] = {};
     if (rows.active) {
         const int c0 = rows.pack * V;
         chunk_t mu[V];
@@ -762,9 +788,9 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
             Pack<V> out;
 #pragma unroll
             for (int u = 0; u < V; ++u) {
-                const acc_t g = gradient(d.e[u], y.e[u], yp != nullptr);
+                const chunk_t g = gradient<chunk_t>(d.e[u], y.e[u], yp != nullptr);
                 sum_dy[u] += g;
-                sum_dy_xc[u] += g * (element_value(p.e[u]) - (acc_t)center[c0 + u]);
+                sum_dy_xc[u] += g * ((chunk_t)element_value(p.e[u]) - mu[u]);
                 if (DX) out.e[u] = element_of(g * scale[DX ? u : 0]);
             }
             if (DX) dxp[o] = out;
@@ -869,12 +895,12 @@ __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, ele
                                                const Load& load) {
     const Pack<V>* __restrict__ in = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(y);
-    acc_t mean_of[V], scale_of[V], shift_of[V];
+    math_t mean_of[V], scale_of[V], shift_of[V];
     const auto normalised = [&](const Pack<V> a) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            acc_t w = (element_value(a.e[u]) - mean_of[u]) * scale_of[u];
+            math_t w = (element_value(a.e[u]) - mean_of[u]) * scale_of[u];
             if (has_shift) w += shift_of[u];
             p.e[u] = element_of(apply_relu(w, relu));
         }
@@ -892,12 +918,12 @@ __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, ele
 
 template <int V>
 __device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
-    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c, acc_t* mean, acc_t* scale, acc_t* shift) {
+    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c, math_t* mean, math_t* scale, math_t* shift) {
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             mean[u] = coef[c + u];
             scale[u] = coef[C + c + u];
-            shift[u] = bias ? (acc_t)bias[c + u] : acc_t(0);
+            shift[u] = bias ? (math_t)bias[c + u] : math_t(0);
         }
     });
 }
@@ -905,14 +931,15 @@ __device__ void apply_last(APPLY_PARAMETERS) {  // S is unused (1)
 template <int V>
 __device__ void inference_last(INFERENCE_PARAMETERS) {  // S is unused (1)
     const acc_t eps = eps_arg;
-    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c0, acc_t* mean, acc_t* scale, acc_t* shift) {
+    normalise_rows<V>(x, y, bias != nullptr, relu, C, total, [&](const int c0, math_t* mean, math_t* scale, math_t* shift) {
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             const int c = c0 + u;
-            scale[u] = inference_invstd(running_var[c], eps);
-            if (weight) scale[u] *= (acc_t)weight[c];
+            acc_t invstd_weight = inference_invstd(running_var[c], eps);
+            if (weight) invstd_weight *= (acc_t)weight[c];
+            scale[u] = invstd_weight;
             mean[u] = running_mean[c];
-            shift[u] = bias ? (acc_t)bias[c] : acc_t(0);
+            shift[u] = bias ? (math_t)bias[c] : math_t(0);
         }
     });
 }
@@ -923,12 +950,12 @@ __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
     const Pack<V>* __restrict__ dy_packs = packs<V>(dy);
     const Pack<V>* __restrict__ x_packs = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(dx);
-    acc_t mean_dy[V], scale[V], mean_of[V], slope[V];
+    math_t mean_dy[V], scale[V], mean_of[V], slope[V];
     const auto gradient_of = [&](const Pack<V> d, const Pack<V> y, const Pack<V> in) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const acc_t g = gradient(d.e[u], y.e[u], relu_packs != nullptr);
+            const math_t g = gradient<math_t>(d.e[u], y.e[u], relu_packs != nullptr);
             p.e[u] = element_of((g - mean_dy[u]) * scale[u] - (element_value(in.e[u]) - mean_of[u]) * slope[u]);
         }
         return p;
@@ -990,11 +1017,12 @@ extern "C" __global__ void bn_backward_dx_vector8(BACKWARD_DX_PARAMETERS) {
 }
 
 // Channels-last builds: packs of VECTOR and single elements.
-// Two blocks an SM at least (the reductions keep V channels' double sums per thread).
+// Two blocks an SM at least (the reductions keep V channels' sums per thread); the statistics' packs three, which
+// their registers allow without a spill in every build (ptxas -v), so that half as many more bytes are in flight.
 extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last(STATISTICS_LAST_PARAMETERS) {
     statistics_last<1>(STATISTICS_LAST_ARGUMENTS);
 }
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last_vector(STATISTICS_LAST_PARAMETERS) {
+extern "C" __global__ void __launch_bounds__(LAST_THREADS, 3) bn_statistics_last_vector(STATISTICS_LAST_PARAMETERS) {
     statistics_last<VECTOR>(STATISTICS_LAST_ARGUMENTS);
 }
 extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {

@@ -32,9 +32,11 @@ values); the NumPy twin computes on the (N, C, S) view and lays its results out 
 
 Half precision (mixed precision's batch norm): x, dy, relu_output and the results y, dx in float16 or
 bfloat16 (convert.py's storage), the per-channel vectors (weight, bias, running statistics, mean, invstd,
-dweight, dbias) float32, the master weights' type. The GPU's half build reads the half values exactly,
-computes as above and rounds y and dx once (from the float of its double result); the NumPy twin widens
-to float32, runs the float32 code and rounds once.
+dweight, dbias) float32, the master weights' type. The GPU's half build reads the half values exactly, sums
+as above (a channels-last thread's own sums in float, merged in double) and computes y and dx in float from
+the double per-channel coefficients, rounding once, as PyTorch's half batch norm computes in float; the NumPy
+twin widens to float32, runs the float32 code and rounds once. The two agree within a rounding of the half
+type, not bit for bit.
 """
 from __future__ import annotations
 
