@@ -260,7 +260,7 @@ def test_find_times_every_algorithm_in_the_calls_layout(monkeypatch, tmp_path, x
 # Batch norm and the element-wise primitives
 # ----------------------------------------------------------------------------------------------
 # (N, C, H, W): one channel block of two packs; C = 12 (no 16-byte pack fits a row of half words: single
-# elements); C = 520 (three channel blocks of the 32-pack columns, the last with one pack); many splits of rows;
+# elements); C = 520 (channel blocks of 128-byte columns, the last with one pack of half words); many splits of rows;
 # more than twice as many packs as a grid-stride launch has threads (2.4 M packs of 8 half words, 4.7 M of 4
 # floats; an H200's grid holds 1.1 M threads), so that the element-wise row kernels' threads take their packs two
 # at a time and then one (GPU only: NumPy has no grid).

@@ -548,9 +548,11 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 // A channels-last (N, C, H, W) tensor's buffer is (N, H, W, C): row m holds one pixel's C channels. The planes
 // above do not exist there, so these kernels walk rows. A pack of V holds V consecutive channels of one row
 // (batchnorm.py launches V > 1 where C is a multiple of V and the arrays are aligned), so each thread reads
-// whole packs and keeps V channels' sums; the threads of a block split into `block_packs` columns of packs (up
-// to 32 packs, e.g. 256 bfloat16 channels) by rows_per_pass = blockDim.x / block_packs rows, so a warp reads
-// contiguous runs of rows. Grid (channel blocks, splits): block (b, k) owns packs [b·block_packs, ...) and the
+// whole packs and keeps V channels' sums; the threads of a block split into `block_packs` columns of packs (the
+// row's packs, or fewer: the launch's block_packs, at most 32) by rows_per_pass = blockDim.x / block_packs rows,
+// so a warp reads contiguous runs of rows. Fewer columns make more channel blocks of fewer channels, whose last
+// block merges its splits with more threads a channel (batchnorm.py's _rows_launch picks them).
+// Grid (channel blocks, splits): block (b, k) owns packs [b·block_packs, ...) and the
 // rows [k·per, min((k + 1)·per, M)). Its threads merge into the block's per-channel results in a fixed order
 // (thread row 0, 1, ... of each column, through shared memory), the block publishes them, and the last block of
 // its channel block finishes those channels: every thread takes splits g, g + groups, ... of one channel (groups
@@ -565,8 +567,8 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 struct RowsOfBlock {
     int block_packs, rows_per_pass, pack, row, channels, first_channel;
     bool active;
-    __device__ RowsOfBlock(const int packs_per_row, const int V) {
-        block_packs = min(packs_per_row, 32);
+    __device__ RowsOfBlock(const int packs_per_row, const int most_packs, const int V) {
+        block_packs = min(packs_per_row, most_packs);
         rows_per_pass = blockDim.x / block_packs;
         const int t = threadIdx.x, column = t % block_packs;
         pack = blockIdx.x * block_packs + column;
@@ -614,15 +616,16 @@ __device__ __forceinline__ void merge_states(ChannelStates<V, T>& a, const U nb,
     const elem_t* __restrict__ x, acc_t* __restrict__ partial, unsigned int* __restrict__ counters, const int M,   \
     const int C, const int per, const scalar_t* __restrict__ weight, scalar_t* __restrict__ running_mean,         \
     scalar_t* __restrict__ running_var, scalar_t* __restrict__ mean_out, scalar_t* __restrict__ invstd_out,       \
-    acc_t* __restrict__ coef, const double eps_arg, const double momentum_arg, long long* __restrict__ batches_tracked
+    acc_t* __restrict__ coef, const double eps_arg, const double momentum_arg, long long* __restrict__ batches_tracked, \
+    const int block_packs
 #define STATISTICS_LAST_ARGUMENTS                                                                                 \
     x, partial, counters, M, C, per, weight, running_mean, running_var, mean_out, invstd_out, coef, eps_arg, \
-    momentum_arg, batches_tracked
+    momentum_arg, batches_tracked, block_packs
 template <int V>
 __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     __shared__ acc_t shared_n[LAST_THREADS], shared_mean[LAST_THREADS * V], shared_m2[LAST_THREADS * V];
     const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
-    const RowsOfBlock rows(packs_per_row, V);
+    const RowsOfBlock rows(packs_per_row, block_packs, V);
     const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
     ChannelStates<V, row_sum_t> state = {};
     if (rows.active) {
@@ -712,15 +715,16 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     const scalar_t* __restrict__ center, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,       \
     elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd, const scalar_t* __restrict__ running_var,      \
     const scalar_t* __restrict__ weight, const double eps_arg, scalar_t* __restrict__ dweight,                   \
-    scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int M, const int C, const int per
+    scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int M, const int C, const int per,            \
+    const int block_packs
 #define BACKWARD_REDUCE_LAST_ARGUMENTS                                                                       \
     dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
-    coef, M, C, per
+    coef, M, C, per, block_packs
 template <int V, bool DX>
 __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     __shared__ acc_t shared_a[LAST_THREADS * V], shared_b[LAST_THREADS * V];
     const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
-    const RowsOfBlock rows(packs_per_row, V);
+    const RowsOfBlock rows(packs_per_row, block_packs, V);
     const int begin = k * per, end = min(begin + per, M), pass = rows.rows_per_pass;
     const acc_t eps = eps_arg;
     row_sum_t sum_dy[V] = {}, sum_dy_xc[V] = {};

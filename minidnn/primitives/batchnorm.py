@@ -409,33 +409,44 @@ def _layout(x: Any) -> tuple[int, int, int]:
     return int(x.shape[0]), int(x.shape[1]), math.prod(x.shape[2:])
 
 
-# The channels-last reductions (batchnorm.cu's RowsOfBlock): a block's columns hold up to this many packs of a
-# row, and each thread sums at least this many passes of rows (fewer, for about four blocks an SM, timed slower
-# on ResNet-18: the last block of a channel block merges every split, so more splits lengthen its tail).
-_LAST_BLOCK_PACKS, _LAST_PASSES_PER_SPLIT = 32, 32
+# The channels-last reductions (batchnorm.cu's RowsOfBlock): a block's columns span _LAST_BLOCK_BYTES of a row
+# (at most 32 packs), and each thread sums at least _LAST_PASSES_PER_SPLIT passes of rows. A channel block's last
+# block merges every split of its channels, (splits / (THREADS / its channels)) merges a thread: wider columns
+# (fewer, larger channel blocks) lengthen that tail, and so do more splits, which a small M needs to fill the GPU.
+_LAST_BLOCK_BYTES, _LAST_PASSES_PER_SPLIT = 128, 32
+# The element-wise row kernels: each thread does at least this many packs, so that its V channels' coefficients
+# (3V or 4V loads from the caches, once a thread where the grid's stride is a whole number of rows) serve as many.
+_ROW_PACKS_PER_THREAD = 8
 
 
-def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, int], int]:
+def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, int], int, int]:
     """A channels-last launch over (M, C) rows: (the build's suffix, elements per access, the reductions' grid
-    (channel blocks, splits), rows per split). Packs must lie inside a row: C a multiple of the pack."""
+    (channel blocks, splits), rows per split, packs per block row). Packs must lie inside a row: C a multiple of
+    the pack."""
     width = _cuda.elements_per_access(arrays, plane=C)
     packs_per_row = C // width
-    block_packs = min(packs_per_row, _LAST_BLOCK_PACKS)
+    block_packs = max(1, min(packs_per_row, 32, _LAST_BLOCK_BYTES // (width * arrays[0].itemsize)))
     channel_blocks = -(-packs_per_row // block_packs)
     rows_per_pass = _cuda.THREADS // block_packs
     splits, per = _cuda.reduction_split(channel_blocks, M, minimum=_LAST_PASSES_PER_SPLIT * rows_per_pass)
-    return "_last" + ("_vector" if width > 1 else ""), width, (channel_blocks, splits), per
+    return "_last" + ("_vector" if width > 1 else ""), width, (channel_blocks, splits), per, block_packs
+
+
+def _element_count(channels_last: bool, packs: int) -> int:
+    """The grid-stride iterations an element-wise launch over ``packs`` packs asks _cuda.launch for: one a pack
+    over planes, one per _ROW_PACKS_PER_THREAD packs over channels-last rows."""
+    return -(-packs // _ROW_PACKS_PER_THREAD) if channels_last else packs
 
 
 def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int) -> tuple:
-    """A backward reduction's (grid, build suffix, elements per access, values per split, the size arguments):
-    over planes, or over channels-last rows."""
+    """A reduction's (grid, build suffix, elements per access, values per split, the size arguments, the last
+    arguments): over planes, or over channels-last rows (whose kernels end with their packs per block row)."""
     if channels_last:
-        build, width, grid, per = _rows_launch(arrays, C, N * S)
-        return grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C))
+        build, width, grid, per, block_packs = _rows_launch(arrays, C, N * S)
+        return grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C)), (_cuda.i32(block_packs),)
     build, width = _packing(arrays, S)
     splits, per = _split(C, N * S, width)
-    return (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C), _cuda.i32(S))
+    return (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C), _cuda.i32(S)), ()
 
 
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
@@ -476,15 +487,15 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     _cuda.check_int32(x)
     N, C, S = _layout(x)
     y = layout.empty(x.shape, x.dtype, xp, channels_last)
-    grid, build, width, per, sizes = _reduction(channels_last, (x, y), N, C, S)
+    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, y), N, C, S)
     partial = xp.empty((3, grid[1], C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
     coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
     mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32, f64 = _cuda.i32, _cuda.f64
     _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), grid, _cuda.THREADS,
                         (layout.flat(x), partial, _block_counters(x, grid[0]), *sizes, i32(per), weight,
-                         rm, rv, mean, invstd, coef, f64(eps), f64(momentum), num_batches_tracked))
-    _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), x.size // width,
+                         rm, rv, mean, invstd, coef, f64(eps), f64(momentum), num_batches_tracked, *tail))
+    _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), _element_count(channels_last, x.size // width),
                  (layout.flat(x), layout.flat(y), coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
     if rm is not running_mean:
         running_mean[...] = rm
@@ -505,7 +516,7 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     y = layout.empty(x.shape, x.dtype, xp, channels_last)
     build, width, *_ = _rows_launch((x, y), C, x.size // C) if channels_last else _packing((x, y), S)
     i32 = _cuda.i32
-    _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), x.size // width,
+    _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), _element_count(channels_last, x.size // width),
                  (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu),
                   i32(C), i32(S), i32(x.size)))
     return y
@@ -522,15 +533,15 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     N, C, S = _layout(x)
     dx = layout.empty(x.shape, x.dtype, xp, channels_last)
     dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    grid, build, width, per, sizes = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
+    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
     partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
     coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     i32 = _cuda.i32
     _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), grid, _cuda.THREADS,
                         (dy, x, relu_output, mean, partial, _block_counters(x, grid[0]), None, invstd, None,
-                         weight, _cuda.f64(0.0), dweight, dbias, coef, *sizes, i32(per)))
-    _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), x.size // width,
+                         weight, _cuda.f64(0.0), dweight, dbias, coef, *sizes, i32(per), *tail))
+    _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), _element_count(channels_last, x.size // width),
                  (dy, x, relu_output, mean, coef, flat_dx, i32(C), i32(S), i32(x.size)))
     return dx, dweight, dbias
 
@@ -547,12 +558,12 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     N, C, S = _layout(x)
     dx = layout.empty(x.shape, x.dtype, xp, channels_last)
     dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    grid, build, width, per, sizes = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
+    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
     partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     # The channels-last reduction writes dx in a build of its own (batchnorm.cu's DX).
     name = "bn_backward_reduce_dx" + build if channels_last else "bn_backward_reduce" + build
     _cuda.launch_blocks(_kernel(name, x.dtype, half), grid, _cuda.THREADS,
                         (dy, x, relu_output, running_mean, partial, _block_counters(x, grid[0]), flat_dx, None,
-                         running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per)))
+                         running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per), *tail))
     return dx, dweight, dbias
