@@ -737,6 +737,26 @@ def test_pack_build_is_the_widest_that_fits_the_plane_and_the_alignment():
     assert batchnorm._packing((doubles,), 49) == ("", 1)
 
 
+def test_channels_last_launch_spans_128_bytes_of_a_row(monkeypatch):
+    """batchnorm._rows_launch: a reduction block's columns span 128 bytes of a row (at most 32 packs), so a channel
+    block holds 64 bfloat16 channels or 32 float32 ones, and the splits fill an H200's 132 SMs within the rows'
+    minimum; the element-wise row kernels take 8 packs a thread (_element_count), plane kernels one. Stand-in arrays:
+    only their item size and address are read."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from minidnn.primitives import _cuda, batchnorm  # noqa: PLC0415
+
+    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
+    words, floats = (SimpleNamespace(itemsize=size, data=SimpleNamespace(ptr=4096)) for size in (2, 4))
+    # ResNet-18's layer3 at batch 128: 32 packs a row in 4 channel blocks of 8, 24 splits of at least 32 passes.
+    assert batchnorm._rows_launch((words, words), 256, 25088) == ("_last_vector", 8, (4, 24), 1046, 8)
+    assert batchnorm._rows_launch((floats,), 256, 25088)[2:] == ((8, 24), 1046, 8)  # 64 packs of 4 floats a row
+    assert batchnorm._rows_launch((words,), 520, 18)[:3] == ("_last_vector", 8, (9, 1))  # the last block one pack
+    assert batchnorm._rows_launch((words,), 12, 30)[:3] == ("_last", 1, (1, 1))  # 12 single words: one block
+    assert batchnorm._rows_launch((words,), 64, 1605632)[2:] == ((1, 1056), 1521, 8)  # the stem: 8 blocks an SM
+    assert batchnorm._element_count(True, 100) == 13 and batchnorm._element_count(False, 100) == 100
+
+
 def _check_half_training(xp, rng, name, shape, relu):
     x, weight, bias, running_mean, running_var, exact_x = _half_arrays(xp, rng, shape, name, relu)
     start_mean, start_var = to_numpy(running_mean).copy(), to_numpy(running_var).copy()
