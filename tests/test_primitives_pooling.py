@@ -688,6 +688,24 @@ def test_backward_errors(call, error, message):
         call(np.ones_like(y), indices)
 
 
+@pytest.mark.parametrize("place, tap, found", [
+    ((0, 0, 0, 0), 0, "a tap on the padding"),      # output (0, 0)'s tap (0, 0): pixel (-1, -1)
+    ((0, 1, 1, 0), 3, "a tap on the padding"),      # output (1, 0)'s tap (1, 0): pixel (2, -1), at flat position 7
+    ((0, 0, 2, 1), 8, "a tap on the padding"),      # output (2, 1)'s tap (2, 2): pixel (5, 3), below the input
+    ((0, 1, 1, 1), 9, "a tap 9 of a 3 x 3 window"),
+])
+def test_backward_refuses_taps_off_the_input(place, tap, found):
+    """uint8 taps that name no window tap, or one on the padding, are a ValueError: the forward never picks padding
+    (a flat position h·W + w still inside [0, H·W) does not make a pixel of the input)."""
+    x = np.random.default_rng(3).standard_normal((1, 2, 5, 4))
+    y, taps = pooling.max_pool2d_forward(x, 3, 2, 1)
+    dx = pooling.max_pool2d_backward(np.ones_like(y), taps, x.shape, 3, 2, 1)  # the forward's own record is valid
+    assert dx.sum() == y.size
+    taps[place] = tap
+    with pytest.raises(ValueError, match=rf"indices must lie in \[0, H\*W\).*{found}"):
+        pooling.max_pool2d_backward(np.ones_like(y), taps, x.shape, 3, 2, 1)
+
+
 @pytest.mark.parametrize("args, error, message", [
     ((5, 0, 1, 0, 1, False), ValueError, "kernel must be >= 1"),
     ((5, 2, 0, 0, 1, False), ValueError, "stride must be >= 1"),

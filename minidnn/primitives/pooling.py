@@ -264,11 +264,38 @@ def _check_max_backward_arguments(dy: Any, indices: Any, x_shape: Any, kernel_si
     if dtype == np.uint8 and window is None:
         raise ValueError("max_pool2d_backward: uint8 taps need the window parameters (kernel_size, ...)")
     if not backend.is_cuda_array(dy) and indices.size:
-        positions = _positions(indices, window, (H, W), tuple(dy.shape[2:])) if dtype == np.uint8 else indices
-        if int(positions.min()) < 0 or int(positions.max()) >= H * W:
+        if dtype == np.uint8:
+            _check_taps(indices, window, (N, C, H, W))
+        elif int(indices.min()) < 0 or int(indices.max()) >= H * W:
             raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}, "
-                             f"got values in [{int(positions.min())}, {int(positions.max())}]")
+                             f"got values in [{int(indices.min())}, {int(indices.max())}]")
     return (N, C, H, W), window
+
+
+def _check_taps(taps: np.ndarray, window: tuple, x_shape: tuple[int, int, int, int]) -> None:
+    """uint8 taps must each name a tap r·kernel_w + c of its window whose pixel lies in the input (as the forward's
+    do: it never picks padding). Checked without widening the record: one pass for the largest tap, then, along each
+    axis, only the outputs whose windows reach past the input (the borders; none without padding or ceil mode)."""
+    N, C, H, W = x_shape
+    kernel, stride, padding, dilation, _ = window
+    largest = int(taps.max())
+    problem = f"a tap {largest} of a {kernel[0]} x {kernel[1]} window" if largest >= kernel[0] * kernel[1] else None
+    for axis, size in ((0, H), (1, W)):
+        offsets = (np.arange(taps.shape[2 + axis]) * stride[axis] - padding[axis])[:, None] \
+            + np.arange(kernel[axis])[None, :] * dilation[axis]  # (outputs, taps along the axis): input coordinates
+        inside = (offsets >= 0) & (offsets < size)
+        border = np.flatnonzero(~inside.all(axis=1))
+        if problem is not None or border.size == 0:
+            continue
+        along = np.take(taps, border, axis=2 + axis)
+        along = along // kernel[1] if axis == 0 else along % kernel[1]
+        shape = (len(border), 1) if axis == 0 else (1, len(border))
+        rows = np.arange(len(border)).reshape(shape)
+        if not inside[border][rows, along].all():
+            problem = f"a tap on the padding or past the input ({('row', 'column')[axis]}s: {size})"
+    if problem is not None:
+        raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}: uint8 taps must "
+                         f"name window taps on input pixels, got {problem}")
 
 
 def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
@@ -325,16 +352,6 @@ def _max_pool2d_backward_by_tap(dy: np.ndarray, taps: np.ndarray, x_shape: tuple
             chosen = taps == r * kernel[1] + s
             dx[(slice(None), slice(None)) + _tap_slices(r, s, stride, dilation, out_hw)] += where_or_zero(chosen, dy)
     return np.ascontiguousarray(dx[:, :, padding[0]:padding[0] + H, padding[1]:padding[1] + W])
-
-
-def _positions(taps: Any, window: tuple, hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
-    """uint8 taps r·kernel_w + c -> int64 flat positions h·W + w (the NumPy backward's form)."""
-    xp = backend.get_array_module(taps)
-    kernel, stride, padding, dilation, _ = window
-    r, c = taps.astype(xp.int64) // kernel[1], taps.astype(xp.int64) % kernel[1]
-    h = (xp.arange(out_hw[0]) * stride[0] - padding[0])[:, None] + r * dilation[0]
-    w = (xp.arange(out_hw[1]) * stride[1] - padding[1])[None, :] + c * dilation[1]
-    return h * hw[1] + w
 
 
 # ----------------------------------------------------------------------------------------------
