@@ -285,8 +285,7 @@ def build_datasets(args: argparse.Namespace, image_size: int) -> tuple[Any, Any,
     if args.data == "shapes10":
         train_images, train_labels = data.load_shapes("train", train_size=args.train_size, test_size=args.test_size)
         test_images, test_labels = data.load_shapes("test", train_size=args.train_size, test_size=args.test_size)
-        mean = tuple(train_images.reshape(-1, 3).mean(axis=0) / 255)
-        std = tuple(train_images.reshape(-1, 3).std(axis=0) / 255)
+        mean, std = (tuple(statistic / 255) for statistic in T.channel_statistics(train_images))
         if image_size == 32:  # no augmentation, as before: layout and normalisation only
             train = data.ArrayDataset(train_images, train_labels, seed=args.seed)
             test = data.ArrayDataset(test_images, test_labels)

@@ -333,6 +333,26 @@ def test_crop_flip_normalize_gives_the_per_sample_pipelines_images_bitwise(crop,
             np.testing.assert_array_equal(y.numpy(), y_slow.numpy())
 
 
+@pytest.mark.parametrize("shape", [(37, 5, 7, 3), (2, 9, 1), (11, 4)], ids=["rgb", "one_channel", "flat"])
+def test_channel_statistics_from_histograms_against_float64(shape):
+    """Each channel's mean and population std of uint8 images (..., C), against NumPy's on a float64 copy; the
+    extremes 0 and 255 included, and a constant channel's std exactly 0."""
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, shape, dtype=np.uint8)
+    pixels = images.reshape(-1, shape[-1])  # a view: the first two pixels become the extremes
+    pixels[0], pixels[1] = 0, 255
+    mean, std = T.channel_statistics(images)
+    wide = pixels.astype(np.float64)
+    np.testing.assert_allclose(mean, wide.mean(axis=0), rtol=1e-13, atol=0)
+    np.testing.assert_allclose(std, wide.std(axis=0), rtol=1e-12, atol=0)
+    constant_mean, constant_std = T.channel_statistics(np.full((3, 4, 2), 17, dtype=np.uint8))
+    assert constant_mean.tolist() == [17.0, 17.0] and constant_std.tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError, match="uint8 array of images"):
+        T.channel_statistics(images.astype(np.float32))
+    with pytest.raises(ValueError, match="at least one pixel"):
+        T.channel_statistics(np.zeros((0, 3), np.uint8))
+
+
 def test_crop_flip_normalize_errors():
     with pytest.raises(ValueError, match="padding needs crop"):
         T.CropFlipNormalize((0.5,), (0.5,), padding=2)

@@ -57,6 +57,26 @@ class ToTensor:
         return "ToTensor()"
 
 
+def channel_statistics(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and the (population) standard deviation of each channel of uint8 images (..., C), in pixel units,
+    as float64 (C,) arrays: the constants :class:`Normalize` takes, once divided by 255.
+
+    Each channel's 256-bin histogram holds all there is to know: the mean and the squared deviations are sums of
+    256 terms, exact but for their last rounding, where NumPy's mean and std widen every pixel to float64 first.
+    """
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim < 2:
+        raise TypeError(f"channel_statistics takes a uint8 array of images (..., C), got "
+                        f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}")
+    flat = images.reshape(-1, images.shape[-1])
+    if flat.shape[0] == 0:
+        raise ValueError("channel_statistics needs at least one pixel")
+    counts = np.stack([np.bincount(flat[:, c], minlength=256) for c in range(flat.shape[1])]).astype(np.float64)
+    values = np.arange(256, dtype=np.float64)
+    mean = counts @ values / flat.shape[0]
+    variance = (counts * (values - mean[:, None]) ** 2).sum(axis=1) / flat.shape[0]
+    return mean, np.sqrt(variance)
+
+
 class Normalize:
     """(x − mean) / std per channel of a CHW float array."""
 
