@@ -345,6 +345,10 @@ def test_channel_statistics_from_histograms_against_float64(shape):
     wide = pixels.astype(np.float64)
     np.testing.assert_allclose(mean, wide.mean(axis=0), rtol=1e-13, atol=0)
     np.testing.assert_allclose(std, wide.std(axis=0), rtol=1e-12, atol=0)
+    # Nearly constant: a variance of 5e-6 beside a mean square of 65025, which E[x²] − mean² would cancel away.
+    bright = np.full((200_000, 1), 255, dtype=np.uint8)
+    bright[0] = 254
+    np.testing.assert_allclose(T.channel_statistics(bright)[1], bright.astype(np.float64).std(axis=0), rtol=1e-9)
     constant_mean, constant_std = T.channel_statistics(np.full((3, 4, 2), 17, dtype=np.uint8))
     assert constant_mean.tolist() == [17.0, 17.0] and constant_std.tolist() == [0.0, 0.0]
     with pytest.raises(TypeError, match="uint8 array of images"):

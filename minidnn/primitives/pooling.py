@@ -278,24 +278,27 @@ def _check_taps(taps: np.ndarray, window: tuple, x_shape: tuple[int, int, int, i
     axis, only the outputs whose windows reach past the input (the borders; none without padding or ceil mode)."""
     N, C, H, W = x_shape
     kernel, stride, padding, dilation, _ = window
+
+    def refuse(found: str) -> ValueError:
+        return ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}: uint8 taps must "
+                          f"name window taps on input pixels, got {found}")
+
     largest = int(taps.max())
-    problem = f"a tap {largest} of a {kernel[0]} x {kernel[1]} window" if largest >= kernel[0] * kernel[1] else None
+    if largest >= kernel[0] * kernel[1]:
+        raise refuse(f"a tap {largest} of a {kernel[0]} x {kernel[1]} window")
     for axis, size in ((0, H), (1, W)):
-        offsets = (np.arange(taps.shape[2 + axis]) * stride[axis] - padding[axis])[:, None] \
-            + np.arange(kernel[axis])[None, :] * dilation[axis]  # (outputs, taps along the axis): input coordinates
-        inside = (offsets >= 0) & (offsets < size)
+        # (outputs, taps along the axis): the input coordinate each tap of each output's window reads
+        coordinates = (np.arange(taps.shape[2 + axis]) * stride[axis] - padding[axis])[:, None] \
+            + np.arange(kernel[axis])[None, :] * dilation[axis]
+        inside = (coordinates >= 0) & (coordinates < size)
         border = np.flatnonzero(~inside.all(axis=1))
-        if problem is not None or border.size == 0:
+        if border.size == 0:
             continue
         along = np.take(taps, border, axis=2 + axis)
         along = along // kernel[1] if axis == 0 else along % kernel[1]
-        shape = (len(border), 1) if axis == 0 else (1, len(border))
-        rows = np.arange(len(border)).reshape(shape)
-        if not inside[border][rows, along].all():
-            problem = f"a tap on the padding or past the input ({('row', 'column')[axis]}s: {size})"
-    if problem is not None:
-        raise ValueError(f"indices must lie in [0, H*W) = [0, {H * W}) for x_shape {(N, C, H, W)}: uint8 taps must "
-                         f"name window taps on input pixels, got {problem}")
+        output = np.arange(border.size).reshape((-1, 1) if axis == 0 else (1, -1))  # broadcast against along's axes
+        if not inside[border][output, along].all():
+            raise refuse(f"a tap on the padding or past the input ({('row', 'column')[axis]}s: {size})")
 
 
 def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
