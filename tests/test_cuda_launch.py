@@ -98,7 +98,7 @@ extern "C" __global__ void echo(double* out, const float* x, const float* absent
 def test_kernel_gets_the_same_arguments_through_cupy_and_through_its_layout(monkeypatch):
     import cupy  # noqa: PLC0415
 
-    kernel = cupy.RawModule(code=ECHO).get_function("echo")
+    kernel = cupy.RawModule(code=ECHO).get_function("echo").kernel  # the device's Function, as _cuda.function's
     driver_launches = []
 
     class CountingDriver:
@@ -120,3 +120,27 @@ def test_kernel_gets_the_same_arguments_through_cupy_and_through_its_layout(monk
     for step, result in enumerate(results):
         np.testing.assert_array_equal(result, [2.5 + step, 1, -9 - step, 2**8, 7 + step, 1.25, -6.5 + step,
                                                3 + step, -4, 0.75 * step, -2, -5, 0.125 * step, step % 2, 302, 32])
+
+
+@pytest.mark.gpu
+def test_primitives_launch_their_kernels_through_the_layout(monkeypatch):
+    """_cuda.function hands out the device's Function, so a primitive's second launch of a kernel reaches the
+    driver through its layout (a RawKernel, which CuPy's modules hand out, would always go through CuPy)."""
+    import cupy  # noqa: PLC0415
+
+    from minidnn.primitives import activation  # noqa: PLC0415
+
+    driver_launches = []
+
+    class CountingDriver:
+        @staticmethod
+        def launchKernel(*args):
+            driver_launches.append(args[0])
+            return _cuda._driver.launchKernel(*args)
+
+    x = cupy.asarray(np.random.default_rng(5).standard_normal((3, 7, 5)), np.float32)
+    expected = np.maximum(x.get(), 0)
+    activation.relu_forward(x)  # the first launch of the kernel on this thread: through CuPy
+    monkeypatch.setattr(_cuda, "_driver", CountingDriver)
+    np.testing.assert_array_equal(activation.relu_forward(x).get(), expected)
+    assert len(driver_launches) == 1

@@ -51,7 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     cupy = backend.cupy()
     module = cupy.RawModule(code=KERNEL)
-    four, sixteen = module.get_function("four"), module.get_function("sixteen")
+    four, sixteen = module.get_function("four"), module.get_function("sixteen")  # RawKernels: CuPy's launch
+    four_function, sixteen_function = four.kernel, sixteen.kernel  # the device's Functions, as _cuda.function's
     a = cupy.zeros((128, 64, 56, 56), dtype=np.uint16)
     b = cupy.zeros(1024, dtype=np.float64)
     counters = cupy.zeros(64, dtype=np.uint32)
@@ -67,10 +68,11 @@ def main() -> None:
         "launch, 16 arguments": lambda: sixteen((1, 1), (32,), (a, b, counters, i32(1), i32(2), i32(3), i32(4),
                                                              *vectors, b, f64(0.1), f64(0.2), tracked)),
         "launch, 4 arguments, struct last": lambda: four((1,), (32,), (a, a, i32(1), shape)),
-        "_cuda.launch_blocks, 4 arguments": lambda: _cuda.launch_blocks(four, (1,), 32, (a, a, i32(1), i32(2))),
-        "_cuda.launch_blocks, 16 arguments": lambda: _cuda.launch_blocks(sixteen, (1, 1), 32, (
+        "_cuda.launch_blocks, 4 arguments": lambda: _cuda.launch_blocks(four_function, (1,), 32,
+                                                                       (a, a, i32(1), i32(2))),
+        "_cuda.launch_blocks, 16 arguments": lambda: _cuda.launch_blocks(sixteen_function, (1, 1), 32, (
             a, b, counters, i32(1), i32(2), i32(3), i32(4), *vectors, b, f64(0.1), f64(0.2), tracked)),
-        "_cuda.launch_blocks, 4 arguments, struct last": lambda: _cuda.launch_blocks(four, (1,), 32,
+        "_cuda.launch_blocks, 4 arguments, struct last": lambda: _cuda.launch_blocks(four_function, (1,), 32,
                                                                                     (a, a, i32(1), shape)),
         "a[0:64] (a view)": lambda: a[0:64],
         "cupy.ascontiguousarray (already contiguous)": lambda: cupy.ascontiguousarray(a),

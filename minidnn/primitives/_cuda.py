@@ -167,15 +167,24 @@ _kernels: dict[tuple, Any] = {}
 
 def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> Any:
     """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64);
-    ``defines`` ((macro, value), ...) select a further build of the same source, cached apart."""
+    ``defines`` ((macro, value), ...) select a further build of the same source, cached apart.
+
+    The kernel is the current device's ``cupy.cuda.function.Function`` (its handle in ``.ptr``), not the
+    ``RawKernel`` CuPy's module hands out, which looks the device's Function up again at every launch."""
     key = (backend.cupy().cuda.runtime.getDevice(), relative, name, dtype, defines)
     kernel = _kernels.get(key)
     if kernel is None:
         dtype = np.dtype(dtype)
         if dtype not in DTYPES:
             raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
-        kernel = _kernels[key] = _module(relative, DTYPES[dtype], defines).get_function(name)
+        kernel = _kernels[key] = _module(relative, DTYPES[dtype], defines).get_function(name).kernel
     return kernel
+
+
+def allow_shared_bytes(kernel: Any, shared_bytes: int) -> None:
+    """Let ``kernel`` (a :func:`function`) launch with ``shared_bytes`` of dynamic shared memory: past 48 KiB
+    the driver asks for it to be raised first (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+    _driver.funcSetAttribute(kernel.ptr, _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
 
 
 # The half builds of a source that includes elements.cuh: its element type 16-bit words, its arithmetic float.
