@@ -28,9 +28,7 @@ import functools
 import hashlib
 import os
 import re
-import struct
 import tempfile
-import threading
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
@@ -167,24 +165,15 @@ _kernels: dict[tuple, Any] = {}
 
 def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> Any:
     """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64);
-    ``defines`` ((macro, value), ...) select a further build of the same source, cached apart.
-
-    The kernel is the current device's ``cupy.cuda.function.Function`` (its handle in ``.ptr``), not the
-    ``RawKernel`` CuPy's module hands out, which looks the device's Function up again at every launch."""
+    ``defines`` ((macro, value), ...) select a further build of the same source, cached apart."""
     key = (backend.cupy().cuda.runtime.getDevice(), relative, name, dtype, defines)
     kernel = _kernels.get(key)
     if kernel is None:
         dtype = np.dtype(dtype)
         if dtype not in DTYPES:
             raise TypeError(f"GPU kernels are compiled for float32 and float64, got {dtype}")
-        kernel = _kernels[key] = _module(relative, DTYPES[dtype], defines).get_function(name).kernel
+        kernel = _kernels[key] = _module(relative, DTYPES[dtype], defines).get_function(name)
     return kernel
-
-
-def allow_shared_bytes(kernel: Any, shared_bytes: int) -> None:
-    """Let ``kernel`` (a :func:`function`) launch with ``shared_bytes`` of dynamic shared memory: past 48 KiB
-    the driver asks for it to be raised first (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
-    _driver.funcSetAttribute(kernel.ptr, _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
 
 
 # The half builds of a source that includes elements.cuh: its element type 16-bit words, its arithmetic float.
@@ -247,7 +236,7 @@ def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS,
     if count <= 0:
         return
     blocks = min((count + threads - 1) // threads, max_blocks())
-    _launch(kernel, (blocks,), threads, args, shared_bytes)
+    kernel((blocks,), (threads,), tuple(args), shared_mem=shared_bytes)
 
 
 def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args: Sequence[Any],
@@ -256,114 +245,7 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     grid = blocks if isinstance(blocks, tuple) else (blocks,)
     if min(grid) <= 0:
         return
-    _launch(kernel, grid, threads, args, shared_bytes)
-
-
-# ----------------------------------------------------------------------------------------------
-# The launch itself: each kernel's arguments packed by a layout made at its first launch
-# ----------------------------------------------------------------------------------------------
-# CuPy's Function.__call__ wraps every argument in an object of its own before cuLaunchKernel (an
-# array's whole shape and strides, a scalar's converted copy): a few microseconds a launch, which a
-# training step of hundreds of launches pays in host time. A kernel's parameter list never changes,
-# so the first launch of a kernel with given argument types goes through CuPy, and works out where
-# each argument's bytes sit in one buffer (ArgumentLayout); every later launch writes the values
-# there and hands the driver the buffer's parameter pointers.
-POINTER, NULL, VALUE, RECORD = range(4)  # an array's address, None's 0, a scalar as it is, a record's bytes
-# struct's codes for the scalars CuPy passes by value: NumPy's (kind, itemsize), and Python's float and bool
-# as CuPy converts them (float64, bool). A Python int's width depends on its value (int64, or uint64 from
-# 2^63): CuPy's launch keeps it.
-_SCALAR_CODES = {("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
-                 ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
-                 ("f", 2): "e", ("f", 4): "f", ("f", 8): "d", ("b", 1): "?"}
-_PYTHON_SCALAR_CODES = {float: "d", bool: "?"}
-SLOT_BYTES = 8  # each argument starts on a multiple of this (the driver copies each from its own address)
-
-
-class ArgumentLayout:
-    """Where one kernel's arguments of given types sit in a parameter buffer, and the driver's table of
-    pointers to them: ``pack(args)`` writes the values, ``parameters`` is the address cuLaunchKernel takes."""
-
-    __slots__ = ("kinds", "packer", "buffer", "pointers", "parameters")
-
-    def __init__(self, kinds: tuple[int, ...], codes: Sequence[str]) -> None:
-        import ctypes  # noqa: PLC0415 - the GPU's launch path only
-
-        self.kinds = kinds
-        offsets, fields, end = [], [], 0
-        for code in codes:
-            size = struct.calcsize("=" + code)
-            padding = -size % SLOT_BYTES
-            offsets.append(end)
-            fields.append(code + (f"{padding}x" if padding else ""))
-            end += size + padding
-        self.packer = struct.Struct("=" + "".join(fields))
-        self.buffer = ctypes.create_string_buffer(max(end, 1))
-        base = ctypes.addressof(self.buffer)
-        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*(base + offset for offset in offsets))
-        self.parameters = ctypes.addressof(self.pointers) if offsets else 0
-
-    @classmethod
-    def of(cls, args: Sequence[Any]) -> "ArgumentLayout | None":
-        """The layout for ``args`` as CuPy would pass them, or None where one is of a kind it does not know."""
-        kinds, codes = [], []
-        for arg in args:
-            if arg is None:
-                kinds.append(NULL)
-                codes.append("Q")
-            elif isinstance(arg, _array_type):
-                kinds.append(POINTER)
-                codes.append("Q")
-            elif isinstance(arg, (np.void, np.ndarray)):  # a record (a C struct), or a one-element array
-                if arg.size != 1 or arg.dtype.hasobject:
-                    return None
-                kinds.append(RECORD)
-                codes.append(f"{arg.dtype.itemsize}s")
-            elif isinstance(arg, np.generic) and (arg.dtype.kind, arg.dtype.itemsize) in _SCALAR_CODES:
-                kinds.append(VALUE)
-                codes.append(_SCALAR_CODES[arg.dtype.kind, arg.dtype.itemsize])
-            elif type(arg) in _PYTHON_SCALAR_CODES:
-                kinds.append(VALUE)
-                codes.append(_PYTHON_SCALAR_CODES[type(arg)])
-            else:
-                return None
-        return cls(tuple(kinds), codes)
-
-    def pack(self, args: Sequence[Any]) -> None:
-        """Write ``args`` (of the types this layout was made for) into the buffer."""
-        self.packer.pack_into(self.buffer, 0, *[
-            arg.data.ptr if kind == POINTER else arg if kind == VALUE else arg.tobytes() if kind == RECORD else 0
-            for arg, kind in zip(args, self.kinds)])
-
-
-# Per host thread (each packs into its own buffers): (kernel, argument types...) -> its layout, or None for
-# launches that always go through CuPy (a stand-in kernel, an argument of a kind the layout does not know).
-_launch_state = threading.local()
-# Set when CuPy loads: its driver API, its current-stream lookup, its arrays' and kernels' types (no types
-# before: isinstance of an empty tuple is False).
-_driver: Any = None
-_current_stream: Any = None
-_array_type: Any = ()
-_function_type: Any = ()
-
-
-def _launch(kernel: Any, grid: tuple[int, ...], threads: int, args: Sequence[Any], shared_bytes: int) -> None:
-    try:
-        layouts = _launch_state.layouts
-    except AttributeError:
-        layouts = _launch_state.layouts = {}
-    key = (kernel, *map(type, args))
-    layout = layouts.get(key, layouts)  # the dict itself stands for "not seen yet"
-    if layout is None or layout is layouts:
-        # CuPy's own launch: the first of this kernel and these types on this thread also makes sure the
-        # thread has its CUDA context, which the driver call below takes as given.
-        kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
-        if layout is layouts:
-            layouts[key] = ArgumentLayout.of(args) if isinstance(kernel, _function_type) else None
-        return
-    layout.pack(args)
-    x, y, z = (*grid, 1, 1)[:3]
-    _driver.launchKernel(kernel.ptr, x, y, z, threads, 1, 1, shared_bytes, _current_stream().ptr,
-                         layout.parameters, 0)
+    kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -513,11 +395,6 @@ def _install_memory_tracker(module: ModuleType) -> None:
 
 
 def _on_cupy_import(module: ModuleType) -> None:
-    global _driver, _current_stream, _array_type, _function_type
-    from cupy.cuda.function import Function  # noqa: PLC0415 - GPU only
-    from cupy_backends.cuda.api import driver  # noqa: PLC0415
-
-    _driver, _current_stream, _array_type, _function_type = driver, module.cuda.get_current_stream, module.ndarray, Function
     _install_memory_tracker(module)
     _apply_tf32(module)
 

@@ -277,7 +277,7 @@ _raised: set = set()  # kernels whose dynamic shared-memory limit has been raise
 
 def _launch_tile_kernel(kernel: Any, grid: tuple[int, int], shared_bytes: int, args: tuple) -> None:
     if shared_bytes > STATIC_SHARED_LIMIT and kernel not in _raised:
-        _cuda.allow_shared_bytes(kernel, shared_bytes)
+        kernel.max_dynamic_shared_size_bytes = shared_bytes
         _raised.add(kernel)
     _cuda.launch_blocks(kernel, grid, THREADS, args, shared_bytes=shared_bytes)
 
