@@ -106,6 +106,26 @@ def test_the_graphs_private_pool_is_reported_and_the_default_pool_does_not_grow(
     assert graphs.EagerStep(lambda t: t, "test", None).memory_bytes == 0
 
 
+@pytest.mark.gpu
+def test_the_warm_up_steps_and_the_capture_plan_for_the_graph_and_eager_calls_after_do_not():
+    """Convolutions planned inside capture weigh GPU time alone (no host between a graph's kernels); the step's
+    calls after it, and a step that could not be captured, plan as eager calls again."""
+    data = batches(2, np.random.default_rng(3))
+    _, _, _, step = make_run()
+    planning = []
+
+    def step_noting_the_mode(x, y):
+        planning.append(conv.registry.planning_for_graph())
+        return step(x, y)
+
+    captured = graphs.capture(step_noting_the_mode, data[0], warmup=2)
+    assert isinstance(captured, graphs.CapturedStep), getattr(captured, "reason", "")
+    assert planning == [True, True, True]  # two warm-up steps and the capture
+    assert not conv.registry.planning_for_graph()
+    step_noting_the_mode(*data[1])
+    assert planning[-1] is False
+
+
 def test_capture_needs_the_gpu():
     if backend.cuda_is_available():
         with pytest.raises(ValueError, match="example batch must be on the GPU"):

@@ -176,15 +176,19 @@ def test_the_capture_hands_back_the_blocks_its_warm_up_left_cached():
     """Eager steps leave their freed arrays' blocks cached in the default pool, which only grows; the replays
     never use them, so the capture releases them. The step allocates a temporary larger than any block cached
     before (earlier tests leave blocks, some split with a live array, which no release can return), so its
-    block is a chunk of its own: the pool holds at least most of it less after the capture than before."""
+    block is a chunk of its own: the pool holds at least most of it less after the capture than before.
+    The temporary comes after the step's own arrays: first, in a process where nothing was cached, its freed
+    chunk would be split for the first step's long-lived arrays (the optimizer's momentum), and a chunk with a
+    live array in it cannot be released."""
     cupy = minidnn.backend.cupy()
     data = batches(3, np.random.default_rng(5))
     _, _, _, step = make_run()
     large = 256 << 20
 
     def step_with_a_temporary(x, y):
+        loss = step(x, y)
         cupy.empty(large, dtype=np.uint8)  # freed at once
-        return step(x, y)
+        return loss
 
     step_with_a_temporary(*data[0])  # an eager step: the temporary's chunk stays cached
     pool = cupy.get_default_memory_pool()

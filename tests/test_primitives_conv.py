@@ -422,13 +422,15 @@ def test_find_times_the_gpu_not_the_hosts_launches():
         time.sleep(0.005)
         data.fill(1)
 
-    assert max(selection._time(slow_to_launch, cupy, 3)) < 1.0
+    times, host_times = selection._time(slow_to_launch, cupy, 3)
+    assert max(times) < 1.0
+    assert min(host_times) >= 5.0  # the host's time is measured beside it: the sleep, at least
 
     def waits_for_the_gpu():  # cannot be queued ahead of the GPU: still timed, behind the longest hold
         data.fill(2)
         cupy.cuda.Device().synchronize()
 
-    assert 0 <= selection._time(waits_for_the_gpu, cupy, 1)[0] < 1.0
+    assert 0 <= selection._time(waits_for_the_gpu, cupy, 1)[0][0] < 1.0
 
 
 def test_find_offers_the_reference_only_when_nothing_else_can_run(find_cache, monkeypatch):
@@ -473,6 +475,53 @@ def test_auto_uses_find_when_benchmarking_and_never_picks_what_cannot_run(find_c
         plans.call_observer = None
     assert seen[0].workspace_bytes == 0
     assert seen[1].algorithms == [conv.find(problem, "forward", 1 << 30)[0].algorithm]
+
+
+def test_fastest_weighs_the_hosts_issue_time_in_eager_calls_and_the_gpu_alone_for_a_graph():
+    few_launches = selection.AlgoPerf("implicit_gemm", 0.05, 0, True, host_ms=0.02)
+    many_launches = selection.AlgoPerf("winograd_4x4", 0.03, 1 << 20, True, host_ms=0.09)  # GPU waits for Python
+    large_layer = selection.AlgoPerf("winograd_2x2", 0.04, 1 << 10, True, host_ms=0.03)
+    assert selection.fastest([many_launches, few_launches], eager=False) is many_launches
+    assert selection.fastest([many_launches, few_launches], eager=True) is few_launches
+    # Where the host issues faster than the GPU runs, eager calls choose by GPU time too.
+    assert selection.fastest([few_launches, large_layer, many_launches], eager=True) is large_layer
+    unmeasured = selection.AlgoPerf("gemm", 0.01, 0, True)  # no host time recorded: its GPU time stands
+    assert selection.fastest([few_launches, unmeasured], eager=True) is unmeasured
+
+
+def test_auto_plans_eager_calls_by_host_and_gpu_time_and_a_graphs_by_gpu_time(find_cache, monkeypatch, rng):
+    """The same call, planned in an eager step and inside ``for_graph`` (graphs.capture's block): the call cache
+    serves neither's plan to the other."""
+    x = rng.standard_normal((3, 5, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((4, 5, 3, 3)).astype(np.float32)
+    # (GPU ms, host ms): gemm takes less GPU time and longer to issue; every other algorithm is slower at both.
+    measured = {"gemm": (0.5, 2.0), "implicit_gemm": (1.0, 1.0)}
+
+    def measure(algorithms, problem, direction, repeats):
+        perfs = {}
+        for algorithm in algorithms:
+            gpu_ms, host_ms = measured.get(algorithm.name, (9.0, 9.0))
+            perfs[algorithm.name] = selection.AlgoPerf(algorithm.name, gpu_ms, 0, True, host_ms=host_ms)
+        return perfs
+
+    monkeypatch.setattr(selection, "_measure", measure)
+    seen = []
+    plans.call_observer = lambda direction, problem, plan: seen.append(plan.algorithms)
+    try:
+        with conv.settings(benchmark=True):
+            want = conv.conv2d_forward(x.astype(np.float64), w.astype(np.float64), 1, 1, algo="reference")
+            seen.clear()
+            for _ in range(2):
+                assert_close(conv.conv2d_forward(x, w, 1, 1), want, rtol=1e-4, atol=1e-4)
+            with registry.for_graph():
+                assert registry.planning_for_graph()
+                for _ in range(2):
+                    assert_close(conv.conv2d_forward(x, w, 1, 1), want, rtol=1e-4, atol=1e-4)
+            assert not registry.planning_for_graph()
+            conv.conv2d_forward(x, w, 1, 1)
+    finally:
+        plans.call_observer = None
+    assert seen == [["implicit_gemm"]] * 2 + [["gemm"]] * 2 + [["implicit_gemm"]]
 
 
 def test_a_workspace_the_device_cannot_hold_falls_back_to_a_zero_workspace_algorithm(monkeypatch, rng):

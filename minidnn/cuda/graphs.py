@@ -51,6 +51,7 @@ import numpy as np
 from .. import backend
 from .. import random as _random
 from ..primitives import blas
+from ..primitives.conv import registry as conv_registry
 from ..primitives.conv import workspace as conv_workspace
 from ..primitives.dropout import stream_start
 from ..tensor import Tensor
@@ -184,12 +185,20 @@ def capture(step_fn: Callable[..., Any], example_batch: Sequence[Tensor] | Tenso
     """
     if not isinstance(plan_memory, bool):
         raise TypeError(f"capture: plan_memory must be a bool, got {plan_memory!r}")
-    cupy = backend.cupy()
+    backend.cupy()  # without CUDA: its clear RuntimeError first
     batch = _batch(example_batch)
     if not all(t.is_cuda for t in batch):
         raise ValueError("capture: the example batch must be on the GPU (tensor.to('cuda'))")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 1:
         raise ValueError(f"capture: warmup must be an int >= 1 (the first step creates optimizer state), got {warmup!r}")
+    # The warm-up steps and the capture plan their convolutions for the graph (GPU time alone counts in its
+    # replays), and run the same plans, so that the last warm-up step's allocations are the capture's.
+    with conv_registry.for_graph():
+        return _capture(step_fn, batch, warmup, plan_memory)
+
+
+def _capture(step_fn: Callable[..., Any], batch: tuple, warmup: int, plan_memory: bool) -> Any:
+    cupy = backend.cupy()
     inputs = tuple(Tensor(t.data.copy()) for t in batch)
     for index in range(warmup):
         if plan_memory and index == warmup - 1:

@@ -88,7 +88,8 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
         return planner.plan(problem, direction, limit, mode, registry.batch_policy())
     if not registry.benchmark(problem.device):
         return selection.get_plan(problem, direction, limit)
-    fastest = registry.get(selection.find(problem, direction, limit)[0].algorithm)
+    measured = selection.find(problem, direction, limit)
+    fastest = registry.get(selection.fastest(measured, eager=not registry.planning_for_graph()).algorithm)
     return selection.whole_or_divided(fastest, problem, direction, limit)
 
 
@@ -96,7 +97,7 @@ def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limi
     limit = registry.workspace_limit() if workspace_limit is None else registry.check_limit(workspace_limit)
     algo = registry.default_algorithm() if algo is None else algo
     key = (problem, direction, algo, limit, registry.microbatch_mode(), registry.batch_policy(),
-           registry.benchmark(problem.device), selection.math_mode(problem),
+           registry.benchmark(problem.device), registry.planning_for_graph(), selection.math_mode(problem),
            registry.are_deterministic_algorithms_enabled(), registry.is_deterministic_algorithms_warn_only_enabled())
     plan = _plans.get(key)
     if plan is None:

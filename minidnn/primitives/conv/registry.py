@@ -243,7 +243,8 @@ class _Settings(dict):
 def _from_environment() -> _Settings:
     settings = _Settings({"algo": os.environ.get("MINIDNN_ALGO", "auto"), "workspace_limit": None,
                           "microbatch": "off", "batch_policy": "powers_of_two", "benchmark": None,
-                          "deterministic": False, "deterministic_warn_only": False})
+                          "deterministic": False, "deterministic_warn_only": False,
+                          "for_graph": False})
     find = os.environ.get("MINIDNN_CONV_FIND")
     if find is not None:
         if find not in ("0", "1"):
@@ -297,6 +298,25 @@ def benchmark(device: str) -> bool:
     if forced is None:
         return device == "cuda" and not _defaults["deterministic"]
     return forced
+
+
+def planning_for_graph() -> bool:
+    """Whether convolutions are being planned for a CUDA graph's replays (inside :func:`for_graph`): ``find``'s
+    choice then weighs the GPU's time alone, where elsewhere it weighs the host's time to issue the call too
+    (:func:`.selection.fastest`)."""
+    return _defaults["for_graph"]
+
+
+@contextlib.contextmanager
+def for_graph() -> Iterator[None]:
+    """Plan the convolutions run inside the block for a CUDA graph (``minidnn.cuda.graphs.capture`` wraps its
+    warm-up steps and the capture in it, so that the steps it records run the plans its replays will)."""
+    before = _defaults["for_graph"]
+    _defaults["for_graph"] = True
+    try:
+        yield
+    finally:
+        _defaults["for_graph"] = before
 
 
 def are_deterministic_algorithms_enabled() -> bool:

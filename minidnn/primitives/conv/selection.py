@@ -6,7 +6,9 @@
 * :func:`find` (``cudnnFindConvolution*Algorithm``): runs every supported algorithm whose workspace
   fits the limit on random data of the problem's shape, and returns them sorted by time, each
   with its time and workspace bytes. Algorithms marked ``automatic = False`` (the float64
-  reference) are left out unless nothing else can run.
+  reference) are left out unless nothing else can run. Each result also carries the host's time to issue
+  the call: ``algo="auto"`` runs :func:`fastest`, the least GPU time for a CUDA graph and the least
+  max(GPU, host) time in an eager step, where the GPU waits for Python's launches.
 
 ``find`` times each algorithm on operands in the call's layout (a channels-last problem's on channels-last
 arrays, so an algorithm without channels-last kernels is timed with its copies). Its results are cached per
@@ -35,7 +37,7 @@ from .. import _cuda, convert, layout
 from . import plans, registry
 from .problem import ConvProblem
 
-CACHE_FORMAT = 2  # 2: GPU times with the launches queued ahead (1 counted the host's gaps)
+CACHE_FORMAT = 3  # 3: the host's time to issue a call beside the GPU's; 2: GPU times with the launches queued ahead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,8 @@ class AlgoPerf:
     time_ms: float
     workspace_bytes: int
     deterministic: bool
+    # The host's time to issue one call (Python and launches, the GPU's work not awaited); 0 where not measured.
+    host_ms: float = 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,6 +198,20 @@ def find(problem: ConvProblem, direction: str, workspace_limit: int, repeats: in
     return sorted(results, key=lambda perf: (perf.time_ms, perf.workspace_bytes))
 
 
+def fastest(perfs: list[AlgoPerf], eager: bool) -> AlgoPerf:
+    """The algorithm ``algo="auto"`` runs from ``find``'s results (at least one).
+
+    For a CUDA graph's replays (``eager=False``) the least GPU time: no host runs between the kernels. In an
+    eager step a call costs the longer of the host's time to issue it and the GPU's time to run it, since the
+    GPU cannot start a kernel before Python launches it: a Winograd or FFT call issues four to eight kernels
+    where implicit GEMM issues one, and on a small layer the GPU waits for them. So eager calls choose by
+    max(GPU, host) (then GPU time, then workspace); where the host issues faster than the GPU runs (the
+    larger layers), that is the GPU time again."""
+    if eager:
+        return min(perfs, key=lambda p: (max(p.time_ms, p.host_ms), p.time_ms, p.workspace_bytes))
+    return min(perfs, key=lambda p: (p.time_ms, p.workspace_bytes))
+
+
 def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, direction: str,
              repeats: int) -> dict[str, AlgoPerf]:
     """Time each algorithm on random data of the problem's shape (one warm-up call, then the median)."""
@@ -229,32 +247,41 @@ def _measure(algorithms: list[registry.ConvAlgorithm], problem: ConvProblem, dir
         def call(algorithm: registry.ConvAlgorithm = algorithm, workspace: Any = workspace) -> None:
             algorithm.run_in_layout(direction, first, second, problem, out, False, workspace)
 
-        times = _time(call, xp, repeats)
+        times, host_times = _time(call, xp, repeats)
         results[algorithm.name] = AlgoPerf(algorithm.name, statistics.median(times), size,
-                                           algorithm.is_deterministic(problem, direction))
+                                           algorithm.is_deterministic(problem, direction),
+                                           statistics.median(host_times))
     return results
 
 
-def _time(call: Any, xp: Any, repeats: int) -> list[float]:
-    """Milliseconds of ``repeats`` calls after one warm-up: the GPU's time alone on the GPU (each call
-    queued behind a hold, :func:`minidnn.primitives._cuda.queued_milliseconds`), a host clock on the CPU.
+def _time(call: Any, xp: Any, repeats: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``repeats`` calls after one warm-up: (the device's, the host's). On the GPU the device's
+    is the GPU's time alone (each call queued behind a hold, :func:`minidnn.primitives._cuda.queued_milliseconds`)
+    and the host's the time Python took to issue the call, its kernels queued, not run; on the CPU both are
+    the host clock's.
 
     Without the hold, events would also count the gaps in which the GPU waits for the host to launch
-    the next kernel (several microseconds from Python for each launch, more for a cuBLAS call):
-    find would then prefer algorithms of few launches to faster ones, although those gaps vanish where
-    the host runs ahead of the GPU (a captured step, the larger models' eager steps). Timing the GPU
-    alone is what cuDNN's find measures.
+    the next kernel (several microseconds from Python for each launch, more for a cuBLAS call), mixed into
+    one figure with the kernels' time. Timing the two apart is what lets :func:`fastest` weigh the host
+    where it counts (an eager step) and leave it out where it does not (a CUDA graph's replays).
     """
     call()
-    times = []
+    times, host_times = [], []
+    issued: list[float] = []
+
+    def issue() -> None:
+        start = time.perf_counter()
+        call()
+        issued.append(1000 * (time.perf_counter() - start))
+
     for _ in range(repeats):
         if xp is np:
-            start = time.perf_counter()
-            call()
-            times.append(1000 * (time.perf_counter() - start))
+            issue()
+            times.append(issued[-1])
         else:
-            times.append(_cuda.queued_milliseconds(call, HOLD_MS, MAX_HOLD_MS))
-    return times
+            times.append(_cuda.queued_milliseconds(issue, HOLD_MS, MAX_HOLD_MS))
+        host_times.append(issued[-1])  # a sample taken again behind a longer hold: its last issue
+    return times, host_times
 
 
 # The hold in front of a timed call, and the longest one tried.
@@ -312,15 +339,16 @@ class _DiskCache:
         algorithms = registry.algorithms()
         for name, values in self.entries.get(_key_text(key), {}).items():
             try:
-                time_ms, workspace = float(values[0]), int(values[1])
+                time_ms, workspace, host_ms = float(values[0]), int(values[1]), float(values[3])
             except (TypeError, ValueError, IndexError):
                 continue  # a damaged entry: measure again
             if name in algorithms:  # whether it is deterministic is the code's to say, not the file's
-                found[name] = AlgoPerf(name, time_ms, workspace, algorithms[name].is_deterministic(problem, direction))
+                found[name] = AlgoPerf(name, time_ms, workspace, algorithms[name].is_deterministic(problem, direction),
+                                       host_ms)
         return found
 
     def store(self, key: tuple, measured: dict[str, AlgoPerf]) -> None:
-        self.entries[_key_text(key)] = {name: [p.time_ms, p.workspace_bytes, p.deterministic]
+        self.entries[_key_text(key)] = {name: [p.time_ms, p.workspace_bytes, p.deterministic, p.host_ms]
                                         for name, p in measured.items()}
         if not self.path:
             return
