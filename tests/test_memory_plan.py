@@ -174,20 +174,21 @@ def test_a_zero_byte_request_is_recorded_and_planned():
 @pytest.mark.gpu
 def test_the_capture_hands_back_the_blocks_its_warm_up_left_cached():
     """Eager steps leave their freed arrays' blocks cached in the default pool, which only grows; the replays
-    never use them, so the capture releases them. The step allocates a temporary larger than any block cached
+    never use them, so the capture releases them. The step holds a temporary larger than any block cached
     before (earlier tests leave blocks, some split with a live array, which no release can return), so its
     block is a chunk of its own: the pool holds at least most of it less after the capture than before.
-    The temporary comes after the step's own arrays: first, in a process where nothing was cached, its freed
-    chunk would be split for the first step's long-lived arrays (the optimizer's momentum), and a chunk with a
-    live array in it cannot be released."""
+    The temporary lives through the step: freed while the step allocates, its chunk would be the only free
+    block large enough for a new size and be split for it, and a long-lived array there (the first step's
+    optimizer momentum, in a process where nothing was cached before) keeps the chunk from being released."""
     cupy = minidnn.backend.cupy()
     data = batches(3, np.random.default_rng(5))
     _, _, _, step = make_run()
     large = 256 << 20
 
     def step_with_a_temporary(x, y):
+        temporary = cupy.empty(large, dtype=np.uint8)
         loss = step(x, y)
-        cupy.empty(large, dtype=np.uint8)  # freed at once
+        del temporary  # freed at the step's end, whole
         return loss
 
     step_with_a_temporary(*data[0])  # an eager step: the temporary's chunk stays cached
