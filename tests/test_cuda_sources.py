@@ -69,10 +69,18 @@ def test_queued_timing_lengthens_a_hold_that_ended_before_the_call_was_queued(mo
 def test_find_times_the_gpu_through_the_queued_timing_helper(monkeypatch):
     from minidnn.primitives.conv import selection
 
-    seen = []
-    monkeypatch.setattr(_cuda, "queued_milliseconds", lambda call, hold, longest: seen.append((hold, longest)) or 2.0)
-    assert selection._time(lambda: None, xp=object(), repeats=3) == [2.0, 2.0, 2.0]  # xp not NumPy: the GPU path
+    seen, calls = [], []
+
+    def queued_milliseconds(call, hold, longest):  # the helper issues the call it times
+        call()
+        seen.append((hold, longest))
+        return 2.0
+
+    monkeypatch.setattr(_cuda, "queued_milliseconds", queued_milliseconds)
+    times, host_times = selection._time(lambda: calls.append(1), xp=object(), repeats=3)  # xp not NumPy: the GPU path
+    assert times == [2.0, 2.0, 2.0]
     assert seen == [(selection.HOLD_MS, selection.MAX_HOLD_MS)] * 3
+    assert len(calls) == 4 and len(host_times) == 3 and all(t >= 0 for t in host_times)  # a warm-up, then 3 issues
 
 
 def _stand_in_nvcc(tmp_path, monkeypatch, body: str):
