@@ -109,7 +109,7 @@ def test_the_graphs_private_pool_is_reported_and_the_default_pool_does_not_grow(
 @pytest.mark.gpu
 def test_the_warm_up_steps_and_the_capture_plan_for_the_graph_and_eager_calls_after_do_not():
     """Convolutions planned inside capture weigh GPU time alone (no host between a graph's kernels); the step's
-    calls after it, and a step that could not be captured, plan as eager calls again."""
+    calls after it plan as eager calls again."""
     data = batches(2, np.random.default_rng(3))
     _, _, _, step = make_run()
     planning = []
