@@ -513,6 +513,77 @@ def test_gpu_launches_per_direction_and_repeatable_bits(rng, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_repeated_training_calls_skip_the_checks_and_keep_their_bits(rng, monkeypatch):
+    """A training call whose arrays match an earlier call's (type, shape, strides, dtype, GPU, address modulo 16)
+    skips the checks and the launch's sizing, and gives the checked call's bits and running statistics; an x in
+    another layout or 8 bytes off 16 is checked again (its pack build differs), and bad arguments after a kept call
+    still raise."""
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
+
+    cupy = __import__("cupy")
+    checked = []
+    original = batchnorm._check_input
+    monkeypatch.setattr(batchnorm, "_check_input", lambda *args, **kwargs: (checked.append(1), original(*args, **kwargs))[1])
+    monkeypatch.setattr(batchnorm, "_launches", {})
+    x_host, weight_host, bias_host, mean_host, var_host = random_inputs(rng, (6, 8, 5, 8))
+    x, weight, bias = on(cupy, x_host, weight_host, bias_host)
+    dy = cupy.asarray(rng.standard_normal(x.shape))
+
+    def step(x, dy, **kwargs):
+        running_mean, running_var = on(cupy, mean_host, var_host)
+        y, mean, invstd = batch_norm_forward_training(x, weight, bias, running_mean, running_var, **kwargs)
+        grads = batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=y if kwargs.get("relu") else None)
+        return [to_numpy(a) for a in (y, mean, invstd, running_mean, running_var, *grads)]
+
+    first = step(x, dy)
+    assert len(checked) == 2  # forward and backward, checked once
+    for a, b in zip(first, step(x, dy)):
+        np.testing.assert_array_equal(a, b)
+    assert len(checked) == 2  # the steady state: no checks
+    step(x, dy, relu=True)
+    assert len(checked) == 3  # the forward has no key of its own for relu; the backward's relu_output is new
+    step(x, dy, relu=True)
+    assert len(checked) == 3
+
+    from minidnn.primitives import layout  # noqa: PLC0415
+
+    last = step(layout.to_channels_last(x), layout.to_channels_last(dy))
+    assert len(checked) == 5
+    off = cupy.empty(x.size + 1)[1:].reshape(x.shape)  # 8 bytes past a 16-byte boundary: single elements, not packs
+    off[...] = x
+    assert off.data.ptr % 16 == 8
+    shifted = step(off, dy)
+    assert len(checked) == 7
+    for a, b, c in zip(first, last, shifted):
+        assert_close(b, a, rtol=1e-12, atol=1e-12)
+        assert_close(c, a, rtol=1e-12, atol=1e-12)
+
+    with pytest.raises(ValueError, match="momentum"):
+        batch_norm_forward_training(x, weight, bias, None, None, momentum=2.0)
+    with pytest.raises(TypeError, match="relu"):
+        batch_norm_forward_training(x, weight, bias, None, None, relu=1)
+    with pytest.raises(TypeError, match="weight"):
+        batch_norm_forward_training(x, weight.astype(cupy.float32), bias, None, None)
+    with pytest.raises(ValueError, match="dy"):
+        batch_norm_backward_training(dy[:3], x, weight, *batch_norm_forward_training(x, weight, bias, None, None)[1:])
+
+
+def test_the_steady_state_key_and_scalars_leave_anything_unusual_to_the_checks():
+    """batchnorm's steady-state path: NumPy arrays and other objects give no key (the checks then run and say what
+    is wrong), and only a float momentum in [0, 1], a finite float eps > 0 and a bool relu skip the scalar checks."""
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
+
+    x = np.zeros((2, 3, 4, 4), np.float32)
+    assert batchnorm._call_key("forward_training", x, None) is None
+    assert batchnorm._call_key("forward_training", None, 1.5) is None
+    assert batchnorm._plain_scalars(0.1, 1e-5, False) and batchnorm._plain_scalars(1.0, 1e-3, True)
+    for momentum, eps, relu in ((1, 1e-5, False), (1.5, 1e-5, False), (-0.1, 1e-5, False), (float("nan"), 1e-5, False),
+                                (0.1, 0.0, False), (0.1, float("inf"), False), (0.1, 1, False), (0.1, 1e-5, 1),
+                                (np.float64(0.1), 1e-5, False), (0.1, 1e-5, np.bool_(True))):
+        assert not batchnorm._plain_scalars(momentum, eps, relu), (momentum, eps, relu)
+
+
+@pytest.mark.gpu
 def test_gpu_training_step_replays_in_a_cuda_graph(rng):
     """Forward and backward captured once and replayed on new data in the same buffers: the counters of
     the last-block handshake are left at 0 by every launch, so each replay finishes every channel."""

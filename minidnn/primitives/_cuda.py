@@ -151,6 +151,11 @@ def _compute_capability_of(device_id: int) -> str:
     return backend.cupy().cuda.Device(device_id).compute_capability
 
 
+def current_device() -> int:
+    """The index of the current GPU (CuPy's, set by ``with cupy.cuda.Device(i)``)."""
+    return backend.cupy().cuda.runtime.getDevice()
+
+
 def has_wgmma() -> bool:
     """Whether the current GPU runs sm_90a code (compute capability 9.0, Hopper): False without a GPU."""
     if not backend.cuda_is_available():
@@ -166,7 +171,7 @@ _kernels: dict[tuple, Any] = {}
 def function(relative: str, name: str, dtype: Any, defines: tuple[tuple[str, int], ...] = ()) -> Any:
     """The kernel ``name`` of the ``.cu`` file ``relative``, compiled for ``dtype`` (float32/float64);
     ``defines`` ((macro, value), ...) select a further build of the same source, cached apart."""
-    key = (backend.cupy().cuda.runtime.getDevice(), relative, name, dtype, defines)
+    key = (current_device(), relative, name, dtype, defines)
     kernel = _kernels.get(key)
     if kernel is None:
         dtype = np.dtype(dtype)
@@ -255,7 +260,7 @@ def _sm_count_of(device_id: int) -> int:
 
 def sm_count() -> int:
     """The current device's number of SMs (queried once per device): how many CTAs make a wave."""
-    return _sm_count_of(backend.cupy().cuda.runtime.getDevice())
+    return _sm_count_of(current_device())
 
 
 def hold_stream(milliseconds: float) -> None:

@@ -41,7 +41,7 @@ type, not bit for bit.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -223,6 +223,12 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     invstd float32. ``num_batches_tracked``: an int64 array of one element, or None; it is incremented in
     place, on the GPU by the statistics kernel (nn.BatchNorm's counter costs no launch of its own).
     """
+    if backend.is_cuda_array(x) and _plain_scalars(momentum, eps, relu):
+        key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked)
+        launch = _launches.get(key)
+        if launch is not None:
+            return _run_forward_training(launch, x, weight, bias, running_mean, running_var, momentum, eps, relu,
+                                         num_batches_tracked)
     half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
@@ -309,6 +315,11 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     The two subtracted terms are the paths through the batch mean and the batch variance.
     Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
+    if backend.is_cuda_array(x):
+        key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output)
+        launch = _launches.get(key)
+        if launch is not None:
+            return _run_backward_training(launch, dy, x, weight, mean, invstd, relu_output)
     half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_like_x(dy, x, "dy", half=half is not None)
@@ -392,11 +403,83 @@ _counters: dict[int, Any] = {}
 
 def _block_counters(x: Any, channels: int) -> Any:
     """At least ``channels`` zeroed uint32 counters on x's GPU."""
-    xp = backend.get_array_module(x)
-    counters = _counters.get(x.device.id)
+    device = x.data.device_id
+    counters = _counters.get(device)
     if counters is None or counters.size < channels:
-        counters = _counters[x.device.id] = xp.zeros(max(channels, 1024), dtype=xp.uint32)
+        counters = _counters[device] = backend.cupy().zeros(max(channels, 1024), dtype=np.uint32)
     return counters
+
+
+# The steady state: a training call on the GPU seen before (the same direction, and of every array its type, shape,
+# strides, dtype, GPU and address modulo 16, which picks the pack build) -> its _Launch, so that the call neither
+# checks its arguments nor works out its launch again: a training step repeats every call. Only calls whose arrays
+# needed no contiguous copy are kept, and only a float momentum and eps and a bool relu take the path (anything
+# else is checked every time). Emptied when it reaches _MOST_LAUNCHES keys (a program whose shapes never repeat).
+_launches: dict[tuple, "_Launch"] = {}
+_MOST_LAUNCHES = 4096
+
+
+class _Launch(NamedTuple):
+    """One training direction's two launches, worked out for one call's key."""
+    reduce: Any  # the per-(channel, split) reduction kernel, whose last block per channel finishes the channel
+    elementwise: Any  # bn_apply or bn_backward_dx
+    grid: tuple[int, int]  # (channels or channel blocks, splits)
+    per: np.int32  # values (packs) per split
+    sizes: tuple  # the reduction's size arguments
+    tail: tuple  # its last arguments (the channels-last kernels' packs per block row)
+    count: int  # the element-wise launch's grid-stride iterations
+    channels_last: bool
+    C: int
+    vector_dtype: np.dtype  # of the (C,) results
+    sizes_of_x: tuple  # the element-wise kernel's last arguments: C, S, x.size
+
+
+def _signature(array: Any) -> tuple | None:
+    """What the checks and the launch read of one array (None for None); AttributeError for a non-CuPy array."""
+    if array is None:
+        return None
+    data = array.data
+    return type(array), array.shape, array.strides, array.dtype, data.device_id, data.ptr % 16
+
+
+def _call_key(direction: str, *arrays: Any) -> tuple | None:
+    """The steady-state key of a call, or None when one of its arrays is not a CuPy array (the checks then say
+    what is wrong)."""
+    try:
+        return (direction, *[_signature(a) for a in arrays])
+    except AttributeError:
+        return None
+
+
+def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
+    """Whether the scalars pass the checks as they are: a float momentum in [0, 1], a float eps > 0 and finite,
+    a bool relu."""
+    return type(relu) is bool and type(momentum) is float and 0.0 <= momentum <= 1.0 and type(eps) is float \
+        and 0.0 < eps < math.inf
+
+
+def _keep(key: tuple | None, launch: _Launch) -> None:
+    if key is None:
+        return
+    if len(_launches) >= _MOST_LAUNCHES:
+        _launches.clear()
+    _launches[key] = launch
+
+
+def _same(arrays: tuple, originals: tuple) -> bool:
+    """Whether no array was replaced by a copy (identity: ``==`` on arrays compares values)."""
+    return all(a is b for a, b in zip(arrays, originals))
+
+
+def _output_like(cupy: Any, x: Any, channels_last: bool) -> tuple[Any, Any, Any]:
+    """(a new array of x's shape and dtype in x's layout, x's flat buffer, the new array's): a channels-last pair's
+    (N, H, W, C) buffers, else the arrays themselves."""
+    if not channels_last:
+        out = cupy.empty(x.shape, dtype=x.dtype)
+        return out, x, out
+    N, C, H, W = x.shape
+    buffer = cupy.empty((N, H, W, C), dtype=x.dtype)
+    return buffer.transpose(layout.TO_VIEW), layout.buffer(x), buffer
 
 
 def _contiguous(xp: Any, a: Any) -> Any:
@@ -477,30 +560,47 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
                           eps: float, relu: bool, half: str | None, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
     channel (mean, invstd, running statistics in place; channel 0's counts the batch), then the fused
-    normalisation (and ReLU)."""
+    normalisation (and ReLU). The launch is kept for the call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
-    (x,), channels_last = layout.common((x,))
-    weight, bias = _contiguous(xp, weight), _contiguous(xp, bias)
+    key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked)
+    (x_,), channels_last = layout.common((x,))
+    weight_, bias_ = _contiguous(xp, weight), _contiguous(xp, bias)
     # The running statistics are updated in place: a strided view gets a contiguous working copy,
     # written back below (a parameter buffer's own views are contiguous: no copy).
     rm, rv = _contiguous(xp, running_mean), _contiguous(xp, running_var)
-    _cuda.check_int32(x)
-    N, C, S = _layout(x)
-    y = layout.empty(x.shape, x.dtype, xp, channels_last)
-    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, y), N, C, S)
-    partial = xp.empty((3, grid[1], C), dtype=xp.float64)  # count, mean, M2 per (split, channel)
-    coef = xp.empty((2, C), dtype=xp.float64)  # mean, invstd·weight: bn_apply's coefficients
-    mean, invstd = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
-    i32, f64 = _cuda.i32, _cuda.f64
-    _cuda.launch_blocks(_kernel("bn_statistics" + build, x.dtype, half), grid, _cuda.THREADS,
-                        (layout.flat(x), partial, _block_counters(x, grid[0]), *sizes, i32(per), weight,
-                         rm, rv, mean, invstd, coef, f64(eps), f64(momentum), num_batches_tracked, *tail))
-    _cuda.launch(_kernel("bn_apply" + build, x.dtype, half), _element_count(channels_last, x.size // width),
-                 (layout.flat(x), layout.flat(y), coef, bias, i32(relu), i32(C), i32(S), i32(x.size)))
+    _cuda.check_int32(x_)
+    N, C, S = _layout(x_)
+    grid, build, width, per, sizes, tail = _reduction(channels_last, (x_,), N, C, S)
+    launch = _Launch(_kernel("bn_statistics" + build, x.dtype, half), _kernel("bn_apply" + build, x.dtype, half),
+                     grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)))
+    if _same((x_, weight_, bias_, rm, rv), (x, weight, bias, running_mean, running_var)):
+        _keep(key, launch)
+    y, mean, invstd = _run_forward_training(launch, x_, weight_, bias_, rm, rv, momentum, eps, relu,
+                                            num_batches_tracked)
     if rm is not running_mean:
         running_mean[...] = rm
     if rv is not running_var:
         running_var[...] = rv
+    return y, mean, invstd
+
+
+def _run_forward_training(launch: "_Launch", x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                          momentum: float, eps: float, relu: bool, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
+    """The two launches of a checked call: x C-contiguous or channels-last as ``launch`` was made for, the vectors
+    contiguous."""
+    cupy, C, splits = backend.cupy(), launch.C, launch.grid[1]
+    y, flat_x, flat_y = _output_like(cupy, x, launch.channels_last)
+    # One float64 scratch: the partial (count, mean, M2) per (split, channel), then bn_apply's coefficients (2, C),
+    # mean and invstd·weight; and one (2, C) array whose rows are the mean and invstd returned.
+    scratch = cupy.empty((3 * splits + 2) * C, dtype=cupy.float64)
+    coef = scratch[3 * splits * C:]
+    mean, invstd = cupy.empty((2, C), dtype=launch.vector_dtype)
+    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
+                        (flat_x, scratch, _block_counters(x, launch.grid[0]), *launch.sizes, launch.per, weight,
+                         running_mean, running_var, mean, invstd, coef, _cuda.f64(eps), _cuda.f64(momentum),
+                         num_batches_tracked, *launch.tail))
+    _cuda.launch(launch.elementwise, launch.count, (flat_x, flat_y, coef, bias, _cuda.i32(relu), *launch.sizes_of_x))
     return y, mean, invstd
 
 
@@ -525,24 +625,41 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
 def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                            relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
-    the channel (dweight, dbias, the dx coefficients), then the element-wise dx."""
+    the channel (dweight, dbias, the dx coefficients), then the element-wise dx. The launch is kept for the
+    call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
-    (dy, x, relu_output), channels_last = layout.common((dy, x, relu_output))
-    weight, mean, invstd = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
-    _cuda.check_int32(x)
-    N, C, S = _layout(x)
-    dx = layout.empty(x.shape, x.dtype, xp, channels_last)
-    dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
-    partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − mean) per (split, channel)
-    coef = xp.empty((3, C), dtype=xp.float64)  # Σdy/M, invstd·weight, scale·invstd·dweight/M
-    dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
-    i32 = _cuda.i32
-    _cuda.launch_blocks(_kernel("bn_backward_reduce" + build, x.dtype, half), grid, _cuda.THREADS,
-                        (dy, x, relu_output, mean, partial, _block_counters(x, grid[0]), None, invstd, None,
-                         weight, _cuda.f64(0.0), dweight, dbias, coef, *sizes, i32(per), *tail))
-    _cuda.launch(_kernel("bn_backward_dx" + build, x.dtype, half), _element_count(channels_last, x.size // width),
-                 (dy, x, relu_output, mean, coef, flat_dx, i32(C), i32(S), i32(x.size)))
+    key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output)
+    arrays = (dy, x, relu_output)
+    (dy_, x_, relu_output_), channels_last = layout.common(arrays)
+    weight_, mean_, invstd_ = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
+    _cuda.check_int32(x_)
+    N, C, S = _layout(x_)
+    flats = tuple(None if a is None else layout.flat(a) for a in (x_, dy_, relu_output_))
+    grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S)
+    launch = _Launch(_kernel("bn_backward_reduce" + build, x.dtype, half), _kernel("bn_backward_dx" + build, x.dtype, half),
+                     grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)))
+    if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
+        _keep(key, launch)
+    return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
+
+
+def _run_backward_training(launch: "_Launch", dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
+                           relu_output: Any) -> tuple[Any, Any, Any]:
+    """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for."""
+    cupy, C, splits = backend.cupy(), launch.C, launch.grid[1]
+    dx, flat_x, flat_dx = _output_like(cupy, x, launch.channels_last)
+    if launch.channels_last:
+        dy, relu_output = layout.buffer(dy), None if relu_output is None else layout.buffer(relu_output)
+    # One float64 scratch: the partial (Σdy, Σdy·(x − mean)) per (split, channel), then the dx coefficients (3, C),
+    # Σdy/M, invstd·weight and scale·invstd·dweight/M; and one (2, C) array whose rows are dweight and dbias.
+    scratch = cupy.empty((2 * splits + 3) * C, dtype=cupy.float64)
+    coef = scratch[2 * splits * C:]
+    dweight, dbias = cupy.empty((2, C), dtype=launch.vector_dtype)
+    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
+                        (dy, flat_x, relu_output, mean, scratch, _block_counters(x, launch.grid[0]), None, invstd,
+                         None, weight, _cuda.f64(0.0), dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail))
+    _cuda.launch(launch.elementwise, launch.count, (dy, flat_x, relu_output, mean, coef, flat_dx, *launch.sizes_of_x))
     return dx, dweight, dbias
 
 

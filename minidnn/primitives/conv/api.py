@@ -141,6 +141,9 @@ def _run(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProbl
         registry.store_filter_gradient(wide, out, accumulate)
         return out
     plan, workspace = _workspace(plan, problem, direction, xp)
+    if len(plan.segments) == 1:  # the whole batch in one call (the common plan): no views of it to make
+        plan.segments[0][1].run_in_layout(direction, first, second, problem, out, accumulate, workspace)
+        return out
     start = 0
     for images, algorithm in plan.segments:
         part = problem if images == problem.N else problem.with_batch(images)

@@ -277,8 +277,23 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
     float32 accumulator). ``arrays`` are (first input, second input, out) as the kernel takes them;
     backward-data by phase gives its largest phase's ``rows`` and the ``phases`` (the grid's z)."""
     _cuda.check_int32(*arrays)
-    half = problem.half_type
     tensor_cores = problem.dtype == np.float32 and _cuda.allow_tf32()
+    kernel, grid, extra = _launch_configuration(direction, problem, bias is not None, relu, rows, phases,
+                                                tensor_cores, _cuda.current_device())
+    if direction == "forward":
+        x, w, out = arrays
+        # out stands in for an absent bias: a pointer the kernel never reads.
+        bias = out if bias is None else backend.get_array_module(bias).ascontiguousarray(bias)
+        arrays = (x, w, bias, out)
+    _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_configuration(direction: str, problem: ConvProblem, has_bias: bool, relu: bool, rows: int | None,
+                          phases: int, tensor_cores: bool, device: int) -> tuple[Any, tuple[int, int, int], tuple]:
+    """(kernel, grid, the arguments after the shape) of one launch: worked out on a problem's first call of each
+    kind, then looked up, since a training step repeats every call (``device``: whose kernels and SMs)."""
+    half = problem.half_type
     if direction == "backward_data_by_phase":
         _, columns, reduction = gemm_shape(problem, "backward_data")
     else:
@@ -289,10 +304,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         per_split = steps_per_split(problem, _cuda.sm_count())
         splits, extra = -(-steps // per_split), (_cuda.i32(per_split),)
     elif direction == "forward":
-        x, w, out = arrays
-        has_bias = bias is not None
-        bias = backend.get_array_module(bias).ascontiguousarray(bias) if has_bias else out  # out: an unread pointer
-        arrays, extra = (x, w, bias, out), (_cuda.i32(has_bias), _cuda.i32(relu))
+        extra = (_cuda.i32(has_bias), _cuda.i32(relu))
     tiles = -(-rows // TILE_M[_type(problem)]) * -(-columns // TILE_N)
     grid = (tiles, min(problem.groups * splits, _cuda.MAX_GRID_Y), phases)  # the kernel loops over further (group, split) jobs
     if half:  # one build, two CTAs per SM: three would leave its tensor-core loop 85 registers a thread
@@ -302,7 +314,7 @@ def _launch(direction: str, arrays: tuple, problem: ConvProblem, bias: Any = Non
         build = () if ctas_per_sm == DEFAULT_CTAS_PER_SM else (("CTAS_PER_SM", ctas_per_sm),)
         kernel = _cuda.function("conv/implicit_gemm.cu",
                                 f"implicit_gemm_{direction}" + ("_tf32" if tensor_cores else ""), problem.dtype, build)
-    _cuda.launch_blocks(kernel, grid, THREADS, (*arrays, _shape_struct(problem), *extra))
+    return kernel, grid, extra
 
 
 def ctas_per_sm_for(direction: str, ctas: int, sms: int) -> int:
