@@ -179,7 +179,10 @@ def test_the_capture_hands_back_the_blocks_its_warm_up_left_cached():
     block is a chunk of its own: the pool holds at least most of it less after the capture than before.
     The temporary lives through the step: freed while the step allocates, its chunk would be the only free
     block large enough for a new size and be split for it, and a long-lived array there (the first step's
-    optimizer momentum, in a process where nothing was cached before) keeps the chunk from being released."""
+    optimizer momentum, in a process where nothing was cached before) keeps the chunk from being released.
+    Likewise the cuBLAS workspace the first capture of a process makes, for life: taken from the pool, it was
+    carved from this chunk whenever the test ran first in its process (blas.prepare_capture now takes it from
+    the device)."""
     cupy = minidnn.backend.cupy()
     data = batches(3, np.random.default_rng(5))
     _, _, _, step = make_run()

@@ -332,10 +332,17 @@ class _Cublas:
                       batch, compute, _GEMM_DEFAULT)
 
     def prepare_capture(self) -> None:
-        """Give the handle a workspace that outlives every graph (PyTorch does the same)."""
+        """Give the handle a workspace that outlives every graph (PyTorch does the same). It comes from the device
+        itself, not from the caching pool: held for the process's life, a block of the pool would keep the cached
+        chunk it was carved from (whichever free one was large enough) from ever going back to the device."""
         if self.workspace is None:
-            self.workspace = self.cupy.empty(CAPTURE_WORKSPACE_BYTES, dtype=self.cupy.uint8)
-            self.capturable["setWorkspace"](self.handle, self.workspace.data.ptr, CAPTURE_WORKSPACE_BYTES)
+            memory = self.cupy.cuda.memory
+            try:
+                self.workspace = memory.Memory(CAPTURE_WORKSPACE_BYTES)
+            except self.cupy.cuda.runtime.CUDARuntimeError:  # the pool's cached blocks fill the device: hand them back
+                self.cupy.get_default_memory_pool().free_all_blocks()
+                self.workspace = memory.Memory(CAPTURE_WORKSPACE_BYTES)
+            self.capturable["setWorkspace"](self.handle, self.workspace.ptr, CAPTURE_WORKSPACE_BYTES)
 
 
 @functools.lru_cache(maxsize=64)  # a few (dtype, alpha, beta) in practice: 1 and 0, or 1 and 1
