@@ -27,6 +27,10 @@ import tempfile
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from minidnn.checkpoint import atomic_write  # noqa: E402
+
 BENCH_ARGS = "--no-layers --no-agreement --warmup 3 --steps 20 --profile-steps 1"
 FIGURES = (("wall_ms", "wall ms"), ("host_ms", "host ms"), ("gpu_busy_ms", "GPU-busy ms"),
            ("kernels_per_step", "kernels"))
@@ -151,10 +155,8 @@ def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary beside it, then renamed)."""
-    with open(path + ".tmp", "w") as file:
-        file.write(text)
-    os.replace(path + ".tmp", path)
+    """Write ``text`` to ``path`` whole or not at all."""
+    atomic_write(path, lambda file: file.write(text.encode()))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

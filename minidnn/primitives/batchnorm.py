@@ -473,7 +473,8 @@ def _same(arrays: tuple, originals: tuple) -> bool:
 
 def _output_like(cupy: Any, x: Any, channels_last: bool) -> tuple[Any, Any, Any]:
     """(a new array of x's shape and dtype in x's layout, x's flat buffer, the new array's): a channels-last pair's
-    (N, H, W, C) buffers, else the arrays themselves."""
+    (N, H, W, C) buffers, else the arrays themselves. layout.empty and layout.flat in one, the channels-last
+    result made from its buffer rather than viewed and viewed back (every call of the steady state makes one)."""
     if not channels_last:
         out = cupy.empty(x.shape, dtype=x.dtype)
         return out, x, out
