@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from minidnn.checkpoint import atomic_write  # noqa: E402
+from minidnn.checkpoint import atomic_write
 
 BENCH_ARGS = "--no-layers --no-agreement --warmup 3 --steps 20 --profile-steps 1"
 FIGURES = (("wall_ms", "wall ms"), ("host_ms", "host ms"), ("gpu_busy_ms", "GPU-busy ms"),
@@ -95,7 +95,7 @@ def run_one(tree_path: str, cell: tuple[str, int, str], engine: str, directory: 
     with open(os.path.join(directory, "run.log"), "w") as log:
         try:
             status = subprocess.run(command, cwd=tree_path, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=timeout).returncode
+                                    timeout=timeout, check=False).returncode
         except subprocess.TimeoutExpired:
             status = None
     record = _record(os.path.join(directory, "bench.json"), engine)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
             runs.append({**run, "rc": None, "skipped": "out of time"})
             continue
-        tree_path = trees[name] if name != TORCH else trees[list(trees)[0]]
+        tree_path = trees[name] if name != TORCH else next(iter(trees.values()))
         run.update(run_one(tree_path, cell, "torch" if name == TORCH else args.engine,
                            os.path.join(out, f"{run['cell']}-{name}-{round_}"), args.bench_args,
                            os.path.join(caches, name), args.timeout))

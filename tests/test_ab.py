@@ -52,8 +52,8 @@ def test_each_run_is_a_process_of_its_own_on_its_tree_and_find_cache(tmp_path, c
     assert [(r["name"], r["round"], r["rc"]) for r in runs] == [("head", 1, 0), ("new", 1, 0), ("new", 2, 0),
                                                                  ("head", 2, 0)]
     assert len({r["pid"] for r in runs}) == 4
-    records = {(r["name"], r["round"]): json.load(open(tmp_path / "out" / f"resnet20-128-fp32-{r['name']}-{r['round']}"
-                                                         / "bench.json"))["records"][0] for r in runs}
+    records = {(r["name"], r["round"]): json.loads((tmp_path / "out" / f"resnet20-128-fp32-{r['name']}-{r['round']}"
+                                                    / "bench.json").read_text())["records"][0] for r in runs}
     caches = {name: {records[name, n]["cache"] for n in (1, 2)} for name in ("head", "new")}
     assert len(caches["head"]) == 1 and len(caches["new"]) == 1 and caches["head"] != caches["new"]
     for (name, _), record in records.items():
@@ -67,7 +67,7 @@ def test_each_run_is_a_process_of_its_own_on_its_tree_and_find_cache(tmp_path, c
     assert new_row["over_first"] == {"wall_ms": 0.75, "host_ms": 6.5 / 9.0}
     table = (tmp_path / "out" / "ab.md").read_text()
     assert "| resnet20-128-fp32 | new | 2 | 7.50 (7.50-7.50) | 6.50 (6.50-6.50) | - | 7 (7-7) | 0.75, 0.72 |" in table
-    assert json.load(open(tmp_path / "out" / "ab.json"))["summary"] == result["summary"]
+    assert json.loads((tmp_path / "out" / "ab.json").read_text())["summary"] == result["summary"]
 
 
 def test_the_summary_takes_medians_and_divides_by_the_first_tree():
@@ -113,8 +113,8 @@ def test_bad_arguments(arguments, message, capsys, monkeypatch):
 def test_the_real_bench_alternates_on_the_cpu(tmp_path):
     """End to end with the checkout's own bench on the CPU: its records are read back."""
     result = ab.main(["--tree", f"a={ROOT}", "--tree", f"b={ROOT}", "--cells", "tiny:3:fp32", "--rounds", "1",
-                      "--bench-args=--device cpu --quick --warmup 1 --steps 1 --profile-steps 0 --no-layers "
-                      "--no-agreement", "--out", str(tmp_path / "out")])
-    assert [r["rc"] for r in result["runs"]] == [0, 0], [open(tmp_path / "out" / f"tiny-3-fp32-{n}-1" / "run.log").read()
+                      ("--bench-args=--device cpu --quick --warmup 1 --steps 1 --profile-steps 0 --no-layers "
+                       "--no-agreement"), "--out", str(tmp_path / "out")])
+    assert [r["rc"] for r in result["runs"]] == [0, 0], [(tmp_path / "out" / f"tiny-3-fp32-{n}-1" / "run.log").read_text()
                                                        for n in "ab"]
     assert all(r["wall_ms"] > 0 and r["host_ms"] > 0 for r in result["runs"])

@@ -223,8 +223,9 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     invstd float32. ``num_batches_tracked``: an int64 array of one element, or None; it is incremented in
     place, on the GPU by the statistics kernel (nn.BatchNorm's counter costs no launch of its own).
     """
-    if backend.is_cuda_array(x) and _plain_scalars(momentum, eps, relu):
-        key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked)
+    key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked) \
+        if backend.is_cuda_array(x) else None
+    if key is not None and _plain_scalars(momentum, eps, relu):
         launch = _launches.get(key)
         if launch is not None:
             return _run_forward_training(launch, x, weight, bias, running_mean, running_var, momentum, eps, relu,
@@ -242,7 +243,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     xp = backend.get_array_module(x, weight, bias, running_mean, running_var)
     if backend.is_cuda_array(x):
         return _forward_training_gpu(x, weight, bias, running_mean, running_var, momentum, eps, relu, half,
-                                     num_batches_tracked)
+                                     num_batches_tracked, key)
     if num_batches_tracked is not None:
         num_batches_tracked[...] += 1
     channels_last = layout.is_channels_last(x)
@@ -315,8 +316,8 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     The two subtracted terms are the paths through the batch mean and the batch variance.
     Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
-    if backend.is_cuda_array(x):
-        key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output)
+    key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output) if backend.is_cuda_array(x) else None
+    if key is not None:
         launch = _launches.get(key)
         if launch is not None:
             return _run_backward_training(launch, dy, x, weight, mean, invstd, relu_output)
@@ -330,7 +331,7 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     count = _check_nonempty_channels(x)
     xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
     if backend.is_cuda_array(x):
-        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, half)
+        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, half, key)
     channels_last = layout.is_channels_last(x)
     if half is not None:
         dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), _wide(x, half), weight, mean, invstd,
@@ -415,7 +416,7 @@ def _block_counters(x: Any, channels: int) -> Any:
 # checks its arguments nor works out its launch again: a training step repeats every call. Only calls whose arrays
 # needed no contiguous copy are kept, and only a float momentum and eps and a bool relu take the path (anything
 # else is checked every time). Emptied when it reaches _MOST_LAUNCHES keys (a program whose shapes never repeat).
-_launches: dict[tuple, "_Launch"] = {}
+_launches: dict[tuple, _Launch] = {}
 _MOST_LAUNCHES = 4096
 
 
@@ -558,12 +559,12 @@ def _split(C: int, values: int, width: int) -> tuple[int, int]:
 
 
 def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
-                          eps: float, relu: bool, half: str | None, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
+                          eps: float, relu: bool, half: str | None, num_batches_tracked: Any,
+                          key: tuple | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Welford statistics, whose last block per channel finishes the
     channel (mean, invstd, running statistics in place; channel 0's counts the batch), then the fused
     normalisation (and ReLU). The launch is kept for the call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
-    key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked)
     (x_,), channels_last = layout.common((x,))
     weight_, bias_ = _contiguous(xp, weight), _contiguous(xp, bias)
     # The running statistics are updated in place: a strided view gets a contiguous working copy,
@@ -586,7 +587,7 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     return y, mean, invstd
 
 
-def _run_forward_training(launch: "_Launch", x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+def _run_forward_training(launch: _Launch, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                           momentum: float, eps: float, relu: bool, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: x C-contiguous or channels-last as ``launch`` was made for, the vectors
     contiguous."""
@@ -624,14 +625,12 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
 
 
 def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                           relu_output: Any, half: str | None) -> tuple[Any, Any, Any]:
+                           relu_output: Any, half: str | None, key: tuple | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
     the channel (dweight, dbias, the dx coefficients), then the element-wise dx. The launch is kept for the
     call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
-    key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output)
-    arrays = (dy, x, relu_output)
-    (dy_, x_, relu_output_), channels_last = layout.common(arrays)
+    (dy_, x_, relu_output_), channels_last = layout.common((dy, x, relu_output))
     weight_, mean_, invstd_ = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
@@ -645,7 +644,7 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
 
 
-def _run_backward_training(launch: "_Launch", dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
+def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                            relu_output: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for."""
     cupy, C, splits = backend.cupy(), launch.C, launch.grid[1]
