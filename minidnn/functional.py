@@ -19,7 +19,7 @@ from .autocast_mode import lower_precision
 from .autograd import Function, is_grad_enabled, is_half
 from .creation import ones
 from .engine import library  # the current engine's primitives (minidnn's own, or the naive baseline)
-from .ops import takes_float32_gradient
+from .ops import PadFunction, takes_float32_gradient
 from .primitives import pair
 from .primitives.activation import check_negative_slope
 from .primitives.dropout import check_probability
@@ -28,7 +28,7 @@ from .tensor import Tensor
 __all__ = [
     "conv2d", "linear", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "relu", "sigmoid", "tanh",
     "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "dropout", "batch_norm", "add_relu",
-    "local_response_norm", "flatten", "leaky_relu", "silu", "gelu", "layer_norm", "dropout2d",
+    "local_response_norm", "flatten", "leaky_relu", "silu", "gelu", "layer_norm", "dropout2d", "pad",
 ]
 
 
@@ -509,3 +509,19 @@ def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: flo
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return _require_tensor(input, "input").flatten(start_dim, end_dim)
+
+
+def pad(input: Tensor, pad: Any, mode: str = "constant", value: float | None = None) -> Tensor:
+    """``input`` padded with ``value`` (0 by default): ``pad`` = (left, right, top, bottom, front, back, ...), a
+    (before, after) pair per axis from the last one back, as in PyTorch; a negative width crops. Only PyTorch's
+    ``"constant"`` mode is implemented."""
+    _require_tensor(input, "input")
+    if mode != "constant":
+        raise ValueError(f"mode must be 'constant' (the only padding minidnn implements), got {mode!r}")
+    if not isinstance(pad, (tuple, list)) or len(pad) % 2 or len(pad) // 2 > input.ndim or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in pad):
+        raise ValueError(f"pad must be a tuple of ints, a (before, after) pair for each of at most {input.ndim} "
+                         f"axes, last axis first, got {pad!r}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):
+        raise TypeError(f"value must be a number, got {value!r}")
+    return PadFunction.apply(input, tuple(int(n) for n in pad), 0 if value is None else value)

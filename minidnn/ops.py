@@ -469,6 +469,13 @@ class RepeatFunction(Function):
 # ----------------------------------------------------------------------------------------------
 # Indexing and joins
 # ----------------------------------------------------------------------------------------------
+def _is_basic_index(index: Any) -> bool:
+    """Whether ``index`` is basic indexing (ints, slices, Ellipsis, None), which reaches no element twice."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(part is None or part is Ellipsis or isinstance(part, slice)
+               or (isinstance(part, (int, np.integer)) and not isinstance(part, (bool, np.bool_))) for part in parts)
+
+
 class GetItemFunction(Function):
     def forward(self, a, index):
         self.shape, self.dtype, self.index = a.shape, a.dtype, index
@@ -477,7 +484,38 @@ class GetItemFunction(Function):
     def backward(self, grad):
         xp = _xp(grad)
         out = xp.zeros(self.shape, dtype=self.dtype)
-        backend.add_at(out, self.index, grad)
+        if _is_basic_index(self.index):  # each element reached once: a copy, not a scatter-add
+            out[self.index] = grad
+        else:
+            backend.add_at(out, self.index, grad)
+        return out
+
+
+class PadFunction(Function):
+    """y = a with ``pad`` (before, after) per axis, last axis first as torch.nn.functional.pad takes them, filled
+    with ``value``; a negative width crops. The gradient is y's gradient over a's part (zero where a was cropped)."""
+
+    def forward(self, a, pad, value):
+        widths = [(0, 0)] * (a.ndim - len(pad) // 2) + [(pad[i], pad[i + 1]) for i in range(len(pad) - 2, -1, -2)]
+        shape = tuple(n + before + after for n, (before, after) in zip(a.shape, widths))
+        if any(n < 0 for n in shape):
+            raise ValueError(f"pad {tuple(pad)} crops a tensor of shape {tuple(a.shape)} to the negative size {shape}")
+        # Where a's kept part comes from and where it lands in y.
+        self.source = tuple(slice(max(0, -before), n - max(0, -after)) for n, (before, after) in zip(a.shape, widths))
+        self.target = tuple(slice(max(0, before), max(0, before) + part.stop - part.start)
+                            for (before, _), part in zip(widths, self.source))
+        self.shape, self.dtype = a.shape, a.dtype
+        xp = _xp(a)
+        out = xp.zeros(shape, dtype=a.dtype) if value == 0 else xp.full(shape, value, dtype=a.dtype)
+        out[self.target] = a[self.source]
+        return out
+
+    def backward(self, grad):
+        part = grad[self.target]
+        if part.shape == tuple(self.shape):  # nothing cropped
+            return _xp(grad).ascontiguousarray(part)
+        out = _xp(grad).zeros(self.shape, dtype=self.dtype)
+        out[self.source] = part
         return out
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import minidnn
 import minidnn.functional as F
 import minidnn.nn as nn
 from minidnn.tensor import Tensor
@@ -208,11 +207,7 @@ class ZeroPadShortcut(nn.Module):
         extra = self.out_channels - self.in_channels
         if extra == 0:
             return x
-        n, _, h, w = x.shape
-        before = extra // 2
-        parts = [minidnn.zeros(n, before, h, w, dtype=x.dtype, device=x.device)] if before else []
-        parts += [x, minidnn.zeros(n, extra - before, h, w, dtype=x.dtype, device=x.device)]
-        return minidnn.cat(parts, dim=1)
+        return F.pad(x, (0, 0, 0, 0, extra // 2, extra - extra // 2))  # zero channels, half before and half after
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, stride={self.stride}"

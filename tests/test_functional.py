@@ -147,3 +147,63 @@ def test_fused_batch_norm_relu_and_add_relu_equal_their_compositions_and_gradien
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     np.testing.assert_array_equal(F.add_relu(minidnn.tensor(a), minidnn.tensor(b)).numpy(), np.maximum(a + b, 0))
     gradcheck(F.add_relu, a, b)
+
+
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 2, 1, 3, 0), (-1, 2, 0, -2), (2, -3, 1, 1, 0, 1, 1, 0)])
+def test_pad_gradients_and_pytorch_semantics(pad, rng):
+    """F.pad's constant mode: finite-difference gradients (float64), PyTorch's values (widths from the last axis
+    back, negative widths cropping, the fill value) when torch is installed."""
+    x = rng.standard_normal((2, 3, 5, 4))
+    gradcheck(lambda x: F.pad(x, pad) * 1.5, x)
+    torch = pytest.importorskip("torch")
+    for value in (None, -2.5):
+        ours = F.pad(minidnn.tensor(x), pad, value=value).numpy()
+        theirs = torch.nn.functional.pad(torch.tensor(x), pad, value=0.0 if value is None else value).numpy()
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_pad_on_the_device_matches_numpy(xp, rng):
+    """The GPU's F.pad and its gradient equal NumPy's bit for bit (float32, a zero-channel pad as CIFAR ResNets'
+    option-A shortcut makes it, after a strided subsampling)."""
+    x = rng.standard_normal((3, 4, 7, 6)).astype(np.float32)
+    g = rng.standard_normal((3, 10, 4, 3)).astype(np.float32)
+    results = []
+    for device in ("cpu", "cpu" if xp is np else "cuda"):
+        t = minidnn.tensor(x, device=device, requires_grad=True)
+        y = F.pad(t[:, :, ::2, ::2], (0, 0, 0, 0, 3, 3))
+        y.backward(minidnn.tensor(g, device=device))
+        results.append((y.numpy(), t.grad.numpy()))
+    expected = np.zeros((3, 4, 7, 6), np.float32)
+    expected[:, :, ::2, ::2] = g[:, 3:7]
+    np.testing.assert_array_equal(results[0][1], expected)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_pad_errors():
+    x = minidnn.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match="mode must be 'constant'"):
+        F.pad(x, (1, 1), mode="reflect")
+    with pytest.raises(ValueError, match="pad must be a tuple of ints"):
+        F.pad(x, (1, 1, 1))
+    with pytest.raises(ValueError, match="pad must be a tuple of ints"):
+        F.pad(x, (1, 1) * 4)
+    with pytest.raises(ValueError, match="pad must be a tuple of ints"):
+        F.pad(x, (1.0, 1))
+    with pytest.raises(ValueError, match="negative size"):
+        F.pad(x, (-3, -2))
+    with pytest.raises(TypeError, match="value must be a number"):
+        F.pad(x, (1, 1), value="0")
+    with pytest.raises(TypeError, match="input must be a minidnn Tensor"):
+        F.pad(np.zeros(3), (1, 1))
+
+
+def test_basic_indexing_gradient_keeps_the_sign_of_zero_and_advanced_indexing_adds_repeats():
+    """A basic index's gradient is copied into place (each element reached once; -0.0 stays -0.0, as PyTorch's
+    slice backward keeps it), an advanced index's repeated positions add up."""
+    x = minidnn.tensor(np.zeros((3, 4)), requires_grad=True)
+    x[1:, ::2].backward(minidnn.tensor(np.full((2, 2), -0.0)))
+    assert np.signbit(x.grad.numpy()[1:, ::2]).all() and not np.signbit(x.grad.numpy()[0]).any()
+    x = minidnn.tensor(np.zeros(4), requires_grad=True)
+    x[np.array([1, 1, 3])].backward(minidnn.tensor(np.array([1.0, 2.0, 4.0])))
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 3.0, 0.0, 4.0])

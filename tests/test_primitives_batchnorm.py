@@ -568,6 +568,48 @@ def test_gpu_repeated_training_calls_skip_the_checks_and_keep_their_bits(rng, mo
         batch_norm_backward_training(dy[:3], x, weight, *batch_norm_forward_training(x, weight, bias, None, None)[1:])
 
 
+@pytest.mark.gpu
+def test_gpu_kept_calls_allocate_only_their_results_and_nothing_is_kept_in_a_capture(rng, monkeypatch):
+    """A kept training call reuses its launch's float64 scratch, which comes from the device, not the caching pool:
+    each direction then allocates only its output and its (2, C) pair, and gives the checked call's bits. A call
+    first seen while a CUDA graph is captured keeps nothing (its scratch is the graph's memory)."""
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
+
+    cupy = __import__("cupy")
+    monkeypatch.setattr(batchnorm, "_launches", {})
+    x, weight, bias, _, _ = on(cupy, *random_inputs(rng, (10, 7, 9, 11)))
+    dy = cupy.asarray(rng.standard_normal(x.shape))
+    pool = cupy.get_default_memory_pool()
+    sizes = []
+
+    def counted(size):
+        sizes.append(size)
+        return pool.malloc(size)
+
+    def step():
+        y, mean, invstd = batch_norm_forward_training(x, weight, bias, None, None, relu=True)
+        return [to_numpy(a) for a in (y, mean, invstd, *batch_norm_backward_training(dy, x, weight, mean, invstd, y))]
+
+    first = step()
+    assert len(batchnorm._launches) == 2
+    with cupy.cuda.using_allocator(counted):
+        y, mean, invstd = batch_norm_forward_training(x, weight, bias, None, None, relu=True)
+        assert sizes == [y.nbytes, 2 * mean.nbytes], sizes  # y, then the (2, C) pair of mean and invstd
+        grads = batch_norm_backward_training(dy, x, weight, mean, invstd, y)
+        assert len(sizes) == 4, sizes  # dx and the (2, C) pair of dweight and dbias
+    for a, b in zip(first, [to_numpy(a) for a in (y, mean, invstd, *grads)]):
+        np.testing.assert_array_equal(a, b)
+
+    other = cupy.asarray(rng.standard_normal((4, 3, 5, 6)))
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        batch_norm_forward_training(other, None, None, None, None)
+        stream.end_capture()
+    assert len(batchnorm._launches) == 2
+
+
 def test_the_steady_state_key_and_scalars_leave_anything_unusual_to_the_checks():
     """batchnorm's steady-state path: NumPy arrays and other objects give no key (the checks then run and say what
     is wrong), and only a float momentum in [0, 1], a finite float eps > 0 and a bool relu skip the scalar checks."""

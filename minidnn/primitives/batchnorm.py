@@ -413,9 +413,11 @@ def _block_counters(x: Any, channels: int) -> Any:
 
 # The steady state: a training call on the GPU seen before (the same direction, and of every array its type, shape,
 # strides, dtype, GPU and address modulo 16, which picks the pack build) -> its _Launch, so that the call neither
-# checks its arguments nor works out its launch again: a training step repeats every call. Only calls whose arrays
-# needed no contiguous copy are kept, and only a float momentum and eps and a bool relu take the path (anything
-# else is checked every time). Emptied when it reaches _MOST_LAUNCHES keys (a program whose shapes never repeat).
+# checks its arguments nor works out its launch again, and reuses the launch's float64 scratch rather than allocating
+# one: a training step repeats every call. Only calls whose arrays needed no contiguous copy are kept, and only a
+# float momentum and eps and a bool relu take the path (anything else is checked every time). Like the counters,
+# a kept scratch must not serve two streams at once. Emptied when it reaches _MOST_LAUNCHES keys (a program whose
+# shapes never repeat).
 _launches: dict[tuple, _Launch] = {}
 _MOST_LAUNCHES = 4096
 
@@ -433,6 +435,13 @@ class _Launch(NamedTuple):
     C: int
     vector_dtype: np.dtype  # of the (C,) results
     sizes_of_x: tuple  # the element-wise kernel's last arguments: C, S, x.size
+    counters: Any  # the reduction's "last block done" counters (_block_counters)
+    scratch_values: int  # the float64 scratch's length: the partial results per (split, channel), then coef
+    coef_offset: int  # where the element-wise kernel's coefficients start in it
+    # A kept launch's own scratch and its coef view (None until _keep gives them): the calls of one key follow
+    # each other on the stream, so each may reuse the one before's.
+    scratch: Any = None
+    coef: Any = None
 
 
 def _signature(array: Any) -> tuple | None:
@@ -460,11 +469,27 @@ def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
 
 
 def _keep(key: tuple | None, launch: _Launch) -> None:
+    """Keep ``launch`` for ``key``'s later calls, with a scratch of its own taken from the device, not the caching
+    pool: a block of the pool kept for the process's life would pin the chunk it was carved from (gpu.md, A training
+    step as one CUDA graph). Nothing is kept while a CUDA graph is being captured, whose memory is the graph's."""
     if key is None:
+        return
+    cupy = backend.cupy()
+    if cupy.cuda.get_current_stream().is_capturing():
         return
     if len(_launches) >= _MOST_LAUNCHES:
         _launches.clear()
-    _launches[key] = launch
+    memory = cupy.cuda.memory.Memory(8 * launch.scratch_values)
+    scratch = cupy.ndarray((launch.scratch_values,), dtype=np.float64, memptr=cupy.cuda.MemoryPointer(memory, 0))
+    _launches[key] = launch._replace(scratch=scratch, coef=scratch[launch.coef_offset:])
+
+
+def _scratch(cupy: Any, launch: _Launch) -> tuple[Any, Any]:
+    """(the float64 scratch, its coef part) of one call: the kept launch's own, or new ones."""
+    if launch.scratch is not None:
+        return launch.scratch, launch.coef
+    scratch = cupy.empty(launch.scratch_values, dtype=cupy.float64)
+    return scratch, scratch[launch.coef_offset:]
 
 
 def _same(arrays: tuple, originals: tuple) -> bool:
@@ -573,9 +598,12 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
     grid, build, width, per, sizes, tail = _reduction(channels_last, (x_,), N, C, S)
+    # The float64 scratch: the partial (count, mean, M2) per (split, channel), then bn_apply's coefficients (2, C),
+    # mean and invstd·weight.
     launch = _Launch(_kernel("bn_statistics" + build, x.dtype, half), _kernel("bn_apply" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
-                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)))
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
+                     (3 * grid[1] + 2) * C, 3 * grid[1] * C)
     if _same((x_, weight_, bias_, rm, rv), (x, weight, bias, running_mean, running_var)):
         _keep(key, launch)
     y, mean, invstd = _run_forward_training(launch, x_, weight_, bias_, rm, rv, momentum, eps, relu,
@@ -591,15 +619,12 @@ def _run_forward_training(launch: _Launch, x: Any, weight: Any, bias: Any, runni
                           momentum: float, eps: float, relu: bool, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: x C-contiguous or channels-last as ``launch`` was made for, the vectors
     contiguous."""
-    cupy, C, splits = backend.cupy(), launch.C, launch.grid[1]
+    cupy = backend.cupy()
     y, flat_x, flat_y = _output_like(cupy, x, launch.channels_last)
-    # One float64 scratch: the partial (count, mean, M2) per (split, channel), then bn_apply's coefficients (2, C),
-    # mean and invstd·weight; and one (2, C) array whose rows are the mean and invstd returned.
-    scratch = cupy.empty((3 * splits + 2) * C, dtype=cupy.float64)
-    coef = scratch[3 * splits * C:]
-    mean, invstd = cupy.empty((2, C), dtype=launch.vector_dtype)
+    scratch, coef = _scratch(cupy, launch)
+    mean, invstd = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
     _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
-                        (flat_x, scratch, _block_counters(x, launch.grid[0]), *launch.sizes, launch.per, weight,
+                        (flat_x, scratch, launch.counters, *launch.sizes, launch.per, weight,
                          running_mean, running_var, mean, invstd, coef, _cuda.f64(eps), _cuda.f64(momentum),
                          num_batches_tracked, *launch.tail))
     _cuda.launch(launch.elementwise, launch.count, (flat_x, flat_y, coef, bias, _cuda.i32(relu), *launch.sizes_of_x))
@@ -636,9 +661,12 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     N, C, S = _layout(x_)
     flats = tuple(None if a is None else layout.flat(a) for a in (x_, dy_, relu_output_))
     grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S)
+    # The float64 scratch: the partial (Σdy, Σdy·(x − mean)) per (split, channel), then the dx coefficients (3, C),
+    # Σdy/M, invstd·weight and scale·invstd·dweight/M.
     launch = _Launch(_kernel("bn_backward_reduce" + build, x.dtype, half), _kernel("bn_backward_dx" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
-                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)))
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
+                     (2 * grid[1] + 3) * C, 2 * grid[1] * C)
     if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
         _keep(key, launch)
     return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
@@ -647,17 +675,14 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
 def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                            relu_output: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for."""
-    cupy, C, splits = backend.cupy(), launch.C, launch.grid[1]
+    cupy = backend.cupy()
     dx, flat_x, flat_dx = _output_like(cupy, x, launch.channels_last)
     if launch.channels_last:
         dy, relu_output = layout.buffer(dy), None if relu_output is None else layout.buffer(relu_output)
-    # One float64 scratch: the partial (Σdy, Σdy·(x − mean)) per (split, channel), then the dx coefficients (3, C),
-    # Σdy/M, invstd·weight and scale·invstd·dweight/M; and one (2, C) array whose rows are dweight and dbias.
-    scratch = cupy.empty((2 * splits + 3) * C, dtype=cupy.float64)
-    coef = scratch[2 * splits * C:]
-    dweight, dbias = cupy.empty((2, C), dtype=launch.vector_dtype)
+    scratch, coef = _scratch(cupy, launch)
+    dweight, dbias = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
     _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
-                        (dy, flat_x, relu_output, mean, scratch, _block_counters(x, launch.grid[0]), None, invstd,
+                        (dy, flat_x, relu_output, mean, scratch, launch.counters, None, invstd,
                          None, weight, _cuda.f64(0.0), dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail))
     _cuda.launch(launch.elementwise, launch.count, (dy, flat_x, relu_output, mean, coef, flat_dx, *launch.sizes_of_x))
     return dx, dweight, dbias
