@@ -112,3 +112,57 @@ def test_bad_arguments_are_refused_after_a_cached_call(arrays):
         conv.conv2d_backward_data(dy[:, :, :8], w, SHAPES["x"], 1, 1)
     with pytest.raises(ValueError, match="out must be"):
         conv.conv2d_forward(x, w, 1, 1, out=np.empty((3, 5, 9, 6), np.float32))
+
+
+def test_the_cpu_keeps_no_ready_launch(arrays):
+    """Ready launches are the GPU's (one kernel a call); NumPy calls always take the full path."""
+    x, w, dy = arrays
+    registry.clear_caches()
+    run_all(x, w, dy)
+    run_all(x, w, dy)
+    assert api._ready == {}
+
+
+@pytest.mark.gpu
+def test_gpu_a_repeated_call_goes_from_its_key_to_its_launch(arrays, monkeypatch):
+    """A repeated implicit-GEMM call on the GPU with C-contiguous operands and no out runs its ready launch
+    (_run is not reached) and gives the full path's results; a strided operand, an out, TF32 and an observer
+    send the call down the full path again."""
+    from minidnn.primitives.conv import plans  # noqa: PLC0415
+    from tests.helpers import to_numpy  # noqa: PLC0415
+
+    cupy = __import__("cupy")
+    x, w, dy = (cupy.asarray(a) for a in arrays)
+    ran = []
+    real = api._run
+    monkeypatch.setattr(api, "_run", lambda *args, **kwargs: (ran.append(args[1]), real(*args, **kwargs))[1])
+    registry.clear_caches()
+
+    def results():
+        return [conv.conv2d_forward(x, w, 1, 1), conv.conv2d_backward_data(dy, w, SHAPES["x"], 1, 1),
+                conv.conv2d_backward_filter(x, dy, SHAPES["w"], 1, 1)]
+
+    with conv.settings(algo="implicit_gemm"):
+        first = [to_numpy(r) for r in results()]
+        assert ran == ["forward", "backward_data", "backward_filter"] and len(api._ready) == 3
+        again = results()
+        assert len(ran) == 3, ran
+        assert all(a.flags.c_contiguous for a in again)
+        for a, b in zip(first[:2], again[:2]):  # each output written once: the same bits
+            np.testing.assert_array_equal(a, to_numpy(b))
+        np.testing.assert_allclose(to_numpy(again[2]), first[2], rtol=1e-5, atol=1e-5)  # split-K's atomics
+        reference = conv.conv2d_forward(arrays[0].astype(np.float64), arrays[1].astype(np.float64), 1, 1,
+                                        algo="reference")
+        np.testing.assert_allclose(to_numpy(again[0]), reference, rtol=1e-4, atol=1e-4)
+
+        strided = cupy.asfortranarray(x)
+        np.testing.assert_array_equal(to_numpy(conv.conv2d_forward(strided, w, 1, 1)), first[0])
+        conv.conv2d_forward(x, w, 1, 1, out=cupy.empty_like(again[0]))
+        assert ran[3:] == ["forward", "forward"]
+        with _cuda.tf32(True):
+            conv.conv2d_forward(x, w, 1, 1)
+            conv.conv2d_forward(x, w, 1, 1)
+        assert ran[5:] == ["forward"]  # TF32's own key: the full path once, then its own ready launch
+        monkeypatch.setattr(plans, "call_observer", lambda *args: None)
+        conv.conv2d_forward(x, w, 1, 1)
+        assert ran[6:] == ["forward"]

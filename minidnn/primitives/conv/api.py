@@ -35,6 +35,13 @@ _warned_out_of_memory: set = set()
 _calls: dict[tuple, tuple[ConvProblem, Plan]] = {}
 registry.cache_clearers.append(_calls.clear)
 
+# Further, for a call whose plan is one segment without a workspace, of an algorithm with a ready launch (implicit
+# GEMM's on the GPU): the call's key -> (the GPU it was made on, the launch), so that a repeated call with
+# C-contiguous operands and no ``out`` goes from its key to its kernel: the output allocated, one launch. The key
+# holds everything the launch was worked out from but the device, which is compared.
+_ready: dict[tuple, tuple[int, Any]] = {}
+registry.cache_clearers.append(_ready.clear)
+
 
 def _plain(value: Any) -> bool:
     kind = type(value)
@@ -71,6 +78,31 @@ def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str |
     if plans.call_observer is not None:
         plans.call_observer(direction, *hit)
     return hit
+
+
+def _ready_launch(key: tuple | None, first: Any, second: Any) -> Any:
+    """The call's ready launch, or None when it has none or its operands need the full path (a strided operand, another
+    GPU, an observer watching the calls)."""
+    if key is None:
+        return None
+    try:
+        ready = _ready.get(key)
+    except TypeError:  # an unhashable shape argument (a list)
+        return None
+    if ready is None or plans.call_observer is not None or not (first.flags.c_contiguous and second.flags.c_contiguous) \
+            or ready[0] != _cuda.current_device():
+        return None
+    return ready[1]
+
+
+def _keep_ready(key: tuple | None, plan: Plan, problem: ConvProblem, direction: str) -> None:
+    """Keep the ready launch of a call that has one (see ``_ready``)."""
+    if key is None or key in _ready or len(plan.segments) != 1 or plan.workspace_bytes or plan.arena is not None \
+            or key[-1]:  # channels-last operands take the full path
+        return
+    launch = plan.segments[0][1].ready_launch(direction, problem)
+    if launch is not None:
+        _ready[key] = (_cuda.current_device(), launch)
 
 
 def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
@@ -214,10 +246,17 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
         return forward_problem(x, w, stride, padding, dilation, groups, _device(x, w)).laid_out(last)
 
     key = _call_key("forward", x, w, None, stride, padding, dilation, groups, algo, workspace_limit, last)
+    if out is None:
+        launch = _ready_launch(key, x, w)
+        if launch is not None:
+            return launch(x, w)
     problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
     y = _output(out, problem.y_shape, problem, xp, channels_last=last)
-    return _run(plan, "forward", x, w, problem, y)
+    _run(plan, "forward", x, w, problem, y)
+    if out is None:
+        _keep_ready(key, plan, problem, "forward")
+    return y
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -239,10 +278,17 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
         return problem.laid_out(last)
 
     key = _call_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, algo, workspace_limit, last)
+    if out is None:
+        launch = _ready_launch(key, dy, w)
+        if launch is not None:
+            return launch(dy, w)
     problem, plan = _problem_and_plan("backward_data", key, check, algo, workspace_limit)
     xp = backend.get_array_module(dy, w)
     dx = _output(out, problem.x_shape, problem, xp, channels_last=last)
-    return _run(plan, "backward_data", dy, w, problem, dx)
+    _run(plan, "backward_data", dy, w, problem, dx)
+    if out is None:
+        _keep_ready(key, plan, problem, "backward_data")
+    return dx
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -268,7 +314,15 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     _check_accumulate(accumulate, out)
     key = _call_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, algo, workspace_limit,
                     last)
+    plain = out is None and dtype is None  # the ready launch writes a new dw of the problem's dtype
+    if plain:
+        launch = _ready_launch(key, x, dy)
+        if launch is not None:
+            return launch(x, dy)
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp, gradient_dtype(dtype, problem))
-    return _run(plan, "backward_filter", x, dy, problem, dw, accumulate)
+    _run(plan, "backward_filter", x, dy, problem, dw, accumulate)
+    if plain:
+        _keep_ready(key, plan, problem, "backward_filter")
+    return dw

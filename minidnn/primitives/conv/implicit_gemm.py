@@ -33,7 +33,7 @@ strided slice of dx it came from; backward-filter contracts each tap over (n, p,
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -113,6 +113,40 @@ class ImplicitGemm(ConvAlgorithm):
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         forward_bias_activation(x, w, problem, out)
+
+    def ready_launch(self, direction: str, problem: ConvProblem) -> Callable[[Any, Any], Any] | None:
+        """On the GPU, ``direction`` as its output allocated and one launch of the kernel, grid and shape worked out
+        now for the current device and math mode (:meth:`ConvAlgorithm.ready_launch`). None on the CPU and for a
+        half weight gradient (its float32 accumulator takes more than one launch)."""
+        if problem.device != "cuda" or (direction == "backward_filter" and problem.half_type):
+            return None
+        tensor_cores = problem.dtype == np.float32 and _cuda.allow_tf32()
+        kernel, grid, extra = _launch_configuration(direction, problem, False, False, None, 1, tensor_cores,
+                                                    _cuda.current_device())
+        empty, dtype, block, tail = backend.cupy().empty, problem.dtype, (THREADS,), (_shape_struct(problem), *extra)
+        if direction == "forward":
+            shape = problem.y_shape
+
+            def launch(x: Any, w: Any) -> Any:
+                y = empty(shape, dtype)
+                kernel(grid, block, (x, w, y, y, *tail))  # y stands in for the absent bias, never read
+                return y
+        elif direction == "backward_data":
+            shape = problem.x_shape
+
+            def launch(dy: Any, w: Any) -> Any:
+                dx = empty(shape, dtype)
+                kernel(grid, block, (dy, w, dx, *tail))
+                return dx
+        else:
+            shape = problem.w_shape
+
+            def launch(x: Any, dy: Any) -> Any:
+                dw = empty(shape, dtype)
+                dw.fill(0)  # the split reduction adds into it
+                kernel(grid, block, (x, dy, dw, *tail))
+                return dw
+        return launch
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if backend.is_cuda_array(dy):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ... import backend
 from .. import convert, layout
@@ -95,6 +95,12 @@ class ConvAlgorithm:
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
         raise NotImplementedError
+
+    def ready_launch(self, direction: str, problem: ConvProblem) -> Callable[[Any, Any], Any] | None:
+        """``direction`` of ``problem`` as one call ``(first, second) -> out`` on C-contiguous operands, everything
+        but the output and the launch worked out now: what api keeps for a call repeated every step. None (the
+        default) where the algorithm has no such form."""
+        return None
 
     def run(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any, accumulate: bool,
             workspace: Any) -> None:
