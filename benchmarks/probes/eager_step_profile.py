@@ -104,6 +104,29 @@ def kernel_names(engine, steps: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["per_step"])
 
 
+def driver_calls(engine, steps: int) -> list[dict]:
+    """The CUDA runtime and driver calls of ``steps`` steps by name (CUPTI through torch.profiler): calls per step,
+    µs per step and the longest call in µs. A call that waits for the GPU (a synchronisation, an allocation that
+    must) shows as long: host time spent waiting rather than issuing."""
+    from benchmarks import measure  # noqa: PLC0415
+
+    def run():
+        for _ in range(steps):
+            engine.step()
+
+    events = measure._profiled_trace(engine, run, ["CUDA"]) or []
+    calls: dict[str, list] = {}
+    for event in events:
+        if event.get("cat") in ("cuda_runtime", "cuda_driver") and event.get("ph") == "X":
+            entry = calls.setdefault(event["name"], [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += float(event.get("dur", 0.0))
+            entry[2] = max(entry[2], float(event.get("dur", 0.0)))
+    rows = [{"call": name, "per_step": count / steps, "us_per_step": total / steps, "longest_us": longest}
+            for name, (count, total, longest) in calls.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
 def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], steps: int, out: str,
                  device: str) -> list[dict]:
     from benchmarks import measure  # noqa: PLC0415 - after sys.path
@@ -140,6 +163,7 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             if engine_name != "minidnn-graph":  # a replay runs the eager step's kernels: counted there
                 record.update(measure.profile_steps(engine, 3))
                 record["kernels_by_name"] = kernel_names(engine, 2)
+                record["driver_calls"] = driver_calls(engine, 3)
             if engine_name == "minidnn":
                 record["host_by_call"] = host_time_by_call(engine, 5)
                 engine.synchronize()
@@ -191,6 +215,11 @@ def write_report(records: list[dict], out: str) -> None:
                       "| kernel | per step | µs per step |", "|---|---|---|"]
             lines += [f"| `{t['kernel']}` | {t['per_step']:.0f} | {t['us_per_step']:.0f} |"
                       for t in r["kernels_by_name"][:25]]
+        if r.get("driver_calls"):
+            lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: CUDA runtime and driver calls per "
+                      "step", "", "| call | per step | µs per step | longest µs |", "|---|---|---|---|"]
+            lines += [f"| `{t['call']}` | {t['per_step']:.0f} | {t['us_per_step']:.0f} | {t['longest_us']:.0f} |"
+                      for t in r["driver_calls"][:15]]
         if "top_own_time" in r:
             lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: most own time", "",
                       "| function | calls | own ms | cumulative ms |", "|---|---|---|---|"]
