@@ -477,3 +477,57 @@ def test_gpu_relu_kernels_in_packs_and_single_elements_match_numpy(rng, name, si
     in_place = on_gpu[0].copy()
     assert relu_forward(in_place, out=in_place) is in_place
     np.testing.assert_array_equal(bits(in_place), bits(relu_forward(on_cpu[0])))
+
+
+def test_numpy_calls_keep_no_launch():
+    """The ReLU kernels' steady state is the GPU's: NumPy arrays give no key and are checked every time."""
+    from minidnn.primitives import activation  # noqa: PLC0415
+
+    x = np.ones((2, 3), np.float32)
+    assert activation._kept_call("relu_backward", x, x) == (None, None)
+    relu_backward(x, x)
+    add_relu_forward(x, x)
+    assert not any(isinstance(key[1][0], type(x)) for key in activation._kept)
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_relu_calls_skip_the_checks_and_keep_their_bits(rng, monkeypatch):
+    """A ReLU call without out whose arrays match an earlier one's (type, shape, strides, dtype, GPU, address modulo
+    16) skips the checks and the build's choice and gives the checked call's bits (float32, float64 and bfloat16
+    words); a strided or 8-byte-misaligned array is checked again, and bad arguments still raise."""
+    from minidnn.primitives import activation, convert  # noqa: PLC0415
+
+    cupy = __import__("cupy")
+    monkeypatch.setattr(activation, "_kept", {})
+    checked = []
+    for name in ("_check_gradient_pair", "_check_add_relu_arguments", "_check_half_arrays"):
+        original = getattr(activation, name)
+        monkeypatch.setattr(activation, name, lambda *args, _original=original, **kwargs:
+                            (checked.append(1), _original(*args, **kwargs))[1])
+    for dtype in (np.float32, np.float64, "bfloat16"):
+        a_host, b_host = rng.standard_normal((2, 5, 6, 7)), rng.standard_normal((2, 5, 6, 7))
+        if dtype == "bfloat16":
+            a, b = (convert.float_to_half(cupy.asarray(v, np.float32), "bfloat16") for v in (a_host, b_host))
+        else:
+            a, b = cupy.asarray(a_host, dtype), cupy.asarray(b_host, dtype)
+
+        def calls(a, b):
+            y = add_relu_forward(a, b)
+            return [to_numpy(r) for r in (y, relu_backward(b, y), relu_forward(a))]
+
+        checked.clear()
+        first = calls(a, b)
+        assert len(checked) == 2 + (dtype == "bfloat16")  # add_relu and relu_backward (and relu_forward's half check)
+        for one, two in zip(first, calls(a, b)):
+            np.testing.assert_array_equal(one, two)
+        assert len(checked) == 2 + (dtype == "bfloat16")  # the steady state: no checks
+        off = cupy.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
+        off[...] = a
+        strided = cupy.asfortranarray(b)
+        for one, two in zip(first, calls(off, strided)):
+            np.testing.assert_array_equal(one, two)
+        assert len(checked) > 2 + (dtype == "bfloat16")
+    with pytest.raises(ValueError, match="shape"):
+        add_relu_forward(a, b[:1])
+    with pytest.raises(TypeError):
+        relu_backward(a.astype(cupy.float32), b)

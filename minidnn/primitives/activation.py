@@ -52,17 +52,20 @@ def relu_forward(x: Any, out: Any = None) -> Any:
     into and returned; ``out=x`` is the in-place ReLU. Any other out must not overlap x.
     float16 and bfloat16 too (exact: the result is one of x's values or 0).
     """
+    key, kept = _kept_call("relu_forward", x) if out is None else (None, None)
+    if kept is not None:
+        return _run_kept(kept, x)
     half = convert.half_type_of(x)
     if half is not None:
         _check_half_arrays(("x", x), out=out)
         if backend.is_cuda_array(x):
-            return _elementwise_gpu("relu_forward", x, out=out, half=half)
+            return _elementwise_gpu("relu_forward", x, out=out, half=half, key=key)
         wide = convert.half_to_float(x, half)  # in x's layout, which the result keeps
         return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     check_float(x, "x")
     _check_out(out, x, "x")
     if backend.is_cuda_array(x):
-        return _elementwise_gpu("relu_forward", x, out=out)
+        return _elementwise_gpu("relu_forward", x, out=out, key=key)
     xp = backend.get_array_module(x)
     return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
@@ -73,16 +76,19 @@ def relu_backward(dy: Any, y: Any) -> Any:
     The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
     enough to tell which inputs passed. float16 and bfloat16 too (dx holds dy's own values or 0).
     """
+    key, kept = _kept_call("relu_backward", dy, y)
+    if kept is not None:
+        return _run_kept(kept, dy, y)
     half = convert.half_type_of(dy)
     if half is not None:
         _check_half_arrays(("dy", dy), ("y", y))
         if backend.is_cuda_array(dy):
-            return _elementwise_gpu("relu_backward", dy, y, half=half)
+            return _elementwise_gpu("relu_backward", dy, y, half=half, key=key)
         return where_or_zero(convert.half_to_float(y, half) > 0, dy)  # NumPy keeps the layout of the mask and dy
     _check_gradient_pair(dy, y, "y")
-    xp = backend.get_array_module(dy, y)
+    backend.get_array_module(dy, y)  # one device, or a clear ValueError
     if backend.is_cuda_array(dy):
-        return _elementwise_gpu("relu_backward", dy, y)
+        return _elementwise_gpu("relu_backward", dy, y, key=key)
     return where_or_zero(y > 0, dy)
 
 
@@ -97,17 +103,20 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
     same array flows to both a and b (the add's gradient is the identity for each input).
     float16 and bfloat16: the sum in float32, rounded once after the ReLU.
     """
+    key, kept = _kept_call("add_relu_forward", a, b) if out is None else (None, None)
+    if kept is not None:
+        return _run_kept(kept, a, b)
     half = convert.half_type_of(a)
     if half is not None:
         _check_half_arrays(("a", a), ("b", b), out=out)
         if backend.is_cuda_array(a):
-            return _elementwise_gpu("add_relu_forward", a, b, out=out, half=half)
+            return _elementwise_gpu("add_relu_forward", a, b, out=out, half=half, key=key)
         wide = convert.half_to_float(a, half) + convert.half_to_float(b, half)
         return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     _check_add_relu_arguments(a, b, out)
     xp = backend.get_array_module(a, b)
     if backend.is_cuda_array(a):
-        return _elementwise_gpu("add_relu_forward", a, b, out=out)
+        return _elementwise_gpu("add_relu_forward", a, b, out=out, key=key)
     y = xp.empty_like(a) if out is None else out  # (xp.add(a, b) of 0-d arrays would give a scalar)
     xp.add(a, b, out=y)
     return xp.maximum(y, xp.zeros((), dtype=y.dtype), out=y)
@@ -322,20 +331,57 @@ def _rounded_into(wide: Any, half: str, out: Any) -> Any:
 _PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward"})
 
 
-def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = (), half: str | None = None) -> Any:
+def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = (), half: str | None = None,
+                     key: tuple | None = None) -> Any:
     """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
-    such as a slope) follow the element count. ``half``: the half build for that type's words."""
+    such as a slope) follow the element count. ``half``: the half build for that type's words. ``key``: the
+    call's steady-state key (see ``_kept``), under which a call without out on C-contiguous arrays is kept."""
     # A RawKernel sees only the base pointer: the inputs in one layout, walked as flat buffers (layout.common:
     # channels-last ones as they are, others C-contiguous; a 0-d array stays 0-d). An out that is an input is
     # already in that layout, so it stays that very array.
+    new = out is None
     inputs, channels_last = layout.common(arrays, out)
     if out is None:
         out = layout.empty(arrays[0].shape, arrays[0].dtype, backend.cupy(), channels_last)
     _cuda.check_int32(out)
     width = _cuda.elements_per_access((*inputs, out)) if name in _PACKED else 1
     kernel = _cuda.element_function("activation.cu", _cuda.pack_build(name, width), half, out.dtype)
-    _cuda.launch(kernel, -(-out.size // width),
-                 (*(layout.flat(a) for a in inputs), layout.flat(out), _cuda.i32(out.size),
-                  *(_cuda.f64(v) for v in scalars)))
+    count = -(-out.size // width)
+    _cuda.launch(kernel, count, (*(layout.flat(a) for a in inputs), layout.flat(out), _cuda.i32(out.size),
+                                 *(_cuda.f64(v) for v in scalars)))
+    if key is not None and new and not channels_last and count > 0 and not scalars \
+            and all(a is b and a.flags.c_contiguous for a, b in zip(inputs, arrays)):
+        if len(_kept) >= _MOST_KEPT:
+            _kept.clear()
+        blocks = min((count + _cuda.THREADS - 1) // _cuda.THREADS, _cuda.max_blocks())
+        _kept[key] = (kernel, (blocks,), out.shape, out.dtype, _cuda.i32(out.size), backend.cupy().empty)
+    return out
+
+
+# The steady state of the ReLU kernels on the GPU: a call without out seen before (the kernel's name, and of each
+# array its type, shape, strides, dtype, GPU and address modulo 16, which picks the pack build) -> its launch (the
+# kernel, its grid, the output's shape and dtype, the element count, the allocator), so that a repeated call neither
+# checks its arrays nor picks its build again: a training step repeats every call. Only calls whose arrays are all
+# C-contiguous are kept; anything else is checked every time. Emptied when it reaches _MOST_KEPT keys.
+_kept: dict[tuple, tuple] = {}
+_MOST_KEPT = 4096
+
+
+def _kept_call(name: str, *arrays: Any) -> tuple[tuple | None, tuple | None]:
+    """(the call's steady-state key, its kept launch or None); (None, None) when an array is not a CuPy array."""
+    if not backend.is_cuda_array(arrays[0]):
+        return None, None
+    try:
+        key = (name, *[(type(a), a.shape, a.strides, a.dtype, a.data.device_id, a.data.ptr % 16) for a in arrays])
+    except AttributeError:  # another array not a CuPy array: the checks say what is wrong
+        return None, None
+    return key, _kept.get(key)
+
+
+def _run_kept(kept: tuple, *arrays: Any) -> Any:
+    """A kept call's one launch, into a new array."""
+    kernel, grid, shape, dtype, size, empty = kept
+    out = empty(shape, dtype=dtype)
+    kernel(grid, (_cuda.THREADS,), (*arrays, out, size))
     return out
