@@ -104,10 +104,12 @@ def kernel_names(engine, steps: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["per_step"])
 
 
-def driver_calls(engine, steps: int) -> list[dict]:
-    """The CUDA runtime and driver calls of ``steps`` steps by name (CUPTI through torch.profiler): calls per step,
-    µs per step and the longest call in µs. A call that waits for the GPU (a synchronisation, an allocation that
-    must) shows as long: host time spent waiting rather than issuing."""
+def driver_calls(engine, steps: int) -> tuple[list[dict], list[dict]]:
+    """The CUDA runtime and driver calls of ``steps`` steps (CUPTI through torch.profiler): by name, calls per step,
+    µs per step and the longest call in µs; and the ten longest calls one by one, each with the kernel it launched
+    and that kernel's wait on the GPU (from the call's return to the kernel's start). A call that waits for the GPU (a
+    full launch queue, a synchronisation) shows as long, its kernel starting long after it returns; a call held up on
+    the host (the profiler's own buffers) shows as long with its kernel starting at once."""
     from benchmarks import measure  # noqa: PLC0415
 
     def run():
@@ -115,16 +117,23 @@ def driver_calls(engine, steps: int) -> list[dict]:
             engine.step()
 
     events = measure._profiled_trace(engine, run, ["CUDA"]) or []
+    kernels = {e["args"]["correlation"]: e for e in events
+               if e.get("cat") == "kernel" and e.get("ph") == "X" and "correlation" in e.get("args", {})}
     calls: dict[str, list] = {}
+    single = []
     for event in events:
         if event.get("cat") in ("cuda_runtime", "cuda_driver") and event.get("ph") == "X":
+            duration = float(event.get("dur", 0.0))
             entry = calls.setdefault(event["name"], [0, 0.0, 0.0])
             entry[0] += 1
-            entry[1] += float(event.get("dur", 0.0))
-            entry[2] = max(entry[2], float(event.get("dur", 0.0)))
+            entry[1] += duration
+            entry[2] = max(entry[2], duration)
+            kernel = kernels.get(event.get("args", {}).get("correlation"))
+            single.append({"call": event["name"], "us": duration, "kernel": kernel["name"][:80] if kernel else "",
+                           "kernel_waited_us": float(kernel["ts"]) - float(event["ts"]) - duration if kernel else None})
     rows = [{"call": name, "per_step": count / steps, "us_per_step": total / steps, "longest_us": longest}
             for name, (count, total, longest) in calls.items()]
-    return sorted(rows, key=lambda r: -r["us_per_step"])
+    return sorted(rows, key=lambda r: -r["us_per_step"]), sorted(single, key=lambda r: -r["us"])[:10]
 
 
 def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], steps: int, out: str,
@@ -163,7 +172,7 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             if engine_name != "minidnn-graph":  # a replay runs the eager step's kernels: counted there
                 record.update(measure.profile_steps(engine, 3))
                 record["kernels_by_name"] = kernel_names(engine, 2)
-                record["driver_calls"] = driver_calls(engine, 3)
+                record["driver_calls"], record["longest_driver_calls"] = driver_calls(engine, 3)
             if engine_name == "minidnn":
                 record["host_by_call"] = host_time_by_call(engine, 5)
                 engine.synchronize()
@@ -220,6 +229,11 @@ def write_report(records: list[dict], out: str) -> None:
                       "step", "", "| call | per step | µs per step | longest µs |", "|---|---|---|---|"]
             lines += [f"| `{t['call']}` | {t['per_step']:.0f} | {t['us_per_step']:.0f} | {t['longest_us']:.0f} |"
                       for t in r["driver_calls"][:15]]
+            lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: the longest calls", "",
+                      "| call | µs | kernel launched | its wait on the GPU, µs |", "|---|---|---|---|"]
+            lines += [f"| `{t['call']}` | {t['us']:.0f} | `{t['kernel']}` | "
+                      f"{'' if t['kernel_waited_us'] is None else format(t['kernel_waited_us'], '.0f')} |"
+                      for t in r["longest_driver_calls"]]
         if "top_own_time" in r:
             lines += ["", f"### {r['engine']} {r['model']} {r['batch']} {r['mode']}: most own time", "",
                       "| function | calls | own ms | cumulative ms |", "|---|---|---|---|"]
