@@ -11,7 +11,8 @@ trees' order is reversed every other round (head, new, new, head, ...), so that 
 alike. ``--torch`` adds PyTorch's step once per round and cell, in the first tree's bench. Writes
 ``<out>/<cell>-<tree>-<round>/`` (bench.json and the others, and the run's log), ``ab.json`` (every run's figures)
 and ``ab.md``: per cell and tree the median, least and greatest wall, host and GPU-busy time and kernels a step, and
-each tree's medians over the first tree's.
+each tree's medians over the first tree's and (with ``--torch``) over PyTorch's. ``--cpus`` runs every process on the
+same CPUs.
 """
 from __future__ import annotations
 
@@ -82,9 +83,21 @@ def cell_name(cell: tuple[str, int, str]) -> str:
     return f"{model}-{batch}-{precision}"
 
 
+def parse_cpus(text: str) -> frozenset[int]:
+    """``0-3,8`` -> the CPUs {0, 1, 2, 3, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+            raise argparse.ArgumentTypeError(f"--cpus must be CPU numbers and ranges such as 0-3,8, got {text!r}")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
+
+
 def run_one(tree_path: str, cell: tuple[str, int, str], engine: str, directory: str, bench_args: list[str],
-            cache: str, timeout: float) -> dict[str, Any]:
-    """One bench run in a process of its own; its figures from ``directory/bench.json`` (None where missing)."""
+            cache: str, timeout: float, cpus: frozenset[int] | None = None) -> dict[str, Any]:
+    """One bench run in a process of its own (on ``cpus`` only, when given); its figures from
+    ``directory/bench.json`` (None where missing)."""
     model, batch, precision = cell
     command = [sys.executable, os.path.join(tree_path, "benchmarks", "bench.py"), *bench_args, "--models", model,
                "--batch", str(batch), "--precision", precision, "--engines", engine, "--out", directory]
@@ -95,7 +108,8 @@ def run_one(tree_path: str, cell: tuple[str, int, str], engine: str, directory: 
     with open(os.path.join(directory, "run.log"), "w") as log:
         try:
             status = subprocess.run(command, cwd=tree_path, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=timeout, check=False).returncode
+                                    timeout=timeout, check=False,
+                                    preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus)).returncode
         except subprocess.TimeoutExpired:
             status = None
     record = _record(os.path.join(directory, "bench.json"), engine)
@@ -114,9 +128,17 @@ def _record(path: str, engine: str) -> dict[str, Any]:
     return timed[0] if timed else {}
 
 
+def _ratios(row: dict[str, Any], other: dict[str, Any] | None) -> dict[str, float]:
+    """``row``'s wall and host medians over ``other``'s, where both have them."""
+    if other is None:
+        return {}
+    return {key: row[key]["median"] / other[key]["median"] for key in ("wall_ms", "host_ms")
+            if row[key] is not None and other[key] is not None and other[key]["median"]}
+
+
 def summarise(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
     """Per cell and name (the trees', then PyTorch's): the runs measured, and of each figure the median, least and
-    greatest; each tree's medians over the first tree's."""
+    greatest; each tree's medians over the first tree's, and over PyTorch's where it ran (issue 22's bars)."""
     rows = []
     for cell in dict.fromkeys(r["cell"] for r in runs):
         first = None
@@ -131,16 +153,20 @@ def summarise(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, An
                     if values else None
             if name != TORCH:
                 first = first or row
-                row["over_first"] = {key: row[key]["median"] / first[key]["median"]
-                                     for key in ("wall_ms", "host_ms")
-                                     if row[key] is not None and first[key] is not None and first[key]["median"]}
+                row["over_first"] = _ratios(row, first)
             rows.append(row)
+        torch = next((row for row in rows if row["cell"] == cell and row["name"] == TORCH), None)
+        for row in rows:
+            if row["cell"] == cell and row["name"] != TORCH and torch is not None:
+                row["over_torch"] = _ratios(row, torch)
     return rows
 
 
 def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
+    with_torch = TORCH in names
     lines = ["| cell | tree | runs | " + " | ".join(f"{label}: median (least-greatest)" for _, label in FIGURES)
-             + f" | wall, host median / {names[0]}'s |", "|" + "---|" * (len(FIGURES) + 4)]
+             + f" | wall, host median / {names[0]}'s |" + (" wall, host median / PyTorch's |" if with_torch else ""),
+             "|" + "---|" * (len(FIGURES) + 4 + with_torch)]
     for row in rows:
         cells = []
         for key, _ in FIGURES:
@@ -148,8 +174,9 @@ def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
             digits = 0 if key == "kernels_per_step" else 2
             cells.append("-" if figure is None else f"{figure['median']:.{digits}f} "
                          f"({figure['least']:.{digits}f}-{figure['greatest']:.{digits}f})")
-        ratio = row.get("over_first", {})
-        ratios = ", ".join(f"{ratio[key]:.2f}" for key in ("wall_ms", "host_ms") if key in ratio) or "-"
+        columns = [row.get("over_first", {})] + ([row.get("over_torch", {})] if with_torch else [])
+        ratios = " | ".join(", ".join(f"{ratio[key]:.2f}" for key in ("wall_ms", "host_ms") if key in ratio) or "-"
+                            for ratio in columns)
         lines.append(f"| {row['cell']} | {row['name']} | {row['runs']} | " + " | ".join(cells) + f" | {ratios} |")
     return "\n".join(lines) + "\n"
 
@@ -173,6 +200,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take before it is stopped")
     parser.add_argument("--budget-seconds", type=float, default=None, help="start no run once this much time has "
                         "passed (those left are recorded as skipped)")
+    parser.add_argument("--cpus", type=parse_cpus, default=None, help="run every process (the trees' and PyTorch's) "
+                        "on these CPUs only, e.g. 0-3 (Linux): one placement for all, against the host time's swings "
+                        "between processes")
     parser.add_argument("--out", required=True, help="directory for the runs, ab.json and ab.md")
     args = parser.parse_args(argv)
     names = [name for name, _ in args.tree]
@@ -182,6 +212,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.timeout <= 0:
         parser.error(f"--timeout must be > 0, got {args.timeout}")
+    if args.cpus is not None:
+        if not hasattr(os, "sched_setaffinity"):
+            parser.error("--cpus needs os.sched_setaffinity (Linux)")
+        if not args.cpus <= os.sched_getaffinity(0):
+            parser.error(f"--cpus {sorted(args.cpus)} are not all among this process's CPUs "
+                         f"{sorted(os.sched_getaffinity(0))}")
     try:
         args.bench_args = shlex.split(args.bench_args)
     except ValueError as error:
@@ -205,14 +241,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tree_path = trees[name] if name != TORCH else next(iter(trees.values()))
         run.update(run_one(tree_path, cell, "torch" if name == TORCH else args.engine,
                            os.path.join(out, f"{run['cell']}-{name}-{round_}"), args.bench_args,
-                           os.path.join(caches, name), args.timeout))
+                           os.path.join(caches, name), args.timeout, args.cpus))
         runs.append(run)
         figures = ", ".join(f"{label} {run[key]:.2f}" for key, label in FIGURES[:3] if run.get(key) is not None)
         print(f"{run['cell']} {name} round {round_}: {figures or 'no record'} (rc {run['rc']}, {run['seconds']} s)",
               flush=True)
     rows = summarise(runs, names)
     result = {"trees": trees, "cells": [cell_name(c) for c in args.cells], "rounds": args.rounds,
-              "engine": args.engine, "bench_args": args.bench_args, "runs": runs, "summary": rows}
+              "engine": args.engine, "bench_args": args.bench_args,
+              "cpus": None if args.cpus is None else sorted(args.cpus), "runs": runs, "summary": rows}
     _write(os.path.join(out, "ab.json"), json.dumps(result, indent=1) + "\n")
     _write(os.path.join(out, "ab.md"), markdown(rows, names))
     print(markdown(rows, names), end="")

@@ -627,7 +627,9 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
             wall, host = engine.clock.time(engine.step, spec["steps"])
             record["state"] = state_now()
             record.update(wall_ms=statistics.median(wall), host_ms=statistics.median(host), steps_timed=len(wall),
-                          images_per_second=spec["batch"] / statistics.median(wall) * 1000)
+                          images_per_second=spec["batch"] / statistics.median(wall) * 1000,
+                          # each timed step, in order: whether a process's steps drift or jump, beside the median
+                          wall_ms_steps=[round(v, 4) for v in wall], host_ms_steps=[round(v, 4) for v in host])
             engine.forward()  # inference kernels (batch norm's, for one) load or compile here, untimed
             record["forward_ms"] = statistics.median(engine.clock.time(engine.forward, spec["steps"])[0])
             if engine.gpu:

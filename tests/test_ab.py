@@ -20,7 +20,8 @@ FAKE_BENCH = textwrap.dedent("""
     record = {"engine": value("--engines"), "wall_ms": wall, "host_ms": wall - 1, "gpu_busy_ms": None,
               "kernels_per_step": 7, "pid": os.getpid(), "model": value("--models"), "batch": int(value("--batch")),
               "precision": value("--precision"), "pythonpath": os.environ["PYTHONPATH"],
-              "cache": os.environ["MINIDNN_CACHE_DIR"], "cwd": os.getcwd(), "extra": args[:2]}
+              "cache": os.environ["MINIDNN_CACHE_DIR"], "cwd": os.getcwd(), "extra": args[:2],
+              "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     os.makedirs(value("--out"), exist_ok=True)
     json.dump({"records": [record]}, open(os.path.join(value("--out"), "bench.json"), "w"))
 """)
@@ -81,7 +82,26 @@ def test_the_summary_takes_medians_and_divides_by_the_first_tree():
     assert head["wall_ms"] == {"median": 12.0, "least": 10.0, "greatest": 20.0}
     assert new["host_ms"] == {"median": 8.0, "least": 7.0, "greatest": 29.0}
     assert new["over_first"] == {"wall_ms": 9.0 / 12.0, "host_ms": 8.0 / 11.0}
-    assert "over_first" not in torch
+    assert "over_first" not in torch and "over_torch" not in torch
+    assert head["over_torch"] == {"wall_ms": 12.0 / 6.0, "host_ms": 11.0 / 5.0}
+    assert new["over_torch"] == {"wall_ms": 9.0 / 6.0, "host_ms": 8.0 / 5.0}
+    table = ab.markdown([head, new, torch], ["head", "new", "torch"])
+    assert table.splitlines()[0].endswith("| wall, host median / head's | wall, host median / PyTorch's |")
+    assert "| 0.75, 0.73 | 1.50, 1.60 |" in table and table.splitlines()[-1].endswith("| - | - |")
+    assert "over_torch" not in ab.summarise([r for r in runs if r["name"] != "torch"], ["head", "new"])[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_cpus_pin_every_run_and_are_recorded(tmp_path):
+    tree = fake_tree(tmp_path, "only", 3.0)
+    cpu = min(os.sched_getaffinity(0))
+    result = ab.main(["--tree", f"only={tree}", "--cells", "tiny:3:fp32", "--rounds", "1", "--torch", "--cpus",
+                      str(cpu), "--out", str(tmp_path / "out")])
+    assert result["cpus"] == [cpu]
+    for name in ("only", "torch"):
+        record = json.loads((tmp_path / "out" / f"tiny-3-fp32-{name}-1" / "bench.json").read_text())["records"][0]
+        assert record["cpus"] == [cpu]
+    assert ab.parse_cpus("0-2,5") == {0, 1, 2, 5}
 
 
 def test_a_budget_spent_skips_and_records_the_runs_left(tmp_path):
@@ -102,6 +122,9 @@ def test_a_budget_spent_skips_and_records_the_runs_left(tmp_path):
     (["--tree", "a=.", "--tree", "a=.", "--cells", "tiny:3:fp32"], "names must differ"),
     (["--tree", "a=.", "--cells", "tiny:3:fp32", "--rounds", "0"], "--rounds must be >= 1"),
     (["--tree", "a=.", "--cells", "tiny:3:fp32", "--bench-args=--steps 'two"], "--bench-args"),
+    (["--tree", "a=.", "--cells", "tiny:3:fp32", "--cpus", "3-1"], "--cpus must be"),
+    (["--tree", "a=.", "--cells", "tiny:3:fp32", "--cpus", "a"], "--cpus must be"),
+    (["--tree", "a=.", "--cells", "tiny:3:fp32", "--cpus", "100000"], "not all among"),
 ])
 def test_bad_arguments(arguments, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
