@@ -613,11 +613,24 @@ def test_gpu_kept_calls_allocate_only_their_results_and_nothing_is_kept_in_a_cap
 def test_the_steady_state_key_and_scalars_leave_anything_unusual_to_the_checks():
     """batchnorm's steady-state path: NumPy arrays and other objects give no key (the checks then run and say what
     is wrong), and only a float momentum in [0, 1], a finite float eps > 0 and a bool relu skip the scalar checks."""
-    from minidnn.primitives import batchnorm  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from minidnn.primitives import _cuda, batchnorm, convert  # noqa: PLC0415
 
     x = np.zeros((2, 3, 4, 4), np.float32)
-    assert batchnorm._call_key("forward_training", x, None) is None
-    assert batchnorm._call_key("forward_training", None, 1.5) is None
+    assert _cuda.steady_key("forward_training", x, None) is None
+    assert _cuda.steady_key("forward_training", None, 1.5) is None
+    assert _cuda.steady_key("forward_training", x.astype(convert.bfloat16())) is None  # no buffer format: no key
+
+    def device_array(strides, device, address):  # what the key reads of a CuPy array
+        return SimpleNamespace(shape=(2, 3), strides=strides, dtype=np.dtype(np.float32),
+                               data=SimpleNamespace(device_id=device, ptr=address))
+
+    key = _cuda.steady_key("f", device_array((12, 4), 0, 4096), None)
+    assert key == ("f", (SimpleNamespace, (2, 3), (12, 4), np.dtype(np.float32), 0, 0), None)
+    for other in (device_array((4, 8), 0, 4096), device_array((12, 4), 1, 4096), device_array((12, 4), 0, 4104)):
+        assert _cuda.steady_key("f", other, None) != key  # another layout, GPU or pack alignment: another key
+    assert _cuda.steady_key("f", device_array((12, 4), 0, 4096 + 32), None) == key  # the same pack alignment
     assert batchnorm._plain_scalars(0.1, 1e-5, False) and batchnorm._plain_scalars(1.0, 1e-3, True)
     for momentum, eps, relu in ((1, 1e-5, False), (1.5, 1e-5, False), (-0.1, 1e-5, False), (float("nan"), 1e-5, False),
                                 (0.1, 0.0, False), (0.1, float("inf"), False), (0.1, 1, False), (0.1, 1e-5, 1),

@@ -231,6 +231,18 @@ def elements_per_access(arrays: Sequence[Any], plane: int | None = None, pack_by
     return width if fits and all(a is None or a.data.ptr % pack_bytes == 0 for a in arrays) else 1
 
 
+def steady_key(name: str, *arrays: Any) -> tuple | None:
+    """The key under which a primitive keeps one call's launch for its repeats (a training step repeats every call):
+    ``name``, and of each array (None kept as None) its type, shape, strides, dtype, GPU and address modulo
+    :data:`PACK_BYTES` (which picks a pack build). None when an array is not a CuPy array: the call then takes its
+    checks, which say what is wrong."""
+    try:
+        return (name, *[None if a is None else (type(a), a.shape, a.strides, a.dtype, a.data.device_id,
+                                                 a.data.ptr % PACK_BYTES) for a in arrays])
+    except (AttributeError, ValueError):  # a NumPy array's memoryview has no GPU (and bfloat16 no buffer format)
+        return None
+
+
 def pack_build(name: str, width: int) -> str:
     """The name of kernel ``name``'s build for ``width`` elements per access."""
     return name if width == 1 else name + "_vector"

@@ -359,8 +359,8 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     return out
 
 
-# The steady state of the ReLU kernels on the GPU: a call without out seen before (the kernel's name, and of each
-# array its type, shape, strides, dtype, GPU and address modulo 16, which picks the pack build) -> its launch (the
+# The steady state of the ReLU kernels on the GPU: a call without out seen before (its _cuda.steady_key: the kernel's
+# name, and of each array its type, shape, strides, dtype, GPU and address modulo 16) -> its launch (the
 # kernel, its grid, the output's shape and dtype, the element count, the allocator), so that a repeated call neither
 # checks its arrays nor picks its build again: a training step repeats every call. Only calls whose arrays are all
 # C-contiguous are kept; anything else is checked every time. Emptied when it reaches _MOST_KEPT keys.
@@ -370,13 +370,8 @@ _MOST_KEPT = 4096
 
 def _kept_call(name: str, *arrays: Any) -> tuple[tuple | None, tuple | None]:
     """(the call's steady-state key, its kept launch or None); (None, None) when an array is not a CuPy array."""
-    if not backend.is_cuda_array(arrays[0]):
-        return None, None
-    try:
-        key = (name, *[(type(a), a.shape, a.strides, a.dtype, a.data.device_id, a.data.ptr % 16) for a in arrays])
-    except AttributeError:  # another array not a CuPy array: the checks say what is wrong
-        return None, None
-    return key, _kept.get(key)
+    key = _cuda.steady_key(name, *arrays)
+    return (None, None) if key is None else (key, _kept.get(key))
 
 
 def _run_kept(kept: tuple, *arrays: Any) -> Any:

@@ -223,7 +223,7 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
     invstd float32. ``num_batches_tracked``: an int64 array of one element, or None; it is incremented in
     place, on the GPU by the statistics kernel (nn.BatchNorm's counter costs no launch of its own).
     """
-    key = _call_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked) \
+    key = _cuda.steady_key("forward_training", x, weight, bias, running_mean, running_var, num_batches_tracked) \
         if backend.is_cuda_array(x) else None
     if key is not None and _plain_scalars(momentum, eps, relu):
         launch = _launches.get(key)
@@ -316,7 +316,8 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     The two subtracted terms are the paths through the batch mean and the batch variance.
     Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
-    key = _call_key("backward_training", dy, x, weight, mean, invstd, relu_output) if backend.is_cuda_array(x) else None
+    key = _cuda.steady_key("backward_training", dy, x, weight, mean, invstd, relu_output) \
+        if backend.is_cuda_array(x) else None
     if key is not None:
         launch = _launches.get(key)
         if launch is not None:
@@ -442,23 +443,6 @@ class _Launch(NamedTuple):
     # each other on the stream, so each may reuse the one before's.
     scratch: Any = None
     coef: Any = None
-
-
-def _signature(array: Any) -> tuple | None:
-    """What the checks and the launch read of one array (None for None); AttributeError for a non-CuPy array."""
-    if array is None:
-        return None
-    data = array.data
-    return type(array), array.shape, array.strides, array.dtype, data.device_id, data.ptr % 16
-
-
-def _call_key(direction: str, *arrays: Any) -> tuple | None:
-    """The steady-state key of a call, or None when one of its arrays is not a CuPy array (the checks then say
-    what is wrong)."""
-    try:
-        return (direction, *[_signature(a) for a in arrays])
-    except AttributeError:
-        return None
 
 
 def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
