@@ -77,11 +77,52 @@ def main() -> None:
         "_cuda.function (cached)": lambda: _cuda.function("batchnorm.cu", "bn_apply", np.float32,
                                                           _cuda.HALF_BUILDS["bfloat16"]),
         "_cuda.i32 (cached)": lambda: i32(56),
+        "_cuda.steady_key, six arrays": lambda: _cuda.steady_key("forward", a, b, counters, *vectors[:3]),
+        "a.data.ptr": lambda: a.data.ptr,
+        "get_current_stream().is_capturing()": lambda: cupy.cuda.get_current_stream().is_capturing(),
     }
+    # The same sixteen-argument launch straight through the driver, its parameters packed once into host memory
+    # (every argument is at most 8 bytes: one 8-byte slot each, little-endian), and with three pointers rewritten
+    # per call as a kept launch whose arrays change would: what CuPy's per-argument conversion costs on top.
+    arguments = (a, b, counters, i32(1), i32(2), i32(3), i32(4), *vectors, b, f64(0.1), f64(0.2), tracked)
+    slots = np.zeros(len(arguments), dtype=np.uint64)
+    for position, argument in enumerate(arguments):
+        if isinstance(argument, cupy.ndarray):
+            slots[position] = argument.data.ptr
+        else:
+            slots[position:position + 1].view(np.uint8)[:argument.itemsize] = \
+                np.frombuffer(argument.tobytes(), dtype=np.uint8)
+    parameters = np.array([slots.ctypes.data + 8 * i for i in range(len(arguments))], dtype=np.uint64)
+    launch = cupy.cuda.driver.launchKernel
+    function = getattr(sixteen, "kernel", sixteen).ptr  # a RawKernel holds its Function per device
+    stream = cupy.cuda.get_current_stream().ptr
+    parameters_address = parameters.ctypes.data
+
+    def rewritten():
+        slots[0] = a.data.ptr
+        slots[1] = b.data.ptr
+        slots[15] = tracked.data.ptr
+        launch(function, 1, 1, 1, 32, 1, 1, 0, stream, parameters_address, 0)
+
+    operations["driver.launchKernel, 16 arguments packed once"] = \
+        lambda: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, parameters_address, 0)
+    operations["driver.launchKernel, 16 arguments, 3 pointers rewritten"] = rewritten
+    # The allocation with and without minidnn's peak tracker (_cuda._PeakTracker) between CuPy and its pool.
+    pool = cupy.get_default_memory_pool()
+    operations["pool.malloc(4096), freed"] = lambda: pool.malloc(4096)
+    operations["peak tracker malloc(4096), freed"] = lambda: _cuda._tracker.malloc(4096)
     rows = []
     for name, call in operations.items():
         rows.append({"operation": name, "us_per_call": per_call_us(call, cupy=cupy)})
         print(f"{name}: {rows[-1]['us_per_call']:.2f} us", flush=True)
+    cupy.cuda.set_allocator(pool.malloc)
+    try:
+        name = "cupy.empty (64,) float32, the pool's malloc as allocator"
+        rows.append({"operation": name, "us_per_call": per_call_us(lambda: cupy.empty(64, dtype=np.float32),
+                                                                   cupy=cupy)})
+        print(f"{name}: {rows[-1]['us_per_call']:.2f} us", flush=True)
+    finally:
+        cupy.cuda.set_allocator(_cuda._tracker.malloc)
     os.makedirs(args.out, exist_ok=True)
     lines = ["| operation | µs per call |", "|---|---|"] + [f"| {r['operation']} | {r['us_per_call']:.2f} |"
                                                           for r in rows]
