@@ -248,12 +248,16 @@ def pack_build(name: str, width: int) -> str:
     return name if width == 1 else name + "_vector"
 
 
+def grid_stride_blocks(count: int, threads: int = THREADS) -> int:
+    """The blocks :func:`launch` gives ``count`` grid-stride iterations: enough for one each, at most :func:`max_blocks`."""
+    return min((count + threads - 1) // threads, max_blocks())
+
+
 def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS, shared_bytes: int = 0) -> None:
     """Run ``kernel`` with enough blocks of ``threads`` for ``count`` grid-stride iterations."""
     if count <= 0:
         return
-    blocks = min((count + threads - 1) // threads, max_blocks())
-    kernel((blocks,), (threads,), tuple(args), shared_mem=shared_bytes)
+    kernel((grid_stride_blocks(count, threads),), (threads,), tuple(args), shared_mem=shared_bytes)
 
 
 def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args: Sequence[Any],
@@ -263,6 +267,83 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     if min(grid) <= 0:
         return
     kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
+
+
+class _PerCall:
+    def __repr__(self) -> str:
+        return "PER_CALL"
+
+
+PER_CALL = _PerCall()  # in a PackedLaunch's arguments: an array (or None) that each call passes
+
+
+class PackedLaunch:
+    """One kernel launch kept for a call that repeats with its arrays at other addresses, as a training step's calls do.
+
+    The arguments are packed once into host memory, an 8-byte-aligned slot each; a call writes its arrays' addresses
+    into their slots and hands the driver the list of slot addresses (``cuLaunchKernel`` copies the values before it
+    returns, so the next call may rewrite them). That skips CuPy's conversion of every argument into a new object, the
+    larger part of a RawKernel launch's host time for a kernel of many arguments.
+
+    ``arguments``: as a RawKernel takes them: CuPy arrays and None (a null pointer), NumPy scalars and structs
+    (``np.void``); :data:`PER_CALL` marks the positions whose arrays (or None) each call passes, in that order.
+    ``grid`` and ``block`` are fixed. A call made in another CUDA context than the one the launch was packed in (another
+    GPU, a thread without one) goes through CuPy instead, with the same arguments. The slots are shared: not for two
+    threads at once (minidnn queues its work on one stream, from one thread).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "arguments", "_slots", "_per_call", "_function",
+                 "_context", "_parameters", "_parameters_address", "_launch", "_context_now", "_stream_now")
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], arguments: Sequence[Any],
+                 shared_bytes: int = 0) -> None:
+        cupy = backend.cupy()
+        self.kernel, self.shared_bytes, self.arguments = kernel, shared_bytes, tuple(arguments)
+        self.grid, self.block = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        offsets, end = [], 0
+        for argument in self.arguments:
+            if argument is PER_CALL or argument is None or isinstance(argument, cupy.ndarray):
+                size = 8  # a device address
+            elif isinstance(argument, np.generic):  # np.int32, np.float64, a struct (np.void)
+                size = argument.itemsize
+            else:
+                raise TypeError(f"PackedLaunch arguments are CuPy arrays, None, PER_CALL or NumPy scalars and structs "
+                                f"(use i32 and f64 for Python numbers), got {type(argument).__name__}")
+            offsets.append(end)
+            end += -(-size // 8) * 8
+        self._slots = np.zeros(max(end, 8) // 8, dtype=np.uint64)
+        raw = self._slots.view(np.uint8)
+        for argument, start in zip(self.arguments, offsets):
+            if isinstance(argument, cupy.ndarray):
+                self._slots[start // 8] = argument.data.ptr
+            elif isinstance(argument, np.generic):
+                raw[start:start + argument.itemsize] = np.frombuffer(argument.tobytes(), dtype=np.uint8)
+        self._per_call = tuple(start // 8 for argument, start in zip(self.arguments, offsets) if argument is PER_CALL)
+        base = self._slots.ctypes.data
+        self._parameters = np.array([base + start for start in offsets] or [base], dtype=np.uint64)
+        self._parameters_address = self._parameters.ctypes.data
+        self._function = getattr(kernel, "kernel", kernel).ptr  # a RawKernel holds its function per device
+        driver = cupy.cuda.driver
+        self._launch, self._context_now = driver.launchKernel, driver.ctxGetCurrent
+        self._context = driver.ctxGetCurrent()
+        stream = cupy.cuda.stream
+        self._stream_now = getattr(stream, "get_current_stream_ptr", None) or (lambda: stream.get_current_stream().ptr)
+
+    def __call__(self, *arrays: Any) -> None:
+        """Launch with ``arrays`` (CuPy arrays or None) in the PER_CALL positions, on the current stream."""
+        if len(arrays) != len(self._per_call):
+            raise TypeError(f"this launch takes {len(self._per_call)} arrays, got {len(arrays)}")
+        if self._context_now() != self._context:
+            arrays = iter(arrays)
+            self.kernel(self.grid, self.block, tuple(next(arrays) if a is PER_CALL else a for a in self.arguments),
+                        shared_mem=self.shared_bytes)
+            return
+        slots = self._slots
+        for slot, array in zip(self._per_call, arrays):
+            slots[slot] = 0 if array is None else array.data.ptr
+        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
+        self._launch(self._function, gx, gy, gz, bx, by, bz, self.shared_bytes, self._stream_now(),
+                     self._parameters_address, 0)
 
 
 @functools.lru_cache(maxsize=None)

@@ -354,14 +354,15 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
             and all(a is b and a.flags.c_contiguous for a, b in zip(inputs, arrays)):
         if len(_kept) >= _MOST_KEPT:
             _kept.clear()
-        blocks = min((count + _cuda.THREADS - 1) // _cuda.THREADS, _cuda.max_blocks())
-        _kept[key] = (kernel, (blocks,), out.shape, out.dtype, _cuda.i32(out.size), backend.cupy().empty)
+        arguments = (*[_cuda.PER_CALL] * (len(inputs) + 1), _cuda.i32(out.size))  # the inputs and out, then the count
+        packed = _cuda.PackedLaunch(kernel, (_cuda.grid_stride_blocks(count),), (_cuda.THREADS,), arguments)
+        _kept[key] = (packed, out.shape, out.dtype, backend.cupy().empty)
     return out
 
 
 # The steady state of the ReLU kernels on the GPU: a call without out seen before (its _cuda.steady_key: the kernel's
-# name, and of each array its type, shape, strides, dtype, GPU and address modulo 16) -> its launch (the
-# kernel, its grid, the output's shape and dtype, the element count, the allocator), so that a repeated call neither
+# name, and of each array its type, shape, strides, dtype, GPU and address modulo 16) -> its launch (the kernel's
+# _cuda.PackedLaunch, the output's shape and dtype, the allocator), so that a repeated call neither
 # checks its arrays nor picks its build again: a training step repeats every call. Only calls whose arrays are all
 # C-contiguous are kept; anything else is checked every time. Emptied when it reaches _MOST_KEPT keys.
 _kept: dict[tuple, tuple] = {}
@@ -376,7 +377,7 @@ def _kept_call(name: str, *arrays: Any) -> tuple[tuple | None, tuple | None]:
 
 def _run_kept(kept: tuple, *arrays: Any) -> Any:
     """A kept call's one launch, into a new array."""
-    kernel, grid, shape, dtype, size, empty = kept
+    packed, shape, dtype, empty = kept
     out = empty(shape, dtype=dtype)
-    kernel(grid, (_cuda.THREADS,), (*arrays, out, size))
+    packed(*arrays, out)
     return out

@@ -41,7 +41,7 @@ type, not bit for bit.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -443,6 +443,9 @@ class _Launch(NamedTuple):
     # each other on the stream, so each may reuse the one before's.
     scratch: Any = None
     coef: Any = None
+    # A kept launch's two _cuda.PackedLaunch and the scalars they were packed with (a call with others launches
+    # through CuPy): (reduction, element-wise, scalars), or None.
+    packed: tuple | None = None
 
 
 def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
@@ -452,10 +455,11 @@ def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
         and 0.0 < eps < math.inf
 
 
-def _keep(key: tuple | None, launch: _Launch) -> None:
+def _keep(key: tuple | None, launch: _Launch, pack: Callable[[_Launch], tuple]) -> None:
     """Keep ``launch`` for ``key``'s later calls, with a scratch of its own taken from the device, not the caching
     pool: a block of the pool kept for the process's life would pin the chunk it was carved from (gpu.md, A training
-    step as one CUDA graph). Nothing is kept while a CUDA graph is being captured, whose memory is the graph's."""
+    step as one CUDA graph), and with its launches packed (``pack``: _pack_forward or _pack_backward's packing).
+    Nothing is kept while a CUDA graph is being captured, whose memory is the graph's."""
     if key is None:
         return
     cupy = backend.cupy()
@@ -465,7 +469,30 @@ def _keep(key: tuple | None, launch: _Launch) -> None:
         _launches.clear()
     memory = cupy.cuda.memory.Memory(8 * launch.scratch_values)
     scratch = cupy.ndarray((launch.scratch_values,), dtype=np.float64, memptr=cupy.cuda.MemoryPointer(memory, 0))
-    _launches[key] = launch._replace(scratch=scratch, coef=scratch[launch.coef_offset:])
+    kept = launch._replace(scratch=scratch, coef=scratch[launch.coef_offset:])
+    _launches[key] = kept._replace(packed=pack(kept))
+
+
+def _packed(launch: _Launch, reduce: tuple, elementwise: tuple, scalars: tuple) -> tuple:
+    """(the reduction's and the element-wise kernel's PackedLaunch, ``scalars``) for a kept launch's arguments."""
+    return (_cuda.PackedLaunch(launch.reduce, launch.grid, (_cuda.THREADS,), reduce),
+            _cuda.PackedLaunch(launch.elementwise, (_cuda.grid_stride_blocks(launch.count),), (_cuda.THREADS,),
+                               elementwise), scalars)
+
+
+def _pack_forward(eps: float, momentum: float, relu: bool) -> Callable[[_Launch], tuple]:
+    """The forward's packing, for calls with these scalars. Per call: the reduction's x, weight, running_mean,
+    running_var, mean, invstd and num_batches_tracked, the element-wise kernel's x, y and bias."""
+    P = _cuda.PER_CALL
+    return lambda kept: _packed(kept, *_forward_arguments(kept, P, P, kept.scratch, kept.coef, P, P, P, P, P, P, eps,
+                                                          momentum, relu, P), (eps, momentum, relu))
+
+
+def _pack_backward(kept: _Launch) -> tuple:
+    """The backward's packing. Per call: the reduction's dy, x, relu_output, mean, invstd, weight, dweight and dbias,
+    the element-wise kernel's dy, x, relu_output, mean and dx."""
+    P = _cuda.PER_CALL
+    return _packed(kept, *_backward_arguments(kept, P, P, P, P, P, P, kept.scratch, kept.coef, P, P, P), ())
 
 
 def _scratch(cupy: Any, launch: _Launch) -> tuple[Any, Any]:
@@ -589,7 +616,7 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
                      (3 * grid[1] + 2) * C, 3 * grid[1] * C)
     if _same((x_, weight_, bias_, rm, rv), (x, weight, bias, running_mean, running_var)):
-        _keep(key, launch)
+        _keep(key, launch, _pack_forward(eps, momentum, relu))
     y, mean, invstd = _run_forward_training(launch, x_, weight_, bias_, rm, rv, momentum, eps, relu,
                                             num_batches_tracked)
     if rm is not running_mean:
@@ -602,17 +629,30 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
 def _run_forward_training(launch: _Launch, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                           momentum: float, eps: float, relu: bool, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: x C-contiguous or channels-last as ``launch`` was made for, the vectors
-    contiguous."""
+    contiguous. A kept launch's packed form serves the scalars it was packed with."""
     cupy = backend.cupy()
     y, flat_x, flat_y = _output_like(cupy, x, launch.channels_last)
-    scratch, coef = _scratch(cupy, launch)
     mean, invstd = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
-    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
-                        (flat_x, scratch, launch.counters, *launch.sizes, launch.per, weight,
-                         running_mean, running_var, mean, invstd, coef, _cuda.f64(eps), _cuda.f64(momentum),
-                         num_batches_tracked, *launch.tail))
-    _cuda.launch(launch.elementwise, launch.count, (flat_x, flat_y, coef, bias, _cuda.i32(relu), *launch.sizes_of_x))
+    packed = launch.packed
+    if packed is not None and packed[2] == (eps, momentum, relu):
+        packed[0](flat_x, weight, running_mean, running_var, mean, invstd, num_batches_tracked)
+        packed[1](flat_x, flat_y, bias)
+        return y, mean, invstd
+    scratch, coef = _scratch(cupy, launch)
+    reduce, elementwise = _forward_arguments(launch, flat_x, flat_y, scratch, coef, weight, bias, running_mean,
+                                             running_var, mean, invstd, eps, momentum, relu, num_batches_tracked)
+    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS, reduce)
+    _cuda.launch(launch.elementwise, launch.count, elementwise)
     return y, mean, invstd
+
+
+def _forward_arguments(launch: _Launch, flat_x: Any, flat_y: Any, scratch: Any, coef: Any, weight: Any, bias: Any,
+                       running_mean: Any, running_var: Any, mean: Any, invstd: Any, eps: float, momentum: float,
+                       relu: bool, num_batches_tracked: Any) -> tuple[tuple, tuple]:
+    """The forward's two argument lists, in batchnorm.cu's order: bn_statistics's and bn_apply's."""
+    return ((flat_x, scratch, launch.counters, *launch.sizes, launch.per, weight, running_mean, running_var, mean,
+             invstd, coef, _cuda.f64(eps), _cuda.f64(momentum), num_batches_tracked, *launch.tail),
+            (flat_x, flat_y, coef, bias, _cuda.i32(relu), *launch.sizes_of_x))
 
 
 def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, eps: float,
@@ -652,24 +692,39 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
                      (2 * grid[1] + 3) * C, 2 * grid[1] * C)
     if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
-        _keep(key, launch)
+        _keep(key, launch, _pack_backward)
     return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
 
 
 def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                            relu_output: Any) -> tuple[Any, Any, Any]:
-    """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for."""
+    """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for (a kept
+    launch's through its packed form)."""
     cupy = backend.cupy()
     dx, flat_x, flat_dx = _output_like(cupy, x, launch.channels_last)
     if launch.channels_last:
         dy, relu_output = layout.buffer(dy), None if relu_output is None else layout.buffer(relu_output)
-    scratch, coef = _scratch(cupy, launch)
     dweight, dbias = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
-    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS,
-                        (dy, flat_x, relu_output, mean, scratch, launch.counters, None, invstd,
-                         None, weight, _cuda.f64(0.0), dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail))
-    _cuda.launch(launch.elementwise, launch.count, (dy, flat_x, relu_output, mean, coef, flat_dx, *launch.sizes_of_x))
+    packed = launch.packed
+    if packed is not None:
+        packed[0](dy, flat_x, relu_output, mean, invstd, weight, dweight, dbias)
+        packed[1](dy, flat_x, relu_output, mean, flat_dx)
+        return dx, dweight, dbias
+    scratch, coef = _scratch(cupy, launch)
+    reduce, elementwise = _backward_arguments(launch, dy, flat_x, relu_output, mean, invstd, weight, scratch, coef,
+                                              dweight, dbias, flat_dx)
+    _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS, reduce)
+    _cuda.launch(launch.elementwise, launch.count, elementwise)
     return dx, dweight, dbias
+
+
+def _backward_arguments(launch: _Launch, dy: Any, flat_x: Any, relu_output: Any, mean: Any, invstd: Any, weight: Any,
+                        scratch: Any, coef: Any, dweight: Any, dbias: Any, flat_dx: Any) -> tuple[tuple, tuple]:
+    """The backward's two argument lists, in batchnorm.cu's order: bn_backward_reduce's (no dx, running_var or eps
+    in training) and bn_backward_dx's."""
+    return ((dy, flat_x, relu_output, mean, scratch, launch.counters, None, invstd, None, weight, _cuda.f64(0.0),
+             dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail),
+            (dy, flat_x, relu_output, mean, coef, flat_dx, *launch.sizes_of_x))
 
 
 def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any, eps: float,

@@ -116,35 +116,38 @@ class ImplicitGemm(ConvAlgorithm):
 
     def ready_launch(self, direction: str, problem: ConvProblem) -> Callable[[Any, Any], Any] | None:
         """On the GPU, ``direction`` as its output allocated and one launch of the kernel, grid and shape worked out
-        now for the current device and math mode (:meth:`ConvAlgorithm.ready_launch`). None on the CPU and for a
-        half weight gradient (its float32 accumulator takes more than one launch)."""
+        now for the current device and math mode, packed (_cuda.PackedLaunch; :meth:`ConvAlgorithm.ready_launch`).
+        None on the CPU and for a half weight gradient (its float32 accumulator takes more than one launch)."""
         if problem.device != "cuda" or (direction == "backward_filter" and problem.half_type):
             return None
         tensor_cores = problem.dtype == np.float32 and _cuda.allow_tf32()
         kernel, grid, extra = _launch_configuration(direction, problem, False, False, None, 1, tensor_cores,
                                                     _cuda.current_device())
-        empty, dtype, block, tail = backend.cupy().empty, problem.dtype, (THREADS,), (_shape_struct(problem), *extra)
+        empty, dtype, tail, P = backend.cupy().empty, problem.dtype, (_shape_struct(problem), *extra), _cuda.PER_CALL
         if direction == "forward":
             shape = problem.y_shape
+            packed = _cuda.PackedLaunch(kernel, grid, (THREADS,), (P, P, P, P, *tail))
 
             def launch(x: Any, w: Any) -> Any:
                 y = empty(shape, dtype)
-                kernel(grid, block, (x, w, y, y, *tail))  # y stands in for the absent bias, never read
+                packed(x, w, y, y)  # y stands in for the absent bias, never read
                 return y
         elif direction == "backward_data":
             shape = problem.x_shape
+            packed = _cuda.PackedLaunch(kernel, grid, (THREADS,), (P, P, P, *tail))
 
             def launch(dy: Any, w: Any) -> Any:
                 dx = empty(shape, dtype)
-                kernel(grid, block, (dy, w, dx, *tail))
+                packed(dy, w, dx)
                 return dx
         else:
             shape = problem.w_shape
+            packed = _cuda.PackedLaunch(kernel, grid, (THREADS,), (P, P, P, *tail))
 
             def launch(x: Any, dy: Any) -> Any:
                 dw = empty(shape, dtype)
-                dw.fill(0)  # the split reduction adds into it
-                kernel(grid, block, (x, dy, dw, *tail))
+                dw.data.memset_async(0, dw.nbytes)  # the split reduction adds into it
+                packed(x, dy, dw)
                 return dw
         return launch
 
