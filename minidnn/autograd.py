@@ -238,7 +238,8 @@ class Value:
     def _accumulate_grad(self, grad: Any) -> None:
         # Out of place: one gradient array may be shared by several inputs (e.g. both sides of a + b).
         if self.grad is None:
-            self.grad = self._wrap(grad.astype(self.data.dtype, copy=False), False)
+            dtype = self.data.dtype  # compared first: even a no-op astype costs a GPU array's conversion checks
+            self.grad = self._wrap(grad if grad.dtype == dtype else grad.astype(dtype), False)
         elif half_tensors.made:
             self.grad.data = half_tensors.add(self.grad.data, grad)
         else:
@@ -414,7 +415,8 @@ def _share_version_with_viewed(output: Value, base: Any, tensors: list) -> None:
 
 
 def _versions_of_saved(saved: tuple, args: tuple, output: Value) -> tuple:
-    """(counter, version now, what) for each saved array that is an input's or the output's array."""
+    """(counter, version now, which) for each saved array that is an input's or the output's array: ``which`` is
+    the input's position, or -1 for the output (named only in an error: a step saves hundreds)."""
     records = []
     output_data = output.data
     for array in saved:
@@ -422,19 +424,20 @@ def _versions_of_saved(saved: tuple, args: tuple, output: Value) -> tuple:
             continue
         if array is output_data:
             counter = version_of(output)
-            records.append((counter, counter.value, "its output"))
+            records.append((counter, counter.value, -1))
             continue
         for position, argument in enumerate(args):
             if isinstance(argument, Value) and array is argument.data:
                 counter = version_of(argument)
-                records.append((counter, counter.value, f"its input {position}"))
+                records.append((counter, counter.value, position))
                 break
     return tuple(records)
 
 
 def _check_saved_versions(node: Function) -> None:
-    for counter, expected, what in node.saved_versions:
+    for counter, expected, which in node.saved_versions:
         if counter.value != expected:
+            what = "its output" if which < 0 else f"its input {which}"
             raise RuntimeError(
                 f"one of the arrays needed for gradient computation has been modified by an inplace operation "
                 f"({counter.last}): {what}, saved by {type(node).__name__}, is at version {counter.value}; "

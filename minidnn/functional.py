@@ -90,7 +90,8 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
     _require_tensor(weight, "weight")
     padding = _conv_padding(padding, weight, stride, dilation)
     input, weight, bias = lower_precision(input, weight, bias)
-    return Conv2dFunction.apply(input, weight, bias, stride, padding, dilation, groups)
+    # The hyper-parameters as keywords: apply then looks at the three tensors alone (a step makes this call often).
+    return Conv2dFunction.apply(input, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
 class LinearFunction(Function):
@@ -437,8 +438,10 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     to it in place by the statistics' own kernel, so nn.BatchNorm's count needs no launch of its own."""
     _require_tensor(input, "input")
     if training:
-        return BatchNormTrainingFunction.apply(input, weight, bias, _data(running_mean), _data(running_var), momentum,
-                                               eps, relu, _data(num_batches_tracked))
+        # Everything but the three tensors as keywords, which apply passes through untouched (see conv2d).
+        return BatchNormTrainingFunction.apply(input, weight, bias, running_mean=_data(running_mean),
+                                               running_var=_data(running_var), momentum=momentum, eps=eps, relu=relu,
+                                               num_batches_tracked=_data(num_batches_tracked))
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when training=False")
     return BatchNormInferenceFunction.apply(input, weight, bias, running_mean.data, running_var.data, eps, relu)

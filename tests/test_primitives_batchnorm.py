@@ -488,6 +488,9 @@ def test_gpu_launches_per_direction_and_repeatable_bits(rng, monkeypatch):
         original = getattr(_cuda, name)
         monkeypatch.setattr(_cuda, name, lambda kernel, *args, _original=original, **kwargs:
                             (launches.append(kernel), _original(kernel, *args, **kwargs))[1])
+    packed_call = _cuda.PackedLaunch.__call__  # a kept call's launches
+    monkeypatch.setattr(_cuda.PackedLaunch, "__call__", lambda self, *arrays:
+                        (launches.append(self.kernel), packed_call(self, *arrays))[1])
     x, weight, bias, running_mean, running_var = random_inputs(rng, (64, 5, 33, 35))
     dy = rng.standard_normal(x.shape)
     x, weight, bias, dy, running_mean, running_var = on(cupy, x, weight, bias, dy, running_mean, running_var)
