@@ -169,12 +169,13 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
                 engine.step()
                 engine.synchronize()
                 record.update(engine.memory())
+            if engine_name == "minidnn":  # before any CUPTI session, which may leave its hooks in the driver's calls
+                record["host_by_call"] = host_time_by_call(engine, 5)
             if engine_name != "minidnn-graph":  # a replay runs the eager step's kernels: counted there
                 record.update(measure.profile_steps(engine, 3))
                 record["kernels_by_name"] = kernel_names(engine, 2)
                 record["driver_calls"], record["longest_driver_calls"] = driver_calls(engine, 3)
             if engine_name == "minidnn":
-                record["host_by_call"] = host_time_by_call(engine, 5)
                 engine.synchronize()
                 profile = cProfile.Profile()
                 profile.enable()
