@@ -953,3 +953,54 @@ def test_half_precision_needs_float32_vectors_and_the_naive_engine_refuses_it(xp
         batch_norm_forward_training(x, xp.ones(3, dtype=np.float64), None, None, None)
     with pytest.raises(TypeError, match="x must be a float32 or float64 array"):
         plain.batch_norm_forward_training(x, None, None, None, None)
+
+
+def test_a_kept_launch_packs_one_pair_per_set_of_scalars(monkeypatch):
+    """Layers of one shape share a kept launch, and a ResNet block's two batch norms differ in relu: each set of
+    scalars gets its own packed pair on its first kept call, later calls reuse it, and each call hands its arrays over
+    in the kernels' order. Run on the CPU with stand-ins for CuPy's allocation and for PackedLaunch."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives import _cuda, batchnorm  # noqa: PLC0415
+
+    made, launched = [], []
+
+    class Recorded:
+        def __init__(self, kernel, grid, block, arguments, shared_bytes=0):
+            self.kernel, self.arguments = kernel, arguments
+            made.append(self)
+
+        def __call__(self, *arrays):
+            launched.append((self, arrays))
+
+    monkeypatch.setattr(backend, "cupy", lambda: SimpleNamespace(empty=np.empty))
+    monkeypatch.setattr(_cuda, "PackedLaunch", Recorded)
+    monkeypatch.setattr(_cuda, "grid_stride_blocks", lambda count, threads=_cuda.THREADS: 1)
+    i32 = _cuda.i32
+    launch = batchnorm._Launch("reduce", "elementwise", (3, 2), i32(4), (i32(2), i32(3), i32(5)), (), 30, False, 3,
+                               np.dtype(np.float32), (i32(3), i32(5), i32(30)), "counters", 21, 18,
+                               scratch="scratch", coef="coef", packed={})
+    x, weight, bias, mean_stat, var_stat, count = (np.zeros(s, np.float32) for s in ((2, 3, 5), 3, 3, 3, 3, 1))
+    pairs = []
+    for relu in (False, True, False, True):
+        launched.clear()
+        y, mean, invstd = batchnorm._run_forward_training(launch, x, weight, bias, mean_stat, var_stat, 0.1, 1e-5,
+                                                          relu, count)
+        (reduce, reduce_arrays), (elementwise, elementwise_arrays) = launched
+        assert reduce.kernel == "reduce" and elementwise.kernel == "elementwise"
+        assert [a is b for a, b in zip(reduce_arrays, (x, weight, mean_stat, var_stat, mean, invstd, count))] == [True] * 7
+        assert elementwise_arrays[1] is y and elementwise_arrays[2] is bias
+        assert elementwise.arguments[4] == i32(relu)  # the packed relu is the call's
+        pairs.append((reduce, elementwise))
+    assert len(made) == 4 and pairs[0] == pairs[2] and pairs[1] == pairs[3] and pairs[0] != pairs[1]
+    assert set(launch.packed) == {(1e-5, 0.1, False), (1e-5, 0.1, True)}
+
+    dy = np.zeros_like(x)
+    for _ in range(2):
+        launched.clear()
+        dx, dweight, dbias = batchnorm._run_backward_training(launch, dy, x, weight, mean, invstd, None)
+        (reduce, reduce_arrays), (elementwise, elementwise_arrays) = launched
+        assert [a is b for a, b in zip(reduce_arrays, (dy, x, None, mean, invstd, weight, dweight, dbias))] == [True] * 8
+        assert elementwise_arrays[4] is dx
+    assert len(made) == 6  # one backward pair, reused

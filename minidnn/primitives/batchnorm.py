@@ -41,7 +41,7 @@ type, not bit for bit.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -443,9 +443,10 @@ class _Launch(NamedTuple):
     # each other on the stream, so each may reuse the one before's.
     scratch: Any = None
     coef: Any = None
-    # A kept launch's two _cuda.PackedLaunch and the scalars they were packed with (a call with others launches
-    # through CuPy): (reduction, element-wise, scalars), or None.
-    packed: tuple | None = None
+    # A kept launch's packed launches (_cuda.PackedLaunch), (reduction, element-wise), by the scalars they were packed
+    # with: (eps, momentum, relu) forward, () backward. Layers of one shape share a key, and a ResNet block's two
+    # batch norms differ in relu, so each set of scalars gets its pair on its first kept call. None until kept.
+    packed: dict | None = None
 
 
 def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
@@ -455,11 +456,11 @@ def _plain_scalars(momentum: Any, eps: Any, relu: Any) -> bool:
         and 0.0 < eps < math.inf
 
 
-def _keep(key: tuple | None, launch: _Launch, pack: Callable[[_Launch], tuple]) -> None:
+def _keep(key: tuple | None, launch: _Launch) -> None:
     """Keep ``launch`` for ``key``'s later calls, with a scratch of its own taken from the device, not the caching
     pool: a block of the pool kept for the process's life would pin the chunk it was carved from (gpu.md, A training
-    step as one CUDA graph), and with its launches packed (``pack``: _pack_forward or _pack_backward's packing).
-    Nothing is kept while a CUDA graph is being captured, whose memory is the graph's."""
+    step as one CUDA graph), and a table for its packed launches. Nothing is kept while a CUDA graph is being
+    captured, whose memory is the graph's."""
     if key is None:
         return
     cupy = backend.cupy()
@@ -469,30 +470,25 @@ def _keep(key: tuple | None, launch: _Launch, pack: Callable[[_Launch], tuple]) 
         _launches.clear()
     memory = cupy.cuda.memory.Memory(8 * launch.scratch_values)
     scratch = cupy.ndarray((launch.scratch_values,), dtype=np.float64, memptr=cupy.cuda.MemoryPointer(memory, 0))
-    kept = launch._replace(scratch=scratch, coef=scratch[launch.coef_offset:])
-    _launches[key] = kept._replace(packed=pack(kept))
+    _launches[key] = launch._replace(scratch=scratch, coef=scratch[launch.coef_offset:], packed={})
 
 
-def _packed(launch: _Launch, reduce: tuple, elementwise: tuple, scalars: tuple) -> tuple:
-    """(the reduction's and the element-wise kernel's PackedLaunch, ``scalars``) for a kept launch's arguments."""
-    return (_cuda.PackedLaunch(launch.reduce, launch.grid, (_cuda.THREADS,), reduce),
-            _cuda.PackedLaunch(launch.elementwise, (_cuda.grid_stride_blocks(launch.count),), (_cuda.THREADS,),
-                               elementwise), scalars)
+# The most sets of scalars one kept launch packs for (a momentum changed every step would otherwise grow the table).
+_MOST_PACKS = 16
 
 
-def _pack_forward(eps: float, momentum: float, relu: bool) -> Callable[[_Launch], tuple]:
-    """The forward's packing, for calls with these scalars. Per call: the reduction's x, weight, running_mean,
-    running_var, mean, invstd and num_batches_tracked, the element-wise kernel's x, y and bias."""
-    P = _cuda.PER_CALL
-    return lambda kept: _packed(kept, *_forward_arguments(kept, P, P, kept.scratch, kept.coef, P, P, P, P, P, P, eps,
-                                                          momentum, relu, P), (eps, momentum, relu))
-
-
-def _pack_backward(kept: _Launch) -> tuple:
-    """The backward's packing. Per call: the reduction's dy, x, relu_output, mean, invstd, weight, dweight and dbias,
-    the element-wise kernel's dy, x, relu_output, mean and dx."""
-    P = _cuda.PER_CALL
-    return _packed(kept, *_backward_arguments(kept, P, P, P, P, P, P, kept.scratch, kept.coef, P, P, P), ())
+def _packs_for(launch: _Launch, scalars: tuple, arguments: tuple[tuple, tuple]) -> tuple[Any, Any]:
+    """The kept ``launch``'s packed (reduction, element-wise) pair for ``scalars``, made from ``arguments`` (the two
+    argument lists with _cuda.PER_CALL where each call passes its arrays) on its first call."""
+    packs = launch.packed
+    if len(packs) >= _MOST_PACKS:
+        packs.clear()
+    reduce, elementwise = arguments
+    pair = packs[scalars] = (
+        _cuda.PackedLaunch(launch.reduce, launch.grid, (_cuda.THREADS,), reduce),
+        _cuda.PackedLaunch(launch.elementwise, (_cuda.grid_stride_blocks(launch.count),), (_cuda.THREADS,),
+                           elementwise))
+    return pair
 
 
 def _scratch(cupy: Any, launch: _Launch) -> tuple[Any, Any]:
@@ -616,7 +612,7 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
                      (3 * grid[1] + 2) * C, 3 * grid[1] * C)
     if _same((x_, weight_, bias_, rm, rv), (x, weight, bias, running_mean, running_var)):
-        _keep(key, launch, _pack_forward(eps, momentum, relu))
+        _keep(key, launch)
     y, mean, invstd = _run_forward_training(launch, x_, weight_, bias_, rm, rv, momentum, eps, relu,
                                             num_batches_tracked)
     if rm is not running_mean:
@@ -629,14 +625,19 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
 def _run_forward_training(launch: _Launch, x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                           momentum: float, eps: float, relu: bool, num_batches_tracked: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: x C-contiguous or channels-last as ``launch`` was made for, the vectors
-    contiguous. A kept launch's packed form serves the scalars it was packed with."""
+    contiguous; a kept launch's through its packed pair for these scalars."""
     cupy = backend.cupy()
     y, flat_x, flat_y = _output_like(cupy, x, launch.channels_last)
     mean, invstd = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
-    packed = launch.packed
-    if packed is not None and packed[2] == (eps, momentum, relu):
-        packed[0](flat_x, weight, running_mean, running_var, mean, invstd, num_batches_tracked)
-        packed[1](flat_x, flat_y, bias)
+    if launch.packed is not None:
+        scalars = (eps, momentum, relu)
+        pair = launch.packed.get(scalars)
+        if pair is None:  # per call: the reduction's x, weight, running statistics, mean, invstd and count; x, y, bias
+            P = _cuda.PER_CALL
+            pair = _packs_for(launch, scalars, _forward_arguments(launch, P, P, launch.scratch, launch.coef, P, P, P, P,
+                                                                  P, P, eps, momentum, relu, P))
+        pair[0](flat_x, weight, running_mean, running_var, mean, invstd, num_batches_tracked)
+        pair[1](flat_x, flat_y, bias)
         return y, mean, invstd
     scratch, coef = _scratch(cupy, launch)
     reduce, elementwise = _forward_arguments(launch, flat_x, flat_y, scratch, coef, weight, bias, running_mean,
@@ -692,7 +693,7 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
                      (2 * grid[1] + 3) * C, 2 * grid[1] * C)
     if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
-        _keep(key, launch, _pack_backward)
+        _keep(key, launch)
     return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
 
 
@@ -705,10 +706,14 @@ def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: 
     if launch.channels_last:
         dy, relu_output = layout.buffer(dy), None if relu_output is None else layout.buffer(relu_output)
     dweight, dbias = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
-    packed = launch.packed
-    if packed is not None:
-        packed[0](dy, flat_x, relu_output, mean, invstd, weight, dweight, dbias)
-        packed[1](dy, flat_x, relu_output, mean, flat_dx)
+    if launch.packed is not None:
+        pair = launch.packed.get(())
+        if pair is None:  # per call: the reduction's dy, x, relu_output, mean, invstd, weight, dweight, dbias; and dx's
+            P = _cuda.PER_CALL
+            pair = _packs_for(launch, (), _backward_arguments(launch, P, P, P, P, P, P, launch.scratch, launch.coef, P,
+                                                              P, P))
+        pair[0](dy, flat_x, relu_output, mean, invstd, weight, dweight, dbias)
+        pair[1](dy, flat_x, relu_output, mean, flat_dx)
         return dx, dweight, dbias
     scratch, coef = _scratch(cupy, launch)
     reduce, elementwise = _backward_arguments(launch, dy, flat_x, relu_output, mean, invstd, weight, scratch, coef,
