@@ -492,9 +492,7 @@ def _packs_for(launch: _Launch, scalars: tuple, arguments: tuple[tuple, tuple]) 
 
 
 def _scratch(cupy: Any, launch: _Launch) -> tuple[Any, Any]:
-    """(the float64 scratch, its coef part) of one call: the kept launch's own, or new ones."""
-    if launch.scratch is not None:
-        return launch.scratch, launch.coef
+    """(a new float64 scratch, its coef part) for a checked call (a kept launch's packed pairs hold its own)."""
     scratch = cupy.empty(launch.scratch_values, dtype=cupy.float64)
     return scratch, scratch[launch.coef_offset:]
 
