@@ -1,6 +1,8 @@
 """Test helpers: device transfer, tolerances and central-difference gradients."""
 from __future__ import annotations
 
+import ctypes
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -164,3 +166,29 @@ def assert_half_twins_agree(on_gpu: Any, on_cpu: Any, name: str, sums_apart: np.
         ulp *= 2.0 ** 16  # bfloat16 keeps 7 of float32's 23 fraction bits
     assert np.all(np.abs(gpu - cpu) <= ulp + sums_apart)
     assert np.mean(gpu == cpu) > 0.9
+
+
+class StandInArray:
+    """What a packed launch (``_cuda.PackedLaunch``) reads of a CuPy array: its type and its address."""
+
+    def __init__(self, address: int) -> None:
+        self.data = SimpleNamespace(ptr=address)
+
+
+def stand_in_driver(monkeypatch: Any) -> SimpleNamespace:
+    """A stand-in CuPy (arrays: :class:`StandInArray`) whose driver records each launch with the bytes its parameter
+    pointers point at: set the returned state's ``sizes`` to the parameters' sizes in bytes before launching. Its
+    ``context`` is the current CUDA context; ``launches`` holds (function, grid, block, shared bytes, stream,
+    parameters' bytes, extra) per launch. (A fixture: ``driver = pytest.fixture(name="driver")(stand_in_driver)``.)"""
+    state = SimpleNamespace(context=7, launches=[], sizes=None)
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
+        pointers = (ctypes.c_uint64 * len(state.sizes)).from_address(parameters)
+        values = [ctypes.string_at(pointers[i], size) for i, size in enumerate(state.sizes)]
+        state.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra))
+
+    stand_in = SimpleNamespace(ndarray=StandInArray, cuda=SimpleNamespace(
+        driver=SimpleNamespace(launchKernel=launch_kernel, ctxGetCurrent=lambda: state.context),
+        stream=SimpleNamespace(get_current_stream_ptr=lambda: 4242)))
+    monkeypatch.setattr(backend, "cupy", lambda: stand_in)
+    return state

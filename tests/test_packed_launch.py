@@ -1,7 +1,6 @@
 """_cuda.PackedLaunch: a kept launch's arguments packed once, the per-call arrays' addresses rewritten, the driver
 called with the slots' addresses. On the CPU with a stand-in for CuPy's driver (the bytes each parameter pointer
 points at are read back); on the GPU against the same kernel launched through CuPy."""
-import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,32 +8,11 @@ import pytest
 
 from minidnn import backend
 from minidnn.primitives import _cuda
+from tests.helpers import StandInArray, stand_in_driver
+
+driver = pytest.fixture(name="driver")(stand_in_driver)
 
 STRUCT = np.dtype([(f"f{i}", np.int32) for i in range(16)])
-
-
-class StandInArray:
-    """What PackedLaunch reads of a CuPy array: its type and its address."""
-
-    def __init__(self, address):
-        self.data = SimpleNamespace(ptr=address)
-
-
-@pytest.fixture
-def driver(monkeypatch):
-    """A stand-in CuPy whose driver records each launch with the values its parameter pointers point at."""
-    state = SimpleNamespace(context=7, launches=[], sizes=None)
-
-    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
-        pointers = (ctypes.c_uint64 * len(state.sizes)).from_address(parameters)
-        values = [ctypes.string_at(pointers[i], size) for i, size in enumerate(state.sizes)]
-        state.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra))
-
-    stand_in = SimpleNamespace(ndarray=StandInArray, cuda=SimpleNamespace(
-        driver=SimpleNamespace(launchKernel=launch_kernel, ctxGetCurrent=lambda: state.context),
-        stream=SimpleNamespace(get_current_stream_ptr=lambda: 4242)))
-    monkeypatch.setattr(backend, "cupy", lambda: stand_in)
-    return state
 
 
 def test_the_slots_hold_each_argument_and_each_call_rewrites_only_its_arrays(driver):
@@ -79,6 +57,40 @@ def test_another_context_launches_through_cupy_and_bad_arguments_are_refused(dri
         packed(first, first)
     with pytest.raises(TypeError, match="use i32 and f64"):
         _cuda.PackedLaunch(kernel, (1,), (32,), (3,))  # a Python int: CuPy would pass 64 bits
+
+
+def test_a_scalar_or_struct_rewritten_through_its_view_is_what_the_next_calls_pass(driver):
+    """A multi-tensor update writes each call's table of addresses and hyper-parameters into its packed arguments:
+    the driver then reads the new bytes, and so does a call from another context, which goes through CuPy."""
+    rng = np.random.default_rng()
+    calls = []
+
+    def kernel(grid, block, arguments, shared_mem=0):
+        calls.append(arguments)
+
+    kernel.ptr = 5
+    struct = np.zeros(1, dtype=STRUCT)[0]
+    P = _cuda.PER_CALL
+    packed = _cuda.PackedLaunch(kernel, (1,), (32,), (struct, _cuda.f64(0.5), P, _cuda.i32(1)))
+    driver.sizes = [64, 8, 8, 4]
+    values = rng.integers(-2**31, 2**31, 16)
+    table = packed.argument_view(0)
+    table[0] = tuple(int(v) for v in values)
+    d = float(rng.standard_normal())
+    packed.argument_view(1)[0] = d
+    packed(StandInArray(0x1000))
+    (*_, parameters, _), = driver.launches
+    np.testing.assert_array_equal(np.frombuffer(parameters[0], np.int32), values)
+    assert np.frombuffer(parameters[1], np.float64)[0] == d
+    assert np.frombuffer(parameters[3], np.int32)[0] == 1  # untouched: as packed
+    driver.context = 8
+    table["f2"] = 77
+    packed(None)
+    (passed_struct, passed_double, array, passed_int), = calls
+    assert passed_struct["f2"] == 77 and passed_struct["f3"] == values[3] and passed_double == d and array is None
+    assert passed_int == _cuda.i32(1)
+    with pytest.raises(TypeError, match="argument 2 is not a scalar or struct"):
+        packed.argument_view(2)
 
 
 ECHO = r"""

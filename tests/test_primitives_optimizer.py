@@ -3,16 +3,20 @@ multi-tensor launch plan, the kernel's table layout, device-resident hyper-param
 from __future__ import annotations
 
 import math
+import operator
 import os
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from minidnn.primitives import _cuda, optimizer
 from minidnn.primitives.optimizer import adam_update, adam_update_multi, sgd_update, sgd_update_multi
-from tests.helpers import assert_close, to_numpy
+from tests.helpers import assert_close, stand_in_driver, to_numpy
+
+driver = pytest.fixture(name="driver")(stand_in_driver)
 
 # More tensors than one launch takes (MAX_TENSORS), empty ones, 0-d and 1-element ones, odd sizes, and
 # one large enough to span many blocks of a launch.
@@ -235,6 +239,114 @@ def test_launch_plan_covers_every_element_once_within_the_table(sizes):
         assert all(end == next_start for (_, end), (next_start, _) in zip(ranges, ranges[1:])), tensor
 
 
+def test_kept_launches_pass_each_calls_addresses_and_hyper_parameters(driver, monkeypatch):
+    """A multi-tensor update keeps one packed launch per chunk of its plan: each call writes its arrays' addresses
+    into the packed table and its scalars into their slots. On the CPU with a stand-in driver that reads back each
+    parameter's bytes, and stand-in arrays (their sizes and addresses)."""
+    rng = np.random.default_rng()
+    monkeypatch.setattr(_cuda, "function", lambda *names: SimpleNamespace(kernel=SimpleNamespace(ptr=0xF00D)))
+    monkeypatch.setattr(optimizer, "_kept", {})
+    sizes = [int(v) for v in rng.integers(1, 5000, 50)]
+    sizes[7] = 0  # left out of the table
+
+    def arrays(start):
+        return [SimpleNamespace(size=n, dtype=np.dtype(np.float32), data=SimpleNamespace(ptr=start + 256 * i,
+                                                                                          device_id=0))
+                for i, n in enumerate(sizes)]
+
+    f64, i32 = _cuda.f64, _cuda.i32
+    lr, found_inf = SimpleNamespace(data=SimpleNamespace(ptr=0xAB00)), SimpleNamespace(data=SimpleNamespace(ptr=0xCD00))
+    params, buffers = arrays(0x10_0000), arrays(0x20_0000)
+    driver.sizes = [optimizer._TABLE.itemsize, 8, 8, 8, 8, 8, 4, 4, 4, 8]  # the table, lr, five doubles, three ints
+    plan = optimizer.launch_plan(tuple(sizes))
+    for step, (momentum, first_step, flag) in enumerate(((0.9, 1, None), (0.5, 0, found_inf))):
+        grads = arrays(0x30_0000 + 0x1_0000 * step)  # new gradients each step
+        scalars = (f64(0.0), f64(momentum), f64(0.25 * step), f64(rng.uniform()), i32(step), i32(1 - step),
+                   i32(first_step))
+        driver.launches.clear()
+        optimizer._launch_chunks("sgd_update_multi", [params, grads, buffers], (lr, *scalars, flag))
+        assert len(driver.launches) == len(plan) == 2 and len(optimizer._kept) == 1
+        for (function, grid, block, *_, values, _), (indices, per_block, block_tensor, block_start) in \
+                zip(driver.launches, plan):
+            assert function == 0xF00D and grid == (block_tensor.size, 1, 1) and block == (optimizer.THREADS, 1, 1)
+            table = np.frombuffer(values[0], optimizer._TABLE)[0]
+            n = len(indices)
+            for position, listed in enumerate((params, grads, buffers)):
+                assert table["pointers"][position, :n].tolist() == [listed[i].data.ptr for i in indices]
+            assert not table["pointers"][3:].any() and not table["pointers"][:, n:].any()
+            assert table["sizes"][:n].tolist() == [sizes[i] for i in indices]
+            assert table["block_tensor"][:block_tensor.size].tolist() == block_tensor.tolist()
+            assert table["block_start"][:block_start.size].tolist() == block_start.tolist()
+            assert table["elements_per_block"] == per_block
+            assert int.from_bytes(values[1], "little") == lr.data.ptr
+            assert [np.frombuffer(v, s.dtype)[0] for v, s in zip(values[2:9], scalars)] == list(scalars)
+            assert int.from_bytes(values[9], "little") == (0 if flag is None else flag.data.ptr)
+
+
+class DeviceArray(np.ndarray):
+    """A stand-in CuPy array: NumPy's, on GPU ``device_id`` (what the argument checks read of a CuPy array)."""
+
+    __module__ = "cupy_stand_in"  # backend.is_cuda_array: a CuPy type
+    device_id = 0
+
+    @property
+    def data(self):
+        return SimpleNamespace(device_id=self.device_id, ptr=self.ctypes.data)
+
+    @property
+    def device(self):
+        return SimpleNamespace(id=self.device_id)
+
+
+def test_steady_calls_check_only_the_new_gradients_and_still_refuse_bad_arrays(monkeypatch):
+    """On the GPU an optimizer's step passes the same parameters and state arrays each step: a repeat checks only its
+    gradients, and a bad array, new or beside new parameters, still gets its itemised error. Stand-in GPU arrays."""
+    rng = np.random.default_rng()
+    monkeypatch.setattr(optimizer, "_passed", {})
+    reads = []
+    device = operator.attrgetter("data.device_id")
+    monkeypatch.setattr(optimizer, "_device", lambda array: (reads.append(1), device(array))[1])
+    shapes = [(3, 5), (7,), (2, 3, 2, 2), (1,), (4, 4)]
+
+    def on_gpu(shapes, dtype=np.float32):
+        return [rng.standard_normal(shape).astype(dtype).view(DeviceArray) for shape in shapes]
+
+    params, buffers = on_gpu(shapes), on_gpu(shapes)
+
+    def check(params, grads, buffers):
+        optimizer._check_lists(optimizer._multi_names, [("param", params), ("grad", grads),
+                                                        ("momentum_buffer", buffers)])
+
+    for expected_reads in (3 * len(shapes), len(shapes), len(shapes)):
+        reads.clear()
+        check(params, on_gpu(shapes), buffers)
+        assert len(reads) == expected_reads
+    other_device = on_gpu(shapes)
+    other_device[2].device_id = 1
+    transposed = on_gpu(shapes)
+    transposed[4] = transposed[4].T
+    bad = [
+        (lambda: check(params, on_gpu(shapes[:1] + [(5, 3)] + shapes[2:]), buffers), ValueError,
+         r"grads\[1\] must have params\[1\]'s shape \(7,\), got \(5, 3\)"),
+        (lambda: check(params, on_gpu(shapes, np.float64), buffers), TypeError,
+         r"grads\[0\] must have params\[0\]'s dtype float32, got float64"),
+        (lambda: check(params, other_device, buffers), ValueError,
+         r"grads\[2\] must be on params\[0\]'s device cuda:0, got cuda:1"),
+        (lambda: check(params, transposed, buffers), ValueError, r"grads\[4\] must be a C-contiguous or channels-last"),
+        (lambda: check(params, [np.zeros(s, np.float32) for s in shapes], buffers), ValueError,
+         r"grads\[0\] must be on params\[0\]'s device cuda:0, got cpu"),
+        # New parameters of other shapes beside the same buffers: the buffers no longer fit them.
+        (lambda: check(on_gpu([(5, 3)] + shapes[1:]), on_gpu([(5, 3)] + shapes[1:]), buffers), ValueError,
+         r"momentum_buffers\[0\] must have params\[0\]'s shape \(5, 3\), got \(3, 5\)"),
+        (lambda: check(params, on_gpu(shapes), buffers[:3] + on_gpu([(2,), (4, 4)])), ValueError,
+         r"momentum_buffers\[3\] must have params\[3\]'s shape"),
+    ]
+    for call, error, message in bad:
+        with pytest.raises(error, match=message):
+            call()
+        check(params, on_gpu(shapes), buffers)  # the good lists still pass
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_table_layout_matches_the_kernels_struct(tmp_path):
     """The NumPy dtype that builds the table has the C struct's size and field offsets, and the Python
@@ -266,9 +378,11 @@ int main() {
 def test_gpu_one_launch_per_chunk_of_tensors(rng, monkeypatch):
     cupy = __import__("cupy")
     launches = []
-    original = _cuda.launch_blocks
+    original, packed = _cuda.launch_blocks, _cuda.PackedLaunch.__call__  # a single update's launch, the kept ones
     monkeypatch.setattr(_cuda, "launch_blocks", lambda kernel, blocks, *args, **kwargs:
                         (launches.append(blocks), original(kernel, blocks, *args, **kwargs))[1])
+    monkeypatch.setattr(_cuda.PackedLaunch, "__call__", lambda self, *arrays:
+                        (launches.append(self.grid[0]), packed(self, *arrays))[1])
     nonempty = sum(1 for shape in SHAPES if math.prod(shape))
     chunks = -(-nonempty // optimizer.MAX_TENSORS)
     assert chunks == 2 < nonempty

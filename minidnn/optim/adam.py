@@ -44,7 +44,7 @@ class Adam(Optimizer):
         with no_grad():
             for index, group in enumerate(self.param_groups):
                 beta1, beta2 = group["betas"]
-                batches: dict[tuple, list[Any]] = {}  # (device, dtype, step count) -> parameters
+                batches: dict[tuple, list[Any]] = {}  # (device index, dtype, step count) -> parameters
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -55,8 +55,9 @@ class Adam(Optimizer):
                         if group["amsgrad"]:
                             state["max_exp_avg_sq"] = xp.zeros_like(p.data)
                     state["step"] += 1
-                    batches.setdefault((backend.device_of(p.data), p.data.dtype, state["step"]), []).append(p)
-                for (device, _, step), params in batches.items():
+                    batches.setdefault((backend.device_index(p.data), p.data.dtype, state["step"]), []).append(p)
+                for (_, _, step), params in batches.items():
+                    device = backend.device_of(params[0].data)
                     states = [self.state[p] for p in params]
                     maxima = [state.get("max_exp_avg_sq") for state in states] if group["amsgrad"] else None
                     library.adam_update_multi([p.data for p in params], [contiguous_grad(p) for p in params],

@@ -43,7 +43,7 @@ class SGD(Optimizer):
     def step(self, found_inf: Mapping[backend.Device, Any] | None = None) -> None:
         with no_grad():
             for index, group in enumerate(self.param_groups):
-                batches: dict[tuple, list[Any]] = {}  # (device, dtype, first step?) -> parameters
+                batches: dict[tuple, list[Any]] = {}  # (device index, dtype, first step?) -> parameters
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -51,8 +51,9 @@ class SGD(Optimizer):
                     first_step = "momentum_buffer" not in state
                     if group["momentum"] and first_step:
                         state["momentum_buffer"] = backend.get_array_module(p.data).zeros_like(p.data)
-                    batches.setdefault((backend.device_of(p.data), p.data.dtype, first_step), []).append(p)
-                for (device, _, first_step), params in batches.items():
+                    batches.setdefault((backend.device_index(p.data), p.data.dtype, first_step), []).append(p)
+                for (_, _, first_step), params in batches.items():
+                    device = backend.device_of(params[0].data)
                     buffers = [self.state[p]["momentum_buffer"] for p in params] if group["momentum"] else None
                     library.sgd_update_multi([p.data for p in params], [contiguous_grad(p) for p in params], buffers,
                                              lr=self._learning_rate(index, group, device), momentum=group["momentum"],

@@ -287,13 +287,15 @@ class PackedLaunch:
 
     ``arguments``: as a RawKernel takes them: CuPy arrays and None (a null pointer), NumPy scalars and structs
     (``np.void``); :data:`PER_CALL` marks the positions whose arrays (or None) each call passes, in that order.
-    ``grid`` and ``block`` are fixed. A call made in another CUDA context than the one the launch was packed in (another
+    A scalar or struct may be rewritten between calls through :meth:`argument_view` (a multi-tensor update's table
+    of addresses, its hyper-parameters). ``grid`` and ``block`` are fixed. A call made in another CUDA context than the one the launch was packed in (another
     GPU, a thread without one) goes through CuPy instead, with the same arguments. The slots are shared: not for two
     threads at once (minidnn queues its work on one stream, from one thread).
     """
 
-    __slots__ = ("kernel", "grid", "block", "shared_bytes", "arguments", "_slots", "_per_call", "_function",
-                 "_context", "_parameters", "_parameters_address", "_launch", "_context_now", "_stream_now")
+    __slots__ = ("kernel", "grid", "block", "shared_bytes", "arguments", "_slots", "_offsets", "_per_call",
+                 "_function", "_context", "_parameters", "_parameters_address", "_launch", "_context_now",
+                 "_stream_now")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], arguments: Sequence[Any],
                  shared_bytes: int = 0) -> None:
@@ -318,6 +320,7 @@ class PackedLaunch:
                 self._slots[start // 8] = argument.data.ptr
             elif isinstance(argument, np.generic):
                 raw[start:start + argument.itemsize] = np.frombuffer(argument.tobytes(), dtype=np.uint8)
+        self._offsets = tuple(offsets)
         self._per_call = tuple(start // 8 for argument, start in zip(self.arguments, offsets) if argument is PER_CALL)
         base = self._slots.ctypes.data
         self._parameters = np.array([base + start for start in offsets] or [base], dtype=np.uint64)
@@ -333,10 +336,11 @@ class PackedLaunch:
         """Launch with ``arrays`` (CuPy arrays or None) in the PER_CALL positions, on the current stream."""
         if len(arrays) != len(self._per_call):
             raise TypeError(f"this launch takes {len(self._per_call)} arrays, got {len(arrays)}")
-        if self._context_now() != self._context:
+        if self._context_now() != self._context:  # the scalars and structs as they are now packed
             arrays = iter(arrays)
-            self.kernel(self.grid, self.block, tuple(next(arrays) if a is PER_CALL else a for a in self.arguments),
-                        shared_mem=self.shared_bytes)
+            self.kernel(self.grid, self.block, tuple(
+                next(arrays) if a is PER_CALL else self.argument_view(i)[0] if isinstance(a, np.generic) else a
+                for i, a in enumerate(self.arguments)), shared_mem=self.shared_bytes)
             return
         slots = self._slots
         for slot, array in zip(self._per_call, arrays):
@@ -344,6 +348,15 @@ class PackedLaunch:
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         self._launch(self._function, gx, gy, gz, bx, by, bz, self.shared_bytes, self._stream_now(),
                      self._parameters_address, 0)
+
+    def argument_view(self, position: int) -> np.ndarray:
+        """Argument ``position`` (a scalar or struct) as packed: a one-element NumPy array of its dtype over its slot,
+        so that what is written into it is what the next calls pass."""
+        argument = self.arguments[position]
+        if not isinstance(argument, np.generic):
+            raise TypeError(f"argument {position} is not a scalar or struct, got {argument!r}")
+        start = self._offsets[position]
+        return self._slots.view(np.uint8)[start:start + argument.itemsize].view(argument.dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -626,7 +626,8 @@ def _run_forward_training(launch: _Launch, x: Any, weight: Any, bias: Any, runni
     contiguous; a kept launch's through its packed pair for these scalars."""
     cupy = backend.cupy()
     y, flat_x, flat_y = _output_like(cupy, x, launch.channels_last)
-    mean, invstd = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
+    # Two allocations: unpacking the two rows of one array costs the host more than a second allocation.
+    mean, invstd = cupy.empty(launch.C, dtype=launch.vector_dtype), cupy.empty(launch.C, dtype=launch.vector_dtype)
     if launch.packed is not None:
         scalars = (eps, momentum, relu)
         pair = launch.packed.get(scalars)
@@ -703,7 +704,7 @@ def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: 
     dx, flat_x, flat_dx = _output_like(cupy, x, launch.channels_last)
     if launch.channels_last:
         dy, relu_output = layout.buffer(dy), None if relu_output is None else layout.buffer(relu_output)
-    dweight, dbias = cupy.empty((2, launch.C), dtype=launch.vector_dtype)  # one array whose rows are returned
+    dweight, dbias = cupy.empty(launch.C, dtype=launch.vector_dtype), cupy.empty(launch.C, dtype=launch.vector_dtype)
     if launch.packed is not None:
         pair = launch.packed.get(())
         if pair is None:  # per call: the reduction's dy, x, relu_output, mean, invstd, weight, dweight, dbias; and dx's

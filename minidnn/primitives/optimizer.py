@@ -25,6 +25,9 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
+import weakref
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -373,6 +376,8 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
     first = params[0]
     check_float(first, names("param", 0))
     device_id = first.data.device_id if backend.is_cuda_array(first) else None  # (same type: same library)
+    if device_id is not None and _steady_lists_pass(lists, device_id):
+        return
     # An optimizer step checks hundreds of arrays: one cheap test each, the itemised checks (and their
     # messages) only for an array that fails it.
     for name, arrays in lists:
@@ -382,6 +387,62 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
                     and (array.flags.c_contiguous if name == "param" else layout.same_order(array, params[i]))
                     and (device_id is None or array.data.device_id == device_id)):
                 _check_array(names, name, i, array, params)
+
+
+# The steady state of a training step on the GPU: its optimizer passes the same parameters and state arrays every step
+# and new gradients of the same shapes. The arrays of the last lists that passed (all but the gradients), held weakly
+# and keyed by their names, pass again as the same objects: a CuPy array's dtype, size, device and contiguity are
+# fixed for its life. Every other array takes a few list-wide comparisons against the parameters, in C, and any
+# failure the itemised checks below, which say what is wrong.
+_passed: dict[tuple, list] = {}
+_MOST_PASSED = 16
+_shape, _strides, _dtype, _device = (operator.attrgetter(name) for name in ("shape", "strides", "dtype",
+                                                                           "data.device_id"))
+_call_reference = weakref.ref.__call__
+
+
+@functools.lru_cache(maxsize=256)
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of ``shape`` (every axis's, lengths of 1 and 0 included)."""
+    strides, step = [], itemsize
+    for length in reversed(shape):
+        strides.append(step)
+        step *= max(length, 1)
+    return tuple(reversed(strides))
+
+
+def _steady_lists_pass(lists: list[tuple[str, Any]], device_id: int) -> bool:
+    """Whether every array of ``lists`` (CuPy arrays, params first) passes :func:`_check_lists` by the steady state's
+    quick tests; False sends the call to the itemised checks. See ``_passed``."""
+    (_, params), *states = lists
+    first = params[0]
+    kind, dtype = type(first), first.dtype
+    key = tuple(name for name, _ in lists)
+    kept = _passed.get(key)
+    shapes = strides = None
+    fresh = []  # the lists, other than the gradients, that were not those of the last pass
+    for name, arrays in lists:  # the params first: new params make every list new (a state array was passed beside
+        # its parameter)
+        if name == "grad" or kept is None or fresh or len(kept[name]) != len(arrays) or \
+                not all(map(operator.is_, map(_call_reference, kept[name]), arrays)):
+            if name != "grad":
+                fresh.append(name)
+            if not (all(map(operator.is_, map(type, arrays), repeat(kind)))
+                    and all(map(operator.eq, map(_dtype, arrays), repeat(dtype)))
+                    and all(map(operator.eq, map(_device, arrays), repeat(device_id)))):
+                return False
+            if shapes is None:
+                shapes, strides = list(map(_shape, params)), list(map(_strides, params))
+            if name == "param":
+                if list(map(_c_strides, shapes, repeat(first.itemsize))) != strides:
+                    return False
+            elif list(map(_shape, arrays)) != shapes or list(map(_strides, arrays)) != strides:
+                return False
+    if fresh:
+        if len(_passed) >= _MOST_PASSED:
+            _passed.clear()
+        _passed[key] = {name: [weakref.ref(a) for a in arrays] for name, arrays in lists if name != "grad"}
+    return True
 
 
 def _check_array(names: Callable[[str, int], str], name: str, i: int, array: Any, params: Sequence[Any]) -> None:
@@ -408,7 +469,7 @@ def _check_one_element(array: Any, name: str, dtype: Any, like: Any, like_name: 
         kind = np.dtype(dtype).name
         raise TypeError(f"{name} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind} array of shape () or (1,), "
                         f"got {array!r}")
-    if like is not None and backend.device_of(array) != backend.device_of(like):
+    if like is not None and backend.device_index(array) != backend.device_index(like):
         raise ValueError(f"{name} must be on {like_name} device {backend.device_of(like)}, "
                          f"got {backend.device_of(array)}")
 
@@ -428,7 +489,7 @@ def _check_device_scalar(names: Callable[[str, int], str], value: Any, name: str
     # `dtype is None` first: NumPy compares np.dtype("float64") == None as True.
     if dtype is None or dtype not in dtypes or value.size != 1 or value.ndim > 1:
         raise TypeError(f"{name} must be a number or a {wanted} array of shape () or (1,), got {value!r}")
-    if params and backend.device_of(value) != backend.device_of(params[0]):
+    if params and backend.device_index(value) != backend.device_index(params[0]):
         raise ValueError(f"{name} must be on {names('param', 0)}'s device {backend.device_of(params[0])}, "
                          f"got {backend.device_of(value)}")
     if backend.is_cuda_array(value):
@@ -469,17 +530,56 @@ def launch_plan(sizes: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], int, np.
 
 def _launch_chunks(kernel_name: str, lists: list[Sequence[Any] | None], arguments: tuple) -> None:
     """Launch ``kernel_name`` once per chunk of the plan for ``lists[0]``'s sizes; ``lists``: the kernel's
-    tensor lists in its order (None: a list it does not read); ``arguments``: its arguments after the table."""
+    tensor lists in its order (None: a list it does not read); ``arguments``: its arguments after the table
+    (arrays, None, NumPy scalars).
+
+    The launches are kept (``_kept``): a call whose sizes, lists and kinds of arguments were seen before on this GPU
+    writes its addresses into each chunk's packed table and its scalars into their slots, and launches (no CuPy
+    conversion of a table of a few kilobytes per launch)."""
     params = lists[0]
-    _cuda.check_int32(*params)
-    kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)
-    for indices, elements_per_block, block_tensor, block_start in launch_plan(tuple(p.size for p in params)):
-        table = np.zeros(1, dtype=_TABLE)
+    sizes = tuple(map(_size, params))
+    _cuda.check_int32(max(sizes))
+    key = (kernel_name, params[0].dtype, params[0].data.device_id, sizes, tuple(a is None for a in lists),
+           tuple(a.dtype if isinstance(a, np.generic) else None for a in arguments))
+    chunks = _kept.get(key)
+    if chunks is None:
+        chunks = _keep_chunks(key, kernel_name, lists, arguments)
+    per_call = [a for a in arguments if not isinstance(a, np.generic)]  # arrays and Nones
+    for launch, pointers, scalars, indices in chunks:
         for position, arrays in enumerate(lists):
             if arrays is not None:
-                table["pointers"][0, position, :len(indices)] = [arrays[i].data.ptr for i in indices]
+                pointers[position, :len(indices)] = list(map(_pointer, map(arrays.__getitem__, indices)))
+        for view, value in zip(scalars, (a for a in arguments if isinstance(a, np.generic))):
+            view[0] = value
+        launch(*per_call)
+
+
+# Kept launches of the multi-tensor kernels, by their call's key (see _launch_chunks): per chunk of the plan, its
+# PackedLaunch, its packed table's pointers (a view to write each call's addresses into), its scalars' views and
+# its tensors' indices.
+_kept: dict[tuple, list] = {}
+_MOST_KEPT = 128
+_size, _pointer = operator.attrgetter("size"), operator.attrgetter("data.ptr")
+
+
+def _keep_chunks(key: tuple, kernel_name: str, lists: list[Sequence[Any] | None], arguments: tuple) -> list:
+    """The chunks of ``_kept[key]``, made: each chunk's table filled but for its addresses, its launch packed with
+    the table and ``arguments`` (their arrays and Nones passed per call)."""
+    params = lists[0]
+    kernel = _cuda.function("optimizer.cu", kernel_name, params[0].dtype)
+    P = _cuda.PER_CALL
+    packed_arguments = tuple(a if isinstance(a, np.generic) else P for a in arguments)
+    chunks = []
+    for indices, elements_per_block, block_tensor, block_start in launch_plan(key[3]):
+        table = np.zeros(1, dtype=_TABLE)
         table["sizes"][0, :len(indices)] = [params[i].size for i in indices]
         table["block_tensor"][0, :block_tensor.size] = block_tensor
         table["block_start"][0, :block_start.size] = block_start
         table["elements_per_block"] = elements_per_block
-        _cuda.launch_blocks(kernel, block_tensor.size, THREADS, (table[0], *arguments))
+        launch = _cuda.PackedLaunch(kernel, (block_tensor.size,), (THREADS,), (table[0], *packed_arguments))
+        scalars = [launch.argument_view(1 + i) for i, a in enumerate(packed_arguments) if a is not P]
+        chunks.append((launch, launch.argument_view(0)["pointers"][0], scalars, indices))
+    if len(_kept) >= _MOST_KEPT:
+        _kept.clear()
+    _kept[key] = chunks  # (host memory only: a launch made while a graph is captured serves the eager calls too)
+    return chunks
