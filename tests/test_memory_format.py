@@ -35,6 +35,27 @@ def torch_strides(tensor):
 # ----------------------------------------------------------------------------------------------
 # The API, against PyTorch's
 # ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 1, 3, 3), (2, 5, 1, 1), (0, 3, 2, 2), (2, 3, 0, 4), (3, 4, 1, 6),
+                                   (2, 4, 6, 1), (1, 7, 2, 3)])
+def test_is_channels_last_is_the_strides_of_an_nhwc_buffer_that_is_not_c_contiguous(shape):
+    """Against the definition read off NumPy's flags: every layout a step makes (C-contiguous, channels-last, their
+    slices and transposes), with the shapes whose two layouts coincide or that hold nothing."""
+    N, C, H, W = shape
+    base = np.arange(max(N * C * H * W, 1) * 2, dtype=np.float32)
+    nhwc = base[:N * C * H * W].reshape(N, H, W, C)
+    candidates = [nhwc.transpose(0, 3, 1, 2), base[:N * C * H * W].reshape(shape), nhwc.transpose(0, 3, 2, 1),
+                  base[:N * C * H * W].reshape(N, C, W, H).transpose(0, 1, 3, 2),
+                  np.ascontiguousarray(base[:2 * N * C * H * W].reshape(N, H, W, 2 * C)[..., ::2]).transpose(0, 3, 1, 2),
+                  base[:2 * N * C * H * W].reshape(N, H, W, 2 * C)[..., ::2].transpose(0, 3, 1, 2),
+                  base[:N * C * H * W].reshape(N * C * H * W), base[:N * C * H * W].reshape(N, C, H * W)]
+    for array in candidates:
+        item, (c, h, w) = array.itemsize, array.shape[1:] if array.ndim == 4 else (0, 0, 0)
+        expected = array.ndim == 4 and not array.flags.c_contiguous and array.strides == (
+            h * w * c * item, item, w * c * item, c * item)
+        assert layout.is_channels_last(array) == expected, (array.shape, array.strides)
+    assert layout.is_channels_last(candidates[0]) == (C != 1 and H * W != 1 and N * C * H * W != 0)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 8, 3, 3), (2, 1, 4, 4), (3, 6, 1, 1)])
 def test_to_and_is_contiguous_agree_with_pytorch(shape):
     values = np.random.default_rng(0).standard_normal(shape)

@@ -25,11 +25,14 @@ def is_channels_last(array: Any) -> bool:
     """True for a 4-D array that is an (N, C, H, W) view of an (N, H, W, C) C-contiguous buffer (the strides of
     that buffer's transpose) and not C-contiguous itself. Asked on every call of the primitives that keep
     layouts: strides compared, no view made."""
-    if getattr(array, "ndim", 0) != 4 or array.flags.c_contiguous:
+    if getattr(array, "ndim", 0) != 4:
         return False
-    _, C, H, W = array.shape
-    item = array.itemsize
-    return array.strides == (H * W * C * item, item, W * C * item, C * item)
+    strides, item = array.strides, array.itemsize
+    if strides[1] != item:  # the channels not innermost: the answer for nearly every array, from one read
+        return False
+    N, C, H, W = array.shape
+    # Those strides with C = 1, H = W = 1 or no elements are also C-contiguous (an axis of length 1 has any stride).
+    return strides == (H * W * C * item, item, W * C * item, C * item) and C != 1 and H * W != 1 and N * C * H * W != 0
 
 
 def coincide(shape: Sequence[int]) -> bool:

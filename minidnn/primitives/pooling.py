@@ -34,6 +34,7 @@ pooling.cu's half build, on NumPy by widening (:func:`.convert.on_widened`).
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any
 
@@ -549,8 +550,14 @@ def _pool_shape(x_shape, out_hw, kernel=(1, 1), stride=(1, 1), padding=(0, 0), d
             raise ValueError(f"pooling window (kernel_size {kernel}, stride {stride}, padding {padding}, dilation "
                              f"{dilation}) over an input {axis} of {x_shape[2 + a]} is too large for the GPU "
                              "kernels' 32-bit indexing")
-    values = (*x_shape, *out_hw, *kernel, *stride, *padding, *dilation, int(count_include_pad),
-              0 if divisor_override is None else divisor_override)
+    return _pool_shape_of((*x_shape, *out_hw, *kernel, *stride, *padding, *dilation, int(count_include_pad),
+                           0 if divisor_override is None else divisor_override))
+
+
+@functools.lru_cache(maxsize=256)
+def _pool_shape_of(values: tuple[int, ...]) -> np.void:
+    """The PoolShape struct of sixteen values, made once per set of values (a layer's every call passes the same);
+    the launches only read it."""
     return np.array([tuple(_cuda.i32(v) for v in values)], dtype=_POOL_SHAPE)[0]
 
 
