@@ -1,6 +1,8 @@
 """Linear and bias primitives against plain-loop float64 references, finite differences and torch."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -280,3 +282,84 @@ def test_half_bias_is_the_float64_sum_of_the_exact_values_rounded(xp, rng, name,
     assert dbias.dtype == dy.dtype
     exact_sums = reference_bias_backward(dy_exact, axis % len(shape)).astype(np.float32)
     np.testing.assert_array_equal(words(dbias), words(convert.float_to_half(xp.asarray(exact_sums), name)))
+
+
+# ----------------------------------------------------------------------------------------------
+# The steady state on the GPU: a repeated call goes from its key to its ready GEMM and bias launch
+# ----------------------------------------------------------------------------------------------
+class DeviceArray(np.ndarray):
+    """A stand-in CuPy array: NumPy's, on GPU 0 at its own address."""
+
+    __module__ = "cupy_stand_in"  # backend.is_cuda_array: a CuPy type
+
+    @property
+    def data(self):
+        return SimpleNamespace(device_id=0, ptr=self.ctypes.data)
+
+
+def test_a_repeated_call_passes_cublas_and_the_bias_kernel_what_the_checked_call_passed(rng, monkeypatch):
+    """Each direction twice with new arrays of the same shapes: the second call, ready, hands cuBLAS the first call's
+    arguments with its own addresses, and the bias kernel the same sizes; a change of the TF32 switch is a new call.
+    On the CPU with stand-ins for CuPy's arrays, cuBLAS's handle and the launches."""
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives import _cuda, blas, linear  # noqa: PLC0415
+
+    calls = []
+
+    class Handle:  # the real argument lists; the call only recorded
+        gemm = blas._Cublas.gemm
+        gemm_arguments = staticmethod(blas._Cublas.gemm_arguments)
+
+        def call(self, entry, *arguments):
+            calls.append(("cublas", entry, arguments))
+
+    class Recorded:
+        def __init__(self, kernel, grid, block, arguments, shared_bytes=0):
+            self.arguments = arguments
+
+        def __call__(self, *arrays):
+            calls.append(("packed", self.arguments, tuple(a.data.ptr for a in arrays)))
+
+    def empty(shape, dtype):
+        return np.empty(shape, dtype).view(DeviceArray)
+
+    monkeypatch.setattr(backend, "cupy", lambda: SimpleNamespace(empty=empty, ascontiguousarray=lambda a: a))
+    monkeypatch.setattr(blas, "_cublas", Handle)
+    monkeypatch.setattr(linear, "_kernel", lambda name, array: name)
+    monkeypatch.setattr(linear, "_ready", {})
+    monkeypatch.setattr(_cuda, "PackedLaunch", Recorded)
+    monkeypatch.setattr(_cuda, "grid_stride_blocks", lambda count, threads=_cuda.THREADS: 1)
+    checked, gemm = [], blas.gemm
+    monkeypatch.setattr(blas, "gemm", lambda *a, **k: (checked.append(1), gemm(*a, **k))[1])
+    monkeypatch.setattr(_cuda, "launch", lambda kernel, count, arguments: calls.append(
+        ("launch", arguments[3:], tuple(a.data.ptr for a in arguments[:3]))))
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(np.float32).view(DeviceArray)
+
+    directions = [(lambda x, w, b, dy: linear_forward(x, w, b), lambda x, w, b, dy, out: (x, w, out)),
+                  (lambda x, w, b, dy: linear_backward_data(dy, w), lambda x, w, b, dy, out: (dy, w, out)),
+                  (lambda x, w, b, dy: linear_backward_weight(x, dy), lambda x, w, b, dy, out: (dy, x, out))]
+    for call, operands in directions:
+        for tf32 in (False, True):
+            monkeypatch.setattr(_cuda, "_tf32_enabled", tf32)
+            recorded = []
+            for repeat in range(2):
+                x, weight, bias, dy = draw(2, 3, IN), draw(OUT, IN), draw(OUT), draw(2, 3, OUT)
+                calls.clear(), checked.clear()
+                out = call(x, weight, bias, dy)
+                assert len(checked) == 1 - repeat  # the repeat goes from its key to its ready form
+                (_, entry, arguments), *bias_launch = calls
+                addresses = [a.data.ptr for a in operands(x, weight, bias, dy, out)]
+                # cuBLAS computes Cᵀ = Bᵀ·Aᵀ: its A is the product's second operand.
+                assert [arguments[6], arguments[9], arguments[13]] == [addresses[1], addresses[0], addresses[2]]
+                recorded.append((entry, [v for i, v in enumerate(arguments) if i not in (6, 9, 13)], out.shape,
+                                 out.dtype, bias_launch))
+            (entry, fixed, shape, dtype, first_bias), (entry_2, fixed_2, shape_2, dtype_2, second_bias) = recorded
+            assert (entry, fixed, shape, dtype) == (entry_2, fixed_2, shape_2, dtype_2)
+            if first_bias:
+                (_, scalars, _), = first_bias
+                (kind, packed_arguments, addresses), = second_bias
+                assert kind == "packed" and tuple(packed_arguments[3:]) == tuple(scalars)
+                assert addresses == (out.data.ptr, bias.data.ptr, out.data.ptr)
+    assert len(linear._ready) == 6  # three directions under each TF32 setting

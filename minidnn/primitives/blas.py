@@ -38,7 +38,7 @@ import numpy as np
 from .. import backend
 from . import _cuda, convert
 
-__all__ = ["gemm", "gemm_batched", "gemm_batched_split_k", "split_length", "prepare_capture"]
+__all__ = ["gemm", "gemm_batched", "gemm_batched_split_k", "split_length", "prepare_capture", "ReadyGemm"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,6 +139,40 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
     _cublas().gemm(b_t, a_t, N, M, K, alpha, b, ldb, strides[1], a, lda, strides[0], beta, out, ldc, strides[2],
                    out.shape[0], tf32)
     return out
+
+
+class ReadyGemm:
+    """:func:`gemm` (2-D operands) or :func:`gemm_batched` (3-D) of one call, worked out once for its repeats: operands of
+    the same shapes, strides and dtypes at other addresses, as a training step's are. The checks, the operands' layouts
+    and leading dimensions, cuBLAS's types and scalars are settled when it is made; a call passes the three operands'
+    device addresses (a C-contiguous array's is all a repeat needs, however it is viewed). Its math mode is the TF32
+    switch's when it was made: a caller keeps it under that switch."""
+
+    __slots__ = ("cublas", "entry", "arguments", "slots")
+
+    def __init__(self, a: Any, b: Any, out: Any, *, alpha: float = 1.0, beta: float = 0.0) -> None:
+        batched = a.ndim == 3
+        M, N, K = _check(a, b, out, batched=batched)
+        if not backend.is_cuda_array(out) or 0 in (M, N, K) or (batched and out.shape[0] == 0):
+            raise ValueError("a ready GEMM takes GPU operands with work to do")
+        a_t, lda = _matrix(a, "a", batched)
+        b_t, ldb = _matrix(b, "b", batched)
+        out_transposed, ldc = _matrix(out, "out", batched)
+        if out_transposed:
+            raise ValueError("gemm: out must be a row-major matrix, not a transposed view")
+        strides = [array.strides[0] // array.itemsize if batched and array.shape[0] > 1 else 0 for array in (a, b, out)]
+        self.cublas = _cublas()
+        # As gemm does: the column-major product Cᵀ = Bᵀ·Aᵀ, so a takes cuBLAS's B slot and b its A slot.
+        self.entry, self.arguments, (slot_b, slot_a, slot_c) = self.cublas.gemm_arguments(
+            b_t, a_t, N, M, K, alpha, b.dtype, ldb, strides[1], lda, strides[0], beta, out.dtype, ldc, strides[2],
+            out.shape[0] if batched else 1)
+        self.slots = (slot_a, slot_b, slot_c)
+
+    def __call__(self, a_address: int, b_address: int, out_address: int) -> None:
+        """out = alpha · a · b + beta · out on the current stream, for operands at these addresses."""
+        arguments, (slot_a, slot_b, slot_c) = self.arguments, self.slots
+        arguments[slot_a], arguments[slot_b], arguments[slot_c] = a_address, b_address, out_address
+        self.cublas.call(self.entry, *arguments)
 
 
 # split_k_gemm.cu's tile: TILE_M rows (128 for float, 64 for double) × 48 columns, 128 threads; every
@@ -308,11 +342,22 @@ class _Cublas:
              tf32: bool | None = None) -> None:
         """Column-major C = alpha·op(A)·op(B) + beta·C (strided batched when batch > 1); ``tf32`` as in
         :func:`gemm_batched`."""
-        dtype = np.dtype(c.dtype)
-        data_type = _HALF_DATA_TYPES.get(np.dtype(a.dtype))
+        entry, arguments, (slot_a, slot_b, slot_c) = self.gemm_arguments(
+            a_t, b_t, m, n, k, alpha, a.dtype, lda, stride_a, ldb, stride_b, beta, c.dtype, ldc, stride_c, batch, tf32)
+        arguments[slot_a], arguments[slot_b], arguments[slot_c] = a.data.ptr, b.data.ptr, c.data.ptr
+        self.call(entry, *arguments)
+
+    @staticmethod
+    def gemm_arguments(a_t: bool, b_t: bool, m: int, n: int, k: int, alpha: float, a_dtype: Any, lda: int,
+                       stride_a: int, ldb: int, stride_b: int, beta: float, c_dtype: Any, ldc: int, stride_c: int,
+                       batch: int, tf32: bool | None = None) -> tuple[str, list, tuple[int, int, int]]:
+        """(the entry point, its arguments after the handle with A's, B's and C's addresses left 0, their positions in
+        the list) of :meth:`gemm`, its math mode read from the TF32 switch now."""
+        dtype = np.dtype(c_dtype)
+        data_type = _HALF_DATA_TYPES.get(np.dtype(a_dtype))
         if data_type is not None:  # float32 products and sums (tensor cores), float32 alpha and beta
             compute, dtype = _COMPUTE_32F, np.dtype(np.float32)
-            out_type = _HALF_DATA_TYPES.get(np.dtype(c.dtype), _DATA_TYPES[np.dtype(np.float32)])
+            out_type = _HALF_DATA_TYPES.get(np.dtype(c_dtype), _DATA_TYPES[np.dtype(np.float32)])
         else:
             data_type = out_type = _DATA_TYPES[dtype]
             if dtype in (np.float64, np.complex128):
@@ -321,15 +366,14 @@ class _Cublas:
                 compute = _COMPUTE_32F_FAST_TF32 if _cuda.allow_tf32() else _COMPUTE_32F
             else:  # against the switch: with TF32 on, CuPy's handle is in TF32 math mode, which plain 32F obeys
                 compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F_PEDANTIC
-        scalars, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # scalars: held until cuBLAS has read them
+        _, alpha_p, beta_p = _scalars(dtype, alpha, beta)  # cached for the process: held until cuBLAS has read them
         op_a, op_b = (_OP_T if a_t else _OP_N), (_OP_T if b_t else _OP_N)
         if batch == 1:
-            self.call("gemmEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
-                      b.data.ptr, data_type, ldb, beta_p, c.data.ptr, out_type, ldc, compute, _GEMM_DEFAULT)
-        else:
-            self.call("gemmStridedBatchedEx", op_a, op_b, m, n, k, alpha_p, a.data.ptr, data_type, lda,
-                      stride_a, b.data.ptr, data_type, ldb, stride_b, beta_p, c.data.ptr, out_type, ldc, stride_c,
-                      batch, compute, _GEMM_DEFAULT)
+            return "gemmEx", [op_a, op_b, m, n, k, alpha_p, 0, data_type, lda, 0, data_type, ldb, beta_p, 0, out_type,
+                              ldc, compute, _GEMM_DEFAULT], (6, 9, 13)
+        return "gemmStridedBatchedEx", [op_a, op_b, m, n, k, alpha_p, 0, data_type, lda, stride_a, 0, data_type, ldb,
+                                        stride_b, beta_p, 0, out_type, ldc, stride_c, batch, compute,
+                                        _GEMM_DEFAULT], (6, 10, 15)
 
     def prepare_capture(self) -> None:
         """Give the handle a workspace that outlives every graph (PyTorch does the same). It comes from the device

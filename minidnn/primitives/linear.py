@@ -130,9 +130,13 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
     Returns y: (..., out_features) of x's dtype. In half precision (float16 or bfloat16 arrays, all one
     type) the GEMM sums in float32 and rounds once; the bias is added in float32 and rounded again.
     """
+    key, ready = _ready_call("linear_forward", x, weight, bias)
+    if ready is not None:
+        return ready(x, weight, bias)
     half = convert.half_type_of(x)
     _check_forward_arguments(x, weight, bias, half is not None)
-    y = blas.gemm(_as_rows(backend.get_array_module(x).ascontiguousarray(x)), weight.T)
+    rows = _as_rows(backend.get_array_module(x).ascontiguousarray(x))
+    y = product = blas.gemm(rows, weight.T)
     if bias is not None:
         if half is not None:
             y = bias_add(y, bias, 1, out=y)
@@ -140,7 +144,9 @@ def linear_forward(x: Any, weight: Any, bias: Any = None) -> Any:
             y = _bias_add_gpu(y, bias, 1, out=y)
         else:
             y += bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    _keep_ready(key, half, (x, weight, bias), (rows, weight.T, product), y, bias is not None)
+    return y
 
 
 def linear_backward_data(dy: Any, weight: Any) -> Any:
@@ -148,9 +154,17 @@ def linear_backward_data(dy: Any, weight: Any) -> Any:
 
     dy: (..., out_features); weight: (out_features, in_features). Returns dx: (..., in_features).
     """
-    _check_backward_data_arguments(dy, weight, convert.half_type_of(dy) is not None)
+    key, ready = _ready_call("linear_backward_data", dy, weight)
+    if ready is not None:
+        return ready(dy, weight)
+    half = convert.half_type_of(dy)
+    _check_backward_data_arguments(dy, weight, half is not None)
     xp = backend.get_array_module(dy, weight)
-    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)), weight).reshape(*dy.shape[:-1], weight.shape[1])
+    rows = _as_rows(xp.ascontiguousarray(dy))
+    product = blas.gemm(rows, weight)
+    dx = product.reshape(*dy.shape[:-1], weight.shape[1])
+    _keep_ready(key, half, (dy, weight), (rows, weight, product), dx, False)
+    return dx
 
 
 def linear_backward_weight(x: Any, dy: Any) -> Any:
@@ -159,9 +173,74 @@ def linear_backward_weight(x: Any, dy: Any) -> Any:
     x: (..., in_features); dy: (..., out_features) with the same leading dimensions.
     Returns dweight: (out_features, in_features) of x's dtype.
     """
-    _check_backward_weight_arguments(x, dy, convert.half_type_of(x) is not None)
+    key, ready = _ready_call("linear_backward_weight", x, dy)
+    if ready is not None:
+        return ready(dy, x)
+    half = convert.half_type_of(x)
+    _check_backward_weight_arguments(x, dy, half is not None)
     xp = backend.get_array_module(x, dy)
-    return blas.gemm(_as_rows(xp.ascontiguousarray(dy)).T, _as_rows(xp.ascontiguousarray(x)))
+    dy_rows, x_rows = _as_rows(xp.ascontiguousarray(dy)), _as_rows(xp.ascontiguousarray(x))
+    dweight = blas.gemm(dy_rows.T, x_rows)
+    _keep_ready(key, half, (x, dy), (dy_rows.T, x_rows, dweight), dweight, False)
+    return dweight
+
+
+# ----------------------------------------------------------------------------------------------
+# The steady state on the GPU
+# ----------------------------------------------------------------------------------------------
+# A call seen before (its _cuda.steady_key: the direction, and of each array its type, shape, strides, dtype, GPU and
+# address modulo 16; and the TF32 switch) -> its ready form (_Ready): a repeat of a training step's call neither checks
+# nor works out its GEMM again. Kept for float32 and float64 calls whose arrays were all C-contiguous (the GEMM then
+# reads them where they are); emptied when it reaches _MOST_READY keys.
+_ready: dict[tuple, "_Ready"] = {}
+_MOST_READY = 256
+
+
+class _Ready:
+    """One linear call's GEMM (blas.ReadyGemm) and bias launch (a PackedLaunch of bias_add, in place), worked out once:
+    a repeat allocates its output and launches them."""
+
+    __slots__ = ("gemm", "bias_add", "shape", "dtype", "empty")
+
+    def __init__(self, gemm: Any, bias_add: Any, shape: tuple, dtype: Any, empty: Any) -> None:
+        self.gemm, self.bias_add, self.shape, self.dtype, self.empty = gemm, bias_add, shape, dtype, empty
+
+    def __call__(self, a: Any, b: Any, bias: Any = None) -> Any:
+        """The GEMM's operands in its order (the arrays the call was keyed by), and the bias when there is one."""
+        out = self.empty(self.shape, dtype=self.dtype)
+        self.gemm(a.data.ptr, b.data.ptr, out.data.ptr)
+        if self.bias_add is not None:
+            self.bias_add(out, bias, out)
+        return out
+
+
+def _ready_call(direction: str, *arrays: Any) -> tuple[tuple | None, "_Ready | None"]:
+    """(the call's steady-state key, its ready form or None); (None, None) for a call off the GPU."""
+    if not backend.is_cuda_array(arrays[0]):
+        return None, None
+    key = _cuda.steady_key(direction, *arrays)
+    if key is None:
+        return None, None
+    key = (key, _cuda.allow_tf32())
+    return key, _ready.get(key)
+
+
+def _keep_ready(key: tuple | None, half: str | None, arrays: tuple, operands: tuple, out: Any, with_bias: bool) -> None:
+    """Keep the ready form of a checked call (see ``_ready``): ``arrays`` the call's, ``operands`` the GEMM's (a, b and
+    its output, views of C-contiguous arrays), ``out`` what it returned."""
+    if key is None or half is not None or not all(a is None or a.flags.c_contiguous for a in arrays) \
+            or out.size == 0 or 0 in operands[0].shape:
+        return
+    cupy = backend.cupy()
+    bias_add = None
+    if with_bias:
+        out_features = out.shape[-1]
+        P = _cuda.PER_CALL
+        bias_add = _cuda.PackedLaunch(_kernel("bias_add", out), (_cuda.grid_stride_blocks(out.size),), (_cuda.THREADS,),
+                                      (P, P, P, _cuda.i32(out_features), _cuda.i32(1), _cuda.i32(out.size)))
+    if len(_ready) >= _MOST_READY:
+        _ready.clear()
+    _ready[key] = _Ready(blas.ReadyGemm(*operands), bias_add, tuple(out.shape), out.dtype, cupy.empty)
 
 
 # ----------------------------------------------------------------------------------------------
