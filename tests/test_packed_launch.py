@@ -126,3 +126,111 @@ def test_gpu_a_packed_launch_passes_what_cupy_passes():
         np.testing.assert_array_equal(by_packed, [x[0], n, d, 1.0, *struct.tolist()])
         np.testing.assert_array_equal(y_packed, y_cupy)
         np.testing.assert_array_equal(y_packed, x * 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ready calls: a primitive call's launches recorded once, replayed with new arrays
+# ----------------------------------------------------------------------------------------------
+class StandInDeviceArray(StandInArray):
+    """What a ready call reads of a CuPy array: its address, shape, dtype, contiguity and base."""
+
+    addresses = iter(range(0x10_0000, 0x7F_0000, 0x1000))
+
+    def __init__(self, shape, dtype=np.float32, contiguous=True):
+        super().__init__(next(self.addresses))
+        self.shape, self.dtype, self.base = shape, np.dtype(dtype), None
+        self.flags = SimpleNamespace(c_contiguous=contiguous)
+
+
+def test_a_ready_call_allocates_its_arrays_and_replays_its_launches_with_the_new_addresses(driver, monkeypatch):
+    monkeypatch.setattr(_cuda, "grid_stride_blocks", lambda count, threads=_cuda.THREADS: 3)
+    backend.cupy().empty = lambda shape, dtype: StandInDeviceArray(shape, dtype)
+    backend.cupy().ndarray = StandInDeviceArray
+    first, second = SimpleNamespace(ptr=0xA), SimpleNamespace(ptr=0xB)
+    kernels = [lambda grid, block, arguments, shared_mem=0: None for _ in range(2)]
+    for kernel, function in zip(kernels, (first, second)):
+        kernel.ptr = function.ptr
+    x, weight = StandInDeviceArray((4, 5)), None
+    scratch, out = StandInDeviceArray((2, 5), np.float64), StandInDeviceArray((5,))
+    with _cuda.recording() as outer:
+        with _cuda.recording() as launches:
+            _cuda.launch_blocks(kernels[0], (5, 2), 64, (x, scratch, weight, _cuda.i32(4)))
+            _cuda.launch(kernels[1], 17, (scratch, out, _cuda.f64(0.5), _cuda.i32(17)))
+            _cuda.launch(kernels[1], 0, (scratch, out, _cuda.f64(0.5), _cuda.i32(0)))  # no work: neither launched nor recorded
+    assert len(launches) == 2 and outer == launches  # an inner recording's launches are the outer's too
+    ready = _cuda.ReadyCall(launches, (x, weight), (scratch, out), (out,))
+    driver.launches.clear()
+    driver.sizes = [8, 8, 8, 8]  # each launch's four parameters, read as 8 bytes each
+    new_x = StandInDeviceArray((4, 5))
+    (result,) = ready(new_x, None)
+    (function_1, grid_1, block_1, _, _, values_1, _), (function_2, grid_2, block_2, _, _, values_2, _) = driver.launches
+    assert (function_1, grid_1, block_1) == (0xA, (5, 2, 1), (64, 1, 1))
+    assert (function_2, grid_2, block_2) == (0xB, (3, 1, 1), (_cuda.THREADS, 1, 1))
+    assert result.shape == (5,) and result.dtype == np.float32 and result is not out
+    addresses_1 = [int.from_bytes(v, "little") for v in values_1[:3]]
+    assert addresses_1[0] == new_x.data.ptr and addresses_1[2] == 0 and np.frombuffer(values_1[3], np.int32)[0] == 4
+    new_scratch = addresses_1[1]
+    assert new_scratch not in (scratch.data.ptr, new_x.data.ptr)  # allocated anew, then passed to both launches
+    assert [int.from_bytes(v, "little") for v in values_2[:2]] == [new_scratch, result.data.ptr]
+    assert np.frombuffer(values_2[2], np.float64)[0] == 0.5 and np.frombuffer(values_2[3], np.int32)[0] == 17
+    kept = _cuda.ReadyCalls()
+    kept.keep(("copied",), launches, (StandInDeviceArray((4, 5)), None), (scratch, out), (out,))  # x is not an input
+    strided = StandInDeviceArray((5,), contiguous=False)  # a view the call made: a repeat could not allocate it
+    with _cuda.recording() as strided_launches:
+        _cuda.launch(kernels[1], 17, (scratch, strided, _cuda.f64(0.5), _cuda.i32(17)))
+    kept.keep(("strided",), strided_launches, (x, None), (scratch, strided), (strided,))
+    kept.keep(("plain",), launches, (x, None), (scratch, out), (out,))
+    assert kept.get(("copied",)) is None and kept.get(("strided",)) is None and kept.get(("plain",)) is not None
+
+
+@pytest.mark.gpu
+def test_gpu_the_one_call_layers_repeat_through_ready_calls_with_the_numpy_twins_results(monkeypatch):
+    """Linear's three directions, bias_backward, adaptive average pooling and cross-entropy, each called three times
+    with new values of the same shapes: every call gives what the NumPy twin gives on those values, and only the first
+    took the checked path (the repeats went from their keys to their ready calls)."""
+    from minidnn.primitives import blas, linear, pooling, softmax  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    rng = np.random.default_rng()
+    checked = []
+
+    def counted(owner, name):
+        function = getattr(owner, name)
+        def on_gpu_counted(*arguments, **keywords):  # (the NumPy twins call some of the same helpers)
+            if any(backend.is_cuda_array(a) for a in arguments):
+                checked.append(name)
+            return function(*arguments, **keywords)
+
+        monkeypatch.setattr(owner, name, on_gpu_counted)
+
+    monkeypatch.setattr(linear, "_ready", {})
+    for owner, store in ((linear, "_ready_bias_backward"), (pooling, "_ready_adaptive_forward"),
+                         (pooling, "_ready_adaptive_backward"), (softmax, "_ready_forward"),
+                         (softmax, "_ready_backward")):
+        monkeypatch.setattr(owner, store, _cuda.ReadyCalls())
+    counted(blas, "gemm")
+    for owner, name in ((linear, "_bias_backward_gpu"), (pooling, "_adaptive_avg_pool2d_gpu"),
+                        (softmax, "_cross_entropy_forward_gpu"), (softmax, "_cross_entropy_backward_gpu")):
+        counted(owner, name)
+    for repeat in range(3):
+        checked.clear()
+        x, weight, bias, dy = (rng.standard_normal(s).astype(np.float32) for s in ((37, 23), (11, 23), (11,), (37, 11)))
+        maps, target = rng.standard_normal((6, 5, 7, 3)).astype(np.float32), rng.integers(0, 11, 37)
+        pooled_grad = rng.standard_normal((6, 5, 1, 1)).astype(np.float32)
+        calls = [(linear.linear_forward, (x, weight, bias)), (linear.linear_backward_data, (dy, weight)),
+                 (linear.linear_backward_weight, (x, dy)), (linear.bias_backward, (dy, -1)),
+                 (pooling.adaptive_avg_pool2d_forward, (maps, 1)),
+                 (pooling.adaptive_avg_pool2d_backward, (pooled_grad, (6, 5, 7, 3))),
+                 (softmax.cross_entropy_forward, (dy, target)),
+                 (softmax.cross_entropy_backward, (np.full((), 0.7, np.float32),
+                                                   softmax.cross_entropy_forward(dy, target)[1], target))]
+        for function, arguments in calls:
+            on_gpu = function(*(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in arguments))
+            twin = function(*arguments)
+            for got, expected in zip(on_gpu if isinstance(on_gpu, tuple) else (on_gpu,),
+                                     twin if isinstance(twin, tuple) else (twin,)):
+                np.testing.assert_allclose(cupy.asnumpy(got), expected, rtol=2e-5, atol=2e-6,
+                                           err_msg=f"{function.__name__}, call {repeat}")
+        expected_checked = {"gemm", "_bias_backward_gpu", "_adaptive_avg_pool2d_gpu", "_cross_entropy_forward_gpu",
+                            "_cross_entropy_backward_gpu"}
+        assert set(checked) == (expected_checked if repeat == 0 else set()), (repeat, checked)

@@ -257,7 +257,10 @@ def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS,
     """Run ``kernel`` with enough blocks of ``threads`` for ``count`` grid-stride iterations."""
     if count <= 0:
         return
-    kernel((grid_stride_blocks(count, threads),), (threads,), tuple(args), shared_mem=shared_bytes)
+    grid, args = (grid_stride_blocks(count, threads),), tuple(args)
+    if _recorded is not None:
+        _recorded.append((kernel, grid, (threads,), shared_bytes, args))
+    kernel(grid, (threads,), args, shared_mem=shared_bytes)
 
 
 def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args: Sequence[Any],
@@ -266,7 +269,101 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     grid = blocks if isinstance(blocks, tuple) else (blocks,)
     if min(grid) <= 0:
         return
-    kernel(grid, (threads,), tuple(args), shared_mem=shared_bytes)
+    args = tuple(args)
+    if _recorded is not None:
+        _recorded.append((kernel, grid, (threads,), shared_bytes, args))
+    kernel(grid, (threads,), args, shared_mem=shared_bytes)
+
+
+# The launches made through launch and launch_blocks while recording() is active, or None.
+_recorded: list | None = None
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect the (kernel, grid, block, shared bytes, arguments) of every launch made through :func:`launch` and
+    :func:`launch_blocks` inside the block, in order (a recording inside another adds its launches to the outer's
+    too): what a :class:`ReadyCall` is made from."""
+    global _recorded
+    outer = _recorded
+    _recorded = []
+    try:
+        yield _recorded
+    finally:
+        inner, _recorded = _recorded, outer
+        if outer is not None:
+            outer.extend(inner)
+
+
+class ReadyCall:
+    """A primitive call kept for its repeats, which a training step makes with arrays of the same shapes at other
+    addresses: the arrays it allocates, then its launches packed (:class:`PackedLaunch`). A repeat allocates its new
+    arrays and launches, without any check or choice.
+
+    Made from a recording (:func:`recording`) of a call whose whole GPU work was those launches: ``inputs``, the call's
+    arrays (None entries allowed), passed to each repeat in the same order; ``made``, the C-contiguous arrays the call
+    allocated (outputs and scratch); ``results``, what it returned, each one of ``made``. Every array a launch took
+    must be one of those, the very object: an array the call made some other way (a contiguous copy of an input, a
+    view) refuses it with a ValueError, and the call is then simply not kept."""
+
+    __slots__ = ("outputs", "launches", "results", "empty")
+
+    def __init__(self, launches: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
+                 results: Sequence[Any]) -> None:
+        cupy = backend.cupy()
+        arrays = [*inputs, *made]
+
+        def position(array: Any) -> int:
+            for index, candidate in enumerate(arrays):
+                if candidate is array:
+                    return index
+            raise ValueError("a launch takes an array that is neither an input of the call nor one it made")
+
+        for array in made:
+            if not array.flags.c_contiguous or array.base is not None:
+                raise ValueError("a ready call allocates C-contiguous arrays of its own")
+        self.outputs = tuple((tuple(array.shape), array.dtype) for array in made)
+        packed = []
+        for kernel, grid, block, shared_bytes, args in launches:
+            per_call = tuple(position(a) for a in args if isinstance(a, cupy.ndarray))
+            arguments = [PER_CALL if isinstance(a, cupy.ndarray) else a for a in args]
+            packed.append((PackedLaunch(kernel, grid, block, arguments, shared_bytes), per_call))
+        self.launches = tuple(packed)
+        self.results = tuple(position(result) for result in results)
+        self.empty = cupy.empty
+
+    def __call__(self, *inputs: Any) -> tuple:
+        """The call's results for new ``inputs`` (in the order it was made with)."""
+        empty = self.empty
+        arrays = (*inputs, *[empty(shape, dtype=dtype) for shape, dtype in self.outputs])
+        for launch, per_call in self.launches:
+            launch(*[arrays[i] for i in per_call])
+        return tuple(arrays[i] for i in self.results)
+
+
+class ReadyCalls:
+    """A primitive's kept calls by key (its :func:`steady_key` and hyper-parameters), emptied when it reaches ``most``
+    keys: a training step repeats each call, and a key whose call could not be kept is remembered as None."""
+
+    def __init__(self, most: int = 1024) -> None:
+        self.calls: dict[tuple, ReadyCall | None] = {}
+        self.most = most
+
+    def get(self, key: tuple | None) -> "ReadyCall | None":
+        return None if key is None else self.calls.get(key)
+
+    def keep(self, key: tuple | None, launches: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
+             results: Sequence[Any]) -> None:
+        """Keep the call recorded in ``launches`` under ``key`` (see :class:`ReadyCall`), if it can be."""
+        if key is None or key in self.calls:
+            return
+        try:
+            ready = ReadyCall(launches, inputs, made, results)
+        except (ValueError, TypeError):  # an array it did not make or take, an argument a packed launch cannot hold
+            ready = None
+        if len(self.calls) >= self.most:
+            self.calls.clear()
+        self.calls[key] = ready
 
 
 class _PerCall:

@@ -490,6 +490,10 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     x: (N, C, H, W); output_size: int or (P, Q), a None entry keeping H or W; returns y: (N, C, P, Q)
     of x's dtype, channels-last for a channels-last x (computed on a C-contiguous copy).
     """
+    key = _ready_key("adaptive_avg_pool2d_forward", x, output_size)
+    ready = _ready_adaptive_forward.get(key)
+    if ready is not None:
+        return ready(x)[0]
     _check_input(x, half=True)
     if layout.is_channels_last(x):
         return layout.to_channels_last(adaptive_avg_pool2d_forward(layout.contiguous(x), output_size))
@@ -497,12 +501,31 @@ def adaptive_avg_pool2d_forward(x: Any, output_size: Any) -> Any:
     H, W = x.shape[2:]
     P, Q = _adaptive_output_size(output_size, (H, W))
     if backend.is_cuda_array(x):
-        return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_forward", x, tuple(x.shape[:2]) + (P, Q), x.shape, (P, Q))
+        with _cuda.recording() as launches:
+            y = _adaptive_avg_pool2d_gpu("adaptive_avg_pool_forward", x, tuple(x.shape[:2]) + (P, Q), x.shape, (P, Q))
+        _ready_adaptive_forward.keep(key, launches, (x,), (y,), (y,))
+        return y
     if convert.half_type_of(x) is not None:
         return convert.on_widened(adaptive_avg_pool2d_forward, x, output_size)
     rows, cols = _averaging_matrix(xp, H, P, x.dtype), _averaging_matrix(xp, W, Q, x.dtype)
     # Columns first: one (N·C·H, W) × (W, Q) GEMM, then a batched (P, H) × (H, Q) per plane.
     return xp.matmul(rows, xp.matmul(x, cols.T))
+
+
+# Repeated adaptive average pooling on the GPU (the array's steady key and the size argument) -> its launch
+# (_cuda.ReadyCall): a network's global pooling is called once a step with the same shapes.
+_ready_adaptive_forward = _cuda.ReadyCalls()
+_ready_adaptive_backward = _cuda.ReadyCalls()
+
+
+def _ready_key(name: str, array: Any, size: Any) -> tuple | None:
+    """A ready call's key: the array's steady key and a size argument made of plain ints (and None); None for a call
+    off the GPU or with any other size argument (which its checks judge)."""
+    values = size if type(size) is tuple else (size,)
+    if not backend.is_cuda_array(array) or not all(v is None or type(v) is int for v in values):
+        return None
+    key = _cuda.steady_key(name, array)
+    return None if key is None else (*key, size)
 
 
 def _check_adaptive_backward_arguments(dy: Any, x_shape: Any) -> tuple[int, int, int, int]:
@@ -520,9 +543,16 @@ def adaptive_avg_pool2d_backward(dy: Any, x_shape: tuple) -> Any:
 
     dy: (N, C, P, Q); x_shape: (N, C, H, W); returns dx: x_shape of dy's dtype.
     """
+    key = _ready_key("adaptive_avg_pool2d_backward", dy, x_shape)
+    ready = _ready_adaptive_backward.get(key)
+    if ready is not None:
+        return ready(dy)[0]
     N, C, H, W = _check_adaptive_backward_arguments(dy, x_shape)
     if backend.is_cuda_array(dy):
-        return _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
+        with _cuda.recording() as launches:
+            dx = _adaptive_avg_pool2d_gpu("adaptive_avg_pool_backward", dy, (N, C, H, W), (N, C, H, W), dy.shape[2:])
+        _ready_adaptive_backward.keep(key, launches, (dy,), (dx,), (dx,))
+        return dx
     if convert.half_type_of(dy) is not None:
         return convert.on_widened(adaptive_avg_pool2d_backward, dy, x_shape)
     xp = backend.get_array_module(dy)

@@ -305,14 +305,23 @@ def cross_entropy_forward(logits: Any, target: Any, weight: Any = None, ignore_i
     log-softmax of logits, kept for :func:`cross_entropy_backward`. A target outside [0, C)
     other than ignore_index is a ValueError on NumPy and gives NaN on the GPU (module docstring).
     """
+    key = _ready_key("cross_entropy_forward", (logits, target, weight), ignore_index, label_smoothing, reduction)
+    ready = _ready_forward.get(key)
+    if ready is not None:
+        return ready(logits, target, weight)
     batch, num_classes = _check_scores(logits, "logits")
     check_reduction(reduction)
     xp = backend.get_array_module(logits, target, weight)  # all on one device, or a clear ValueError
-    target = _check_target(target, batch, num_classes, ignore_index)
+    checked_target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, logits.dtype, "logits")
     epsilon = check_label_smoothing(label_smoothing)
     if backend.is_cuda_array(logits):
-        return _cross_entropy_forward_gpu(logits, target, weight, ignore_index, epsilon, reduction)
+        with _cuda.recording() as launches:
+            loss, log_probs, made = _cross_entropy_forward_gpu(logits, checked_target, weight, ignore_index, epsilon,
+                                                               reduction)
+        _ready_forward.keep(key, launches, (logits, target, weight), made, (loss, log_probs))
+        return loss, log_probs
+    target = checked_target
     log_probs = log_softmax_forward(logits, axis=1)
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, logits.dtype)
     row_losses = row_weight * _picked_cost(log_probs, kept, safe_target)
@@ -340,16 +349,26 @@ def cross_entropy_backward(grad_loss: Any, log_probs: Any, target: Any, weight: 
     target: (N,) integer; weight: (C,) or None. Returns grad_logits (N, C) of log_probs' dtype.
     An out-of-range target: a ValueError on NumPy, NaN on the GPU (module docstring).
     """
+    key = _ready_key("cross_entropy_backward", (grad_loss, log_probs, target, weight), ignore_index, label_smoothing,
+                     reduction)
+    ready = _ready_backward.get(key)
+    if ready is not None:
+        return ready(grad_loss, log_probs, target, weight)[0]
     batch, num_classes = _check_scores(log_probs, "log_probs")
     check_reduction(reduction)
     _check_grad_loss(grad_loss, batch, reduction)
     check_same_dtype(grad_loss, log_probs, "grad_loss", "log_probs")
     xp = backend.get_array_module(grad_loss, log_probs, target, weight)  # one device, or a clear ValueError
-    target = _check_target(target, batch, num_classes, ignore_index)
+    checked_target = _check_target(target, batch, num_classes, ignore_index)
     _check_weight(weight, num_classes, log_probs.dtype, "log_probs")
     epsilon = check_label_smoothing(label_smoothing)
     if backend.is_cuda_array(log_probs):
-        return _cross_entropy_backward_gpu(grad_loss, log_probs, target, weight, ignore_index, epsilon, reduction)
+        with _cuda.recording() as launches:
+            grad, made = _cross_entropy_backward_gpu(grad_loss, log_probs, checked_target, weight, ignore_index,
+                                                     epsilon, reduction)
+        _ready_backward.keep(key, launches, (grad_loss, log_probs, target, weight), made, (grad,))
+        return grad
+    target = checked_target
     kept, safe_target, row_weight = _row_weights(target, weight, ignore_index, log_probs.dtype)
     scale = _row_scale(grad_loss, kept, row_weight, reduction)[:, None]                  # N, 1
     on_target = (1 - epsilon) * row_weight[:, None]                                        # N, 1
@@ -432,6 +451,22 @@ def _softmax_backward_gpu(dy: Any, y: Any, axis: int, log: bool) -> Any:
     return dx
 
 
+# Repeated cross-entropy calls on the GPU (the arrays' steady keys and the plain hyper-parameters) -> their launches
+# (_cuda.ReadyCall): a training step computes its loss once, with the same shapes every step.
+_ready_forward = _cuda.ReadyCalls()
+_ready_backward = _cuda.ReadyCalls()
+
+
+def _ready_key(name: str, arrays: tuple, ignore_index: Any, label_smoothing: Any, reduction: Any) -> tuple | None:
+    """A ready call's key, or None for a call off the GPU or with hyper-parameters of other types (its checks judge
+    those)."""
+    if not backend.is_cuda_array(arrays[0]) or type(ignore_index) is not int or type(label_smoothing) is not float \
+            or type(reduction) is not str:
+        return None
+    key = _cuda.steady_key(name, *arrays)
+    return None if key is None else (*key, ignore_index, label_smoothing, reduction)
+
+
 def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
     """(N,) row losses -> the loss: themselves for "none", else a 0-d array from loss_reduce (one block)."""
     if reduction == "none":
@@ -444,7 +479,8 @@ def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
 
 def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_index: int, epsilon: float,
                                reduction: str) -> tuple[Any, Any]:
-    """log_probs, row losses and row weights in one launch (one warp per row), then the reduction."""
+    """log_probs, row losses and row weights in one launch (one warp per row), then the reduction. Returns (the loss,
+    log_probs, the arrays it allocated)."""
     cupy = backend.cupy()
     logits, target, weight = _contiguous(logits), _contiguous(target), _contiguous(weight)
     rows, classes = logits.shape
@@ -455,7 +491,8 @@ def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_ind
     _launch_rows("cross_entropy_forward_rows", logits.dtype, rows,
                  (logits, target, weight, log_probs, row_loss, row_weight, _cuda.i32(rows), _cuda.i32(classes),
                   _ignore_index_arg(ignore_index), _cuda.f64(epsilon)))
-    return _reduce_gpu(row_loss, row_weight, reduction), log_probs
+    loss = _reduce_gpu(row_loss, row_weight, reduction)
+    return loss, log_probs, (log_probs, row_loss, row_weight) + (() if loss is row_loss else (loss,))
 
 
 def _nll_loss_forward_gpu(log_probs: Any, target: Any, weight: Any, ignore_index: int, reduction: str) -> Any:
@@ -483,7 +520,8 @@ def _denominators_gpu(target: Any, weight: Any, classes: int, ignore_index: int,
 
 def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, weight: Any, ignore_index: int,
                                 epsilon: float, reduction: str) -> Any:
-    """One element-wise launch; before it, the denominators pass when the mean or weighted smoothing needs it."""
+    """One element-wise launch; before it, the denominators pass when the mean or weighted smoothing needs it.
+    Returns (the gradient, the arrays it allocated)."""
     grad_loss, log_probs = _contiguous(grad_loss), _contiguous(log_probs)
     target, weight = _contiguous(target), _contiguous(weight)
     rows, classes = log_probs.shape
@@ -494,7 +532,7 @@ def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, wei
     _cuda.launch(_kernel("cross_entropy_backward", log_probs.dtype), grad.size,
                  (grad_loss, log_probs, target, weight, sums, grad, _cuda.i32(rows), _cuda.i32(classes),
                   _ignore_index_arg(ignore_index), _cuda.f64(epsilon), _cuda.i32(_REDUCTION_CODES[reduction])))
-    return grad
+    return grad, (grad,) + (() if sums is None else (sums,))
 
 
 def _nll_loss_backward_gpu(grad_loss: Any, target: Any, weight: Any, shape: tuple[int, int], ignore_index: int,
