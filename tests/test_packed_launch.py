@@ -156,7 +156,8 @@ def test_a_ready_call_allocates_its_arrays_and_replays_its_launches_with_the_new
         with _cuda.recording() as launches:
             _cuda.launch_blocks(kernels[0], (5, 2), 64, (x, scratch, weight, _cuda.i32(4)))
             _cuda.launch(kernels[1], 17, (scratch, out, _cuda.f64(0.5), _cuda.i32(17)))
-            _cuda.launch(kernels[1], 0, (scratch, out, _cuda.f64(0.5), _cuda.i32(0)))  # no work: neither launched nor recorded
+            # No work: neither launched nor recorded.
+            _cuda.launch(kernels[1], 0, (scratch, out, _cuda.f64(0.5), _cuda.i32(0)))
     assert len(launches) == 2 and outer == launches  # an inner recording's launches are the outer's too
     ready = _cuda.ReadyCall(launches, (x, weight), (scratch, out), (out,))
     driver.launches.clear()

@@ -385,9 +385,10 @@ class PackedLaunch:
     ``arguments``: as a RawKernel takes them: CuPy arrays and None (a null pointer), NumPy scalars and structs
     (``np.void``); :data:`PER_CALL` marks the positions whose arrays (or None) each call passes, in that order.
     A scalar or struct may be rewritten between calls through :meth:`argument_view` (a multi-tensor update's table
-    of addresses, its hyper-parameters). ``grid`` and ``block`` are fixed. A call made in another CUDA context than the one the launch was packed in (another
-    GPU, a thread without one) goes through CuPy instead, with the same arguments. The slots are shared: not for two
-    threads at once (minidnn queues its work on one stream, from one thread).
+    of addresses, its hyper-parameters). ``grid`` and ``block`` are fixed. A call made in another CUDA context than
+    the one the launch was packed in (another GPU, a thread without one) goes through CuPy instead, with the same
+    arguments. The slots are shared: not for two threads at once (minidnn queues its work on one stream, from one
+    thread).
     """
 
     __slots__ = ("kernel", "grid", "block", "shared_bytes", "arguments", "_slots", "_offsets", "_per_call",

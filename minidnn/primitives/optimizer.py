@@ -394,7 +394,7 @@ def _check_lists(names: Callable[[str, int], str], lists: list[tuple[str, Any]])
 # and keyed by their names, pass again as the same objects: a CuPy array's dtype, size, device and contiguity are
 # fixed for its life. Every other array takes a few list-wide comparisons against the parameters, in C, and any
 # failure the itemised checks below, which say what is wrong.
-_passed: dict[tuple, list] = {}
+_passed: dict[tuple, dict[str, list]] = {}
 _MOST_PASSED = 16
 _shape, _strides, _dtype, _device = (operator.attrgetter(name) for name in ("shape", "strides", "dtype",
                                                                            "data.device_id"))
@@ -421,8 +421,8 @@ def _steady_lists_pass(lists: list[tuple[str, Any]], device_id: int) -> bool:
     kept = _passed.get(key)
     shapes = strides = None
     fresh = []  # the lists, other than the gradients, that were not those of the last pass
-    for name, arrays in lists:  # the params first: new params make every list new (a state array was passed beside
-        # its parameter)
+    # The params come first: new params make every list new (a state array passed beside its parameter).
+    for name, arrays in lists:
         if name == "grad" or kept is None or fresh or len(kept[name]) != len(arrays) or \
                 not all(map(operator.is_, map(_call_reference, kept[name]), arrays)):
             if name != "grad":

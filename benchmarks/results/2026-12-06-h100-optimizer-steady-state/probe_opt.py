@@ -1,3 +1,4 @@
+# Kept as it ran: scratch/probe_opt.py of calls 1, 3 and 4 (the call scripts run it from scratch/, which git ignores).
 """Scratch probe (session 6): host time of an eager step's pieces, R20 b128 fp32 and R18 b64 fp32 on the GPU."""
 import cProfile, io, pstats, sys, time
 sys.path.insert(0, ".")

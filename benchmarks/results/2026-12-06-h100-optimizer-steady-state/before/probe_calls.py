@@ -1,3 +1,4 @@
+# Kept as it ran: scratch/probe_calls.py of call 2 (before/call2.sh runs it from scratch/, which git ignores).
 """Scratch probe (session 6): host µs per call of the one-call layers, batch norm's kept calls and the optimizer
 step at ResNet-20 b128's shapes, with each call's own-time by function (cProfile, µs per call)."""
 import cProfile, pstats, statistics, sys, time
