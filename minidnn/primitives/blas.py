@@ -142,11 +142,11 @@ def gemm_batched(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: f
 
 
 class ReadyGemm:
-    """:func:`gemm` (2-D operands) or :func:`gemm_batched` (3-D) of one call, worked out once for its repeats: operands of
-    the same shapes, strides and dtypes at other addresses, as a training step's are. The checks, the operands' layouts
-    and leading dimensions, cuBLAS's types and scalars are settled when it is made; a call passes the three operands'
-    device addresses (a C-contiguous array's is all a repeat needs, however it is viewed). Its math mode is the TF32
-    switch's when it was made: a caller keeps it under that switch."""
+    """:func:`gemm` (2-D operands) or :func:`gemm_batched` (3-D) of one call, worked out once for its repeats:
+    operands of the same shapes, strides and dtypes at other addresses, as a training step's are. The checks, the
+    operands' layouts and leading dimensions, cuBLAS's types and scalars are settled when it is made; a call passes
+    the three operands' device addresses (a C-contiguous array's is all a repeat needs, however it is viewed). Its
+    math mode is the TF32 switch's when it was made: a caller keeps it under that switch."""
 
     __slots__ = ("cublas", "entry", "arguments", "slots")
 

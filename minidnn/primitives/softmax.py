@@ -478,7 +478,7 @@ def _reduce_gpu(row_loss: Any, row_weight: Any, reduction: str) -> Any:
 
 
 def _cross_entropy_forward_gpu(logits: Any, target: Any, weight: Any, ignore_index: int, epsilon: float,
-                               reduction: str) -> tuple[Any, Any]:
+                               reduction: str) -> tuple[Any, Any, tuple]:
     """log_probs, row losses and row weights in one launch (one warp per row), then the reduction. Returns (the loss,
     log_probs, the arrays it allocated)."""
     cupy = backend.cupy()
@@ -519,7 +519,7 @@ def _denominators_gpu(target: Any, weight: Any, classes: int, ignore_index: int,
 
 
 def _cross_entropy_backward_gpu(grad_loss: Any, log_probs: Any, target: Any, weight: Any, ignore_index: int,
-                                epsilon: float, reduction: str) -> Any:
+                                epsilon: float, reduction: str) -> tuple[Any, tuple]:
     """One element-wise launch; before it, the denominators pass when the mean or weighted smoothing needs it.
     Returns (the gradient, the arrays it allocated)."""
     grad_loss, log_probs = _contiguous(grad_loss), _contiguous(log_probs)
