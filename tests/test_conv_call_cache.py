@@ -166,3 +166,50 @@ def test_gpu_a_repeated_call_goes_from_its_key_to_its_launch(arrays, monkeypatch
         monkeypatch.setattr(plans, "call_observer", lambda *args: None)
         conv.conv2d_forward(x, w, 1, 1)
         assert ran[6:] == ["forward"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["winograd_2x2", "winograd_4x4", "winograd_4x4_chunked"])
+def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypatch):
+    """Winograd's three directions, called again with new values of the same shapes, replay the first call's recorded
+    transforms and GEMMs on the new operands, output and workspace: neither _run nor a recording runs again, and every
+    call matches the float64 reference, also once the shared workspace was let go (a new buffer at another address)
+    and with a workspace of its own per call (as in a capture). The chunked variant takes the batch in several chunks
+    (views into x, dy and the output)."""
+    import contextlib  # noqa: PLC0415
+
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives.conv import winograd, workspace  # noqa: PLC0415
+    from tests.helpers import to_numpy  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE", 80_000)  # one to four images a chunk on these shapes
+    x_shape, w_shape, dy_shape = (5, 6, 11, 9), (7, 6, 3, 3), (5, 7, 11, 9)
+    full = []
+    for name in ("_run", "_run_recorded"):
+        def counted(*arguments, real=getattr(api, name), name=name, **keywords):
+            if backend.is_cuda_array(arguments[2]):
+                full.append((name, arguments[1]))
+            return real(*arguments, **keywords)
+        monkeypatch.setattr(api, name, counted)
+    registry.clear_caches()
+    old_buffer = None
+    with conv.settings(algo=algo):
+        for repeat in range(4):
+            if repeat == 2:  # held, so that the next shared buffer lies elsewhere
+                old_buffer = workspace.workspace(1)
+                workspace.release()
+            x, w, dy = (rng.standard_normal(shape) for shape in (x_shape, w_shape, dy_shape))
+            expected = [conv.conv2d_forward(x, w, 1, 1, algo="reference"),
+                        conv.conv2d_backward_data(dy, w, x_shape, 1, 1, algo="reference"),
+                        conv.conv2d_backward_filter(x, dy, w_shape, 1, 1, algo="reference")]
+            x, w, dy = (cupy.asarray(a, dtype=np.float32) for a in (x, w, dy))
+            with workspace.per_call() if repeat == 3 else contextlib.nullcontext():
+                got = [conv.conv2d_forward(x, w, 1, 1), conv.conv2d_backward_data(dy, w, x_shape, 1, 1),
+                       conv.conv2d_backward_filter(x, dy, w_shape, 1, 1)]
+            for direction, result, reference in zip(("forward", "backward_data", "backward_filter"), got, expected):
+                np.testing.assert_allclose(to_numpy(result), reference, rtol=1e-4,
+                                           atol=1e-4 * np.abs(reference).max(), err_msg=f"{direction}, call {repeat}")
+            assert full == [("_run_recorded", d) for d in ("forward", "backward_data", "backward_filter")], (repeat, full)
+    assert old_buffer is not None and sum(ready is not None for _, ready in api._ready.values()) == 3
+

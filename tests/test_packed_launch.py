@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda
+from minidnn.primitives import _cuda, blas
 from tests.helpers import StandInArray, stand_in_driver
 
 driver = pytest.fixture(name="driver")(stand_in_driver)
@@ -132,13 +132,15 @@ def test_gpu_a_packed_launch_passes_what_cupy_passes():
 # Ready calls: a primitive call's launches recorded once, replayed with new arrays
 # ----------------------------------------------------------------------------------------------
 class StandInDeviceArray(StandInArray):
-    """What a ready call reads of a CuPy array: its address, shape, dtype, contiguity and base."""
+    """What a ready call reads of a CuPy array: its address, shape, dtype, size in bytes, contiguity and base; a view
+    (``base`` given) lies ``offset`` bytes into its base."""
 
     addresses = iter(range(0x10_0000, 0x7F_0000, 0x1000))
 
-    def __init__(self, shape, dtype=np.float32, contiguous=True):
-        super().__init__(next(self.addresses))
-        self.shape, self.dtype, self.base = shape, np.dtype(dtype), None
+    def __init__(self, shape, dtype=np.float32, contiguous=True, base=None, offset=0):
+        super().__init__(next(self.addresses) if base is None else base.data.ptr + offset)
+        self.shape, self.dtype, self.base = shape, np.dtype(dtype), base
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
         self.flags = SimpleNamespace(c_contiguous=contiguous)
 
 
@@ -182,6 +184,55 @@ def test_a_ready_call_allocates_its_arrays_and_replays_its_launches_with_the_new
     kept.keep(("strided",), strided_launches, (x, None), (scratch, strided), (strided,))
     kept.keep(("plain",), launches, (x, None), (scratch, out), (out,))
     assert kept.get(("copied",)) is None and kept.get(("strided",)) is None and kept.get(("plain",)) is not None
+
+
+class StandInCublas(blas._Cublas):
+    """cuBLAS's entry points as a list of the calls made: (entry point, its arguments after the handle)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, entry, *arguments):
+        self.calls.append((entry, arguments))
+
+
+def test_a_ready_call_moves_each_view_and_gemm_operand_by_its_offset_into_the_new_arrays(driver, monkeypatch):
+    """A convolution's recording takes views: images of its input, pieces of its workspace. Each repeat passes every
+    launch and every cuBLAS GEMM the same byte offsets into the new call's arrays; an address outside them all (memory
+    the call made itself) is refused."""
+    monkeypatch.setattr(_cuda, "grid_stride_blocks", lambda count, threads=_cuda.THREADS: 1)
+    backend.cupy().ndarray, backend.cupy().empty = StandInDeviceArray, None  # it allocates nothing
+    kernel = lambda grid, block, arguments, shared_mem=0: None  # noqa: E731
+    kernel.ptr = 0xC
+    cublas = StandInCublas()
+    rng = np.random.default_rng()
+    image, transformed = (int(v) * 16 for v in rng.integers(1, 40, 2))
+    x, out, workspace = StandInDeviceArray((40, 8)), StandInDeviceArray((5, 8)), StandInDeviceArray((4096,), np.uint8)
+    late_images = StandInDeviceArray((2, 8), base=x, offset=image)
+    U = StandInDeviceArray((4, 4), base=workspace)
+    V = StandInDeviceArray((4, 8), base=workspace, offset=1024 + transformed)
+    with _cuda.recording() as steps:
+        _cuda.launch(kernel, 8, (late_images, U, _cuda.i32(8)))
+        cublas.gemm(False, False, 8, 4, 4, 1.0, V, 8, 0, U, 4, 0, 0.0, out, 8, 0, 1)
+    assert len(steps) == 2
+    ready = _cuda.ReadyCall(steps, (x, out, workspace), (), ())
+    driver.launches.clear()
+    cublas.calls.clear()
+    driver.sizes = [8, 8, 4]
+    new_x, new_out, new_workspace = StandInDeviceArray((40, 8)), StandInDeviceArray((5, 8)), \
+        StandInDeviceArray((4096,), np.uint8)
+    assert ready(new_x, new_out, new_workspace) == ()
+    (*_, values, _), = driver.launches
+    assert [int.from_bytes(v, "little") for v in values[:2]] == [new_x.data.ptr + image, new_workspace.data.ptr]
+    (entry, arguments), = cublas.calls
+    assert entry == "gemmEx" and arguments[:5] == (0, 0, 8, 4, 4)
+    assert [arguments[6], arguments[9], arguments[13]] == [new_workspace.data.ptr + 1024 + transformed,
+                                                           new_workspace.data.ptr, new_out.data.ptr]
+    scratch = StandInDeviceArray((4, 4))  # neither an input nor the workspace
+    with _cuda.recording() as steps:
+        cublas.gemm(False, False, 4, 4, 4, 1.0, U, 4, 0, scratch, 4, 0, 0.0, out, 4, 0, 1)
+    with pytest.raises(ValueError, match="lies in no input"):
+        _cuda.ReadyCall(steps, (x, out, workspace), (), ())
 
 
 @pytest.mark.gpu

@@ -259,7 +259,7 @@ def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS,
         return
     grid, args = (grid_stride_blocks(count, threads),), tuple(args)
     if _recorded is not None:
-        _recorded.append((kernel, grid, (threads,), shared_bytes, args))
+        _record_launch(kernel, grid, threads, shared_bytes, args)
     kernel(grid, (threads,), args, shared_mem=shared_bytes)
 
 
@@ -271,19 +271,21 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
         return
     args = tuple(args)
     if _recorded is not None:
-        _recorded.append((kernel, grid, (threads,), shared_bytes, args))
+        _record_launch(kernel, grid, threads, shared_bytes, args)
     kernel(grid, (threads,), args, shared_mem=shared_bytes)
 
 
-# The launches made through launch and launch_blocks while recording() is active, or None.
+# The steps recorded while recording() is active, or None.
 _recorded: list | None = None
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[list]:
-    """Collect the (kernel, grid, block, shared bytes, arguments) of every launch made through :func:`launch` and
-    :func:`launch_blocks` inside the block, in order (a recording inside another adds its launches to the outer's
-    too): what a :class:`ReadyCall` is made from."""
+    """Collect the GPU work done inside the block, in order: every launch made through :func:`launch` and
+    :func:`launch_blocks`, and every cuBLAS GEMM of :mod:`.blas` (a recording inside another adds its steps to the
+    outer's too). Each step is ``(make, arrays)``: ``make()`` works the step out once, as a callable that takes the
+    device addresses of ``arrays`` (the device arrays it was handed, in order) and does the step again on them. What
+    a :class:`ReadyCall` is made from."""
     global _recorded
     outer = _recorded
     _recorded = []
@@ -295,50 +297,74 @@ def recording() -> Iterator[list]:
             outer.extend(inner)
 
 
+def record(arrays: Sequence[Any], make: Any, *arguments: Any) -> None:
+    """Add a step to the recording, if one is active (see :func:`recording`): ``make(*arguments)`` works it out."""
+    if _recorded is not None:
+        _recorded.append((functools.partial(make, *arguments), tuple(arrays)))
+
+
+def _record_launch(kernel: Any, grid: tuple[int, ...], threads: int, shared_bytes: int, args: tuple) -> None:
+    ndarray = backend.cupy().ndarray
+    arguments = tuple(PER_CALL if isinstance(a, ndarray) else a for a in args)
+    make = functools.partial(_packed_at, kernel, grid, (threads,), arguments, shared_bytes)
+    _recorded.append((make, tuple(a for a in args if isinstance(a, ndarray))))
+
+
+def _packed_at(kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], arguments: tuple,
+               shared_bytes: int) -> Any:
+    return PackedLaunch(kernel, grid, block, arguments, shared_bytes).launch_at
+
+
 class ReadyCall:
     """A primitive call kept for its repeats, which a training step makes with arrays of the same shapes at other
-    addresses: the arrays it allocates, then its launches packed (:class:`PackedLaunch`). A repeat allocates its new
-    arrays and launches, without any check or choice.
+    addresses: the arrays it allocates, then its steps (packed launches, ready GEMMs) with each array address moved to
+    the new arrays. A repeat allocates its new arrays and does its steps, without any check or choice.
 
-    Made from a recording (:func:`recording`) of a call whose whole GPU work was those launches: ``inputs``, the call's
-    arrays (None entries allowed), passed to each repeat in the same order; ``made``, the C-contiguous arrays the call
-    allocated (outputs and scratch); ``results``, what it returned, each one of ``made``. Every array a launch took
-    must be one of those, the very object: an array the call made some other way (a contiguous copy of an input, a
-    view) refuses it with a ValueError, and the call is then simply not kept."""
+    Made from a recording (:func:`recording`) of a call whose whole GPU work was those steps: ``inputs``, the call's
+    arrays (None entries allowed; a scratch buffer the caller hands it, such as a convolution's workspace, is one),
+    passed to each repeat in the same order and laid out the same way (the caller's key holds their shapes and
+    strides); ``made``, the C-contiguous arrays the call allocated (outputs and scratch); ``results``, what it
+    returned, each one of ``made``. A step may take any view that lies in one of those arrays: it gets the same byte
+    offset into the repeat's array. An address in none of them (a copy the call made some other way) refuses the call
+    with a ValueError, and it is then simply not kept."""
 
-    __slots__ = ("outputs", "launches", "results", "empty")
+    __slots__ = ("outputs", "steps", "results", "empty")
 
-    def __init__(self, launches: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
+    def __init__(self, steps: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
                  results: Sequence[Any]) -> None:
-        cupy = backend.cupy()
         arrays = [*inputs, *made]
+        spans = [(a.data.ptr, a.data.ptr + max(a.nbytes, 1), index) for index, a in enumerate(arrays) if a is not None]
 
-        def position(array: Any) -> int:
-            for index, candidate in enumerate(arrays):
-                if candidate is array:
-                    return index
-            raise ValueError("a launch takes an array that is neither an input of the call nor one it made")
+        def place(array: Any) -> tuple[int, int]:
+            address = array.data.ptr
+            for start, stop, index in spans:
+                if start <= address < stop:
+                    return index, address - start
+            raise ValueError("a step takes an array that lies in no input of the call and in nothing it made")
 
         for array in made:
             if not array.flags.c_contiguous or array.base is not None:
                 raise ValueError("a ready call allocates C-contiguous arrays of its own")
         self.outputs = tuple((tuple(array.shape), array.dtype) for array in made)
-        packed = []
-        for kernel, grid, block, shared_bytes, args in launches:
-            per_call = tuple(position(a) for a in args if isinstance(a, cupy.ndarray))
-            arguments = [PER_CALL if isinstance(a, cupy.ndarray) else a for a in args]
-            packed.append((PackedLaunch(kernel, grid, block, arguments, shared_bytes), per_call))
-        self.launches = tuple(packed)
-        self.results = tuple(position(result) for result in results)
-        self.empty = cupy.empty
+        self.steps = tuple((make(), tuple(place(array) for array in step_arrays)) for make, step_arrays in steps)
+        self.results = tuple(_index_of(result, arrays) for result in results)
+        self.empty = backend.cupy().empty
 
     def __call__(self, *inputs: Any) -> tuple:
         """The call's results for new ``inputs`` (in the order it was made with)."""
         empty = self.empty
         arrays = (*inputs, *[empty(shape, dtype=dtype) for shape, dtype in self.outputs])
-        for launch, per_call in self.launches:
-            launch(*[arrays[i] for i in per_call])
+        addresses = [0 if array is None else array.data.ptr for array in arrays]
+        for step, places in self.steps:
+            step(*[addresses[index] + offset for index, offset in places])
         return tuple(arrays[i] for i in self.results)
+
+
+def _index_of(result: Any, arrays: Sequence[Any]) -> int:
+    for index, candidate in enumerate(arrays):
+        if candidate is result:
+            return index
+    raise ValueError("a ready call returns arrays it made")
 
 
 class ReadyCalls:
@@ -352,14 +378,14 @@ class ReadyCalls:
     def get(self, key: tuple | None) -> "ReadyCall | None":
         return None if key is None else self.calls.get(key)
 
-    def keep(self, key: tuple | None, launches: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
+    def keep(self, key: tuple | None, steps: Sequence[tuple], inputs: Sequence[Any], made: Sequence[Any],
              results: Sequence[Any]) -> None:
-        """Keep the call recorded in ``launches`` under ``key`` (see :class:`ReadyCall`), if it can be."""
+        """Keep the call recorded in ``steps`` under ``key`` (see :class:`ReadyCall`), if it can be."""
         if key is None or key in self.calls:
             return
         try:
-            ready = ReadyCall(launches, inputs, made, results)
-        except (ValueError, TypeError):  # an array it did not make or take, an argument a packed launch cannot hold
+            ready = ReadyCall(steps, inputs, made, results)
+        except (ValueError, TypeError):  # an array it neither took nor made, an argument a packed launch cannot hold
             ready = None
         if len(self.calls) >= self.most:
             self.calls.clear()
@@ -443,6 +469,21 @@ class PackedLaunch:
         slots = self._slots
         for slot, array in zip(self._per_call, arrays):
             slots[slot] = 0 if array is None else array.data.ptr
+        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
+        self._launch(self._function, gx, gy, gz, bx, by, bz, self.shared_bytes, self._stream_now(),
+                     self._parameters_address, 0)
+
+    def launch_at(self, *addresses: int) -> None:
+        """The same launch given the PER_CALL positions' device addresses (0 for a null pointer) instead of arrays:
+        what a :class:`ReadyCall` passes for views inside its arrays."""
+        if len(addresses) != len(self._per_call):
+            raise TypeError(f"this launch takes {len(self._per_call)} addresses, got {len(addresses)}")
+        if self._context_now() != self._context:  # CuPy passes a uint64 as the 8 bytes a pointer takes
+            self(*[np.uint64(address) for address in addresses])
+            return
+        slots = self._slots
+        for slot, address in zip(self._per_call, addresses):
+            slots[slot] = address
         (gx, gy, gz), (bx, by, bz) = self.grid, self.block
         self._launch(self._function, gx, gy, gz, bx, by, bz, self.shared_bytes, self._stream_now(),
                      self._parameters_address, 0)

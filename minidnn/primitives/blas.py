@@ -168,6 +168,15 @@ class ReadyGemm:
             out.shape[0] if batched else 1)
         self.slots = (slot_a, slot_b, slot_c)
 
+    @classmethod
+    def of_arguments(cls, cublas: "_Cublas", entry: str, arguments: tuple, slots: tuple[int, int, int]) -> "ReadyGemm":
+        """The ready form of a GEMM already worked out (a step of a recorded call, :func:`_cuda.recording`): cuBLAS's
+        ``entry`` with ``arguments`` after the handle, the operands' addresses to go in positions ``slots``. Called
+        with the addresses in the order of ``slots``."""
+        ready = cls.__new__(cls)
+        ready.cublas, ready.entry, ready.arguments, ready.slots = cublas, entry, list(arguments), slots
+        return ready
+
     def __call__(self, a_address: int, b_address: int, out_address: int) -> None:
         """out = alpha · a · b + beta · out on the current stream, for operands at these addresses."""
         arguments, (slot_a, slot_b, slot_c) = self.arguments, self.slots
@@ -344,6 +353,7 @@ class _Cublas:
         :func:`gemm_batched`."""
         entry, arguments, (slot_a, slot_b, slot_c) = self.gemm_arguments(
             a_t, b_t, m, n, k, alpha, a.dtype, lda, stride_a, ldb, stride_b, beta, c.dtype, ldc, stride_c, batch, tf32)
+        _cuda.record((a, b, c), ReadyGemm.of_arguments, self, entry, tuple(arguments), (slot_a, slot_b, slot_c))
         arguments[slot_a], arguments[slot_b], arguments[slot_c] = a.data.ptr, b.data.ptr, c.data.ptr
         self.call(entry, *arguments)
 
@@ -389,7 +399,7 @@ class _Cublas:
             self.capturable["setWorkspace"](self.handle, self.workspace.ptr, CAPTURE_WORKSPACE_BYTES)
 
 
-@functools.lru_cache(maxsize=64)  # a few (dtype, alpha, beta) in practice: 1 and 0, or 1 and 1
+@functools.lru_cache(maxsize=None)  # a few (dtype, alpha, beta) in practice; kept, as ready GEMMs hold their addresses
 def _scalars(dtype: np.dtype, alpha: float, beta: float) -> tuple[np.ndarray, int, int]:
     """alpha and beta in the compute type's scalar type, with their host addresses, which cuBLAS reads
     during the call (the caller holds the buffer until then). Cached: building it cost more than the call."""

@@ -35,10 +35,12 @@ _warned_out_of_memory: set = set()
 _calls: dict[tuple, tuple[ConvProblem, Plan]] = {}
 registry.cache_clearers.append(_calls.clear)
 
-# Further, for a call whose plan is one segment without a workspace, of an algorithm with a ready launch (implicit
-# GEMM's on the GPU): the call's key -> (the GPU it was made on, the launch), so that a repeated call with
-# C-contiguous operands and no ``out`` goes from its key to its kernel: the output allocated, one launch. The key
-# holds everything the launch was worked out from but the device, which is compared.
+# Further, for a GPU call whose plan is one segment: the call's key -> (the GPU it was made on, its ready form, or None
+# when it has none), so that a repeated call with C-contiguous operands and no ``out`` goes from its key to its work.
+# The ready form is the algorithm's ready launch (implicit GEMM's: the output allocated, one launch), or for a
+# ``replayable`` algorithm (Winograd's transforms and GEMMs) the first call's recording, replayed on the next call's
+# operands, output and workspace (_cuda.ReadyCall). The key holds everything either was worked out from but the
+# device, which is compared.
 _ready: dict[tuple, tuple[int, Any]] = {}
 registry.cache_clearers.append(_ready.clear)
 
@@ -95,14 +97,55 @@ def _ready_launch(key: tuple | None, first: Any, second: Any) -> Any:
     return ready[1]
 
 
-def _keep_ready(key: tuple | None, plan: Plan, problem: ConvProblem, direction: str) -> None:
-    """Keep the ready launch of a call that has one (see ``_ready``)."""
-    if key is None or key in _ready or len(plan.segments) != 1 or plan.workspace_bytes or plan.arena is not None \
-            or key[-1]:  # channels-last operands take the full path
-        return
-    launch = plan.segments[0][1].ready_launch(direction, problem)
-    if launch is not None:
-        _ready[key] = (_cuda.current_device(), launch)
+def _run_and_keep(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                  key: tuple | None, keep: bool, accumulate: bool = False) -> Any:
+    """:func:`_run`, and for a GPU call that may be kept (``keep``: it allocated its output; see ``_ready``) and is not
+    yet, its ready form kept: the algorithm's ready launch, or its recording."""
+    try:
+        kept = not keep or key is None or problem.device != "cuda" or key in _ready
+    except TypeError:  # an unhashable shape argument (a list)
+        kept = True
+    if kept or plans.call_observer is not None or not (first.flags.c_contiguous and second.flags.c_contiguous):
+        return _run(plan, direction, first, second, problem, out, accumulate)
+    device, algorithm, ready = _cuda.current_device(), plan.segments[0][1], None
+    if len(plan.segments) == 1 and plan.arena is None and not key[-1]:  # channels-last operands take the full path
+        if algorithm.replayable:
+            return _run_recorded(plan, direction, first, second, problem, out, key, device)
+        if not plan.workspace_bytes:
+            ready = algorithm.ready_launch(direction, problem)
+    _run(plan, direction, first, second, problem, out, accumulate)
+    _ready[key] = (device, ready)
+    return out
+
+
+def _run_recorded(plan: Plan, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any, key: tuple,
+                  device: int) -> Any:
+    """Run a replayable algorithm's one-segment plan under a recording, and keep it as a ready call."""
+    fallback, buffer = _workspace(plan, problem, direction, backend.cupy())
+    if fallback is not plan:  # no memory for the workspace: the fallback runs, nothing is kept
+        return _run(fallback, direction, first, second, problem, out)
+    with _cuda.recording() as steps:
+        plan.segments[0][1].run_in_layout(direction, first, second, problem, out, False, buffer)
+    try:  # the output is handed to the replay, allocated before the workspace as here (a captured step's memory plan
+        # follows the order of a step's allocations)
+        ready_call = _cuda.ReadyCall(steps, (first, second, out, buffer), (), ())
+    except (ValueError, TypeError):  # a step on memory of its own making: not kept (see _cuda.ReadyCall)
+        _ready[key] = (device, None)
+        return out
+    nbytes, shared, empty, shape, dtype = plan.workspace_bytes, workspace.workspace, backend.cupy().empty, out.shape, \
+        out.dtype
+
+    def replay(first: Any, second: Any) -> Any:
+        result = empty(shape, dtype)
+        try:
+            buffer = shared(nbytes) if nbytes else None
+        except MemoryError:  # the shared workspace was let go and no memory is left for it: the full path's fallback
+            return _run(plan, direction, first, second, problem, result)
+        ready_call(first, second, result, buffer)
+        return result
+
+    _ready[key] = (device, replay)
+    return out
 
 
 def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Plan:
@@ -253,10 +296,7 @@ def conv2d_forward(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: 
     problem, plan = _problem_and_plan("forward", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, w)
     y = _output(out, problem.y_shape, problem, xp, channels_last=last)
-    _run(plan, "forward", x, w, problem, y)
-    if out is None:
-        _keep_ready(key, plan, problem, "forward")
-    return y
+    return _run_and_keep(plan, "forward", x, w, problem, y, key, out is None)
 
 
 def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -285,10 +325,7 @@ def conv2d_backward_data(dy: Any, w: Any, x_shape: tuple, stride: Any = 1, paddi
     problem, plan = _problem_and_plan("backward_data", key, check, algo, workspace_limit)
     xp = backend.get_array_module(dy, w)
     dx = _output(out, problem.x_shape, problem, xp, channels_last=last)
-    _run(plan, "backward_data", dy, w, problem, dx)
-    if out is None:
-        _keep_ready(key, plan, problem, "backward_data")
-    return dx
+    return _run_and_keep(plan, "backward_data", dy, w, problem, dx, key, out is None)
 
 
 def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -322,7 +359,4 @@ def conv2d_backward_filter(x: Any, dy: Any, w_shape: tuple, stride: Any = 1, pad
     problem, plan = _problem_and_plan("backward_filter", key, check, algo, workspace_limit)
     xp = backend.get_array_module(x, dy)
     dw = _output(out, problem.w_shape, problem, xp, gradient_dtype(dtype, problem))
-    _run(plan, "backward_filter", x, dy, problem, dw, accumulate)
-    if plain:
-        _keep_ready(key, plan, problem, "backward_filter")
-    return dw
+    return _run_and_keep(plan, "backward_filter", x, dy, problem, dw, key, plain, accumulate)

@@ -73,6 +73,10 @@ class ConvAlgorithm:
     half_precision = False
     float32_weight_gradient = False
     channels_last = False
+    # Its whole GPU work on C-contiguous operands is launches through _cuda and GEMMs through blas, worked out from the
+    # problem alone (not from the operands' addresses): api may then keep a call's recording as a ready call
+    # (_cuda.ReadyCall) and replay it for the call's repeats.
+    replayable = False
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         raise NotImplementedError

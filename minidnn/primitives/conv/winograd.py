@@ -341,6 +341,8 @@ class Winograd(ConvAlgorithm):
     at a time, as many as keep U, V and M within ``CHUNKED_WORKSPACE`` bytes (at least one), so the workspace no
     longer grows with the batch; U is transformed once."""
 
+    replayable = True  # transforms through _cuda.launch, products through blas: a repeat replays the recorded call
+
     def __init__(self, m: int, r: int = 3, chunked: bool = False) -> None:
         if (m, r) not in TRANSFORMS:
             raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) has no transforms; known: {sorted(TRANSFORMS)}")
