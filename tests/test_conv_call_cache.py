@@ -213,3 +213,27 @@ def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypat
             assert full == [("_run_recorded", d) for d in ("forward", "backward_data", "backward_filter")], (repeat, full)
     assert old_buffer is not None and sum(ready is not None for _, ready in api._ready.values()) == 3
 
+
+@pytest.mark.gpu
+def test_gpu_find_times_the_ready_form_that_a_steps_repeats_run(monkeypatch):
+    """find's host time is what an eager step's repeats cost: Winograd's recorded call replayed (its full path runs
+    once, for the recording), implicit GEMM's ready launch (never its full path); an algorithm without a ready form
+    (im2col + GEMM) is timed on its full path, every call."""
+    from minidnn.primitives.conv import selection  # noqa: PLC0415
+    from minidnn.primitives.conv.problem import make_problem  # noqa: PLC0415
+
+    problem = make_problem((3, 8, 13, 11), (6, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1, np.float32, "cuda")
+    names = ("winograd_4x4_chunked", "implicit_gemm", "gemm")
+    full = {name: 0 for name in names}
+    for name in names:
+        algorithm = registry.get(name)
+        real = algorithm.run_in_layout
+
+        def counted(*arguments, real=real, name=name, **keywords):
+            full[name] += 1
+            return real(*arguments, **keywords)
+
+        monkeypatch.setattr(algorithm, "run_in_layout", counted)
+    measured = selection._measure([registry.get(name) for name in names], problem, "forward", repeats=3)
+    assert set(measured) == set(names)
+    assert full["winograd_4x4_chunked"] == 1 and full["implicit_gemm"] == 0 and full["gemm"] >= 4, full
