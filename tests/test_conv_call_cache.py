@@ -210,7 +210,8 @@ def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypat
             for direction, result, reference in zip(("forward", "backward_data", "backward_filter"), got, expected):
                 np.testing.assert_allclose(to_numpy(result), reference, rtol=1e-4,
                                            atol=1e-4 * np.abs(reference).max(), err_msg=f"{direction}, call {repeat}")
-            assert full == [("_run_recorded", d) for d in ("forward", "backward_data", "backward_filter")], (repeat, full)
+            directions = ("forward", "backward_data", "backward_filter")
+            assert full == [("_run_recorded", direction) for direction in directions], (repeat, full)
     assert old_buffer is not None and sum(ready is not None for _, ready in api._ready.values()) == 3
 
 

@@ -83,8 +83,8 @@ def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str |
 
 
 def _ready_launch(key: tuple | None, first: Any, second: Any) -> Any:
-    """The call's ready launch, or None when it has none or its operands need the full path (a strided operand, another
-    GPU, an observer watching the calls)."""
+    """The call's ready form (see ``_ready``), or None when it has none or its operands need the full path (a strided
+    operand, another GPU, an observer watching the calls)."""
     if key is None:
         return None
     try:
