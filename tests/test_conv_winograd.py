@@ -392,6 +392,73 @@ def test_chunked_backward_filter_adds_to_the_gradient_given(xp, rng, monkeypatch
     assert_close(out, before + want, rtol=1e-10, atol=1e-10)
 
 
+# ----------------------------------------------------------------------------------------------
+# Paired transforms: two transforms issued back to back go to the GPU as one launch
+# ----------------------------------------------------------------------------------------------
+class StandInArray:
+    """What launch_together reads of a device array: its dtype and size."""
+
+    dtype, size = np.dtype(np.float32), 10
+
+
+def test_launch_together_makes_a_pair_one_launch_and_anything_else_one_launch_each(monkeypatch):
+    launches = []
+    monkeypatch.setattr(_cuda, "function", lambda source, name, dtype: name)
+    monkeypatch.setattr(_cuda, "grid_stride_blocks", lambda count: -(-count // 100))
+    monkeypatch.setattr(_cuda, "launch", lambda kernel, count, args: launches.append((kernel, count, args)))
+    monkeypatch.setattr(_cuda, "launch_blocks",
+                        lambda kernel, blocks, threads, args: launches.append((kernel, blocks, args)))
+    x, V, dy, E = StandInArray(), StandInArray(), StandInArray(), StandInArray()
+    images = winograd.TransformLaunch("input", "_4", 250, (x, V, "shape of x"), (x, V))
+    gradient = winograd.TransformLaunch("gradient", "_4", 1000, (dy, E, "shape of dy"), (dy, E))
+    winograd.launch_together(images, gradient)
+    # One kernel: the images' 3 blocks first, then the gradient's 10, told where the second transform's start.
+    assert launches == [("winograd_input_and_gradient_transform_4", 13,
+                         (x, V, "shape of x", dy, E, "shape of dy", np.int32(3)))]
+    launches.clear()
+    winograd.launch_together(gradient, images)  # no kernel for this order: two launches, in the order given
+    assert launches == [("winograd_gradient_transform_4", 1000, gradient.args),
+                        ("winograd_input_transform_4", 250, images.args)]
+    launches.clear()
+    winograd.launch_together(None, images)  # a transform done already (the CPU's), then one alone
+    winograd.launch_together(images, dataclasses.replace(gradient, suffix="_2"))  # two tile sizes: apart
+    assert [kernel for kernel, _, _ in launches] == ["winograd_input_transform_4", "winograd_input_transform_4",
+                                                     "winograd_gradient_transform_2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, r", [(4, 3), (4, 5), (7, 5)])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_gpu_paired_transforms_give_the_singles_bits_in_fewer_launches(rng, monkeypatch, direction, m, r):
+    """Three chunks: forward and backward-data launch the filter's transform with the first chunk's images and each
+    chunk's output with the next chunk's images; backward-filter each chunk's images with its output gradient."""
+    cupy = pytest.importorskip("cupy")
+    problem = ConvProblem(5, 4, 10, 7, 6, r, r, (1, 1), (1, 2), (1, 1), 2, np.dtype(np.float32), "cuda")
+    if not winograd.Winograd(m, r).supports(problem, direction):
+        pytest.skip(f"F({m}x{m}, {r}x{r}) has no {direction}")
+    algorithm = two_images_a_chunk(monkeypatch, problem, direction, r, m)
+    chunks = len(algorithm.chunks(problem, direction))
+    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
+    first, second = (cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in shapes[:2])
+    workspace = cupy.zeros(algorithm.workspace_bytes(problem, direction), dtype=np.uint8)
+
+    def run():
+        out = cupy.full(shapes[2], np.nan, dtype=np.float32)
+        with _cuda.recording() as steps:
+            algorithm.run(direction, first, second, problem, out, False, workspace)
+        return out, len(steps)
+
+    paired, paired_steps = run()
+    monkeypatch.setattr(winograd, "PAIRED", set())
+    single, single_steps = run()
+    np.testing.assert_array_equal(to_numpy(paired), to_numpy(single))
+    # Alone, each chunk takes two transforms and a GEMM (split-K's kernel, or cuBLAS's), and one transform more
+    # comes first (the filter's) or last (the filter gradient's). Paired, a chunk takes one launch and a GEMM.
+    assert (paired_steps, single_steps) == (2 * chunks + 1, 3 * chunks + 1)
+
+
 @pytest.mark.parametrize("algo", ["winograd_4x4_chunked", "winograd_4x4_5x5_chunked", "winograd_7x7_5x5_chunked"])
 def test_chunked_workspace_does_not_grow_with_the_batch_and_fits_64_mib_on_the_models(algo):
     chunked, supported = registry.get(algo), 0
@@ -415,9 +482,13 @@ def test_kernels_compile_without_spills_or_local_arrays(nvcc_build):
     result = nvcc_build  # the session's one float build of winograd.cu, shared with test_cuda_sources
     assert result.returncode == 0, result.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", result.stderr)
+    # Each transform alone, and the pairs launched together (launch_together): forward and backward-data's only
+    # where the tile size offers them.
+    singles = ("filter", "input", "output", "gradient", "filter_gradient")
+    pairs = tuple(f"{first}_and_{second}" for first, second in sorted(winograd.PAIRED))
     assert sorted(kernels) == sorted(f"winograd_{name}_transform{kernel_suffix(m, r)}" for m, r in SIZES
-                                     for name in ("filter", "input", "output", "gradient", "filter_gradient")
-                                     if (m, r) in FORWARD_SIZES or name not in ("filter", "output"))
+                                     for name in singles + pairs
+                                     if (m, r) in FORWARD_SIZES or not {"filter", "output"} & set(name.split("_and_")))
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", result.stderr)
     assert len(frames) == len(kernels)
     # A stack frame would mean a transform matrix (or a tile) left in local memory instead of registers.

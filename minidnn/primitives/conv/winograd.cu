@@ -4,7 +4,8 @@
 // Each is a "sandwich" out = L · in · Lᵀ with a small constant matrix L (Bᵀ, G, Aᵀ and, for the
 // filter gradient, their transposes A and Gᵀ). The matrices are constexpr and the loops fully
 // unrolled, so zero entries cost nothing and ±1 entries cost an addition: the compiler emits
-// the hand-written transforms. One thread per (channel, tile) or per (k, c), grid-stride loops.
+// the hand-written transforms. One thread per (channel, tile) or per (k, c), grid-stride loops over the
+// blocks a transform is given (`block` of `blocks`: the whole grid, or its share of a paired launch).
 //
 // Transformed arrays are α²-major, V[ξ·α + ν][channel][tile], ready for the α² batched GEMMs.
 // Tiles are numbered (n, tile row, tile column), column fastest: consecutive threads take
@@ -193,9 +194,9 @@ constexpr bool by_rows = sizeof(scalar_t) == sizeof(double) && T::alpha > 8;
 // U[ξν][k][c] = (G · g · Gᵀ)[ξ][ν] for the r×r filter g = w[k][c], rotated by 180° when `rotate`
 // (backward-data runs the forward algorithm on dy with the rotated filter). One thread per (k, c).
 template <class T>
-__device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __restrict__ U, int filters,
-                                 int rotate) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
+__device__ void filter_transform(const scalar_t* __restrict__ w, scalar_t* __restrict__ U, int filters, int rotate,
+                                 int block, int blocks) {
+    for (int i = block * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * blocks) {
         constexpr int taps = T::r * T::r;
         scalar_t g[T::r][T::r];
 #pragma unroll
@@ -224,10 +225,11 @@ __device__ __forceinline__ TileOf tile_of(int i, int tiles, const TileShape& sha
 // V[ξν][c][tile] = (Bᵀ · d · B)[ξ][ν] for the α×α input patch d of each tile (zero outside the
 // image: the padding). Patches of neighbouring tiles overlap by r − 1. One thread per (c, tile).
 template <class T>
-__device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __restrict__ V, const TileShape shape) {
+__device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __restrict__ V, const TileShape shape,
+                                int block, int blocks) {
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    for (int i = block * blockDim.x + threadIdx.x; i < total; i += blockDim.x * blocks) {
         const TileOf t = tile_of(i, tiles, shape);
         const int top = t.row * T::m + shape.origin_h, left = t.column * T::m + shape.origin_w;
         const scalar_t* plane = x + t.plane;
@@ -262,10 +264,11 @@ __device__ void input_transform(const scalar_t* __restrict__ x, scalar_t* __rest
 // y tile = Aᵀ · M · A for each (k, tile), its m×m outputs cropped at the image's bottom and right
 // edges (the last row and column of tiles overhang when m does not divide the size).
 template <class T>
-__device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ y, const TileShape shape) {
+__device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ y, const TileShape shape,
+                                 int block, int blocks) {
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    for (int i = block * blockDim.x + threadIdx.x; i < total; i += blockDim.x * blocks) {
         const TileOf t = tile_of(i, tiles, shape);
         scalar_t product[T::alpha][T::alpha];
 #pragma unroll
@@ -288,10 +291,11 @@ __device__ void output_transform(const scalar_t* __restrict__ M, scalar_t* __res
 // E[ξν][k][tile] = (A · e · Aᵀ)[ξ][ν] for the m×m output-gradient tile e of each (k, tile), zero
 // beyond the image (backward-filter: the output gradient plays the filter's part).
 template <class T>
-__device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __restrict__ E, const TileShape shape) {
+__device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __restrict__ E, const TileShape shape,
+                                   int block, int blocks) {
     const int tiles = shape.N * shape.tiles_h * shape.tiles_w;
     const int total = shape.channels * tiles;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+    for (int i = block * blockDim.x + threadIdx.x; i < total; i += blockDim.x * blocks) {
         const TileOf t = tile_of(i, tiles, shape);
         const scalar_t* plane = dy + t.plane;
         scalar_t e[T::m][T::m];
@@ -315,9 +319,9 @@ __device__ void gradient_transform(const scalar_t* __restrict__ dy, scalar_t* __
 // M is the sum of `splits` partial products M[s][ξν][k][c] (split-K's), added in order s = 0, 1, ...
 template <class T>
 __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar_t* __restrict__ dw, int filters,
-                                          int accumulate, int splits) {
+                                          int accumulate, int splits, int block, int blocks) {
     constexpr int positions = T::alpha * T::alpha;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * gridDim.x) {
+    for (int i = block * blockDim.x + threadIdx.x; i < filters; i += blockDim.x * blocks) {
         constexpr int taps = T::r * T::r;
         if constexpr (by_rows<T>) {
             sandwich_by_rows<typename T::FilterGradient>(
@@ -352,23 +356,38 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
 
 // ---------------------------------------------------------------------------------------------
 // Kernels: the five transforms for F(2x2, 3x3) (suffix _2), F(4x4, 3x3) (suffix _4) and F(4x4, 5x5) (_4_5x5);
-// backward-filter's three for F(7x7, 5x5) (_7_5x5)
+// backward-filter's three for F(7x7, 5x5) (_7_5x5). Each transform is a kernel of its own, and the pairs an
+// algorithm issues back to back are one kernel too (two transforms, one launch: fewer launches for the host to make
+// in an eager step): the first `first_blocks` blocks take the first transform, the rest the second. The two
+// touch different memory, so they may run side by side.
 // ---------------------------------------------------------------------------------------------
+#define TILE_ARGS(NAME) const scalar_t* __restrict__ NAME##_in, scalar_t* __restrict__ NAME##_out, \
+                        const TileShape NAME##_shape
+
 #define WINOGRAD_WEIGHT_GRADIENT_KERNELS(SUFFIX, T)                                                             \
     extern "C" __global__ void winograd_input_transform##SUFFIX(const scalar_t* __restrict__ x,                  \
                                                                 scalar_t* __restrict__ V, const TileShape shape) { \
-        input_transform<T>(x, V, shape);                                                                         \
+        input_transform<T>(x, V, shape, blockIdx.x, gridDim.x);                                                  \
     }                                                                                                            \
     extern "C" __global__ void winograd_gradient_transform##SUFFIX(const scalar_t* __restrict__ dy,              \
                                                                    scalar_t* __restrict__ E,                     \
                                                                    const TileShape shape) {                      \
-        gradient_transform<T>(dy, E, shape);                                                                     \
+        gradient_transform<T>(dy, E, shape, blockIdx.x, gridDim.x);                                              \
     }                                                                                                            \
     extern "C" __global__ void winograd_filter_gradient_transform##SUFFIX(const scalar_t* __restrict__ M,        \
                                                                           scalar_t* __restrict__ dw,             \
                                                                           int filters, int accumulate,           \
                                                                           int splits) {                          \
-        filter_gradient_transform<T>(M, dw, filters, accumulate, splits);                                        \
+        filter_gradient_transform<T>(M, dw, filters, accumulate, splits, blockIdx.x, gridDim.x);                 \
+    }                                                                                                            \
+    /* backward-filter: a chunk's images and its output gradient */                                             \
+    extern "C" __global__ void winograd_input_and_gradient_transform##SUFFIX(TILE_ARGS(first), TILE_ARGS(second), \
+                                                                             int first_blocks) {                 \
+        if (blockIdx.x < first_blocks)                                                                           \
+            input_transform<T>(first_in, first_out, first_shape, blockIdx.x, first_blocks);                     \
+        else                                                                                                     \
+            gradient_transform<T>(second_in, second_out, second_shape, blockIdx.x - first_blocks,               \
+                                  gridDim.x - first_blocks);                                                     \
     }
 
 #define WINOGRAD_KERNELS(SUFFIX, T)                                                                              \
@@ -376,11 +395,30 @@ __device__ void filter_gradient_transform(const scalar_t* __restrict__ M, scalar
     extern "C" __global__ void winograd_filter_transform##SUFFIX(const scalar_t* __restrict__ w,                 \
                                                                  scalar_t* __restrict__ U, int filters,          \
                                                                  int rotate) {                                   \
-        filter_transform<T>(w, U, filters, rotate);                                                              \
+        filter_transform<T>(w, U, filters, rotate, blockIdx.x, gridDim.x);                                       \
     }                                                                                                            \
     extern "C" __global__ void winograd_output_transform##SUFFIX(const scalar_t* __restrict__ M,                 \
                                                                  scalar_t* __restrict__ y, const TileShape shape) { \
-        output_transform<T>(M, y, shape);                                                                        \
+        output_transform<T>(M, y, shape, blockIdx.x, gridDim.x);                                                 \
+    }                                                                                                            \
+    /* forward and backward-data: the filter and the first chunk's images */                                    \
+    extern "C" __global__ void winograd_filter_and_input_transform##SUFFIX(                                      \
+        const scalar_t* __restrict__ w, scalar_t* __restrict__ U, int filters, int rotate, TILE_ARGS(second),    \
+        int first_blocks) {                                                                                      \
+        if (blockIdx.x < first_blocks)                                                                           \
+            filter_transform<T>(w, U, filters, rotate, blockIdx.x, first_blocks);                               \
+        else                                                                                                     \
+            input_transform<T>(second_in, second_out, second_shape, blockIdx.x - first_blocks,                  \
+                               gridDim.x - first_blocks);                                                        \
+    }                                                                                                            \
+    /* forward and backward-data: a chunk's output, and the next chunk's images */                              \
+    extern "C" __global__ void winograd_output_and_input_transform##SUFFIX(TILE_ARGS(first), TILE_ARGS(second),  \
+                                                                           int first_blocks) {                   \
+        if (blockIdx.x < first_blocks)                                                                           \
+            output_transform<T>(first_in, first_out, first_shape, blockIdx.x, first_blocks);                    \
+        else                                                                                                     \
+            input_transform<T>(second_in, second_out, second_shape, blockIdx.x - first_blocks,                  \
+                               gridDim.x - first_blocks);                                                        \
     }
 
 WINOGRAD_KERNELS(_2, Tiling2)

@@ -30,7 +30,11 @@ with the chunk as many images as keep the whole workspace, α²·(K·C/G + (C + 
 within ``CHUNKED_WORKSPACE`` (60 MiB), whatever the batch.
 
 On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the functions below do the same
-transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs).
+transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs). Two
+transforms that an algorithm issues back to back, with nothing between them that reads what the first writes, go
+to the GPU as one launch (:func:`launch_together`): the filter's with the first chunk's images, a chunk's output
+with the next chunk's images, backward-filter's images with its output gradient. A chunk then costs two launches
+and a GEMM, not three and a GEMM, which an eager step's host pays for every one.
 
 Numerics: the float32 error grows with the transforms' entries. F(2×2)'s are small, and it is close to direct
 im2col + GEMM; F(4×4)'s reach Bᵀ 5, Aᵀ 8 and G 1/24, F(4×4, 5×5)'s Bᵀ 21/4 and G 1/90, F(7×7, 5×5)'s further
@@ -231,19 +235,68 @@ def grouped(array: Any, groups: int) -> Any:
 # ----------------------------------------------------------------------------------------------
 # The five transforms: a CUDA kernel each on the GPU, NumPy products on the CPU
 # ----------------------------------------------------------------------------------------------
-def filter_transform(w: Any, out: Any, m: int, rotate: bool) -> None:
-    """w (K, C/G, r, r) -> out (α², K, C/G): U = G g Gᵀ per filter; g rotated 180° when ``rotate``."""
+@dataclasses.dataclass(frozen=True)
+class TransformLaunch:
+    """A transform's launch on the GPU, worked out and not yet made (a transform called with ``defer``): kernel
+    ``winograd_{transform}_transform{suffix}`` over ``count`` threads' iterations, with ``args``; ``arrays`` are
+    the device arrays among them."""
+
+    transform: str
+    suffix: str
+    count: int
+    args: tuple
+    arrays: tuple
+
+
+# The pairs of transforms with a kernel of their own in winograd.cu, (first, second): the first's blocks come first.
+PAIRED = {("filter", "input"), ("output", "input"), ("input", "gradient")}
+
+
+def launch_together(first: TransformLaunch | None, second: TransformLaunch | None = None) -> None:
+    """Make two deferred transforms' launches, in this order, as one launch where winograd.cu pairs them (each
+    transform's own blocks; the two must not depend on each other), else one after the other. None stands for a
+    transform that needs no launch: one done at its call, as on the CPU."""
+    if first is None or second is None or first.count <= 0 or second.count <= 0 or first.suffix != second.suffix \
+            or (first.transform, second.transform) not in PAIRED:
+        for launch in (first, second):
+            if launch is not None:
+                _cuda.check_int32(*launch.arrays)
+                _cuda.launch(_cuda.function(_SOURCE, f"winograd_{launch.transform}_transform{launch.suffix}",
+                                            launch.arrays[0].dtype), launch.count, launch.args)
+        return
+    _cuda.check_int32(*first.arrays, *second.arrays)
+    kernel = _cuda.function(_SOURCE, f"winograd_{first.transform}_and_{second.transform}_transform{first.suffix}",
+                            first.arrays[0].dtype)
+    first_blocks = _cuda.grid_stride_blocks(first.count)
+    _cuda.launch_blocks(kernel, first_blocks + _cuda.grid_stride_blocks(second.count), _cuda.THREADS,
+                        (*first.args, *second.args, _i32(first_blocks)))
+
+
+def _made(launch: TransformLaunch, defer: bool) -> TransformLaunch | None:
+    """``launch`` itself when deferred, else None once it is made."""
+    if defer:
+        return launch
+    launch_together(launch)
+    return None
+
+
+def filter_transform(w: Any, out: Any, m: int, rotate: bool, defer: bool = False) -> TransformLaunch | None:
+    """w (K, C/G, r, r) -> out (α², K, C/G): U = G g Gᵀ per filter; g rotated 180° when ``rotate``.
+
+    With ``defer``, on the GPU the launch is returned for :func:`launch_together` instead of made (on the CPU the
+    transform is done either way, and None returned); so for the other transforms."""
     K, Cg, r = w.shape[:3]
     if backend.get_array_module(w) is not np:
-        _launch(f"winograd_filter_transform{kernel_suffix(m, r)}", K * Cg, (w, out, _i32(K * Cg), _i32(int(rotate))),
-                w, out)
-        return
+        return _made(TransformLaunch("filter", kernel_suffix(m, r), K * Cg, (w, out, _i32(K * Cg), _i32(int(rotate))),
+                                     (w, out)), defer)
     g = w[:, :, ::-1, ::-1] if rotate else w
     alpha = m + r - 1
     out.reshape(alpha, alpha, K, Cg)[...] = sandwich(TRANSFORMS[m, r]["filter"], g).transpose(2, 3, 0, 1)
+    return None
 
 
-def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -> None:
+def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int],
+                    defer: bool = False) -> TransformLaunch | None:
     """x (N, channels, H, W) -> out (α², channels, tiles): V = Bᵀ d B per α×α patch d.
 
     Tile (row, column) reads x from (origin + m·(row, column)), zeros outside x (the padding):
@@ -252,9 +305,8 @@ def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -
     N, channels, height, width = x.shape
     if backend.get_array_module(x) is not np:
         shape = _tile_shape(N, channels, height, width, origin, tiling)
-        _launch(f"winograd_input_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
-                (x, out, shape), x, out)
-        return
+        return _made(TransformLaunch("input", kernel_suffix(tiling.m, tiling.r), channels * tiling.count,
+                                     (x, out, shape), (x, out)), defer)
     m, alpha, overlap = tiling.m, tiling.alpha, tiling.r - 1
     region = np.zeros((N, channels, tiling.rows * m + overlap, tiling.columns * m + overlap), dtype=x.dtype)
     rows = slice(max(origin[0], 0), min(origin[0] + region.shape[2], height))
@@ -264,37 +316,38 @@ def input_transform(x: Any, out: Any, tiling: Tiling, origin: tuple[int, int]) -
     patches = np.lib.stride_tricks.sliding_window_view(region, (alpha, alpha), axis=(2, 3))[:, :, ::m, ::m]
     transformed = sandwich(tiling.transforms["input"], patches)  # N, channels, rows, columns, α, α
     out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
+    return None
 
 
-def output_transform(products: Any, out: Any, tiling: Tiling) -> None:
+def output_transform(products: Any, out: Any, tiling: Tiling, defer: bool = False) -> TransformLaunch | None:
     """products (α², channels, tiles) -> out (N, channels, height, width): y tile = Aᵀ M A, overhang cropped."""
     N, channels, height, width = out.shape
     if backend.get_array_module(out) is not np:
         shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
-        _launch(f"winograd_output_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
-                (products, out, shape), products, out)
-        return
+        return _made(TransformLaunch("output", kernel_suffix(tiling.m, tiling.r), channels * tiling.count,
+                                     (products, out, shape), (products, out)), defer)
     m, alpha = tiling.m, tiling.alpha
     blocks = products.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns).transpose(3, 2, 4, 5, 0, 1)
     tiles = sandwich(tiling.transforms["output"], blocks)  # N, channels, rows, columns, m, m
     whole = tiles.transpose(0, 1, 2, 4, 3, 5).reshape(N, channels, tiling.rows * m, tiling.columns * m)
     out[...] = whole[:, :, :height, :width]
+    return None
 
 
-def gradient_transform(dy: Any, out: Any, tiling: Tiling) -> None:
+def gradient_transform(dy: Any, out: Any, tiling: Tiling, defer: bool = False) -> TransformLaunch | None:
     """dy (N, K, P, Q) -> out (α², K, tiles): A e Aᵀ per m×m tile e of dy, zeros beyond dy's edges."""
     N, channels, height, width = dy.shape
     if backend.get_array_module(dy) is not np:
         shape = _tile_shape(N, channels, height, width, (0, 0), tiling)
-        _launch(f"winograd_gradient_transform{kernel_suffix(tiling.m, tiling.r)}", channels * tiling.count,
-                (dy, out, shape), dy, out)
-        return
+        return _made(TransformLaunch("gradient", kernel_suffix(tiling.m, tiling.r), channels * tiling.count,
+                                     (dy, out, shape), (dy, out)), defer)
     m, alpha = tiling.m, tiling.alpha
     region = np.zeros((N, channels, tiling.rows * m, tiling.columns * m), dtype=dy.dtype)
     region[:, :, :height, :width] = dy
     tiles = region.reshape(N, channels, tiling.rows, m, tiling.columns, m).transpose(0, 1, 2, 4, 3, 5)
     transformed = sandwich(tiling.transforms["output"].T, tiles)  # N, channels, rows, columns, α, α
     out.reshape(alpha, alpha, channels, N, tiling.rows, tiling.columns)[...] = transformed.transpose(4, 5, 1, 0, 2, 3)
+    return None
 
 
 def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool, splits: int = 1) -> None:
@@ -302,8 +355,9 @@ def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool,
     partial products (split-K's, in order), added to out when ``accumulate``."""
     K, Cg, r = out.shape[:3]
     if backend.get_array_module(out) is not np:
-        _launch(f"winograd_filter_gradient_transform{kernel_suffix(m, r)}", K * Cg,
-                (products, out, _i32(K * Cg), _i32(int(accumulate)), _i32(splits)), products, out)
+        launch_together(TransformLaunch("filter_gradient", kernel_suffix(m, r), K * Cg,
+                                        (products, out, _i32(K * Cg), _i32(int(accumulate)), _i32(splits)),
+                                        (products, out)))
         return
     alpha = m + r - 1
     partials = products.reshape(-1, alpha, alpha, K, Cg)[:splits]
@@ -315,11 +369,6 @@ def filter_gradient_transform(products: Any, out: Any, m: int, accumulate: bool,
 
 def _i32(value: int) -> np.int32:
     return _cuda.i32(value)
-
-
-def _launch(kernel: str, count: int, args: tuple, *arrays: Any) -> None:
-    _cuda.check_int32(*arrays)
-    _cuda.launch(_cuda.function(_SOURCE, kernel, arrays[0].dtype), count, args)
 
 
 # The C struct TileShape of winograd.cu: eight ints, in this order.
@@ -438,25 +487,31 @@ class Winograd(ConvAlgorithm):
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         rows = (problem.K, problem.C, problem.K)
+        before = None  # what is launched with a chunk's images: the filter's transform, or the last chunk's output
         for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "forward", rows):
             if first == 0:
-                filter_transform(w, U, self.m, rotate=False)
-            input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
+                before = filter_transform(w, U, self.m, rotate=False, defer=True)
+            launch_together(before, input_transform(images(x, first, stop), V, tiling,
+                                                    (-problem.padding[0], -problem.padding[1]), defer=True))
             blas.gemm_batched(Ug, Vg, Mg)
-            output_transform(M, images(out, first, stop), tiling)
+            before = output_transform(M, images(out, first, stop), tiling, defer=True)
+        launch_together(before)
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         rows = (problem.K, problem.K, problem.C)
+        before = None  # as in forward
         for first, stop, tiling, (U, V, M), (Ug, Vg, Mg) in self._chunk_buffers(workspace, problem, "backward_data",
                                                                                  rows):
             if first == 0:
-                filter_transform(w, U, self.m, rotate=True)
+                before = filter_transform(w, U, self.m, rotate=True, defer=True)
             # dx = dy convolved with the rotated filter at padding r − 1 − p: dx's tiles start at (p − r + 1) in dy.
             overlap = self.r - 1
-            input_transform(images(dy, first, stop), V, tiling,
-                            (problem.padding[0] - overlap, problem.padding[1] - overlap))
+            launch_together(before, input_transform(images(dy, first, stop), V, tiling,
+                                                    (problem.padding[0] - overlap, problem.padding[1] - overlap),
+                                                    defer=True))
             blas.gemm_batched(Ug.transpose(0, 2, 1), Vg, Mg)
-            output_transform(M, images(out, first, stop), tiling)
+            before = output_transform(M, images(out, first, stop), tiling, defer=True)
+        launch_together(before)
 
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
@@ -472,8 +527,9 @@ class Winograd(ConvAlgorithm):
         partials = None  # M as (splits, α²·G, K/G, C/G): the same memory in every chunk, viewed once
         for first, stop, tiling, (M, V, E), (Mg, Vg, Eg) in self._chunk_buffers(workspace, problem,
                                                                                  "backward_filter", rows, splits):
-            input_transform(images(x, first, stop), V, tiling, (-problem.padding[0], -problem.padding[1]))
-            gradient_transform(images(dy, first, stop), E, tiling)
+            launch_together(input_transform(images(x, first, stop), V, tiling,
+                                            (-problem.padding[0], -problem.padding[1]), defer=True),
+                            gradient_transform(images(dy, first, stop), E, tiling, defer=True))
             if partials is None:
                 partials = Mg.reshape(splits, -1, *Mg.shape[1:])
             # The chunks' products add up in M (beta = 1 after the first), transformed back once.
