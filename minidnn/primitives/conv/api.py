@@ -124,14 +124,12 @@ def _run_recorded(plan: Plan, direction: str, first: Any, second: Any, problem: 
     fallback, buffer = _workspace(plan, problem, direction, backend.cupy())
     if fallback is not plan:  # no memory for the workspace: the fallback runs, nothing is kept
         return _run(fallback, direction, first, second, problem, out)
-    with _cuda.recording() as steps:
-        plan.segments[0][1].run_in_layout(direction, first, second, problem, out, False, buffer)
-    try:  # the output is handed to the replay, allocated before the workspace as here (a captured step's memory plan
-        # follows the order of a step's allocations)
-        ready_call = _cuda.ReadyCall(steps, (first, second, out, buffer), (), ())
-    except (ValueError, TypeError):  # a step on memory of its own making: not kept (see _cuda.ReadyCall)
+    ready_call = plan.segments[0][1].recorded_call(direction, first, second, problem, out, buffer)
+    if ready_call is None:  # a step on memory of its own making: not kept
         _ready[key] = (device, None)
         return out
+    # The replay allocates its output before the workspace, as here: a captured step's memory plan follows the order
+    # of a step's allocations.
     nbytes, shared, empty, shape, dtype = plan.workspace_bytes, workspace.workspace, backend.cupy().empty, out.shape, \
         out.dtype
 

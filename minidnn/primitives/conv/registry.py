@@ -27,7 +27,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from ... import backend
-from .. import convert, layout
+from .. import _cuda, convert, layout
 from .problem import DIRECTIONS, ConvProblem
 
 MiB = 1 << 20
@@ -105,6 +105,19 @@ class ConvAlgorithm:
         but the output and the launch worked out now: what api keeps for a call repeated every step. None (the
         default) where the algorithm has no such form."""
         return None
+
+    def recorded_call(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                      workspace: Any) -> "_cuda.ReadyCall | None":
+        """Run ``direction`` on the GPU (C-contiguous operands, nothing accumulated) under a recording, and return it
+        as a ready call over ``(first, second, out, workspace)``: its repeats replay the recorded steps on their own
+        arrays (for a ``replayable`` algorithm; api keeps it, ``find`` times it). None where a step ran on memory the
+        call made for itself, which a replay could not place (see :class:`~minidnn.primitives._cuda.ReadyCall`)."""
+        with _cuda.recording() as steps:
+            self.run_in_layout(direction, first, second, problem, out, False, workspace)
+        try:
+            return _cuda.ReadyCall(steps, (first, second, out, workspace), (), ())
+        except (ValueError, TypeError):
+            return None
 
     def run(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any, accumulate: bool,
             workspace: Any) -> None:

@@ -266,13 +266,8 @@ def _steady_call(call: Any, algorithm: registry.ConvAlgorithm, direction: str, p
     if problem.device != "cuda" or problem.channels_last:
         return call
     if algorithm.replayable:
-        with _cuda.recording() as steps:
-            call()
-        try:
-            ready = _cuda.ReadyCall(steps, (first, second, out, workspace), (), ())
-        except (ValueError, TypeError):  # not kept by api either
-            return call
-        return lambda: ready(first, second, out, workspace)
+        ready = algorithm.recorded_call(direction, first, second, problem, out, workspace)
+        return call if ready is None else lambda: ready(first, second, out, workspace)  # None: not kept by api either
     launch = algorithm.ready_launch(direction, problem) if workspace is None else None
     return call if launch is None else lambda: launch(first, second)
 
