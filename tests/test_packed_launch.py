@@ -1,6 +1,7 @@
 """_cuda.PackedLaunch: a kept launch's arguments packed once, the per-call arrays' addresses rewritten, the driver
 called with the slots' addresses. On the CPU with a stand-in for CuPy's driver (the bytes each parameter pointer
 points at are read back); on the GPU against the same kernel launched through CuPy."""
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -233,6 +234,23 @@ def test_a_ready_call_moves_each_view_and_gemm_operand_by_its_offset_into_the_ne
         cublas.gemm(False, False, 4, 4, 4, 1.0, U, 4, 0, scratch, 4, 0, 0.0, out, 4, 0, 1)
     with pytest.raises(ValueError, match="lies in no input"):
         _cuda.ReadyCall(steps, (x, out, workspace), (), ())
+
+
+def test_a_recording_takes_its_own_threads_steps_and_an_inner_recording_adds_them_to_the_outer():
+    def make(name):
+        return name
+
+    with _cuda.recording() as outer:
+        _cuda.record((), make, "first")
+        other = threading.Thread(target=_cuda.record, args=((), make, "another thread's"))
+        other.start()
+        other.join()
+        with _cuda.recording() as inner:
+            _cuda.record((), make, "inner")
+        _cuda.record((), make, "last")
+    _cuda.record((), make, "after")  # no recording: nothing kept
+    assert [step() for step, _ in inner] == ["inner"]
+    assert [step() for step, _ in outer] == ["first", "inner", "last"]
 
 
 @pytest.mark.gpu

@@ -29,6 +29,7 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from types import ModuleType
 from typing import Any, Iterator, Sequence
 
@@ -258,7 +259,7 @@ def launch(kernel: Any, count: int, args: Sequence[Any], threads: int = THREADS,
     if count <= 0:
         return
     grid, args = (grid_stride_blocks(count, threads),), tuple(args)
-    if _recorded is not None:
+    if _recording.steps is not None:
         _record_launch(kernel, grid, threads, shared_bytes, args)
     kernel(grid, (threads,), args, shared_mem=shared_bytes)
 
@@ -270,13 +271,19 @@ def launch_blocks(kernel: Any, blocks: int | tuple[int, ...], threads: int, args
     if min(grid) <= 0:
         return
     args = tuple(args)
-    if _recorded is not None:
+    if _recording.steps is not None:
         _record_launch(kernel, grid, threads, shared_bytes, args)
     kernel(grid, (threads,), args, shared_mem=shared_bytes)
 
 
-# The steps recorded while recording() is active, or None.
-_recorded: list | None = None
+class _Recording(threading.local):
+    """The steps this thread records while recording() is active, or None: a launch from another thread (a data
+    loader's, say) never lands in a recording of this one."""
+
+    steps: list | None = None
+
+
+_recording = _Recording()
 
 
 @contextlib.contextmanager
@@ -286,28 +293,28 @@ def recording() -> Iterator[list]:
     outer's too). Each step is ``(make, arrays)``: ``make()`` works the step out once, as a callable that takes the
     device addresses of ``arrays`` (the device arrays it was handed, in order) and does the step again on them. What
     a :class:`ReadyCall` is made from."""
-    global _recorded
-    outer = _recorded
-    _recorded = []
+    outer = _recording.steps
+    inner = _recording.steps = []
     try:
-        yield _recorded
+        yield inner
     finally:
-        inner, _recorded = _recorded, outer
+        _recording.steps = outer
         if outer is not None:
             outer.extend(inner)
 
 
 def record(arrays: Sequence[Any], make: Any, *arguments: Any) -> None:
     """Add a step to the recording, if one is active (see :func:`recording`): ``make(*arguments)`` works it out."""
-    if _recorded is not None:
-        _recorded.append((functools.partial(make, *arguments), tuple(arrays)))
+    steps = _recording.steps
+    if steps is not None:
+        steps.append((functools.partial(make, *arguments), tuple(arrays)))
 
 
 def _record_launch(kernel: Any, grid: tuple[int, ...], threads: int, shared_bytes: int, args: tuple) -> None:
     ndarray = backend.cupy().ndarray
     arguments = tuple(PER_CALL if isinstance(a, ndarray) else a for a in args)
     make = functools.partial(_packed_at, kernel, grid, (threads,), arguments, shared_bytes)
-    _recorded.append((make, tuple(a for a in args if isinstance(a, ndarray))))
+    _recording.steps.append((make, tuple(a for a in args if isinstance(a, ndarray))))
 
 
 def _packed_at(kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], arguments: tuple,
