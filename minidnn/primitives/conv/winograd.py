@@ -33,8 +33,8 @@ On the GPU the transforms are the CUDA kernels of winograd.cu; on the CPU the fu
 transforms with NumPy matrix products (the kernels' "twin": same matrices, same layouts, same GEMMs). Two
 transforms that an algorithm issues back to back, with nothing between them that reads what the first writes, go
 to the GPU as one launch (:func:`launch_together`): the filter's with the first chunk's images, a chunk's output
-with the next chunk's images, backward-filter's images with its output gradient. A chunk then costs two launches
-and a GEMM, not three and a GEMM, which an eager step's host pays for every one.
+with the next chunk's images, backward-filter's images with its output gradient. A chunk then costs one launch and
+a GEMM, not two launches and a GEMM, which an eager step's host pays for every one.
 
 Numerics: the float32 error grows with the transforms' entries. F(2×2)'s are small, and it is close to direct
 im2col + GEMM; F(4×4)'s reach Bᵀ 5, Aᵀ 8 and G 1/24, F(4×4, 5×5)'s Bᵀ 21/4 and G 1/90, F(7×7, 5×5)'s further
