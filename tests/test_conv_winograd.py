@@ -395,8 +395,9 @@ def test_chunked_backward_filter_adds_to_the_gradient_given(xp, rng, monkeypatch
 # ----------------------------------------------------------------------------------------------
 # Paired transforms: two transforms issued back to back go to the GPU as one launch
 # ----------------------------------------------------------------------------------------------
-class StandInArray:
-    """What launch_together reads of a device array: its dtype and size."""
+class StandInOperand:
+    """What launch_together reads of a device array: its dtype and size (not tests.helpers.StandInArray, which
+    stands in for a packed launch's array)."""
 
     dtype, size = np.dtype(np.float32), 10
 
@@ -408,7 +409,7 @@ def test_launch_together_makes_a_pair_one_launch_and_anything_else_one_launch_ea
     monkeypatch.setattr(_cuda, "launch", lambda kernel, count, args: launches.append((kernel, count, args)))
     monkeypatch.setattr(_cuda, "launch_blocks",
                         lambda kernel, blocks, threads, args: launches.append((kernel, blocks, args)))
-    x, V, dy, E = StandInArray(), StandInArray(), StandInArray(), StandInArray()
+    x, V, dy, E = StandInOperand(), StandInOperand(), StandInOperand(), StandInOperand()
     images = winograd.TransformLaunch("input", "_4", 250, (x, V, "shape of x"), (x, V))
     gradient = winograd.TransformLaunch("gradient", "_4", 1000, (dy, E, "shape of dy"), (dy, E))
     winograd.launch_together(images, gradient)
