@@ -37,7 +37,7 @@ import models
 from minidnn import backend, optim
 from minidnn.engine import current as current_library
 from minidnn.primitives import _cuda, conv
-from minidnn.primitives.conv import plans, registry
+from minidnn.primitives.conv import plans, registry, step_choice
 
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 # Workspace allowed to each algorithm of the per-layer menu: large enough for every layer of the
@@ -214,11 +214,15 @@ class Engine:
         return {}
 
 
+SETTLING_STEPS = 200  # the most warm-up steps given to minidnn's whole-step choice (its trial takes a few dozen)
+
+
 class MinidnnEngine(Engine):
     """minidnn's model; the library computing it (primitives or naive) is minidnn's current engine."""
 
     cross_entropy = staticmethod(F.cross_entropy)
     no_grad = staticmethod(minidnn.no_grad)
+    settling_steps = 0
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name, self.device = spec["engine"], spec["device"]
@@ -245,8 +249,17 @@ class MinidnnEngine(Engine):
         else:
             self.clock = Clock()
 
+    def prepare(self) -> None:
+        """Eager steps until the convolutions' whole-step choice is made (primitives/conv/step_choice.py): its trial
+        times sets of algorithms over a training run's first steps, which are warm-up here, not the steady state."""
+        self.settling_steps = 0
+        while step_choice.running() and self.settling_steps < SETTLING_STEPS:
+            self.step()
+            self.settling_steps += 1
+
     def prepared(self) -> dict[str, Any]:
-        return {"channels_last": self.channels_last}
+        settled = {"settling_steps": self.settling_steps, "step_choice": step_choice.summary()}
+        return {"channels_last": self.channels_last, **(settled if self.settling_steps else {})}
 
     def synchronize(self) -> None:
         if self.gpu:

@@ -18,7 +18,7 @@ import numpy as np
 from ... import backend
 from .. import _cuda, convert, layout
 from .._checks import check_rank
-from . import plans, registry, selection, workspace
+from . import plans, registry, selection, step_choice, workspace
 from .plans import Plan, even_split, single
 from .problem import ConvProblem, check_conv_dtype, check_output_grad, forward_problem, make_problem
 
@@ -71,8 +71,15 @@ def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str |
         hit = None if key is None else _calls.get(key)
     except TypeError:  # an unhashable shape argument (a list): the checking path
         hit = None
+    problem = None
+    if step_choice.trial is not None and step_choice.trial.running:  # a whole-step trial counts the steps
+        problem = check() if hit is None else hit[0]
+        changed = step_choice.saw(problem, direction)
+        if changed:  # the step begun here runs another set of choices
+            _forget(changed)
+            hit = None if key is None else _calls.get(key)
     if hit is None:
-        problem = check()
+        problem = check() if problem is None else problem
         plan = _plan(problem, direction, algo, workspace_limit)
         if key is not None:
             _calls[key] = (problem, plan)
@@ -80,6 +87,16 @@ def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str |
     if plans.call_observer is not None:
         plans.call_observer(direction, *hit)
     return hit
+
+
+def _forget(kernels: set) -> None:
+    """Drop the plans, cached calls and ready forms of these (problem, direction) kernels: their next calls plan
+    again (the whole-step choice moved them to another algorithm)."""
+    for key in [key for key, (problem, _) in _calls.items() if (problem, key[0]) in kernels]:
+        del _calls[key]
+        _ready.pop(key, None)
+    for key in [key for key in _plans if (key[0], key[1]) in kernels]:
+        del _plans[key]
 
 
 def _ready_launch(key: tuple | None, first: Any, second: Any) -> Any:
@@ -105,7 +122,8 @@ def _run_and_keep(plan: Plan, direction: str, first: Any, second: Any, problem: 
         kept = not keep or key is None or problem.device != "cuda" or key in _ready
     except TypeError:  # an unhashable shape argument (a list)
         kept = True
-    if kept or plans.call_observer is not None or not (first.flags.c_contiguous and second.flags.c_contiguous):
+    if kept or plans.call_observer is not None or not (first.flags.c_contiguous and second.flags.c_contiguous) \
+            or step_choice.holds(problem, direction):
         return _run(plan, direction, first, second, problem, out, accumulate)
     device, algorithm, ready = _cuda.current_device(), plan.segments[0][1], None
     if len(plan.segments) == 1 and plan.arena is None and not key[-1]:  # channels-last operands take the full path
@@ -162,8 +180,11 @@ def make_plan(problem: ConvProblem, direction: str, algo: str, limit: int) -> Pl
     if not registry.benchmark(problem.device):
         return selection.get_plan(problem, direction, limit)
     measured = selection.find(problem, direction, limit)
-    fastest = registry.get(selection.fastest(measured, eager=not registry.planning_for_graph()).algorithm)
-    return selection.whole_or_divided(fastest, problem, direction, limit)
+    eager = not registry.planning_for_graph()
+    name = selection.fastest(measured, eager=eager).algorithm
+    if eager:  # the whole step's choice, once its trial has timed the step
+        name = step_choice.offer(problem, direction, limit, name)
+    return selection.whole_or_divided(registry.get(name), problem, direction, limit)
 
 
 def _plan(problem: ConvProblem, direction: str, algo: str | None, workspace_limit: int | None) -> Plan:
