@@ -156,7 +156,7 @@ def profile_cell(engine_name: str, model: str, batch: int, modes: list[str], ste
             engine.synchronize()
             first = time.perf_counter() - start
             engine.clock.time(engine.step, 4)
-            engine.prepare()  # the captured engine captures here; the eager ones do nothing
+            engine.prepare()  # the captured engine captures here; minidnn's eager one settles its whole-step choice
             record_extra = engine.prepared()
             engine.clock.time(engine.step, 1)
             wall, host = engine.clock.time(engine.step, steps)
