@@ -19,8 +19,8 @@ The per-call rule's own set (:func:`.selection.fastest`) is timed first, and the
 The trial (:class:`StepTrial`) counts steps by the step's first convolution, the anchor, which takes the checked
 path until the trial ends, so that it sees each call. Each set runs one warm-up step (the changed calls plan again and
 make their ready forms) and ``TIMED_STEPS`` steps timed between two synchronisations of the stream. After the trial
-the anchor is kept like any call. A settings change (a new ``registry._Settings.generation``) starts a new trial;
-a CUDA graph's planning takes no part. A network whose first convolution comes again later in its step has its
+the anchor is kept like any call. A settings change that makes new plans (under a new
+``registry._Settings.generation``) starts a new trial with them; a CUDA graph's planning takes no part. A network whose first convolution comes again later in its step has its
 steps timed in parts, all alike.
 """
 from __future__ import annotations
