@@ -432,6 +432,38 @@ def test_a_half_precision_cell_trains_under_autocast(monkeypatch, precision):
     assert all(p.grad.dtype == np.float32 for p in engine.model.parameters())
 
 
+def test_the_eager_engine_settles_its_whole_step_choice_before_it_is_timed(monkeypatch, tmp_path):
+    """With find on and its figures made up so that the whole-step trial has two sets to time, prepare() runs steps
+    until the trial is over and records how many and the trial's outcome."""
+    from minidnn.primitives.conv import registry, selection, step_choice  # noqa: PLC0415
+
+    figures = {"gemm": (1.0, 2.0), "implicit_gemm": (1.6, 0.1)}  # (GPU ms, host ms); any other algorithm is slow
+
+    def measure_made_up(algorithms, problem, direction, repeats):
+        return {a.name: selection.AlgoPerf(a.name, figures.get(a.name, (50.0, 50.0))[0], 0, True,
+                                           host_ms=figures.get(a.name, (50.0, 50.0))[1]) for a in algorithms}
+
+    monkeypatch.setenv("MINIDNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(selection, "_measure", measure_made_up)
+    monkeypatch.setitem(registry._defaults, "benchmark", True)
+    selection.clear_cache()  # the disk cache of the new directory too
+    registry.clear_caches()
+    try:
+        engine = measure.MinidnnEngine({**TINY_CELL, "engine": "minidnn", "precision": "fp32"})
+        engine.step()
+        assert step_choice.running()
+        engine.prepare()
+        assert not step_choice.running()
+        assert engine.settling_steps >= 1 + 2 * (1 + step_choice.TIMED_STEPS)  # the first set built, two sets timed
+        record = engine.prepared()
+        assert record["settling_steps"] == engine.settling_steps
+        assert record["step_choice"]["sets"] == 2 and record["step_choice"]["chosen"] in (0, 1)
+        assert record["step_choice"]["algorithms"][0] == {"implicit_gemm": record["step_choice"]["calls"]}
+    finally:
+        selection.clear_cache()
+        registry.clear_caches()
+
+
 def test_a_captured_fp16_cell_is_captured_with_its_loss_scaler(monkeypatch):
     captured = []
 

@@ -114,9 +114,11 @@ def made_up(tmp_path, monkeypatch):
     monkeypatch.setitem(registry._defaults, "benchmark", True)
     now = [0.0]
     monkeypatch.setattr(step_choice, "_clock", lambda: now[0])
+    selection.clear_cache()  # the disk cache of the new directory too
     registry.clear_caches()
     yield now
     plans.call_observer = None
+    selection.clear_cache()
     registry.clear_caches()
 
 

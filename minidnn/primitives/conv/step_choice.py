@@ -25,6 +25,7 @@ steps timed in parts, all alike.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, Generator, Sequence
@@ -264,8 +265,11 @@ registry.cache_clearers.append(clear)
 
 
 def summary() -> dict[str, Any] | None:
-    """The last trial's outcome: calls, sets timed, each set's mean step in ms, the index kept (None while running)."""
+    """The last trial's outcome: its (problem, direction) calls, the sets timed (each as how many of those calls take
+    each algorithm, in the order timed, the per-call rule's first), each set's mean step in ms, and the index of the
+    set kept (None while the trial runs)."""
     if trial is None or not trial.sets:
         return None
-    return {"calls": len(trial.kernels), "sets": len(trial.sets), "step_ms": [round(v, 4) for v in trial.step_ms],
-            "chosen": trial.chosen}
+    return {"calls": len(trial.kernels), "sets": len(trial.sets),
+            "algorithms": [dict(sorted(collections.Counter(chosen).items())) for chosen in trial.sets],
+            "step_ms": [round(v, 4) for v in trial.step_ms], "chosen": trial.chosen}
