@@ -197,6 +197,23 @@ def test_a_settings_change_starts_a_new_trial_and_a_graphs_plans_take_no_part(ma
     assert ran[-1] != ran[1]
 
 
+def test_a_graph_recorded_outside_graphs_capture_ends_the_trial_on_the_per_call_choices(made_up, monkeypatch, rng):
+    """A trial that would wait for the stream while a CUDA graph is being recorded (a capture not made through
+    graphs.capture) stops: every call goes back to its per-call choice and the anchor is no longer held."""
+    run_steps(5 + step_choice.TIMED_STEPS, rng, made_up, host_outside=8.0, gpu_outside=2.0)
+    trial = step_choice.trial
+    assert trial.running and len(trial.step_ms) == 1 and trial._assigned  # the second set is being tried
+
+    def capturing():
+        raise step_choice._Capturing
+
+    monkeypatch.setattr(step_choice, "_synchronize", capturing)
+    ran = run_steps(1 + step_choice.TIMED_STEPS, rng, made_up, host_outside=8.0, gpu_outside=2.0)
+    assert not trial.running and not step_choice.running() and trial.chosen is None
+    assert not trial.holds(trial.anchor)
+    assert {name for _, _, name in ran[-1]} == {"gemm"}  # the per-call rule's choice on every call
+
+
 @pytest.mark.gpu
 def test_gpu_an_eager_step_keeps_the_fastest_set_its_trial_timed_and_stays_right(made_up, monkeypatch, rng):
     """The same step on the GPU with its ready forms (no observer), find's figures made up so that the trial has sets
