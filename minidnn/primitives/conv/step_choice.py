@@ -20,8 +20,8 @@ The trial (:class:`StepTrial`) counts steps by the step's first convolution, the
 path until the trial ends, so that it sees each call. Each set runs one warm-up step (the changed calls plan again and
 make their ready forms) and ``TIMED_STEPS`` steps timed between two synchronisations of the stream. After the trial
 the anchor is kept like any call. A settings change that makes new plans (under a new
-``registry._Settings.generation``) starts a new trial with them; a CUDA graph's planning takes no part. A network whose first convolution comes again later in its step has its
-steps timed in parts, all alike.
+``registry._Settings.generation``) starts a new trial with them; a CUDA graph's planning takes no part. A network
+whose first convolution comes again later in its step has its steps timed in parts, all alike.
 """
 from __future__ import annotations
 
@@ -97,9 +97,9 @@ def golden_section(count: int) -> Generator[int, float, int]:
 class StepTrial:
     """One trial of whole-step choices (see the module docstring), for one settings generation.
 
-    ``find_results(kernel, limit)`` gives a kernel's ``find`` results; ``synchronize()`` waits for the GPU; ``clock()`` is
-    seconds. :meth:`offer` is told of each eager call ``find`` plans, :meth:`saw` of each call that takes the checked
-    path (the anchor always does while the trial runs)."""
+    ``find_results(kernel, limit)`` gives a kernel's ``find`` results; ``synchronize()`` waits for the GPU;
+    ``clock()`` is seconds. :meth:`offer` is told of each eager call ``find`` plans, :meth:`saw` of each call that
+    takes the checked path (the anchor always does while the trial runs)."""
 
     find_results: Callable[[Kernel, int], list[AlgoPerf]]
     synchronize: Callable[[], None]
@@ -114,7 +114,6 @@ class StepTrial:
     chosen: int | None = None  # the index in ``sets`` of the set kept
     _assigned: dict[Kernel, str] = dataclasses.field(default_factory=dict)
     _search: Generator[int, float, int] | None = None
-    _anchors_seen: int = 0
     _warming: bool = True
     _timed: int = 0
     _started: float = 0.0
@@ -123,7 +122,7 @@ class StepTrial:
         """A call ``find`` plans for an eager step: the algorithm it runs now (its per-call choice ``per_call``,
         unless a set being timed or kept assigns it another under the same limit)."""
         if self.anchor is None:  # the first call: a step has begun
-            self.anchor, self._anchors_seen = kernel, 1
+            self.anchor = kernel
         known = self.kernels.get(kernel)
         if known is None:
             if not self.sets:  # still the first step: part of the trial
@@ -140,7 +139,6 @@ class StepTrial:
         algorithm changed with this step (to be planned again), usually none."""
         if not self.running or kernel != self.anchor:
             return set()
-        self._anchors_seen += 1
         if not self.sets:  # the first step is over: every call of the step has been offered
             order = list(self.kernels)
             self.sets = [tuple(self.kernels[kernel][1] for kernel in order)]
