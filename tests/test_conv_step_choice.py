@@ -35,6 +35,34 @@ def test_the_front_runs_from_the_least_gpu_time_to_the_least_host_time_each_set_
         [("gemm", "fft")]
 
 
+def test_every_set_of_the_front_is_the_least_weighted_step_of_all_assignments_for_some_weight(rng):
+    """Against brute force over every assignment of random calls: each set of the front has the least
+    (1 − λ)·ΣGPU + λ·Σhost of all assignments for some λ in [0, 1], and every assignment that alone has the least for
+    some λ is on it; the least ΣGPU and the least Σhost are its ends; along it ΣGPU never falls and Σhost never
+    rises."""
+    for _ in range(20):
+        calls = [[perf(f"algorithm{j}", *rng.uniform(0.1, 2.0, 2)) for j in range(3)] for _ in range(4)]
+        sums = {}
+        for names in itertools.product(*[[p.algorithm for p in call] for call in calls]):
+            chosen = [next(p for p in call if p.algorithm == name) for call, name in zip(calls, names)]
+            sums[names] = (sum(p.time_ms for p in chosen), sum(p.host_ms for p in chosen))
+        sets = step_choice.front(calls)
+        weights = np.linspace(0.0, 1.0, 2001)
+        for chosen in sets:
+            gpu, host = sums[chosen]
+            assert any((1 - w) * gpu + w * host <= min((1 - w) * g + w * h for g, h in sums.values()) + 1e-9
+                       for w in weights), chosen
+        for w in weights:  # and every assignment that is alone the least for some weight is on it
+            ranked = sorted(sums, key=lambda names: (1 - w) * sums[names][0] + w * sums[names][1])
+            best, second = ((1 - w) * sums[n][0] + w * sums[n][1] for n in ranked[:2])
+            if second - best > 1e-9:
+                assert ranked[0] in sets, (w, ranked[0])
+        assert sums[sets[0]][0] == pytest.approx(min(g for g, _ in sums.values()))
+        assert sums[sets[-1]][1] == pytest.approx(min(h for _, h in sums.values()))
+        along = [sums[chosen] for chosen in sets]
+        assert all(a[0] <= b[0] + 1e-12 and a[1] >= b[1] - 1e-12 for a, b in zip(along, along[1:]))
+
+
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 30, 100])
 def test_golden_section_finds_the_least_of_values_that_fall_then_rise_asking_for_few(count):
     for least in range(count):
