@@ -230,27 +230,24 @@ def offer(problem: ConvProblem, direction: str, limit: int, per_call: str) -> st
     return trial.offer((problem, direction), limit, per_call)
 
 
-def saw(problem: ConvProblem, direction: str) -> set[Kernel]:
-    """A call on the checked path (see :meth:`StepTrial.saw`); the kernels to plan again."""
-    current = trial
-    if current is None or not current.running or current.generation != registry._Settings.generation:
-        return set()
-    try:
-        return current.saw((problem, direction))
-    except _Capturing:  # a graph being recorded: no timing inside it
-        return current.abandon()
-
-
 def running() -> bool:
     """Whether a trial of the current settings is timing steps."""
     return trial is not None and trial.running and trial.generation == registry._Settings.generation
 
 
+def saw(problem: ConvProblem, direction: str) -> set[Kernel]:
+    """A call on the checked path (see :meth:`StepTrial.saw`); the kernels to plan again."""
+    if not running():
+        return set()
+    try:
+        return trial.saw((problem, direction))
+    except _Capturing:  # a graph being recorded: no timing inside it
+        return trial.abandon()
+
+
 def holds(problem: ConvProblem, direction: str) -> bool:
     """Whether the call must not be kept as a ready form (the anchor, while its trial runs)."""
-    current = trial
-    return current is not None and current.generation == registry._Settings.generation and \
-        current.holds((problem, direction))
+    return running() and trial.holds((problem, direction))
 
 
 def clear() -> None:
