@@ -180,6 +180,34 @@ def test_gpu_bias_large_shapes_match_numpy_twin(xp, rng, shape, axis, dtype):
     assert_close(dbias, bias_backward(dy.astype(np.float64), axis=axis), **tol, name="dbias")
 
 
+@pytest.mark.gpu
+def test_gpu_bias_backward_is_one_launch_that_leaves_the_shared_counters_at_zero():
+    """bias_backward is one kernel: each channel's last block adds its splits. The split reductions of both mappings
+    (planes, and (rows, C) columns), called again and again with new values (the repeats through their ready forms)
+    and between batch-norm calls, which share the GPU's counters, each equal the float64 sum, and every counter is
+    back at 0 after each call."""
+    from minidnn.primitives import _cuda, batchnorm, linear  # noqa: PLC0415
+    from minidnn import backend  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    rng = np.random.default_rng()
+    for shape, axis in (((int(rng.integers(40, 70)), 3, 33, 35), 1), ((int(rng.integers(2900, 3100)), 401), -1)):
+        dy = cupy.asarray(rng.standard_normal(shape).astype(np.float32))
+        with _cuda.recording() as steps:
+            linear._bias_backward_gpu(dy, axis % len(shape))
+        assert len(steps) == 1, shape
+        for repeat in range(4):
+            x = cupy.asarray(rng.standard_normal((6, 5, 7, 9)).astype(np.float32))
+            ones, zeros = cupy.ones(5, np.float32), cupy.zeros(5, np.float32)
+            batchnorm.batch_norm_forward_training(x, ones, zeros, zeros.copy(), ones.copy(), 0.1, 1e-5)
+            values = rng.standard_normal(shape).astype(np.float32)
+            dbias = bias_backward(cupy.asarray(values), axis=axis)
+            others = tuple(a for a in range(len(shape)) if a != axis % len(shape))
+            np.testing.assert_allclose(cupy.asnumpy(dbias), values.astype(np.float64).sum(axis=others),
+                                       rtol=1e-6, atol=1e-5, err_msg=f"{shape}, call {repeat}")
+            assert not cupy.asnumpy(_cuda.block_counters(dy, 0)).any(), (shape, repeat)
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------

@@ -561,6 +561,25 @@ def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BL
     return max(1, -(-values // per)), per
 
 
+# The per-channel reductions' "last block done" counters (channels.cuh, last_block_of_channel), per GPU: zeroed
+# once, and every kernel leaves the counters it used at 0 again, so no launch needs a memset. The batch-norm and
+# bias reductions share them, so their kernels must not run at once on two streams (minidnn queues a step's work
+# on one stream). An array outgrown by a wider call is kept too: a kept launch or a captured CUDA graph may still
+# hold its address.
+_counters: dict[int, list] = {}
+MIN_COUNTERS = 1024
+
+
+def block_counters(array: Any, count: int) -> Any:
+    """At least ``count`` zeroed uint32 counters on ``array``'s GPU, the same array for every call that fits."""
+    device = array.data.device_id
+    held = _counters.setdefault(device, [])
+    if not held or held[-1].size < count:
+        with backend.cupy().cuda.Device(device):
+            held.append(backend.cupy().zeros(max(count, MIN_COUNTERS), dtype=np.uint32))
+    return held[-1]
+
+
 def cuda_sources() -> list[str]:
     """Every ``.cu`` file of the package (the primitives' and the naive engine's), relative to
     ``minidnn/primitives`` as :func:`function` takes them (for the nvcc test)."""

@@ -190,25 +190,8 @@ __device__ __forceinline__ T gradient(const elem_t dy, const elem_t y, const boo
 }
 
 // ----------------------------------------------------------------------------------------------
-// Finishing a channel in the last of its blocks
+// Finishing a channel in the last of its blocks (last_block_of_channel: channels.cuh)
 // ----------------------------------------------------------------------------------------------
-
-// Every thread of the block calls this after thread 0 has written the block's partial result; true in
-// the block of channel c that counts itself last in *counter (all of c's partial results are then
-// written). That block resets the counter, so the next launch finds it at 0 again.
-__device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const int splits) {
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        __threadfence();  // this block's partial result is visible to the GPU before the block is counted
-        last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);
-        if (last) {
-            *counter = 0;     // every block of the channel has counted: no other access this launch
-            __threadfence();  // the other blocks' partial results are read after their counts were seen
-        }
-    }
-    __syncthreads();
-    return last;
-}
 
 // What the last block does for channel c once its state (n, mean, M2) is merged: mean_out, invstd_out (the
 // caller's), coef (2, C) = (mean, invstd·weight) for the normalisation, the running statistics in place (the

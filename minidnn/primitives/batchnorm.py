@@ -397,21 +397,6 @@ _SOURCE = "batchnorm.cu"
 # Per-channel reductions run on a (C, splits) grid sized by _cuda.reduction_split: about as many
 # 256-thread blocks as the GPU holds at once, so a small C (64 channels) leaves no SM idle.
 
-# The reductions' "last block done" counters (batchnorm.cu), one per channel, per GPU: zeroed once,
-# and every kernel leaves the counters it used at 0 again, so no launch needs a memset. Kernels that
-# use them must not run concurrently on two streams (minidnn queues its work on one stream).
-_counters: dict[int, Any] = {}
-
-
-def _block_counters(x: Any, channels: int) -> Any:
-    """At least ``channels`` zeroed uint32 counters on x's GPU."""
-    device = x.data.device_id
-    counters = _counters.get(device)
-    if counters is None or counters.size < channels:
-        counters = _counters[device] = backend.cupy().zeros(max(channels, 1024), dtype=np.uint32)
-    return counters
-
-
 # The steady state: a training call on the GPU seen before (the same direction, and of every array its type, shape,
 # strides, dtype, GPU and address modulo 16, which picks the pack build) -> its _Launch, so that the call neither
 # checks its arguments nor works out its launch again, and reuses the launch's float64 scratch rather than allocating
@@ -436,7 +421,7 @@ class _Launch(NamedTuple):
     C: int
     vector_dtype: np.dtype  # of the (C,) results
     sizes_of_x: tuple  # the element-wise kernel's last arguments: C, S, x.size
-    counters: Any  # the reduction's "last block done" counters (_block_counters)
+    counters: Any  # the reduction's "last block done" counters (_cuda.block_counters)
     scratch_values: int  # the float64 scratch's length: the partial results per (split, channel), then coef
     coef_offset: int  # where the element-wise kernel's coefficients start in it
     # A kept launch's own scratch and its coef view (None until _keep gives them): the calls of one key follow
@@ -607,7 +592,8 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     # mean and invstd·weight.
     launch = _Launch(_kernel("bn_statistics" + build, x.dtype, half), _kernel("bn_apply" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
-                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)),
+                     _cuda.block_counters(x, grid[0]),
                      (3 * grid[1] + 2) * C, 3 * grid[1] * C)
     if _same((x_, weight_, bias_, rm, rv), (x, weight, bias, running_mean, running_var)):
         _keep(key, launch)
@@ -689,7 +675,8 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     # Σdy/M, invstd·weight and scale·invstd·dweight/M.
     launch = _Launch(_kernel("bn_backward_reduce" + build, x.dtype, half), _kernel("bn_backward_dx" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
-                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)), _block_counters(x, grid[0]),
+                     C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)),
+                     _cuda.block_counters(x, grid[0]),
                      (2 * grid[1] + 3) * C, 2 * grid[1] * C)
     if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
         _keep(key, launch)
@@ -749,6 +736,6 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     # The channels-last reduction writes dx in a build of its own (batchnorm.cu's DX).
     name = "bn_backward_reduce_dx" + build if channels_last else "bn_backward_reduce" + build
     _cuda.launch_blocks(_kernel(name, x.dtype, half), grid, _cuda.THREADS,
-                        (dy, x, relu_output, running_mean, partial, _block_counters(x, grid[0]), flat_dx, None,
+                        (dy, x, relu_output, running_mean, partial, _cuda.block_counters(x, grid[0]), flat_dx, None,
                          running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per), *tail))
     return dx, dweight, dbias

@@ -1,8 +1,9 @@
-// Index helpers shared by the per-channel kernels of batchnorm.cu and linear.cu (bias).
+// Helpers shared by the per-channel kernels of batchnorm.cu and linear.cu (bias).
 //
 // Both walk an (N, C, S) array, S = the product of the trailing axes, either one channel at a time
 // (reductions: Cursor) or all elements in a grid-stride loop while tracking each element's channel
-// (element-wise kernels: ChannelStep), without an integer division per element.
+// (element-wise kernels: ChannelStep), without an integer division per element. Both reductions split a
+// channel over several blocks and finish it in the last of them to arrive (last_block_of_channel).
 
 #ifndef MINIDNN_CHANNELS_CUH
 #define MINIDNN_CHANNELS_CUH
@@ -81,5 +82,30 @@ struct ChannelStep {
         if (c >= C) c -= C;
     }
 };
+
+// Finishing a channel in the last of its blocks, rather than in a second launch: each block publishes its
+// partial result and counts itself in a per-channel counter (the "last block done" handshake of CUDA's
+// threadFenceReduction sample, CUB and PyTorch); the block that counts last merges the channel's partial
+// results in a fixed order, whichever block that happens to be, so the result has the same bits on every run.
+// The counters (_cuda.block_counters) are zeroed once, per GPU, and shared by every kernel that uses them: each
+// launch leaves its counters at 0 again, so such kernels must not run at once on two streams.
+//
+// Every thread of the block calls this after the block's partial results are written (by any of its
+// threads); true in the block of channel c that counts itself last in *counter (all of c's partial results
+// are then written). That block resets the counter, so the next launch finds it at 0 again.
+__device__ bool last_block_of_channel(unsigned int* __restrict__ counter, const int splits) {
+    __shared__ bool last;
+    __threadfence();  // each thread's partial results are visible to the GPU before the block is counted,
+    __syncthreads();  // and every thread's are written before thread 0 counts the block
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);
+        if (last) {
+            *counter = 0;     // every block of the channel has counted: no other access this launch
+            __threadfence();  // the other blocks' partial results are read after their counts were seen
+        }
+    }
+    __syncthreads();
+    return last;
+}
 
 #endif  // MINIDNN_CHANNELS_CUH

@@ -6,15 +6,19 @@
 //
 // bias_add: one thread per element, grid-stride; a ChannelStep tracks c without a division per element.
 //
-// bias_backward sums every value of a channel, in double, in a fixed order, and finishes with
-// bias_grad_finalize (one warp per channel: lane l takes splits l, l + 32, ... then a shuffle tree),
-// which merges per-split partial sums from a (splits, C) double workspace. Two mappings:
+// bias_backward sums every value of a channel, in double, in a fixed order, in one launch: the blocks
+// of a channel write per-split partial sums to a (splits, C) double workspace and the last of them to
+// arrive (last_block_of_channel, channels.cuh) adds the channel's splits in a fixed order and writes
+// dbias, rounded once. Two mappings:
 //   * bias_grad_columns, inner = 1 (linear layers, dy (rows, C)): the 32 lanes of a warp own 32
 //     consecutive channels and the warps of a block take rows round-robin, so every load of a warp is
-//     one contiguous row segment. Grid (ceil(C / 32), splits), split k owns rows [k·per, (k+1)·per).
+//     one contiguous row segment. Grid (ceil(C / 32), splits), split k owns rows [k·per, (k+1)·per);
+//     a counter per block of 32 channels, and lane l of the last block adds channel l's splits in order.
 //   * bias_grad_planes, inner > 1 (convolutions): as the batch-norm statistics (batchnorm.cu), a block
-//     per (channel, split) walks its channel's planes of `inner` contiguous values with a Cursor.
-// No atomics; the launch shape depends only on the shape of dy, so the sums are deterministic.
+//     per (channel, split) walks its channel's planes of `inner` contiguous values with a Cursor; a
+//     counter per channel, and the last block's warp 0 adds the splits (lane l takes splits l, l + 32, ...,
+//     then a shuffle tree).
+// No floating-point atomics; the launch shape depends only on the shape of dy, so the sums are deterministic.
 
 #ifndef SCALAR
 #define SCALAR float
@@ -43,13 +47,15 @@ extern "C" __global__ void bias_add(const elem_t* y, const elem_t* __restrict__ 
 }
 
 // Grid (ceil(C / 32), splits), blockDim.x a multiple of 32 (treated as warps × 32 lanes). partial:
-// (splits, C) doubles, the sum of dy[r, c] over the split's rows.
+// (splits, C) doubles, the sum of dy[r, c] over the split's rows; counters: one zeroed counter per block of
+// 32 channels. dbias[c] = Σ_k partial[k, c], added in order of k and rounded once.
 extern "C" __global__ void bias_grad_columns(const elem_t* __restrict__ dy, acc_t* __restrict__ partial,
+                                             unsigned int* __restrict__ counters, elem_t* __restrict__ dbias,
                                              const int rows, const int C, const int per) {
     __shared__ acc_t tile[MAX_WARPS][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int c = blockIdx.x * 32 + lane;
-    const int k = blockIdx.y;
+    const int k = blockIdx.y, splits = gridDim.y;
     const int begin = k * per;
     const int len = min(per, rows - begin);
     acc_t sum = 0;
@@ -66,8 +72,12 @@ extern "C" __global__ void bias_grad_columns(const elem_t* __restrict__ dy, acc_
         for (int w = 0; w < warps; ++w) total += tile[w][lane];  // fixed order
         partial[k * C + c] = total;
     }
+    if (!last_block_of_channel(counters + blockIdx.x, splits) || warp != 0 || c >= C) return;
+    // Warp 0 of the last block. __ldcg reads through L2, where the other blocks' partial sums are.
+    acc_t total = 0;
+    for (int j = 0; j < splits; ++j) total += __ldcg(partial + j * C + c);
+    dbias[c] = element_of((scalar_t)total);
 }
-
 
 // Lane 0 ends with the warp's sum (lane l adds lane l + offset, offsets 16..1).
 __device__ __forceinline__ acc_t warp_sum(acc_t a) {
@@ -76,11 +86,14 @@ __device__ __forceinline__ acc_t warp_sum(acc_t a) {
 }
 
 // Grid (C, splits), 1-D blocks (a multiple of 32 threads). partial: (splits, C) doubles, the sum of the
-// channel's values [k·per, min((k + 1)·per, outer·inner)).
+// channel's values [k·per, min((k + 1)·per, outer·inner)); counters: C zeroed counters. The channel's last
+// block adds its splits (lane l of warp 0 takes splits l, l + 32, ..., then the shuffle tree) and writes
+// dbias[c], rounded once.
 extern "C" __global__ void bias_grad_planes(const elem_t* __restrict__ dy, acc_t* __restrict__ partial,
+                                            unsigned int* __restrict__ counters, elem_t* __restrict__ dbias,
                                             const int outer, const int C, const int inner, const int per) {
     __shared__ acc_t warp_sums[MAX_WARPS];
-    const int c = blockIdx.x, k = blockIdx.y;
+    const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
     const int M = outer * inner;
     const int begin = k * per;
@@ -110,17 +123,10 @@ extern "C" __global__ void bias_grad_planes(const elem_t* __restrict__ dy, acc_t
         sum = warp_sum(sum);
         if (lane == 0) partial[k * C + c] = sum;
     }
-}
-
-// One warp per channel: dbias[c] = Σ_k partial[k, c] rounded once to the output dtype.
-extern "C" __global__ void bias_grad_finalize(const acc_t* __restrict__ partial, elem_t* __restrict__ dbias,
-                                              const int C, const int splits) {
-    const int lane = threadIdx.x & 31;
-    const int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; c < C; c += warps) {  // uniform per warp
-        acc_t sum = 0;
-        for (int k = lane; k < splits; k += 32) sum += partial[k * C + c];
-        sum = warp_sum(sum);
-        if (lane == 0) dbias[c] = element_of((scalar_t)sum);
-    }
+    if (!last_block_of_channel(counters + c, splits) || warp != 0) return;
+    // Warp 0 of the channel's last block (see bias_grad_columns).
+    sum = 0;
+    for (int j = lane; j < splits; j += 32) sum += __ldcg(partial + j * C + c);
+    sum = warp_sum(sum);
+    if (lane == 0) dbias[c] = element_of((scalar_t)sum);
 }

@@ -14,7 +14,7 @@ batched matmul over the leading dimensions:
 The GEMMs go through :mod:`.blas` (BLAS on the CPU, cuBLAS on the GPU, capturable in a CUDA graph)
 and the bias kernels are our own (linear.cu):
 bias_add is one element-wise kernel (in place after the forward GEMM), bias_backward a
-deterministic per-channel reduction accumulated in float64.
+deterministic per-channel reduction accumulated in float64, in one launch.
 """
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     key = _cuda.steady_key("bias_backward", dy) if type(axis) is int and backend.is_cuda_array(dy) else None
     ready = _ready_bias_backward.get(None if key is None else (*key, axis))
     if ready is not None:
-        return ready(dy)[0]
+        return ready(dy, _cuda.block_counters(dy, 0))[0]  # the GPU's counters, as many as the kept call's or more
     xp = backend.get_array_module(dy)
     half = convert.half_type_of(dy)
     checked_axis = _check_bias_backward_arguments(dy, axis, half is not None)
@@ -301,7 +301,8 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     if backend.is_cuda_array(dy):
         with _cuda.recording() as launches:
             dbias, made = _bias_backward_gpu(dy, checked_axis)
-        _ready_bias_backward.keep(None if key is None else (*key, axis), launches, (dy,), made, (dbias,))
+        inputs = (dy, _cuda.block_counters(dy, _counter_count(dy, checked_axis)))
+        _ready_bias_backward.keep(None if key is None else (*key, axis), launches, inputs, made, (dbias,))
         return dbias
     others = tuple(a for a in range(dy.ndim) if a != checked_axis)
     return xp.sum(dy, axis=others, dtype=xp.float64).astype(dy.dtype)
@@ -341,13 +342,21 @@ def _bias_add_gpu(y: Any, bias: Any, axis: int, out: Any = None) -> Any:
     return out
 
 
-# A repeated bias_backward on the GPU (its dy's steady key and axis) -> its two launches (_cuda.ReadyCall).
+# A repeated bias_backward on the GPU (its dy's steady key and axis) -> its launch (_cuda.ReadyCall), made with
+# (dy, the GPU's block counters) as its inputs.
 _ready_bias_backward = _cuda.ReadyCalls()
 
 
+def _counter_count(dy: Any, axis: int) -> int:
+    """How many "last block done" counters dy's reduction uses: one per channel, or per block of 32 channels
+    for (rows, C) arrays."""
+    _, channels, inner = _outer_channel_inner(tuple(dy.shape), axis)
+    return -(-channels // 32) if inner == 1 else channels
+
+
 def _bias_backward_gpu(dy: Any, axis: int) -> tuple[Any, tuple]:
-    """Two launches: per-(channels, split) float64 partial sums, then one warp per channel adds a
-    channel's splits in a fixed order and rounds once to dy's dtype. Returns (dbias, the arrays it allocated)."""
+    """One launch: per-(channels, split) float64 partial sums, the last block of each channel adding its splits in
+    a fixed order and rounding once to dy's dtype. Returns (dbias, the arrays it allocated)."""
     xp = backend.get_array_module(dy)
     dy = dy if dy.flags.c_contiguous else xp.ascontiguousarray(dy)
     _cuda.check_int32(dy)
@@ -356,19 +365,19 @@ def _bias_backward_gpu(dy: Any, axis: int) -> tuple[Any, tuple]:
     if channels == 0:
         return dbias, (dbias,)
     i32 = _cuda.i32
+    counters = _cuda.block_counters(dy, _counter_count(dy, axis))
     if inner == 1:
         # dy is (rows, C): a warp reads 32 consecutive channels of a row (coalesced).
         column_blocks = -(-channels // 32)
         splits, per = _cuda.reduction_split(column_blocks, outer, _MIN_ROWS_PER_BLOCK)
         partial = xp.empty((splits, channels), dtype=xp.float64)
         _cuda.launch_blocks(_kernel("bias_grad_columns", dy), (column_blocks, splits),
-                            _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(per)))
+                            _cuda.THREADS, (dy, partial, counters, dbias, i32(outer), i32(channels), i32(per)))
     else:
         # Planes of `inner` contiguous values: a block per (channel, split).
         splits, per = _cuda.reduction_split(channels, outer * inner)
         partial = xp.empty((splits, channels), dtype=xp.float64)
         _cuda.launch_blocks(_kernel("bias_grad_planes", dy), (channels, splits),
-                            _cuda.THREADS, (dy, partial, i32(outer), i32(channels), i32(inner), i32(per)))
-    _cuda.launch(_kernel("bias_grad_finalize", dy), channels * 32,  # a warp per channel
-                 (partial, dbias, i32(channels), i32(splits)))
+                            _cuda.THREADS, (dy, partial, counters, dbias, i32(outer), i32(channels), i32(inner),
+                                            i32(per)))
     return dbias, (partial, dbias)
