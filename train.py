@@ -411,8 +411,10 @@ class TrainingError(Exception):
 
 
 class Meter:
-    """Sums of loss and correct predictions kept on the device (reading them is a host sync), and the
-    epoch's training time, so that a resumed epoch reports the same numbers as one never stopped.
+    """Sums of loss and correct predictions, and the epoch's training time, so that a resumed epoch reports the
+    same numbers as one never stopped. Each batch's loss and per-image hits stay on the device until the sums are
+    read (a host sync, which the progress bar makes every --log-every steps anyway): a batch adds three arrays to
+    the device's queue (its hits: argmax and a comparison), not a running sum's several small kernels.
 
     Data-parallel, each rank adds its own batches and :meth:`all_reduce` (called by every rank at the
     same step) moves every rank's sums since the last call into ``reduced_loss``/``reduced_correct``
@@ -420,38 +422,51 @@ class Meter:
     are over the global batches, as one process's are."""
 
     def __init__(self) -> None:
-        self.loss, self.correct, self.count, self.seconds = None, None, 0, 0.0
+        self.count, self.seconds = 0, 0.0
+        self.loss_sum = self.correct_sum = 0.0  # this rank's sums, as far as they have been read
         self.reduced_loss = self.reduced_correct = 0.0
         self.pending = 0  # this rank's images not yet all-reduced
+        self._losses: list[minidnn.Tensor] = []  # each unread batch's mean loss, on the device
+        self._batches: list[int] = []  # and its size
+        self._hits: list[minidnn.Tensor] = []  # and its images' hits (argmax == label), booleans
 
     def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor) -> None:
+        """``loss``: the batch's mean loss, an array the meter may keep until it is read (not one a later step
+        writes again, as a replayed CUDA graph's output is: train.py passes LossWatch.add's copy)."""
         batch = labels.shape[0]
-        loss_sum = loss.detach() * batch
-        correct = (logits.detach().argmax(1) == labels).sum()
-        self.loss = loss_sum if self.loss is None else self.loss + loss_sum
-        self.correct = correct if self.correct is None else self.correct + correct
+        self._losses.append(loss.detach())
+        self._batches.append(batch)
+        self._hits.append(logits.detach().argmax(1) == labels)
         self.count += batch
         self.pending += batch
+
+    def _gather(self) -> None:
+        """Add the unread batches into the host sums: one transfer of their losses, one of their hits' sum."""
+        if not self._losses:
+            return
+        losses = minidnn.stack(self._losses).numpy().astype(np.float64)
+        self.loss_sum += float(losses @ np.asarray(self._batches, dtype=np.float64))
+        self.correct_sum += float(minidnn.cat(self._hits).sum().item())
+        self._losses, self._batches, self._hits = [], [], []
 
     def read(self) -> tuple[float, float]:
         if not self.count:
             return float("nan"), float("nan")
-        loss = self.reduced_loss + (0.0 if self.loss is None else self.loss.item())
-        correct = self.reduced_correct + (0.0 if self.correct is None else self.correct.item())
-        return loss / self.count, correct / self.count
+        self._gather()
+        return (self.reduced_loss + self.loss_sum) / self.count, (self.reduced_correct + self.correct_sum) / self.count
 
     def all_reduce(self, device: str, flags: Sequence[float] = ()) -> list[float]:
         """Sum every rank's sums since the last call into the reduced ones (a collective: every rank calls it at
         the same step); ``flags``, numbers summed over the ranks in the same collective, come back summed."""
-        local = [0.0 if self.loss is None else self.loss.item(), 0.0 if self.correct is None else self.correct.item(),
-                 float(self.pending), *flags]
+        self._gather()
+        local = [self.loss_sum, self.correct_sum, float(self.pending), *flags]
         total = minidnn.tensor(np.array(local, dtype=np.float64), device=device)
         dist.all_reduce(total)
         values = total.numpy().tolist()
         self.reduced_loss += values[0]
         self.reduced_correct += values[1]
         self.count += int(round(values[2])) - self.pending
-        self.loss = self.correct = None
+        self.loss_sum = self.correct_sum = 0.0
         self.pending = 0
         return values[3:]
 
@@ -468,7 +483,7 @@ class Meter:
             if reduced:
                 meter.reduced_loss, meter.reduced_correct = float(state["loss_sum"]), float(state["correct"])
             else:
-                meter.loss, meter.correct = minidnn.tensor(state["loss_sum"]), minidnn.tensor(state["correct"])
+                meter.loss_sum, meter.correct_sum = float(state["loss_sum"]), float(state["correct"])
             meter.count = int(state["count"])
         meter.seconds = float(state.get("seconds", 0.0))
         return meter
@@ -483,9 +498,12 @@ class LossWatch:
     def __init__(self) -> None:
         self.pending: list[tuple[int, minidnn.Tensor]] = []
 
-    def add(self, step: int, loss: minidnn.Tensor) -> None:
-        # A copy: a replayed CUDA graph writes each step's loss into the same array.
-        self.pending.append((step, minidnn.tensor(loss.detach())))
+    def add(self, step: int, loss: minidnn.Tensor) -> minidnn.Tensor:
+        """Keep the step's loss; returns the copy kept (a replayed CUDA graph writes each step's loss into the
+        same array), which the meter may keep too."""
+        kept = minidnn.tensor(loss.detach())
+        self.pending.append((step, kept))
+        return kept
 
     def first_non_finite(self) -> tuple[int, float] | None:
         """(step, loss) of the first non-finite loss since the last call, or None."""
@@ -1242,9 +1260,8 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
                     logits, loss = (run.train_step if run.solved else run.first_step)(images, labels)
                     run.solved = True
                     run.scheduler.step()
-                    run.meter.add(logits, labels, loss)
                     run.step += 1
-                    run.watch.add(run.step, loss)
+                    run.meter.add(logits, labels, run.watch.add(run.step, loss))
                     now = time.perf_counter()
                     run.meter.seconds, tick = run.meter.seconds + now - tick, now
                     at_max_steps = args.max_steps is not None and args.max_steps <= run.step < total

@@ -37,6 +37,26 @@ def test_a_run_writes_metrics_curves_and_checkpoints(tmp_path):
     assert result["step"] == 20
 
 
+def test_the_meter_reads_the_float64_sums_of_its_batches_whenever_it_is_read():
+    """Batches of random logits and labels (odd sizes, the last one short), read after some of them and at the end:
+    each read gives the float64 means of every batch added so far, and a meter rebuilt from a saved state goes on
+    to the same figures."""
+    rng = np.random.default_rng()
+    sizes = [int(n) for n in rng.integers(3, 40, 7)] + [1]
+    meter, losses, hits, count = train.Meter(), 0.0, 0, 0
+    for position, size in enumerate(sizes):
+        logits = rng.standard_normal((size, 11)).astype(np.float32)
+        labels = rng.integers(0, 11, size)
+        loss = np.float32(rng.random() * 3)
+        meter.add(minidnn.tensor(logits), minidnn.tensor(labels), minidnn.tensor(loss))
+        losses, hits, count = losses + float(loss) * size, hits + int((logits.argmax(1) == labels).sum()), count + size
+        if position in (2, 5):
+            assert meter.read() == pytest.approx((losses / count, hits / count), rel=1e-12)
+            meter = train.Meter.from_state(meter.state())
+    assert meter.count == count
+    assert meter.read() == pytest.approx((losses / count, hits / count), rel=1e-12)
+
+
 def test_stopping_and_resuming_gives_bitwise_the_same_parameters(tmp_path):
     options = TINY + ["--epochs", "2", "--optimizer", "sgd", "--warmup", "0.5"]
     train.main(options + ["--out", str(tmp_path / "straight")])
