@@ -82,6 +82,32 @@ def test_gpu_kernel_matches_the_twin_bitwise(poisoned, rng, dtype, shape, size, 
 
 
 @pytest.mark.gpu
+def test_gpu_repeats_go_through_the_ready_call_with_the_twins_bits(poisoned, rng, monkeypatch):
+    """A loader augments every batch alike: the first call on the GPU is checked and kept, its repeats with new
+    images and draws of the same shapes go straight to their launch, and each gives the twin's bits."""
+    from minidnn.primitives import _cuda, augment  # noqa: PLC0415
+
+    cupy = poisoned
+    if cupy is np:
+        pytest.skip("the GPU's ready calls")
+    monkeypatch.setattr(augment, "_ready", _cuda.ReadyCalls())
+    checked = []
+    check = augment._check_arguments
+    monkeypatch.setattr(augment, "_check_arguments", lambda *a: checked.append(1) or check(*a))
+    count, size, padding = int(rng.integers(5, 12)), (int(rng.integers(5, 9)), int(rng.integers(5, 9))), 2
+    mean, std = rng.random(3).astype(np.float32), (rng.random(3) + 0.1).astype(np.float32)
+    for repeat in range(3):
+        images = rng.integers(0, 256, (count, 8, 8, 3), dtype=np.uint8)
+        top, left, flip = draws(rng, count, 8, 8, size, padding)
+        expected = crop_flip_normalize(images, top, left, flip, size, mean, std, padding=padding)
+        checked.clear()
+        got = crop_flip_normalize(*[cupy.asarray(a) for a in (images, top, left, flip)], size,
+                                  cupy.asarray(mean), cupy.asarray(std), padding=padding)
+        np.testing.assert_array_equal(cupy.asnumpy(got), expected, err_msg=f"call {repeat}")
+        assert len(checked) == (1 if repeat == 0 else 0), repeat
+
+
+@pytest.mark.gpu
 def test_gpu_offsets_outside_the_padded_image_give_nan_for_that_image_only(xp, rng):
     if xp is np:
         pytest.skip("the CPU raises instead (test_errors)")

@@ -51,6 +51,10 @@ def crop_flip_normalize(images: Any, top: Any, left: Any, flip: Any, size: Any, 
     values before normalising. out: None (a new array of ``dtype``, float32 or float64) or a C-contiguous
     (N, C, h, w) float array written and returned (a captured step's static input, say).
     """
+    key = _ready_key(images, top, left, flip, size, mean, std, padding, fill, scale, out, dtype)
+    ready = _ready.get(key)
+    if ready is not None:
+        return ready(images, top, left, flip, mean, std)[0]
     height, width = _check_arguments(images, top, left, flip, size, mean, std, padding, fill, scale)
     count, _, _, channels = images.shape
     dtype = np.dtype(out.dtype if out is not None else dtype)
@@ -63,8 +67,11 @@ def crop_flip_normalize(images: Any, top: Any, left: Any, flip: Any, size: Any, 
         check_out(out, like, "the augmented batch (N, C, h, w)")
     backend.get_array_module(images, top, left, flip, mean, std, out)  # one device, or a clear ValueError
     if backend.is_cuda_array(images):
-        return _crop_flip_normalize_gpu(images, top, left, flip, (height, width), mean, std, padding, fill, scale,
-                                        dtype, out)
+        with _cuda.recording() as steps:
+            result = _crop_flip_normalize_gpu(images, top, left, flip, (height, width), mean, std, padding, fill,
+                                              scale, dtype, out)
+        _ready.keep(key, steps, (images, top, left, flip, mean, std), (result,), (result,))
+        return result
     _check_offsets(images.shape, (height, width), padding, top, left)
     if np.any(std <= 0):
         raise ValueError(f"std must be > 0 in every channel, got {std.tolist()}")
@@ -80,6 +87,25 @@ def crop_flip_normalize(images: Any, top: Any, left: Any, flip: Any, size: Any, 
     np.subtract(result, mean.reshape(1, channels, 1, 1), out=result)
     np.divide(result, std.reshape(1, channels, 1, 1), out=result)
     return result
+
+
+# A repeated call on the GPU (its arrays' steady keys and its other arguments) -> its launch (_cuda.ReadyCall): a
+# loader augments every batch of a pass alike. Only calls that make their output, with plain int and float
+# arguments, are kept.
+_ready = _cuda.ReadyCalls()
+
+
+def _ready_key(images: Any, top: Any, left: Any, flip: Any, size: Any, mean: Any, std: Any, padding: Any, fill: Any,
+               scale: Any, out: Any, dtype: Any) -> tuple | None:
+    """The call's key in ``_ready``, or None for one that takes the checked path every time."""
+    sizes = size if type(size) is tuple else (size,)
+    if out is not None or not all(type(v) is int for v in (*sizes, padding, fill)) or type(scale) is not float \
+            or not backend.is_cuda_array(images):
+        return None
+    steady = _cuda.steady_key("crop_flip_normalize", images, top, left, flip, mean, std)
+    if steady is None or dtype not in (np.float32, np.float64):
+        return None
+    return steady, sizes, padding, fill, scale, np.dtype(dtype)
 
 
 def _check_arguments(images: Any, top: Any, left: Any, flip: Any, size: Any, mean: Any, std: Any, padding: Any,
