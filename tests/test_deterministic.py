@@ -138,7 +138,8 @@ def test_every_atomic_in_the_kernels_is_accounted_for():
     """Each atomic operation in the CUDA sources, and what it means for determinism: a new one must be
     judged (and its algorithm's flag set) before this list grows."""
     accounted = {
-        ("minidnn/primitives/batchnorm.cu", "last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);"),
+        # the "last block done" count of the per-channel reductions (batch norm, the bias gradient): an integer
+        ("minidnn/primitives/channels.cuh", "last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);"),
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, value);"),  # the half build's
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, scalar_t(value));"),
         ("minidnn/primitives/conv/implicit_gemm_nhwc.cu", "if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);"),
