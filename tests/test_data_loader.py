@@ -764,6 +764,27 @@ def test_gpu_batches_are_the_cpu_batches(transform, workers):
 
 
 @pytest.mark.gpu
+def test_gpu_feed_without_workers_fetches_in_the_iterating_thread():
+    """num_workers=0 feeding a GPU starts no background thread (it would contend for the GIL with the training
+    loop's Python), and still hands out the CPU loader's batches, one copy queued ahead."""
+    import threading  # noqa: PLC0415
+
+    images, labels = images_and_labels(37, 8)
+    dataset = ArrayDataset(images, labels, seed=5)
+    batch = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=8, padding=2, flip=0.5)
+    options = dict(batch_size=6, shuffle=True, seed=3, batch_transform=batch)
+    expected = list(DataLoader(dataset, **options))
+    got = []
+    for x, y in DataLoader(dataset, device="cuda", **options):
+        assert not any(t.name == "minidnn-data" for t in threading.enumerate())
+        got.append((x.numpy(), y.numpy()))
+    assert len(got) == len(expected) == 7
+    for (x, y), (x_cpu, y_cpu) in zip(got, expected):
+        np.testing.assert_array_equal(x, x_cpu.numpy())
+        np.testing.assert_array_equal(y, y_cpu.numpy())
+
+
+@pytest.mark.gpu
 def test_gpu_feed_waits_for_the_compute_stream_on_the_device():
     """The step's stream far behind the host (held 20 ms before every batch): each copy into a device slot must
     wait for the slot's last use, and each batch for its copy, on the device, or batches come out mixed."""

@@ -2,9 +2,10 @@
 stream while the previous training step runs, then handed to the step's stream through an event.
 
 * **Pinned slots.** A copy from pageable memory is staged by the driver and does not overlap anything;
-  from page-locked ("pinned") memory it is one asynchronous DMA. The loader's background thread
-  writes each batch straight into one of a few pinned slots (``cupyx.empty_pinned``), so a batch is
-  copied once on the host: from the dataset (or a worker's shared memory) into the slot.
+  from page-locked ("pinned") memory it is one asynchronous DMA. The loader (its background thread with
+  worker processes, else the iterating thread itself) writes each batch straight into one of a few pinned
+  slots (``cupyx.empty_pinned``), so a batch is copied once on the host: from the dataset (or a worker's
+  shared memory) into the slot.
 * **Side stream.** The host-to-device copy of batch i + 1 is queued on a stream of its own
   (``cupy.cuda.Stream(non_blocking=True)``, which does not wait for the legacy default stream) when
   batch i is handed out, so it runs while step i computes.
@@ -20,8 +21,8 @@ stream while the previous training step runs, then handed to the step's stream t
   a later copy. A captured CUDA graph (:mod:`minidnn.cuda.graphs`) copies it into its static inputs,
   one device-to-device copy; a batch transform can also write into a given array (``out``).
 
-Every CUDA call here is made by the thread iterating the loader, none by the background thread
-(which only writes host memory), so nothing interferes with a graph being captured in between.
+Every CUDA call here is made by the thread iterating the loader, none by a background thread (which
+only writes host memory), so nothing interferes with a graph being captured in between.
 """
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ class _Copy:
 class DeviceFeeder:
     """The pinned slots, device slots and copy stream of one pass over a loader (see the module docstring).
 
-    ``slots`` pinned slots (the background thread fills free ones), ``depth`` device slots (copies in
-    flight at most). :meth:`fill` is the background thread's; the rest is the iterating thread's.
+    ``slots`` pinned slots (the filling thread fills free ones), ``depth`` device slots (copies in
+    flight at most). :meth:`fill` is the filling thread's (the loader's background thread with worker processes,
+    else the iterating thread, after :meth:`wait_for_slot`); the rest is the iterating thread's.
     """
 
     def __init__(self, device: backend.Device, slots: int, depth: int = 3) -> None:
@@ -98,14 +100,14 @@ class DeviceFeeder:
         self.device, self.slot_count, self.depth = device, slots, depth
         with self.cupy.cuda.Device(device.index):
             self.stream = self.cupy.cuda.Stream(non_blocking=True)
-        self.free: queue.Queue = queue.Queue()  # pinned slots the background thread may fill
+        self.free: queue.Queue = queue.Queue()  # pinned slots the filling thread may fill
         self.made = 0  # pinned slots allocated so far
         self.in_flight: collections.deque = collections.deque()  # (slot, copied event) not yet released
         self.ring: list[list[Any] | None] = [None] * depth  # device buffers
         self.consumed: list[Any] = [None] * depth  # event after the last use of each device slot
         self.copies = 0
 
-    # --- the background thread ------------------------------------------------------------------
+    # --- the filling thread ---------------------------------------------------------------------
     def fill(self, arrays: list[np.ndarray], stop: threading.Event) -> tuple[list[np.ndarray], Any]:
         """Copy ``arrays`` into a free pinned slot that fits them: (views of the slot, the slot). Returns
         (arrays, None) when no slot exists yet or none fits (the iterating thread then makes one)."""
@@ -132,7 +134,7 @@ class DeviceFeeder:
         return [cupyx.empty_pinned(a.shape, a.dtype) for a in arrays]
 
     def release_finished(self) -> None:
-        """Give back to the background thread every pinned slot whose copy has completed."""
+        """Give back to the filling thread every pinned slot whose copy has completed."""
         while self.in_flight and self.in_flight[0][1].done:
             self.free.put(self.in_flight.popleft()[0])
 
@@ -154,7 +156,7 @@ class DeviceFeeder:
                 for view, array in zip(views, batch.arrays):
                     np.copyto(view, array)
                 batch.arrays, batch.slot = views, slot
-                while self.made < self.slot_count:  # the others, for the background thread
+                while self.made < self.slot_count:  # the others, for the filling thread
                     self.free.put(self._new_slot(batch.arrays))
             index = self.copies % self.depth
             self.copies += 1

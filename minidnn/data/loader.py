@@ -15,12 +15,15 @@ each iteration batches what iterating the sampler gives then, so a sampler that 
 is told the epoch by its user (``sampler.set_epoch(e)`` before the epoch, as in PyTorch); the loader's
 own epoch still selects the augmentation draws. A sampler and ``shuffle=True`` exclude each other.
 
-**Where samples are fetched.** ``num_workers=0`` (the default): by one background thread of this
-process, which is the fast path for in-memory datasets (:class:`~minidnn.data.ArrayDataset`, so
-CIFAR, MNIST, shapes10): without a per-sample transform a batch is one gather from the arrays
-(``get_batch``), and a worker process would cost more (a pickled copy of the whole array at start,
-then every batch through shared memory) than that gather does (measured in
-benchmarks/results/2026-12-02-cpu-input-pipeline/). ``num_workers=N``: N worker
+**Where samples are fetched.** ``num_workers=0`` (the default): in this process, which is the fast path
+for in-memory datasets (:class:`~minidnn.data.ArrayDataset`, so CIFAR, MNIST, shapes10): without a
+per-sample transform a batch is one gather from the arrays (``get_batch``), and a worker process would
+cost more (a pickled copy of the whole array at start, then every batch through shared memory) than that
+gather does (measured in benchmarks/results/2026-12-02-cpu-input-pipeline/). Feeding a GPU, the iterating
+thread fetches each batch itself, one ahead, as PyTorch's ``num_workers=0`` does: a background thread would
+contend for the GIL with the training loop's Python, whose step the GPU waits on
+(benchmarks/results/2026-12-06-h100-train-loop-bias-one-launch/). On the CPU, one background thread
+prepares the batches while the step runs (NumPy's kernels let go of the GIL). ``num_workers=N``: N worker
 processes (:mod:`minidnn.data.workers`) fetch whole batches, which is what decoding image files
 needs: Pillow's decoding and the per-sample transforms run in parallel, outside this process's GIL.
 ``persistent_workers=True`` keeps them between epochs.
@@ -216,6 +219,12 @@ class DataLoader:
         pool = self._workers()
         feeder = None if self.device is None else DeviceFeeder(self.device, slots=self.prefetch + _DEPTH + 1,
                                                                depth=_DEPTH)
+        if pool is None and feeder is not None:
+            try:
+                yield from self._fed_here(batches, feeder)
+            finally:
+                feeder.close()
+            return
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         producer = threading.Thread(target=self._produce, args=(epoch, batches, pool, feeder, ready, stop),
@@ -262,6 +271,25 @@ class DataLoader:
                 raise head[1]
             arrays = feeder.finish(head, self.batch_transform)
             yield unflatten(arrays, head.batch.tree)
+
+    def _fed_here(self, batches: list[np.ndarray], feeder: DeviceFeeder) -> Iterator[Any]:
+        """num_workers=0 feeding a GPU: each batch fetched and pinned by the iterating thread itself, as PyTorch's
+        num_workers=0 loads in the main process, with batch i + 1's copy queued before batch i is handed out. A
+        background thread would take the GIL from the training loop while the loop's Python issues the step: every
+        launch lets it in, and the loop then waits for it to let go. What a batch costs this thread here is its
+        gather (and the batch transform's draws), no more."""
+        stop = threading.Event()  # never set: nothing here waits on another thread
+
+        def copies() -> Iterator[Any]:
+            for indices, batch in zip(batches, self._fetch_here(batches)):
+                feeder.wait_for_slot()  # a free pinned slot, for fill
+                yield feeder.start_copy(self._prepare(batch, indices, feeder, stop))
+
+        queued = copies()
+        ahead = next(queued, None)
+        while ahead is not None:
+            current, ahead = ahead, next(queued, None)
+            yield unflatten(feeder.finish(current, self.batch_transform), current.batch.tree)
 
     @staticmethod
     def _next(ready: queue.Queue, producer: threading.Thread, feeder: DeviceFeeder | None) -> tuple:
