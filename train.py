@@ -441,12 +441,14 @@ class Meter:
         self.pending += batch
 
     def _gather(self) -> None:
-        """Add the unread batches into the host sums: one transfer of their losses, one of their hits' sum."""
+        """Add the unread batches into the host sums: one transfer of their losses, one of their hits, summed on the
+        host (a device reduction over however many batches were unread would be a kernel compiled anew for each new
+        length, in the middle of training)."""
         if not self._losses:
             return
         losses = minidnn.stack(self._losses).numpy().astype(np.float64)
         self.loss_sum += float(losses @ np.asarray(self._batches, dtype=np.float64))
-        self.correct_sum += float(minidnn.cat(self._hits).sum().item())
+        self.correct_sum += float(np.count_nonzero(minidnn.cat(self._hits).numpy()))
         self._losses, self._batches, self._hits = [], [], []
 
     def read(self) -> tuple[float, float]:

@@ -333,6 +333,28 @@ def test_crop_flip_normalize_gives_the_per_sample_pipelines_images_bitwise(crop,
             np.testing.assert_array_equal(y.numpy(), y_slow.numpy())
 
 
+@pytest.mark.parametrize("draw_ahead", [2, 3])
+def test_the_draws_made_batches_ahead_are_each_batchs_own(monkeypatch, draw_ahead):
+    """The batch transform's draws are made several batches at once (chunks of 2 and 3 batches over 6): every batch,
+    of a whole pass and of one resumed part-way, is still the per-sample pipeline's, bitwise."""
+    from minidnn.data import loader as loader_module  # noqa: PLC0415
+
+    monkeypatch.setattr(loader_module, "_DRAW_AHEAD", draw_ahead)
+    images, labels = images_and_labels(33, 7)
+    batch = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=(6, 5), padding=2, flip=0.5)
+    fast = DataLoader(ArrayDataset(images, labels, seed=3), batch_size=6, shuffle=True, seed=2, batch_transform=batch)
+    slow = DataLoader(ArrayDataset(images, labels, per_sample_pipeline((6, 5), 2, 0.5), seed=3), batch_size=6,
+                      shuffle=True, seed=2)
+    for start in (0, 3):
+        fast.set_epoch(1)
+        slow.set_epoch(1)
+        got, expected = list(fast.iterate(start)), list(slow.iterate(start))
+        assert len(got) == len(expected) == 6 - start
+        for (x, y), (x_slow, y_slow) in zip(got, expected):
+            np.testing.assert_array_equal(x.numpy(), x_slow.numpy())
+            np.testing.assert_array_equal(y.numpy(), y_slow.numpy())
+
+
 @pytest.mark.parametrize("shape", [(37, 5, 7, 3), (2, 9, 1), (11, 4)], ids=["rgb", "one_channel", "flat"])
 def test_channel_statistics_from_histograms_against_float64(shape):
     """Each channel's mean and population std of uint8 images (..., C), against NumPy's on a float64 copy; the

@@ -65,6 +65,7 @@ __all__ = ["DataLoader", "default_collate"]
 _POLL_SECONDS = 0.1   # how often a wait checks that the background thread is still there
 _JOIN_SECONDS = 1.0   # how long closing an iteration waits for the background thread
 _DEPTH = 3            # device slots: copies in flight at most
+_DRAW_AHEAD = 32      # batches whose batch-transform draws are made together (see _DrawsAhead)
 
 
 def _check_count(name: str, value: Any, low: int) -> int:
@@ -219,15 +220,16 @@ class DataLoader:
         pool = self._workers()
         feeder = None if self.device is None else DeviceFeeder(self.device, slots=self.prefetch + _DEPTH + 1,
                                                                depth=_DEPTH)
+        draws = None if self.batch_transform is None else _DrawsAhead(self.batch_transform, self.dataset, batches)
         if pool is None and feeder is not None:
             try:
-                yield from self._fed_here(batches, feeder)
+                yield from self._fed_here(batches, feeder, draws)
             finally:
                 feeder.close()
             return
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-        producer = threading.Thread(target=self._produce, args=(epoch, batches, pool, feeder, ready, stop),
+        producer = threading.Thread(target=self._produce, args=(epoch, batches, pool, feeder, ready, stop, draws),
                                     name="minidnn-data", daemon=True)
         producer.start()
         try:
@@ -272,7 +274,7 @@ class DataLoader:
             arrays = feeder.finish(head, self.batch_transform)
             yield unflatten(arrays, head.batch.tree)
 
-    def _fed_here(self, batches: list[np.ndarray], feeder: DeviceFeeder) -> Iterator[Any]:
+    def _fed_here(self, batches: list[np.ndarray], feeder: DeviceFeeder, draws: "_DrawsAhead | None") -> Iterator[Any]:
         """num_workers=0 feeding a GPU: each batch fetched and pinned by the iterating thread itself, as PyTorch's
         num_workers=0 loads in the main process, with batch i + 1's copy queued before batch i is handed out. A
         background thread would take the GIL from the training loop while the loop's Python issues the step: every
@@ -283,7 +285,7 @@ class DataLoader:
         def copies() -> Iterator[Any]:
             for indices, batch in zip(batches, self._fetch_here(batches)):
                 feeder.wait_for_slot()  # a free pinned slot, for fill
-                yield feeder.start_copy(self._prepare(batch, indices, feeder, stop))
+                yield feeder.start_copy(self._prepare(batch, indices, feeder, stop, draws))
 
         queued = copies()
         ahead = next(queued, None)
@@ -303,7 +305,7 @@ class DataLoader:
                     return "error", RuntimeError("the DataLoader's background thread ended without its batches")
 
     def _produce(self, epoch: int, batches: list[np.ndarray], pool: WorkerPool | None, feeder: DeviceFeeder | None,
-                 ready: queue.Queue, stop: threading.Event) -> None:
+                 ready: queue.Queue, stop: threading.Event, draws: "_DrawsAhead | None") -> None:
         """The background thread: fetch, transform (on the CPU) or pin (for the GPU), hand on in order."""
 
         def put(entry: tuple) -> bool:
@@ -318,7 +320,7 @@ class DataLoader:
         try:
             fetched = pool.batches(epoch, batches, stop) if pool is not None else self._fetch_here(batches)
             for indices, batch in zip(batches, fetched):
-                if stop.is_set() or not put(("batch", self._prepare(batch, indices, feeder, stop))):
+                if stop.is_set() or not put(("batch", self._prepare(batch, indices, feeder, stop, draws))):
                     return
             put(("done", None))
         except BaseException as error:  # noqa: BLE001 - every error reaches the consumer, with its file name
@@ -330,7 +332,8 @@ class DataLoader:
             arrays, tree = fetch(self.dataset, indices.tolist(), self.collate_fn)
             yield _Fetched(arrays, tree, None)
 
-    def _prepare(self, batch: Any, indices: np.ndarray, feeder: DeviceFeeder | None, stop: threading.Event) -> Any:
+    def _prepare(self, batch: Any, indices: np.ndarray, feeder: DeviceFeeder | None, stop: threading.Event,
+                 draws: "_DrawsAhead | None" = None) -> Any:
         """A fetched batch made ready: for the GPU a HostBatch in a pinned slot, else the batch itself."""
         arrays, extra = list(batch.arrays), 0
         if self.batch_transform is not None:
@@ -338,7 +341,8 @@ class DataLoader:
                 raise ValueError("batch_transform works on the batch's first array, uint8 images (N, H, W, C); "
                                  f"this batch's is {arrays[0].dtype if arrays else 'missing'} "
                                  f"{tuple(arrays[0].shape) if arrays else ''} (give the dataset no transform)")
-            parameters = self.batch_transform.parameters(self.dataset, indices, arrays[0].shape)
+            parameters = draws(indices, arrays[0].shape) if draws is not None else \
+                self.batch_transform.parameters(self.dataset, indices, arrays[0].shape)
             arrays, extra = [*arrays, *parameters], len(parameters)
         if feeder is not None:
             host, slot = feeder.fill(arrays, stop)
@@ -358,6 +362,35 @@ class DataLoader:
         if batch.release is not None:
             batch.release()
         return unflatten(arrays, batch.tree, Tensor)
+
+
+class _DrawsAhead:
+    """A pass's batch-transform parameters, drawn ``_DRAW_AHEAD`` batches at a time: each sample's draws come from its
+    own generator, so a chunk's draws are its batches' draws, and drawing them together costs little more than one
+    batch's (NumPy's fixed cost per call, not the samples, sets a batch's time). Asked for the pass's batches in
+    order; a batch that is not the next one expected, or whose images differ in size from the chunk's (the draws
+    depend on it), is drawn alone."""
+
+    def __init__(self, transform: Any, dataset: Any, batches: list[np.ndarray]) -> None:
+        self.transform, self.dataset, self.batches = transform, dataset, batches
+        self.position = 0  # the pass's next batch
+        self.ahead: collections.deque = collections.deque()  # drawn parameters of the batches from position on
+        self.shape: tuple | None = None  # the image size the chunk was drawn for
+
+    def __call__(self, indices: np.ndarray, shape: tuple) -> tuple:
+        expected = self.position < len(self.batches) and self.batches[self.position] is indices
+        if not expected or (self.ahead and tuple(shape[1:3]) != self.shape):
+            self.ahead.clear()
+            if not expected:
+                return self.transform.parameters(self.dataset, indices, shape)
+        if not self.ahead:
+            chunk = self.batches[self.position:self.position + _DRAW_AHEAD]
+            drawn = self.transform.parameters(self.dataset, np.concatenate(chunk), shape)
+            ends = np.cumsum([len(b) for b in chunk])[:-1]
+            self.ahead.extend(zip(*(np.split(array, ends) for array in drawn)))
+            self.shape = tuple(shape[1:3])
+        self.position += 1
+        return self.ahead.popleft()
 
 
 class _Fetched:
