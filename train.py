@@ -442,8 +442,8 @@ class Meter:
 
     def _gather(self) -> None:
         """Add the unread batches into the host sums: one transfer of their losses, one of their hits, summed on the
-        host (a device reduction over however many batches were unread would be a kernel compiled anew for each new
-        length, in the middle of training)."""
+        host (a CuPy reduction over however many batches were unread would be a kernel compiled anew for each new size
+        class of that count, in the middle of a first run)."""
         if not self._losses:
             return
         losses = minidnn.stack(self._losses).numpy().astype(np.float64)

@@ -30,7 +30,7 @@ needs: Pillow's decoding and the per-sample transforms run in parallel, outside 
 
 **Batch transform.** ``batch_transform=transforms.CropFlipNormalize(...)`` augments and normalises a
 whole uint8 batch at once instead of each sample: its random choices are drawn on the host from each
-sample's own generator (for the whole batch at once), and the work is one primitive call, on the GPU
+sample's own generator (for ``_DRAW_AHEAD`` batches at once), and the work is one primitive call, on the GPU
 when the loader feeds one. The dataset then returns raw uint8 HWC images (no ``transform``).
 
 **GPU.** ``DataLoader(..., device="cuda")`` returns batches already on the GPU: they are assembled in
