@@ -368,8 +368,8 @@ class _DrawsAhead:
     """A pass's batch-transform parameters, drawn ``_DRAW_AHEAD`` batches at a time: each sample's draws come from its
     own generator, so a chunk's draws are its batches' draws, and drawing them together costs little more than one
     batch's (NumPy's fixed cost per call, not the samples, sets a batch's time). Asked for the pass's batches in
-    order; a batch that is not the next one expected, or whose images differ in size from the chunk's (the draws
-    depend on it), is drawn alone."""
+    order; a batch that is not the next one expected is drawn alone, and one whose images differ in size from the
+    chunk's (the draws depend on it) begins a new chunk."""
 
     def __init__(self, transform: Any, dataset: Any, batches: list[np.ndarray]) -> None:
         self.transform, self.dataset, self.batches = transform, dataset, batches
