@@ -413,8 +413,8 @@ class TrainingError(Exception):
 class Meter:
     """Sums of loss and correct predictions, and the epoch's training time, so that a resumed epoch reports the
     same numbers as one never stopped. Each batch's loss and per-image hits stay on the device until the sums are
-    read (a host sync, which the progress bar makes every --log-every steps anyway): a batch adds three arrays to
-    the device's queue (its hits: argmax and a comparison), not a running sum's several small kernels.
+    read (a host sync, which the progress bar makes every --log-every steps anyway): a batch costs two small
+    kernels here (its hits: an argmax and a comparison), not a running sum's five.
 
     Data-parallel, each rank adds its own batches and :meth:`all_reduce` (called by every rank at the
     same step) moves every rank's sums since the last call into ``reduced_loss``/``reduced_correct``
