@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -31,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 import train  # noqa: E402 - train.py's own run and loop pieces
-from benchmarks.probes.train_throughput import synthesise_cifar  # noqa: E402
+from benchmarks.probes.train_throughput import synthesise_cifar, write_outputs  # noqa: E402
 
 PARTS = ("next", "step", "scheduler", "watch", "meter")
 
@@ -183,12 +182,7 @@ def main() -> None:
         records = [measure(data, args, scratch) for data in args.data.split(",")]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
-    for suffix, text in (("json", json.dumps(records, indent=1)), ("md", markdown(records))):
-        path = os.path.join(args.out, f"train-loop-host.{suffix}")
-        with open(path + ".tmp", "w") as file:
-            file.write(text)
-        os.replace(path + ".tmp", path)
+    write_outputs(args.out, "train-loop-host", records, markdown(records))
     print(markdown(records))
 
 

@@ -153,13 +153,18 @@ def main() -> None:
         report = measure(args, env, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
-    for suffix, text in (("json", json.dumps(report, indent=1)), ("md", markdown(report))):
-        path = os.path.join(args.out, f"train-throughput.{suffix}")
-        with open(path + ".tmp", "w") as file:
-            file.write(text)
-        os.replace(path + ".tmp", path)
+    write_outputs(args.out, "train-throughput", report, markdown(report))
     print(f"wrote {os.path.join(args.out, 'train-throughput')}.json, .md")
+
+
+def write_outputs(out: str, stem: str, report: Any, text: str) -> None:
+    """OUT/stem.json (``report``) and OUT/stem.md (``text``), each written to a temporary file, then renamed."""
+    os.makedirs(out, exist_ok=True)
+    for suffix, content in (("json", json.dumps(report, indent=1)), ("md", text)):
+        path = os.path.join(out, f"{stem}.{suffix}")
+        with open(path + ".tmp", "w") as file:
+            file.write(content)
+        os.replace(path + ".tmp", path)
 
 
 def measure(args: argparse.Namespace, env: dict[str, str], scratch: str) -> dict[str, Any]:
