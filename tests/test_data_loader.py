@@ -245,6 +245,25 @@ def test_in_memory_batches_are_one_gather(monkeypatch):
     np.testing.assert_array_equal(subset.get_batch([2, 0])[0], images[[4, 3]])
 
 
+def test_a_gather_writes_into_the_arrays_offered_where_they_fit():
+    images, labels = images_and_labels(19)
+    dataset = Subset(ArrayDataset(images, labels.astype(np.uint8)), np.arange(19)[::-1])
+    picks = np.array([4, -2, 0, 18])  # negative indices count from the end, as in NumPy
+    rows = np.arange(19)[::-1][picks]
+    offered = [np.full((4, 6, 6, 3), 7, np.uint8), np.full(4, -1, np.int64)]
+    got = dataset.get_batch(picks, into=offered)
+    assert got[0] is offered[0] and got[1] is offered[1]
+    np.testing.assert_array_equal(offered[0], images[rows])
+    np.testing.assert_array_equal(offered[1], labels[rows])
+    unfit = [np.zeros((3, 6, 6, 3), np.uint8), np.zeros(4, np.int32)]  # a row short; labels not int64
+    got = dataset.get_batch(picks, into=unfit)
+    assert got[0] is not unfit[0] and got[1] is not unfit[1] and not unfit[0].any() and not unfit[1].any()
+    np.testing.assert_array_equal(got[0], images[rows])
+    assert got[1].dtype == np.int64
+    with pytest.raises(IndexError, match="out of range"):
+        dataset.dataset.get_batch([3, 19], into=offered)
+
+
 def test_loader_and_dataset_errors():
     images, labels = images_and_labels()
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
@@ -740,7 +759,7 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
             np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
         log = cupy.log
         copies = [entry for entry in log if entry[0] == "copy"]
-        assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7 * 5  # 5 arrays a batch
+        assert {stream for _, stream, _ in copies} == {"side"} and len(copies) == 7  # 5 arrays a batch, one copy
         records = [entry for entry in log if entry[0] == "record"]
         copied = [number for _, stream, number in records if stream == "side"]
         # A new device slot's event: recorded on the step's stream and waited on by the side stream at once.
@@ -748,7 +767,7 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
                      if (kind, stream) == ("record", "compute") and log[i + 1:i + 2] == [("wait", "side", number)]]
         consumed = [number for _, stream, number in records if stream == "compute" and number not in allocated]
         assert len(copied) == len(consumed) == 7 and len(allocated) == 3  # 3 device slots, made on first use
-        first_copies = [i for i, entry in enumerate(log) if entry[0] == "copy"][::5]
+        first_copies = [i for i, entry in enumerate(log) if entry[0] == "copy"]
         for k in range(3):  # a new slot's first copy waits for the work queued on the step's stream before it
             assert log.index(("wait", "side", allocated[k])) < first_copies[k]
         for number in copied:  # the step's stream waits for each copy, after it is recorded
@@ -756,7 +775,33 @@ def test_the_gpu_feed_copies_on_a_side_stream_and_waits_on_events(monkeypatch, w
         for k in range(3, 7):  # a device slot is refilled only after its last batch was used (3 slots)
             wait = log.index(("wait", "side", consumed[k - 3]))
             assert log.index(("record", "compute", consumed[k - 3])) < wait < log.index(("record", "side", copied[k]))
-    assert cupy.pinned <= 2 * (2 + 3 + 1 + 2) * 5  # pinned slots made per pass, not per batch
+    # One buffer a slot. A pass makes its slots once (prefetch + 3 + 1), and with workers each batch the background
+    # thread prepared before the first slot existed (prefetch at most) gets one more.
+    assert cupy.pinned <= 2 * (fed.prefetch + 3 + 1 + (fed.prefetch if workers else 0))
+
+
+def test_without_workers_each_batch_is_gathered_straight_into_its_pinned_slot(monkeypatch):
+    """The GPU feed without workers offers the dataset a free pinned slot's rows: the images are gathered there, and
+    only the first batch, which lays the slots out, is copied into one."""
+    from minidnn.data import device as feed
+
+    cupy = StandInCupy()
+    monkeypatch.setattr(minidnn.backend, "cuda_is_available", lambda: True)
+    monkeypatch.setattr(minidnn.backend, "cupy", lambda: cupy)
+    monkeypatch.setattr(feed, "cupyx_module", lambda: cupy)
+    image_copies = []
+    copyto = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda dst, src, **kw: (image_copies.append(dst.shape) if dst.ndim == 4 else None,
+                                                              copyto(dst, src, **kw)))
+    images, labels = images_and_labels(41, 7)
+    dataset = ArrayDataset(images, labels, seed=2)
+    batch = T.CropFlipNormalize(CIFAR_MEAN, CIFAR_STD, crop=7, padding=1, flip=0.5)
+    options = dict(batch_size=6, shuffle=True, seed=8, batch_transform=batch)
+    got = list(DataLoader(dataset, device="cuda", **options))
+    assert image_copies == [(6, 7, 7, 3)]
+    for (x, y), (x_cpu, y_cpu) in zip(got, DataLoader(dataset, **options), strict=True):
+        np.testing.assert_array_equal(x.numpy(), x_cpu.numpy())
+        np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,11 @@ Where an eager train.py step's time goes, part by part. train.py's own run (``tr
 train.py's loop body, with ``perf_counter`` around each part and no added waits:
 - ``next``: the loader's next batch (the main thread's share of the GPU feed: the copy queued, the batch transform);
 - ``step``: the training step; ``scheduler``, ``meter``, ``watch``: the loop's bookkeeping;
-- ``gc``: the time Python's garbage collector ran during the epoch (``gc.callbacks``), and how often.
+- ``gc``: the time Python's garbage collector ran during the epoch (``gc.callbacks``), and how often;
+- with ``--next-parts``, ``next`` itself part by part: the loader's fetch (the gather), the batch transform's draws,
+  the pinned fill, the wait for a free slot, the copy queued, the batch transform's launch, the device batch made
+  (``finish``, the transform's launch included) and the batch put back together (``unflatten``). Each is a timer
+  around that function, so the parts' own overhead (about a microsecond each) is in the figures.
 An epoch's wall is train.py's: the reads at its end wait for the GPU. Then, in the same process:
 - ``listed``: the same loop over the epoch's batches fetched to the GPU beforehand (no loader thread running);
 - ``alone``: the step on one fixed batch, as the benchmark times it.
@@ -33,6 +37,33 @@ import train  # noqa: E402 - train.py's own run and loop pieces
 from benchmarks.probes.train_throughput import synthesise_cifar, write_outputs  # noqa: E402
 
 PARTS = ("next", "step", "scheduler", "watch", "meter")
+NEXT_PARTS: dict[str, float] = collections.defaultdict(float)  # seconds in each part of the current ``next``
+
+
+def time_next_parts() -> None:
+    """Wrap the loader's functions that ``next`` runs with timers that add into NEXT_PARTS."""
+    from minidnn.data import device, loader, transforms  # noqa: PLC0415
+
+    def timed(owner: Any, attribute: str, name: str) -> None:
+        function = getattr(owner, attribute)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                NEXT_PARTS[name] += time.perf_counter() - start
+
+        setattr(owner, attribute, wrapper)
+
+    timed(loader, "fetch", "fetch")
+    timed(loader._DrawsAhead, "__call__", "draws")
+    timed(device.DeviceFeeder, "fill", "fill")
+    timed(device.DeviceFeeder, "wait_for_slot", "wait_for_slot")
+    timed(device.DeviceFeeder, "start_copy", "start_copy")
+    timed(transforms.CropFlipNormalize, "__call__", "transform")
+    timed(device.DeviceFeeder, "finish", "finish")
+    timed(loader, "unflatten", "unflatten")
 
 
 class GcClock:
@@ -67,11 +98,13 @@ def synchronize() -> None:
 def loop(run: Any, batches: Any, log_every: int) -> dict[str, Any]:
     """train.py's loop body over ``batches`` (an iterator of device batches), each part timed on the host."""
     parts: dict[str, list[float]] = {name: [] for name in PARTS}
+    next_parts: dict[str, list[float]] = collections.defaultdict(list)
     synchronize()
     started = time.perf_counter()
     count = 0
     with GcClock() as collector:
         while True:
+            NEXT_PARTS.clear()
             t0 = time.perf_counter()
             try:
                 images, labels = next(batches)
@@ -89,6 +122,8 @@ def loop(run: Any, batches: Any, log_every: int) -> dict[str, Any]:
             t4 = time.perf_counter()
             run.meter.add(logits, labels, kept)
             t5 = time.perf_counter()
+            for name, seconds in NEXT_PARTS.items():
+                next_parts[name].append(1000 * seconds)
             for name, (a, b) in zip(PARTS, ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
                 parts[name].append(1000 * (b - a))
             count += labels.shape[0]
@@ -105,7 +140,9 @@ def loop(run: Any, batches: Any, log_every: int) -> dict[str, Any]:
             "host_ms_mean": {name: round(statistics.fmean(v), 4) for name, v in parts.items()},
             "step_ms_quartiles": [round(q, 4) for q in statistics.quantiles(parts["step"], n=4)],
             "gc_ms": {str(g): round(1000 * s, 2) for g, s in sorted(collector.seconds.items())},
-            "gc_count": {str(g): c for g, c in sorted(collector.count.items())}}
+            "gc_count": {str(g): c for g, c in sorted(collector.count.items())},
+            "next_ms_median": {name: round(statistics.median(v + [0.0] * (steps - len(v))), 4)
+                               for name, v in next_parts.items()}}
 
 
 def step_alone(run: Any, images: Any, labels: Any, steps: int) -> dict[str, Any]:
@@ -160,6 +197,10 @@ def markdown(records: list[dict[str, Any]]) -> str:
             collected = ", ".join(f"gen{g} {ms} ({result['gc_count'][g]})" for g, ms in result["gc_ms"].items())
             lines.append(f"| {record['data']} | {name} | {result['images_per_second']:.0f} | "
                          f"{result['ms_per_step']:.3f} | {host} | {collected or '–'} |")
+        for name, result in passes:
+            if result["next_ms_median"]:
+                split = ", ".join(f"{part} {ms:.3f}" for part, ms in result["next_ms_median"].items())
+                lines.append(f"| {record['data']} | {name}: next's parts (median ms) | {split} | | | |")
         alone = record["alone"]
         lines.append(f"| {record['data']} | step alone | {alone['images_per_second']:.0f} | {alone['ms_per_step']:.3f} "
                      f"| – | – |")
@@ -175,8 +216,11 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=20000)
     parser.add_argument("--test-size", type=int, default=2000)
     parser.add_argument("--device", default="cuda", help="cuda (the figure); cpu only checks the plumbing")
+    parser.add_argument("--next-parts", action="store_true", help="time the parts of the loader's next as well")
     parser.add_argument("--out", required=True, help="folder for train-loop-host.json and .md")
     args = parser.parse_args()
+    if args.next_parts:
+        time_next_parts()
     scratch = tempfile.mkdtemp(prefix="minidnn-train-loop-host-")
     try:
         records = [measure(data, args, scratch) for data in args.data.split(",")]

@@ -71,15 +71,20 @@ def flatten(batch: Any, collated: bool) -> tuple[list[Any], Any]:
     return arrays, visit(batch)
 
 
-def fetch(dataset: Any, indices: list[int], collate_fn: Callable[[list[Any]], Any] | None) -> tuple[list[Any], Any]:
+def fetch(dataset: Any, indices: Any, collate_fn: Callable[[list[Any]], Any] | None,
+          into: list[np.ndarray] | None = None) -> tuple[list[Any], Any]:
     """One batch, flattened (:func:`flatten`): one ``get_batch`` gather when the dataset can and no
-    ``collate_fn`` is given (ArrayDataset: no Python per sample), else its samples collated."""
+    ``collate_fn`` is given (ArrayDataset: no Python per sample), else its samples collated.
+
+    indices: ints (a list or an int array). into: arrays the gather may write the batch into (a pinned slot's
+    rows), each used where it has the shape and dtype of that array of the batch (``get_batch``'s ``into``)."""
     batch = None
     if collate_fn is None:
         getter = getattr(dataset, "get_batch", None)
-        batch = getter(indices) if getter is not None else None
+        if getter is not None:
+            batch = getter(indices) if into is None else getter(indices, into=into)
     if batch is None:
-        samples = [dataset[i] for i in indices]
+        samples = [dataset[int(i)] for i in indices]
         batch = collate_arrays(samples) if collate_fn is None else collate_fn(samples)
     return flatten(batch, collated=collate_fn is None)
 

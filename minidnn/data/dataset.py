@@ -61,6 +61,12 @@ class TransformedDataset(Dataset):
         return image, target
 
 
+def _receives(array: Any, shape: tuple, dtype: Any) -> bool:
+    """Whether ``array`` (offered by the loader, or None) can receive a result of ``shape`` and ``dtype`` as is."""
+    return isinstance(array, np.ndarray) and array.shape == shape and array.dtype == dtype \
+        and array.flags.c_contiguous and array.flags.writeable
+
+
 class ArrayDataset(TransformedDataset):
     """Samples held in memory: ``images[i]`` and ``labels[i]`` (e.g. the built-in shapes data, CIFAR, MNIST)."""
 
@@ -79,15 +85,30 @@ class ArrayDataset(TransformedDataset):
             raise IndexError(f"index {index} is out of range for a dataset of {len(self)} samples")
         return self.apply_transforms(index % len(self), self.images[index], int(self.labels[index]))
 
-    def get_batch(self, indices: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    def get_batch(self, indices: Any, into: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, np.ndarray] | None:
         """The samples at ``indices`` already collated, ``(images[indices], labels as int64)``, when no
-        transform is set (one gather, no Python per sample: the loader's fast path); else None."""
+        transform is set (one gather, no Python per sample: the loader's fast path); else None.
+
+        into: arrays the loader offers for the result (a pinned slot's rows): ``into[0]`` receives the images if
+        it is a (len(indices), *image shape) array of the images' dtype, ``into[1]`` the labels if it is int64
+        (len(indices),); each one used is returned in place of a new array."""
         if self.transform is not None or self.target_transform is not None:
             return None
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < -len(self) or indices.max() >= len(self)):
             raise IndexError(f"an index of {indices.tolist()} is out of range for a dataset of {len(self)} samples")
-        return np.take(self.images, indices, axis=0), np.take(self.labels, indices).astype(np.int64)
+        images, labels = (*into, None, None)[:2]
+        source = self.images
+        if isinstance(source, np.ndarray) and _receives(images, (len(indices), *source.shape[1:]), source.dtype):
+            # Checked above, so "wrap" takes the same rows as "raise", which would gather into a temporary first.
+            np.take(source, indices, axis=0, out=images, mode="wrap")
+        else:
+            images = np.take(source, indices, axis=0)
+        if _receives(labels, (len(indices),), np.int64):
+            labels[...] = np.take(self.labels, indices)
+        else:
+            labels = np.take(self.labels, indices).astype(np.int64)
+        return images, labels
 
 
 class Subset(Dataset):
@@ -106,10 +127,10 @@ class Subset(Dataset):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
-    def get_batch(self, indices: Any) -> Any:
+    def get_batch(self, indices: Any, into: Sequence[np.ndarray] = ()) -> Any:
         """The underlying dataset's collated samples (see :meth:`ArrayDataset.get_batch`), or None."""
         getter = getattr(self.dataset, "get_batch", None)
-        return None if getter is None else getter(self.indices[np.asarray(indices, dtype=np.int64)])
+        return None if getter is None else getter(self.indices[np.asarray(indices, dtype=np.int64)], into=into)
 
     def batch_draws(self, indices: Any, calls: Sequence[tuple]) -> list[np.ndarray]:
         """The underlying dataset's per-sample draws (its samples' generators are the ones used)."""

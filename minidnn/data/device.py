@@ -2,10 +2,13 @@
 stream while the previous training step runs, then handed to the step's stream through an event.
 
 * **Pinned slots.** A copy from pageable memory is staged by the driver and does not overlap anything;
-  from page-locked ("pinned") memory it is one asynchronous DMA. The loader (its background thread with
-  worker processes, else the iterating thread itself) writes each batch straight into one of a few pinned
-  slots (``cupyx.empty_pinned``), so a batch is copied once on the host: from the dataset (or a worker's
-  shared memory) into the slot.
+  from page-locked ("pinned") memory it is one asynchronous DMA. A slot (:class:`Slot`) lays a batch's arrays
+  out in one page-locked buffer (``cupyx.empty_pinned``), each at an aligned offset, and its device twin has
+  the same layout: a batch of five arrays (images, labels, the transform's draws) moves in one copy, not
+  five, and each copy costs the iterating thread a driver call. The loader (its background thread with worker
+  processes, else the iterating thread itself) writes each batch straight into a slot: without workers an
+  in-memory dataset gathers its samples into the slot's arrays (``get_batch(..., into=)``), so a batch is
+  copied once on the host.
 * **Side stream.** The host-to-device copy of batch i + 1 is queued on a stream of its own
   (``cupy.cuda.Stream(non_blocking=True)``, which does not wait for the legacy default stream) when
   batch i is handed out, so it runs while step i computes.
@@ -64,19 +67,50 @@ def pinned_copy(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fits(buffers: list[np.ndarray], arrays: list[np.ndarray]) -> bool:
-    """Whether ``arrays`` fit the leading rows of ``buffers``: same count, dtypes and trailing shapes."""
-    return len(buffers) == len(arrays) and all(
-        b.dtype == a.dtype and b.shape[1:] == a.shape[1:] and a.ndim >= 1 and b.shape[0] >= a.shape[0]
-        for b, a in zip(buffers, arrays))
+ALIGN = 256  # bytes: where each array of a slot starts (CuPy's own allocations are aligned so; any vector access is)
+
+
+def _layout(arrays: list[np.ndarray]) -> tuple[int, tuple]:
+    """(bytes, ((offset, shape, dtype), ...)): ``arrays`` laid out one after another in one buffer."""
+    placed, offset = [], 0
+    for array in arrays:
+        placed.append((offset, tuple(array.shape), array.dtype))
+        offset += -(-array.nbytes // ALIGN) * ALIGN
+    return max(offset, ALIGN), tuple(placed)
+
+
+class Slot:
+    """One batch's arrays in one buffer (page-locked on the host, or its twin on the device), each at an offset
+    aligned to ALIGN bytes, so that a batch moves to the device in one copy. ``arrays``: the full-size views;
+    a batch uses their leading rows (:meth:`rows`)."""
+
+    def __init__(self, layout: tuple[int, tuple], buffer: Any) -> None:
+        self.layout, self.buffer = layout, buffer
+        self.arrays = [buffer[offset:offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+                       for offset, shape, dtype in layout[1]]
+        self._rows: dict[tuple[int, ...], list[Any]] = {}
+
+    def fits(self, arrays: list[Any]) -> bool:
+        """Whether ``arrays`` fit the leading rows of the slot's arrays: same count, dtypes and trailing shapes."""
+        return len(self.arrays) == len(arrays) and all(
+            b.dtype == a.dtype and b.shape[1:] == a.shape[1:] and a.ndim >= 1 and b.shape[0] >= a.shape[0]
+            for b, a in zip(self.arrays, arrays))
+
+    def rows(self, counts: tuple[int, ...]) -> list[Any]:
+        """The views of each array's leading ``counts[i]`` rows: made once per ``counts``, so that a later call
+        gives the same view objects (the fill knows an array gathered into the slot by identity)."""
+        views = self._rows.get(counts)
+        if views is None:
+            views = self._rows[counts] = [array[:count] for array, count in zip(self.arrays, counts)]
+        return views
 
 
 class HostBatch:
-    """A batch on its way to the device: its host ``arrays`` (views of a pinned ``slot``'s buffers, or
+    """A batch on its way to the device: its host ``arrays`` (views of a pinned ``slot``'s arrays, or
     plain arrays when no slot fitted), how to rebuild it (``tree``) and how many trailing arrays are the
     batch transform's parameters (``extra``)."""
 
-    def __init__(self, arrays: list[np.ndarray], tree: Any, extra: int, slot: "list[np.ndarray] | None") -> None:
+    def __init__(self, arrays: list[np.ndarray], tree: Any, extra: int, slot: Slot | None) -> None:
         self.arrays, self.tree, self.extra, self.slot = arrays, tree, extra, slot
 
 
@@ -103,35 +137,50 @@ class DeviceFeeder:
         self.free: queue.Queue = queue.Queue()  # pinned slots the filling thread may fill
         self.made = 0  # pinned slots allocated so far
         self.in_flight: collections.deque = collections.deque()  # (slot, copied event) not yet released
-        self.ring: list[list[Any] | None] = [None] * depth  # device buffers
+        self.ring: list[Slot | None] = [None] * depth  # device slots
         self.consumed: list[Any] = [None] * depth  # event after the last use of each device slot
         self.copies = 0
 
     # --- the filling thread ---------------------------------------------------------------------
-    def fill(self, arrays: list[np.ndarray], stop: threading.Event) -> tuple[list[np.ndarray], Any]:
-        """Copy ``arrays`` into a free pinned slot that fits them: (views of the slot, the slot). Returns
-        (arrays, None) when no slot exists yet or none fits (the iterating thread then makes one)."""
-        if self.made == 0:
+    def fill(self, arrays: list[np.ndarray], stop: threading.Event,
+             slot: Slot | None = None) -> tuple[list[np.ndarray], Slot | None]:
+        """Copy ``arrays`` into ``slot`` (else a free pinned slot) if they fit it: (views of the slot, the slot).
+        An array already gathered into the slot's view is not copied again. Returns (arrays, None) when no slot
+        exists yet or it does not fit (the iterating thread then makes one)."""
+        if slot is None:
+            slot = self._free_slot(stop)
+            if slot is None:
+                return arrays, None
+        if not slot.fits(arrays):
+            self.free.put(slot)
             return arrays, None
-        while not stop.is_set():
+        views = slot.rows(tuple(array.shape[0] for array in arrays))
+        for view, array in zip(views, arrays):
+            if view is not array:
+                np.copyto(view, array)
+        return views, slot
+
+    def _free_slot(self, stop: threading.Event) -> Slot | None:
+        """A free pinned slot, waited for until ``stop``; None while none exists yet."""
+        while self.made and not stop.is_set():
             try:
-                slot = self.free.get(timeout=0.05)
+                return self.free.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if not _fits(slot, arrays):
-                self.free.put(slot)
-                return arrays, None
-            views = [buffer[:array.shape[0]] for buffer, array in zip(slot, arrays)]
-            for view, array in zip(views, arrays):
-                np.copyto(view, array)
-            return views, slot
-        return arrays, None
+        return None
 
     # --- the iterating thread -------------------------------------------------------------------
-    def _new_slot(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        cupyx = cupyx_module()
+    def take_free(self) -> Slot | None:
+        """A free pinned slot for the iterating thread to fill itself (after :meth:`wait_for_slot`), else None."""
+        try:
+            return self.free.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _new_slot(self, arrays: list[np.ndarray]) -> Slot:
+        layout = _layout(arrays)
         self.made += 1
-        return [cupyx.empty_pinned(a.shape, a.dtype) for a in arrays]
+        return Slot(layout, cupyx_module().empty_pinned((layout[0],), np.uint8))
 
     def release_finished(self) -> None:
         """Give back to the filling thread every pinned slot whose copy has completed."""
@@ -147,12 +196,13 @@ class DeviceFeeder:
             self.free.put(slot)
 
     def start_copy(self, batch: HostBatch) -> _Copy:
-        """Queue the batch's host-to-device copy on the side stream (after the device slot's last use)."""
+        """Queue the batch's host-to-device copy on the side stream (after the device slot's last use): one copy of
+        the whole slot."""
         cupy = self.cupy
         with cupy.cuda.Device(self.device.index):
             if batch.slot is None:  # the first batch, or one that fits no slot: a new slot, kept for reuse
                 slot = self._new_slot(batch.arrays)
-                views = [buffer[:a.shape[0]] for buffer, a in zip(slot, batch.arrays)]
+                views = slot.rows(tuple(a.shape[0] for a in batch.arrays))
                 for view, array in zip(views, batch.arrays):
                     np.copyto(view, array)
                 batch.arrays, batch.slot = views, slot
@@ -160,9 +210,9 @@ class DeviceFeeder:
                     self.free.put(self._new_slot(batch.arrays))
             index = self.copies % self.depth
             self.copies += 1
-            buffers = self.ring[index]
-            if buffers is None or not _fits(buffers, batch.arrays):
-                buffers = self.ring[index] = [cupy.empty(s.shape, s.dtype) for s in batch.slot]
+            twin = self.ring[index]
+            if twin is None or twin.layout != batch.slot.layout:
+                twin = self.ring[index] = Slot(batch.slot.layout, cupy.empty((batch.slot.layout[0],), np.uint8))
                 # The pool hands out memory freed on the step's stream, where kernels queued earlier may still
                 # read or write it; the pool orders reuse on that stream only, so the side stream's first copy
                 # into the new slot waits for them on the device.
@@ -171,13 +221,11 @@ class DeviceFeeder:
                 self.stream.wait_event(allocated)
             if self.consumed[index] is not None:
                 self.stream.wait_event(self.consumed[index])
-            device_arrays = [buffer[:a.shape[0]] for buffer, a in zip(buffers, batch.arrays)]
-            for device_array, host in zip(device_arrays, batch.arrays):
-                device_array.set(host, stream=self.stream)
+            twin.buffer.set(batch.slot.buffer, stream=self.stream)
             copied = cupy.cuda.Event(block=False, disable_timing=True)
             copied.record(self.stream)
         self.in_flight.append((batch.slot, copied))
-        return _Copy(batch, device_arrays, copied, index)
+        return _Copy(batch, twin.rows(tuple(a.shape[0] for a in batch.arrays)), copied, index)
 
     def finish(self, copy: _Copy, transform: Callable | None) -> list[Any]:
         """The batch's arrays on the device, made on the current stream after its copy: the first array

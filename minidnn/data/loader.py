@@ -279,13 +279,16 @@ class DataLoader:
         num_workers=0 loads in the main process, with batch i + 1's copy queued before batch i is handed out. A
         background thread would take the GIL from the training loop while the loop's Python issues the step: every
         launch lets it in, and the loop then waits for it to let go. What a batch costs this thread here is its
-        gather (and the batch transform's draws), no more."""
+        gather, straight into a free pinned slot, the batch transform's draws and the copy queued, no more."""
         stop = threading.Event()  # never set: nothing here waits on another thread
 
         def copies() -> Iterator[Any]:
-            for indices, batch in zip(batches, self._fetch_here(batches)):
-                feeder.wait_for_slot()  # a free pinned slot, for fill
-                yield feeder.start_copy(self._prepare(batch, indices, feeder, stop, draws))
+            for indices in batches:
+                feeder.wait_for_slot()
+                slot = feeder.take_free()  # None for the first batch, which lays the slots out
+                into = None if slot is None else slot.rows((len(indices),) * len(slot.arrays))
+                arrays, tree = fetch(self.dataset, indices, self.collate_fn, into=into)
+                yield feeder.start_copy(self._prepare(_Fetched(arrays, tree, None), indices, feeder, stop, draws, slot))
 
         queued = copies()
         ahead = next(queued, None)
@@ -333,8 +336,9 @@ class DataLoader:
             yield _Fetched(arrays, tree, None)
 
     def _prepare(self, batch: Any, indices: np.ndarray, feeder: DeviceFeeder | None, stop: threading.Event,
-                 draws: "_DrawsAhead | None" = None) -> Any:
-        """A fetched batch made ready: for the GPU a HostBatch in a pinned slot, else the batch itself."""
+                 draws: "_DrawsAhead | None" = None, slot: Any = None) -> Any:
+        """A fetched batch made ready: for the GPU a HostBatch in a pinned slot (``slot``, the one it was gathered
+        into, else a free one), else the batch itself."""
         arrays, extra = list(batch.arrays), 0
         if self.batch_transform is not None:
             if not arrays or arrays[0].ndim != 4 or arrays[0].dtype != np.uint8:
@@ -345,7 +349,7 @@ class DataLoader:
                 self.batch_transform.parameters(self.dataset, indices, arrays[0].shape)
             arrays, extra = [*arrays, *parameters], len(parameters)
         if feeder is not None:
-            host, slot = feeder.fill(arrays, stop)
+            host, slot = feeder.fill(arrays, stop, slot)
             if slot is None and batch.release is not None:  # out of the worker's memory before it is reused
                 host = [np.array(a) for a in host]
             if batch.release is not None:
