@@ -43,7 +43,7 @@ import minidnn
 import minidnn.distributed as dist
 import minidnn.functional as F
 import models
-from minidnn import backend, data, optim
+from minidnn import data, optim
 from minidnn.checkpoint import Checkpoint, atomic_write, remove_orphans
 from minidnn.serialization import load_weights
 from minidnn.cuda import graphs
@@ -994,11 +994,13 @@ class Run:
 
     def check_finite(self) -> None:
         """:meth:`check_losses`, and a ``TrainingError`` if a parameter or buffer is not finite (a step
-        with a finite loss can still overflow the weights): the check before anything is saved."""
+        with a finite loss can still overflow the weights): the check before anything is saved. The values are
+        checked on the host: a copy a tensor is what saving them costs anyway, where a device reduction a tensor
+        would wait for the GPU as often, and compile a CuPy kernel for each new size class on a first run."""
         self.check_losses()
         for name, value in self.model.state_dict().items():
-            array = value.data if isinstance(value, minidnn.Tensor) else value
-            if array.dtype.kind == "f" and not bool(backend.get_array_module(array).isfinite(array).all()):
+            array = value.numpy()
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise self.non_finite(f"the model's {name} is not finite after step {self.step}")
 
     def save(self, name: str) -> None:
