@@ -301,7 +301,7 @@ def bias_backward(dy: Any, axis: int = 1) -> Any:
     if backend.is_cuda_array(dy):
         with _cuda.recording() as launches:
             dbias, made = _bias_backward_gpu(dy, checked_axis)
-        inputs = (dy, _cuda.block_counters(dy, _counter_count(dy, checked_axis)))
+        inputs = (dy, _cuda.block_counters(dy, 0))  # the counters the launch took: the GPU's largest array
         _ready_bias_backward.keep(None if key is None else (*key, axis), launches, inputs, made, (dbias,))
         return dbias
     others = tuple(a for a in range(dy.ndim) if a != checked_axis)
