@@ -412,14 +412,16 @@ class TrainingError(Exception):
 
 class Meter:
     """Sums of loss and correct predictions, and the epoch's training time, so that a resumed epoch reports the
-    same numbers as one never stopped. Each batch's loss and per-image hits stay on the device until the sums are
-    read (a host sync, which the progress bar makes every --log-every steps anyway): a batch costs two small
-    kernels here (its hits: an argmax and a comparison), not a running sum's five.
+    same numbers as one never stopped. Each batch's loss, logits and labels stay on the device until the sums are
+    read (a host sync, which the progress bar makes every --log-every steps anyway, and at least every
+    ``GATHER_AFTER`` batches): an eager batch costs no kernel here, and the argmax is the host's at the read.
 
     Data-parallel, each rank adds its own batches and :meth:`all_reduce` (called by every rank at the
     same step) moves every rank's sums since the last call into ``reduced_loss``/``reduced_correct``
     (host numbers, the same on every rank): ``count`` then counts every rank's images, and the means
     are over the global batches, as one process's are."""
+
+    GATHER_AFTER = 64  # unread batches at most: an evaluation's logits are not all held on the device
 
     def __init__(self) -> None:
         self.count, self.seconds = 0, 0.0
@@ -428,28 +430,34 @@ class Meter:
         self.pending = 0  # this rank's images not yet all-reduced
         self._losses: list[minidnn.Tensor] = []  # each unread batch's mean loss, on the device
         self._batches: list[int] = []  # and its size
-        self._hits: list[minidnn.Tensor] = []  # and its images' hits (argmax == label), booleans
+        self._logits: list[minidnn.Tensor] = []  # and its logits
+        self._labels: list[minidnn.Tensor] = []  # and its labels
 
-    def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor) -> None:
-        """``loss``: the batch's mean loss, an array the meter may keep until it is read (not one a later step
-        writes again, as a replayed CUDA graph's output is: train.py passes LossWatch.add's copy)."""
+    def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor, copy: bool = False) -> None:
+        """``loss``, ``logits``, ``labels``: arrays the meter may keep until it is read. ``copy``: the logits are an
+        array a later step writes again (a replayed CUDA graph's output), so a copy is kept; the loss must not be
+        one (train.py passes LossWatch.add's copy)."""
         batch = labels.shape[0]
         self._losses.append(loss.detach())
         self._batches.append(batch)
-        self._hits.append(logits.detach().argmax(1) == labels)
+        self._logits.append(minidnn.tensor(logits.detach()) if copy else logits.detach())
+        self._labels.append(labels)
         self.count += batch
         self.pending += batch
+        if len(self._losses) >= self.GATHER_AFTER:
+            self._gather()
 
     def _gather(self) -> None:
-        """Add the unread batches into the host sums: one transfer of their losses, one of their hits, summed on the
-        host (a CuPy reduction over however many batches were unread would be a kernel compiled anew for each new size
-        class of that count, in the middle of a first run)."""
+        """Add the unread batches into the host sums: one transfer each of their losses, logits and labels, summed
+        on the host (a CuPy reduction over however many batches were unread would be a kernel compiled anew for each
+        new size class of that count, in the middle of a first run)."""
         if not self._losses:
             return
         losses = minidnn.stack(self._losses).numpy().astype(np.float64)
         self.loss_sum += float(losses @ np.asarray(self._batches, dtype=np.float64))
-        self.correct_sum += float(np.count_nonzero(minidnn.cat(self._hits).numpy()))
-        self._losses, self._batches, self._hits = [], [], []
+        predicted = minidnn.cat(self._logits).numpy().astype(np.float32).argmax(1)  # half logits widened exactly
+        self.correct_sum += float(np.count_nonzero(predicted == minidnn.cat(self._labels).numpy()))
+        self._losses, self._batches, self._logits, self._labels = [], [], [], []
 
     def read(self) -> tuple[float, float]:
         if not self.count:
@@ -500,10 +508,11 @@ class LossWatch:
     def __init__(self) -> None:
         self.pending: list[tuple[int, minidnn.Tensor]] = []
 
-    def add(self, step: int, loss: minidnn.Tensor) -> minidnn.Tensor:
-        """Keep the step's loss; returns the copy kept (a replayed CUDA graph writes each step's loss into the
-        same array), which the meter may keep too."""
-        kept = minidnn.tensor(loss.detach())
+    def add(self, step: int, loss: minidnn.Tensor, copy: bool = True) -> minidnn.Tensor:
+        """Keep the step's loss; returns the loss kept, which the meter may keep too. ``copy``: the loss is an array
+        a later step writes again (a replayed CUDA graph writes each step's loss into the same one), so a copy is
+        kept; an eager step's loss is its own."""
+        kept = minidnn.tensor(loss.detach()) if copy else loss.detach()
         self.pending.append((step, kept))
         return kept
 
@@ -1265,7 +1274,8 @@ def train(args: argparse.Namespace, run: Run, own_process: bool = False) -> dict
                     run.solved = True
                     run.scheduler.step()
                     run.step += 1
-                    run.meter.add(logits, labels, run.watch.add(run.step, loss))
+                    reused = run.captured is not None  # a replay writes its outputs into the same arrays
+                    run.meter.add(logits, labels, run.watch.add(run.step, loss, copy=reused), copy=reused)
                     now = time.perf_counter()
                     run.meter.seconds, tick = run.meter.seconds + now - tick, now
                     at_max_steps = args.max_steps is not None and args.max_steps <= run.step < total

@@ -37,19 +37,29 @@ def test_a_run_writes_metrics_curves_and_checkpoints(tmp_path):
     assert result["step"] == 20
 
 
-def test_the_meter_reads_the_float64_sums_of_its_batches_whenever_it_is_read():
+@pytest.mark.parametrize("reused", [False, True])
+def test_the_meter_reads_the_float64_sums_of_its_batches_whenever_it_is_read(reused, monkeypatch):
     """Batches of random logits and labels (odd sizes, the last one short), read after some of them and at the end:
     each read gives the float64 means of every batch added so far, and a meter rebuilt from a saved state goes on
-    to the same figures."""
+    to the same figures. ``reused``: every batch's logits come in one array, written again for the next batch, as a
+    replayed CUDA graph's output is; the meter reads each batch's own all the same. It gathers by itself after
+    GATHER_AFTER unread batches (here 3)."""
+    monkeypatch.setattr(train.Meter, "GATHER_AFTER", 3)
     rng = np.random.default_rng()
     sizes = [int(n) for n in rng.integers(3, 40, 7)] + [1]
     meter, losses, hits, count = train.Meter(), 0.0, 0, 0
+    replayed = minidnn.tensor(np.zeros((max(sizes), 11), np.float32))
     for position, size in enumerate(sizes):
         logits = rng.standard_normal((size, 11)).astype(np.float32)
         labels = rng.integers(0, 11, size)
         loss = np.float32(rng.random() * 3)
-        meter.add(minidnn.tensor(logits), minidnn.tensor(labels), minidnn.tensor(loss))
+        if reused:
+            replayed.data[:size] = logits
+            meter.add(replayed[:size], minidnn.tensor(labels), minidnn.tensor(loss), copy=True)
+        else:
+            meter.add(minidnn.tensor(logits), minidnn.tensor(labels), minidnn.tensor(loss))
         losses, hits, count = losses + float(loss) * size, hits + int((logits.argmax(1) == labels).sum()), count + size
+        assert len(meter._logits) < train.Meter.GATHER_AFTER  # held on the device: a few batches' at most
         if position in (2, 5):
             assert meter.read() == pytest.approx((losses / count, hits / count), rel=1e-12)
             meter = train.Meter.from_state(meter.state())
@@ -224,6 +234,10 @@ def test_captured_training_goes_on_past_the_first_epoch_like_eager(tmp_path, mod
     assert captured["step"] == eager["step"] == 12
     rows = [json.loads(line) for line in (tmp_path / "captured" / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2, 3] and all(np.isfinite(row["train_loss"]) for row in rows)
+    eager_rows = [json.loads(line) for line in (tmp_path / "eager" / "metrics.jsonl").read_text().splitlines()]
+    for row, eager_row in zip(rows, eager_rows, strict=True):  # the meter read each replay's own loss and logits
+        assert row["train_loss"] == pytest.approx(eager_row["train_loss"], rel=1e-2)
+        assert row["train_accuracy"] == pytest.approx(eager_row["train_accuracy"], abs=0.03)
     ours, theirs = parameters(tmp_path / "captured" / "last.npz"), parameters(tmp_path / "eager" / "last.npz")
     for name, value in theirs.items():
         np.testing.assert_allclose(ours[name], value, rtol=1e-3, atol=1e-4, err_msg=name)

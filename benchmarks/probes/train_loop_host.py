@@ -118,9 +118,10 @@ def loop(run: Any, batches: Any, log_every: int) -> dict[str, Any]:
             run.scheduler.step()
             t3 = time.perf_counter()
             run.step += 1
-            kept = run.watch.add(run.step, loss)
+            reused = run.captured is not None
+            kept = run.watch.add(run.step, loss, copy=reused)
             t4 = time.perf_counter()
-            run.meter.add(logits, labels, kept)
+            run.meter.add(logits, labels, kept, copy=reused)
             t5 = time.perf_counter()
             for name, seconds in NEXT_PARTS.items():
                 next_parts[name].append(1000 * seconds)
