@@ -435,8 +435,8 @@ class Meter:
 
     def add(self, logits: minidnn.Tensor, labels: minidnn.Tensor, loss: minidnn.Tensor, copy: bool = False) -> None:
         """``loss``, ``logits``, ``labels``: arrays the meter may keep until it is read. ``copy``: the logits are an
-        array a later step writes again (a replayed CUDA graph's output), so a copy is kept; the loss must not be
-        one (train.py passes LossWatch.add's copy)."""
+        array a later step writes again (a replayed CUDA graph's output), so a copy is kept. The loss must not be
+        such an array: train.py passes what LossWatch.add kept (its copy of a replayed step's loss)."""
         batch = labels.shape[0]
         self._losses.append(loss.detach())
         self._batches.append(batch)
