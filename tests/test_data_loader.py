@@ -804,6 +804,40 @@ def test_without_workers_each_batch_is_gathered_straight_into_its_pinned_slot(mo
         np.testing.assert_array_equal(y.numpy(), y_cpu.numpy())
 
 
+def test_the_gpu_feed_without_workers_takes_per_sample_batches_and_a_collate_fn_too(monkeypatch):
+    """A dataset that cannot gather (a per-sample transform) and a collate_fn's batch of other arrays: the slot's
+    rows offered for the gather go unused, and the batches are the CPU loader's all the same."""
+    from minidnn.data import device as feed
+
+    cupy = StandInCupy()
+    monkeypatch.setattr(minidnn.backend, "cuda_is_available", lambda: True)
+    monkeypatch.setattr(minidnn.backend, "cupy", lambda: cupy)
+    monkeypatch.setattr(feed, "cupyx_module", lambda: cupy)
+    images, labels = images_and_labels(29, 5)
+    for dataset, collate in [(ArrayDataset(images, labels, T.ToTensor(), seed=1), None),
+                             (ArrayDataset(images, labels, seed=1), keep_strings_of_arrays)]:
+        options = dict(batch_size=4, shuffle=True, seed=2, collate_fn=collate)
+        got = [unflattened(batch) for batch in DataLoader(dataset, device="cuda", **options)]
+        expected = [unflattened(batch) for batch in DataLoader(dataset, **options)]
+        assert len(got) == len(expected) == 8
+        for ours, theirs in zip(got, expected):
+            assert ours.keys() == theirs.keys()
+            for key in ours:
+                np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+
+def keep_strings_of_arrays(samples):
+    """A collate_fn returning arrays of its own shapes (the images flattened, the labels doubled) and a name list."""
+    return {"x": np.stack([np.asarray(s[0]).reshape(-1) for s in samples]),
+            "y": np.array([2 * s[1] for s in samples]), "name": [f"{s[1]}" for s in samples]}
+
+
+def unflattened(batch):
+    """A batch (a tuple of Tensors or a collate_fn's dict) as a dict of NumPy arrays and lists."""
+    items = batch.items() if isinstance(batch, dict) else enumerate(batch)
+    return {str(key): value.numpy() if isinstance(value, minidnn.Tensor) else np.asarray(value) for key, value in items}
+
+
 # ----------------------------------------------------------------------------------------------
 # The GPU feed (run on a GPU machine)
 # ----------------------------------------------------------------------------------------------
