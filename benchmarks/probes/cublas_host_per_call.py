@@ -30,11 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 # (label, K, C, H·W) of ResNet-50's 1x1 convolutions at 224², one per stage and kind.
 SHAPES = (("layer1 reduce 256->64, 56²", 64, 256, 56 * 56), ("layer1 expand 64->256, 56²", 256, 64, 56 * 56),
           ("layer3 reduce 1024->256, 14²", 256, 1024, 14 * 14), ("layer4 expand 512->2048, 7²", 2048, 512, 7 * 7))
-SPIN = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
+EMPTY = r"""
 extern "C" __global__ void empty(int unused) { }
 """
 
@@ -60,10 +56,11 @@ def main() -> None:
     import cupy  # a GPU probe: imported once the arguments are read
     import torch
 
+    from benchmarks.probes.step_host_under_backlog import SPIN
     from benchmarks.probes.train_throughput import write_outputs
     from minidnn.primitives import blas
 
-    module = cupy.RawModule(code=SPIN)
+    module = cupy.RawModule(code=SPIN + EMPTY)
     spin, empty = module.get_function("spin"), module.get_function("empty")
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
