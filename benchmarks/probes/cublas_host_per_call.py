@@ -10,6 +10,9 @@ GEMM with W repeated at stride 0. The calls timed, ``--calls`` at a time, host t
 - ``minidnn ready``: :class:`minidnn.primitives.blas.ReadyGemm`, the form a steady eager step calls (stream set on the
   handle, then cuBLAS's ``cublasGemmStridedBatchedEx`` through CuPy's Cython binding);
 - ``cuBLAS alone``: the same binding with the same arguments, without minidnn's stream lookup and ``setStream``;
+- ``setStream alone``: ``cublasSetStream`` on the current stream, which resets the handle's workspace to cuBLAS's
+  default pool;
+- ``setStream, setWorkspace, GEMM``: PyTorch's order, a workspace of its own set after the stream, then the GEMM;
 - ``torch.bmm``: PyTorch's call of the same product (``W.expand(N, K, C)`` times x, into an out tensor);
 - ``empty kernel``: a one-thread CuPy RawKernel, the cost of one launch from Python.
 
@@ -30,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 # (label, K, C, H·W) of ResNet-50's 1x1 convolutions at 224², one per stage and kind.
 SHAPES = (("layer1 reduce 256->64, 56²", 64, 256, 56 * 56), ("layer1 expand 64->256, 56²", 256, 64, 56 * 56),
           ("layer3 reduce 1024->256, 14²", 256, 1024, 14 * 14), ("layer4 expand 512->2048, 7²", 2048, 512, 7 * 7))
+WORKSPACE_BYTES = 32 << 20
 EMPTY = r"""
 extern "C" __global__ void empty(int unused) { }
 """
@@ -78,6 +82,7 @@ def main() -> None:
         spin((1,), (1,), (cupy.int64(int(args.backlog_ms * cycles_per_ms)),))
         torch.cuda._sleep(int(args.backlog_ms * cycles_per_ms))  # PyTorch's stream waits too
 
+    workspace = cupy.cuda.memory.Memory(WORKSPACE_BYTES)
     rows = []
     N = args.batch
     for label, K, C, HW in SHAPES:
@@ -96,9 +101,19 @@ def main() -> None:
         tw, tx = torch.as_tensor(w, device="cuda"), torch.as_tensor(x, device="cuda")
         tout = torch.empty((N, K, HW), device="cuda")
         tw_repeated = tw.expand(N, K, C)
+        stream_pointer = cupy.cuda.get_current_stream().ptr
+        set_stream, set_workspace = cublas.eager["setStream"], cublas.capturable["setWorkspace"]
+
+        def with_workspace() -> None:  # PyTorch's order: the stream, then a workspace of its own, then the GEMM
+            set_stream(cublas.handle, stream_pointer)
+            set_workspace(cublas.handle, workspace.ptr, WORKSPACE_BYTES)
+            entry(cublas.handle, *arguments)  # noqa: B023
+
         calls = {  # each run within this iteration: the loop's names are bound when called
             "minidnn ready": lambda: ready(*addresses),  # noqa: B023
             "cuBLAS alone": lambda: entry(cublas.handle, *arguments),  # noqa: B023
+            "setStream alone": lambda: set_stream(cublas.handle, stream_pointer),
+            "setStream, setWorkspace, GEMM": with_workspace,
             "torch.bmm": lambda: torch.bmm(tw_repeated, tx, out=tout),  # noqa: B023
             "empty kernel": lambda: empty((1,), (1,), (cupy.int32(0),)),
         }
