@@ -216,6 +216,52 @@ def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("N, groups, dtype", [(5, 1, np.float32), (3, 2, np.float32), (1, 1, np.float32),
+                                              (4, 1, np.float16)])
+def test_gpu_a_repeated_gemm_1x1_call_replays_its_recording(N, groups, dtype, rng, monkeypatch):
+    """gemm_1x1's three directions, called again with new values of the same shapes, replay the first call's recorded
+    GEMMs (and backward-filter's row of ones) on the new operands: _run never runs again, and every call matches the
+    float64 reference, although the shared workspace, where the ones lie, is overwritten with NaNs before every call."""
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives.conv import workspace  # noqa: PLC0415
+    from tests.helpers import to_numpy  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    x_shape, w_shape, dy_shape = (N, 6, 7, 9), (10, 6 // groups, 1, 1), (N, 10, 7, 9)
+    full = []
+    for name in ("_run", "_run_recorded"):
+        def counted(*arguments, real=getattr(api, name), name=name, **keywords):
+            if backend.is_cuda_array(arguments[2]):
+                full.append((name, arguments[1]))
+            return real(*arguments, **keywords)
+        monkeypatch.setattr(api, name, counted)
+    registry.clear_caches()
+    tolerance = 1e-4 if dtype == np.float32 else 3e-3
+    with conv.settings(algo="gemm_1x1"):
+        for repeat in range(3):
+            x, w, dy = (rng.standard_normal(shape).astype(dtype) for shape in (x_shape, w_shape, dy_shape))
+            expected = [conv.conv2d_forward(*(a.astype(np.float64) for a in (x, w)), groups=groups, algo="reference"),
+                        conv.conv2d_backward_data(dy.astype(np.float64), w.astype(np.float64), x_shape, groups=groups,
+                                                  algo="reference"),
+                        conv.conv2d_backward_filter(x.astype(np.float64), dy.astype(np.float64), w_shape,
+                                                    groups=groups, algo="reference")]
+            x, w, dy = (cupy.asarray(a) for a in (x, w, dy))
+            got = []
+            for call in (lambda: conv.conv2d_forward(x, w, groups=groups),
+                         lambda: conv.conv2d_backward_data(dy, w, x_shape, groups=groups),
+                         lambda: conv.conv2d_backward_filter(x, dy, w_shape, groups=groups)):
+                workspace.workspace(1).fill(255)  # every byte 0xFF: NaNs wherever a replay would read stale values
+                got.append(call())
+            for direction, result, reference in zip(("forward", "backward_data", "backward_filter"), got, expected):
+                assert result.dtype == dtype
+                np.testing.assert_allclose(to_numpy(result).astype(np.float64), reference, rtol=tolerance,
+                                           atol=tolerance * np.abs(reference).max(), err_msg=f"{direction}, {repeat}")
+            directions = ("forward", "backward_data", "backward_filter")
+            assert full == [("_run_recorded", direction) for direction in directions], (repeat, full)
+    assert sum(ready is not None for _, ready in api._ready.values()) == 3
+
+
+@pytest.mark.gpu
 def test_gpu_find_times_the_ready_form_that_a_steps_repeats_run(monkeypatch):
     """find's host time is what an eager step's repeats cost: Winograd's recorded call replayed (its full path runs
     once, for the recording), implicit GEMM's ready launch (never its full path); an algorithm without a ready form

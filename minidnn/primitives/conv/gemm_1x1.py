@@ -6,6 +6,8 @@ y[n] = W (K × C) · x[n] with no im2col: one strided-batched GEMM per group cov
 dx[n] = Wᵀ · dy[n], the same shape of call. Backward-filter reduces over the images: a batched
 GEMM writes each image's dW_n = dy[n] · x[n]ᵀ into the workspace (N·K·C/G values), and one more
 GEMM sums them (a row of ones times the N partial products), adding into dW when accumulating.
+All its GPU work is GEMMs and launches of our own (the row of ones is written by gemm_1x1.cu), so a repeated
+call replays its first call's recording (``replayable``) instead of running this module's Python again.
 
 Half precision (float16, bfloat16) is the half GEMMs' (blas.py): float32 sums, one rounding. Forward and
 backward-data round each image's product once; backward-filter keeps the N partial products and their sum
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import blas, convert
+from .. import _cuda, blas, convert
 from .gemm import per_image, repeated, weight_matrix
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, workspace_array
@@ -27,6 +29,7 @@ from .registry import ConvAlgorithm, register, workspace_array
 class Gemm1x1(ConvAlgorithm):
     name = "gemm_1x1"
     half_precision = True
+    replayable = True  # GEMMs through blas and the ones through _cuda.launch: a repeat replays the recorded call
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return problem.is_1x1  # a 1x1 filter's dilation changes nothing
@@ -67,8 +70,7 @@ class Gemm1x1(ConvAlgorithm):
                           dw[g * Kg:(g + 1) * Kg], beta=beta)
             return
         partials = workspace_array(workspace, (N, Kg, Cg), problem.dtype)
-        ones = workspace_array(workspace, (1, N), problem.dtype, offset=partials.nbytes)
-        ones.fill(1)
+        ones = _ones(workspace_array(workspace, (1, N), problem.dtype, offset=partials.nbytes))
         for g in range(problem.groups):
             images_x = per_image(x, problem, Cg, g)
             blas.gemm_batched(per_image(dy, problem, Kg, g), images_x.transpose(0, 2, 1), partials)
@@ -80,9 +82,8 @@ class Gemm1x1(ConvAlgorithm):
         """dW (K, C/G) of half x and dy: each image's product and their sum in float32, one rounding."""
         N, Cg, Kg, half = problem.N, problem.C // problem.groups, problem.K // problem.groups, problem.half_type
         partials = workspace_array(workspace, (N, Kg, Cg), np.float32)
-        ones = workspace_array(workspace, (1, N), np.float32, offset=partials.nbytes)
+        ones = _ones(workspace_array(workspace, (1, N), np.float32, offset=partials.nbytes))
         total = workspace_array(workspace, (1, Kg * Cg), np.float32, offset=partials.nbytes + ones.nbytes)
-        ones.fill(1)
         for g in range(problem.groups):
             blas.gemm_batched(per_image(dy, problem, Kg, g), per_image(x, problem, Cg, g).transpose(0, 2, 1), partials)
             group = dw[g * Kg:(g + 1) * Kg].reshape(1, Kg * Cg)  # a row-major view: dW_g rows are contiguous
@@ -90,6 +91,15 @@ class Gemm1x1(ConvAlgorithm):
                 convert.half_to_float(group, half, out=total)
             blas.gemm(ones, partials.reshape(N, Kg * Cg), total, beta=1.0 if accumulate else 0.0)
             convert.float_to_half(total, half, out=group)
+
+
+def _ones(row: Any) -> Any:
+    """``row`` (1, N) filled with ones: on the GPU by gemm_1x1.cu's launch, which a recording keeps."""
+    if isinstance(row, np.ndarray):
+        row.fill(1)
+    else:
+        _cuda.launch(_cuda.function("conv/gemm_1x1.cu", "ones", row.dtype), row.size, (row, _cuda.i32(row.size)))
+    return row
 
 
 register(Gemm1x1())
