@@ -168,6 +168,21 @@ def test_gpu_a_repeated_call_goes_from_its_key_to_its_launch(arrays, monkeypatch
         assert ran[6:] == ["forward"]
 
 
+def full_path_runs(monkeypatch):
+    """The list that every GPU call of conv api's full path (``_run``) or recording path (``_run_recorded``) adds
+    its (name, direction) to from now on: a call that replays a kept recording adds nothing."""
+    from minidnn import backend  # noqa: PLC0415
+
+    full = []
+    for name in ("_run", "_run_recorded"):
+        def counted(*arguments, real=getattr(api, name), name=name, **keywords):
+            if backend.is_cuda_array(arguments[2]):
+                full.append((name, arguments[1]))
+            return real(*arguments, **keywords)
+        monkeypatch.setattr(api, name, counted)
+    return full
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["winograd_2x2", "winograd_4x4", "winograd_4x4_chunked"])
 def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypatch):
@@ -185,13 +200,7 @@ def test_gpu_a_repeated_winograd_call_replays_its_recording(algo, rng, monkeypat
     cupy = backend.cupy()
     monkeypatch.setattr(winograd, "CHUNKED_WORKSPACE", 80_000)  # one to four images a chunk on these shapes
     x_shape, w_shape, dy_shape = (5, 6, 11, 9), (7, 6, 3, 3), (5, 7, 11, 9)
-    full = []
-    for name in ("_run", "_run_recorded"):
-        def counted(*arguments, real=getattr(api, name), name=name, **keywords):
-            if backend.is_cuda_array(arguments[2]):
-                full.append((name, arguments[1]))
-            return real(*arguments, **keywords)
-        monkeypatch.setattr(api, name, counted)
+    full = full_path_runs(monkeypatch)
     registry.clear_caches()
     old_buffer = None
     with conv.settings(algo=algo):
@@ -228,13 +237,7 @@ def test_gpu_a_repeated_gemm_1x1_call_replays_its_recording(N, groups, dtype, rn
 
     cupy = backend.cupy()
     x_shape, w_shape, dy_shape = (N, 6, 7, 9), (10, 6 // groups, 1, 1), (N, 10, 7, 9)
-    full = []
-    for name in ("_run", "_run_recorded"):
-        def counted(*arguments, real=getattr(api, name), name=name, **keywords):
-            if backend.is_cuda_array(arguments[2]):
-                full.append((name, arguments[1]))
-            return real(*arguments, **keywords)
-        monkeypatch.setattr(api, name, counted)
+    full = full_path_runs(monkeypatch)
     registry.clear_caches()
     tolerance = 1e-4 if dtype == np.float32 else 3e-3
     with conv.settings(algo="gemm_1x1"):
@@ -247,11 +250,10 @@ def test_gpu_a_repeated_gemm_1x1_call_replays_its_recording(N, groups, dtype, rn
                                                     groups=groups, algo="reference")]
             x, w, dy = (cupy.asarray(a) for a in (x, w, dy))
             got = []
-            for call in (lambda: conv.conv2d_forward(x, w, groups=groups),
-                         lambda: conv.conv2d_backward_data(dy, w, x_shape, groups=groups),
-                         lambda: conv.conv2d_backward_filter(x, dy, w_shape, groups=groups)):
+            for function, arguments in ((conv.conv2d_forward, (x, w)), (conv.conv2d_backward_data, (dy, w, x_shape)),
+                                        (conv.conv2d_backward_filter, (x, dy, w_shape))):
                 workspace.workspace(1).fill(255)  # every byte 0xFF: NaNs wherever a replay would read stale values
-                got.append(call())
+                got.append(function(*arguments, groups=groups))
             for direction, result, reference in zip(("forward", "backward_data", "backward_filter"), got, expected):
                 assert result.dtype == dtype
                 np.testing.assert_allclose(to_numpy(result).astype(np.float64), reference, rtol=tolerance,
