@@ -12,6 +12,7 @@ GEMM with W repeated at stride 0. The calls timed, ``--calls`` at a time, host t
 - ``cuBLAS alone``: the same binding with the same arguments, without minidnn's stream lookup and ``setStream``;
 - ``setStream alone``: ``cublasSetStream`` on the current stream, which resets the handle's workspace to cuBLAS's
   default pool;
+- ``setStream, GEMM``: the stream set before each GEMM, as minidnn's ready call does, without its Python;
 - ``setStream, setWorkspace, GEMM``: PyTorch's order, a workspace of its own set after the stream, then the GEMM;
 - ``torch.bmm``: PyTorch's call of the same product (``W.expand(N, K, C)`` times x, into an out tensor);
 - ``empty kernel``: a one-thread CuPy RawKernel, the cost of one launch from Python.
@@ -104,6 +105,10 @@ def main() -> None:
         stream_pointer = cupy.cuda.get_current_stream().ptr
         set_stream, set_workspace = cublas.eager["setStream"], cublas.capturable["setWorkspace"]
 
+        def with_stream() -> None:  # minidnn's order without its Python: the stream (its workspace reset), the GEMM
+            set_stream(cublas.handle, stream_pointer)
+            entry(cublas.handle, *arguments)  # noqa: B023
+
         def with_workspace() -> None:  # PyTorch's order: the stream, then a workspace of its own, then the GEMM
             set_stream(cublas.handle, stream_pointer)
             set_workspace(cublas.handle, workspace.ptr, WORKSPACE_BYTES)
@@ -113,6 +118,7 @@ def main() -> None:
             "minidnn ready": lambda: ready(*addresses),  # noqa: B023
             "cuBLAS alone": lambda: entry(cublas.handle, *arguments),  # noqa: B023
             "setStream alone": lambda: set_stream(cublas.handle, stream_pointer),
+            "setStream, GEMM": with_stream,
             "setStream, setWorkspace, GEMM": with_workspace,
             "torch.bmm": lambda: torch.bmm(tw_repeated, tx, out=tout),  # noqa: B023
             "empty kernel": lambda: empty((1,), (1,), (cupy.int32(0),)),
