@@ -46,6 +46,55 @@ struct Tap {
     }
 };
 
+// Backward-filter's walk over the pixels it reduces: the thread copies COPIES pixels of each stage, `rows_per_pass`
+// apart, and each stage lies `step` pixels past the one before. Each pixel is kept as its image and output (p, q)
+// and moved on without dividing: `step` is step_n images, step_p rows and step_q columns, and a column or row past
+// the end carries at most once (q + step_q < 2Q; p + step_p + 1 < 2P). A pixel past the last has n >= N.
+template <int COPIES>
+struct PixelWalk {
+    int n[COPIES], p[COPIES], q[COPIES];
+    int step_n, step_p, step_q;
+
+    __device__ __forceinline__ PixelWalk(const NhwcShape& s, const int first_pixel, const int rows_per_pass,
+                                         const int step) {
+        const int PQ = s.P * s.Q, rest = step % PQ;
+        step_n = step / PQ;
+        step_p = rest / s.Q;
+        step_q = rest % s.Q;
+#pragma unroll
+        for (int i = 0; i < COPIES; ++i) {
+            const int pixel = first_pixel + rows_per_pass * i, pq = pixel % PQ;
+            n[i] = pixel / PQ;
+            p[i] = pq / s.Q;
+            q[i] = pq % s.Q;
+        }
+    }
+
+    // Every pixel `step` on.
+    __device__ __forceinline__ void advance(const NhwcShape& s) {
+#pragma unroll
+        for (int i = 0; i < COPIES; ++i) {
+            q[i] += step_q;
+            const bool column_carry = q[i] >= s.Q;
+            q[i] -= column_carry ? s.Q : 0;
+            p[i] += step_p + column_carry;
+            const bool row_carry = p[i] >= s.P;
+            p[i] -= row_carry ? s.P : 0;
+            n[i] += step_n + row_carry;
+        }
+    }
+
+    // x's vector of pixel i's input (p·u + top, q·v + left), channels c..c+7 (top, left: the tap's offsets), or x
+    // itself where it lies outside x. `inside` says on entry whether the thread's rows are inside the matrix, and on
+    // return whether the vector is copied: also not in the padding, not past the last pixel.
+    __device__ __forceinline__ const u16* input(const u16* __restrict__ x, const NhwcShape& s, const int i,
+                                                const int top, const int left, const int c, bool& inside) const {
+        const int h = p[i] * s.stride_h + top, w = q[i] * s.stride_w + left;
+        inside = inside && n[i] < s.N && unsigned(h) < unsigned(s.H) && unsigned(w) < unsigned(s.W);
+        return inside ? x + ((n[i] * s.H + h) * s.W + w) * s.C + c : x;
+    }
+};
+
 // Forward's gather (A: x's rows, one per output pixel; B: the filter's rows): the thread copies one 16-byte
 // vector of each of A_COPIES rows of A and B_COPIES rows of B, `rows_per_pass` apart, a stage at a time. Per row
 // it keeps the pixel's image offset and first input row and column (NOWHERE past the matrix), per filter its

@@ -21,8 +21,8 @@
 // k16n8 fragments as they lie); backward-filter's are [k][row], since both of its operands are contiguous
 // along the rows, and ldmatrix.trans turns them. Sums are float32; forward's epilogue rounds each once to
 // nearest even and writes y in the caller's layout (N, K, P, Q) through shared memory, 32 consecutive pixels
-// of one channel per warp store; backward-filter adds each split's partial sums into a float32 dw
-// (K, C, R, S) with atomicAdd.
+// of one channel per warp store; backward-filter adds each split's partial sums into a float32 sum laid
+// (K, R, S, C) with atomicAdd, which filter_gradient_to_float or _to_half lays out as dw (K, C, R, S).
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -190,14 +190,14 @@ implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Backward-filter: dw (K, C, R, S) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// Backward-filter: dw (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
 // ---------------------------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
                                    const NhwcShape s, int steps_per_split) {
     FilterTiles& tiles = *reinterpret_cast<FilterTiles*>(shared_memory);
-    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -217,17 +217,16 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
     const int k0 = tile_n * BLOCK_N + b_vector * VECTOR;
     const bool column_inside = k0 < s.K;
 
+    // The stages are copied in order, each BLOCK_K pixels past the last: the walk keeps the A pixels' places.
+    PixelWalk<A_COPIES> walk(s, first * BLOCK_K + a_pixel, A_PIXELS, BLOCK_K);
     auto copy_stage = [&](int stage, int step) {
 #pragma unroll
         for (int i = 0; i < A_COPIES; ++i) {
-            const int row = a_pixel + A_PIXELS * i, pixel = step * BLOCK_K + row;
-            const int n = pixel / PQ, pq = pixel % PQ;
-            const int h = pq / s.Q * s.stride_h + dh, w_ = pq % s.Q * s.stride_w + dw_;
-            const bool inside = row_inside && pixel < pixels && unsigned(h) < unsigned(s.H) &&
-                                unsigned(w_) < unsigned(s.W);
-            copy_16(&tiles.a[stage][row][a_vector * VECTOR],
-                    inside ? x + ((n * s.H + h) * s.W + w_) * s.C + tap.c : x, inside);
+            bool inside = row_inside;
+            const u16* const source = walk.input(x, s, i, dh, dw_, tap.c, inside);
+            copy_16(&tiles.a[stage][a_pixel + A_PIXELS * i][a_vector * VECTOR], source, inside);
         }
+        walk.advance(s);
 #pragma unroll
         for (int i = 0; i < B_COPIES; ++i) {
             const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
@@ -253,33 +252,47 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
     }
     wait_copies<0>();
 
-    // C (row (r, s, c), column k) is dw[k][c][r][s]: each thread's 2·MI rows and 2·NI columns, decoded once.
-    const int lane = tid % 32, g = lane / 4, t = lane % 4, RS = s.R * s.S;
-    int row_offset[MI][2], column_offset[NI][2];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = tile_m * BLOCK_M + warp_row() + mi * 16 + g + h * 8;
-            const int c = row % s.C, rs = row / s.C;
-            row_offset[mi][h] = row < rows ? c * RS + rs : -1;
-        }
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-        for (int o = 0; o < 2; ++o) {
-            const int k = tile_n * BLOCK_N + warp_column() + ni * 8 + 2 * t + o;
-            column_offset[ni][o] = k < s.K ? k * s.C * RS : -1;
-        }
+    // C (row (r, s, c), column k) is dw[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
+    const int lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
             for (int v = 0; v < 4; ++v) {
-                const int r = row_offset[mi][v / 2], c = column_offset[ni][v % 2];
-                if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);
+                const int row = tile_m * BLOCK_M + warp_row() + mi * 16 + g + v / 2 * 8;
+                const int k = tile_n * BLOCK_N + warp_column() + ni * 8 + 2 * t + v % 2;
+                if (row < rows && k < s.K) atomicAdd(dw + k * rows + row, acc[mi][ni][v]);
             }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward-filter's finish: the float32 sums, laid (K, R, S, C) as the kernels add them, into dw (K, C, R, S)
+// ---------------------------------------------------------------------------------------------------------------
+// out[k][c][r][s] = sums[k][r][s][c], plus out's own value when `accumulate` is non-zero; one thread per value. The
+// float32 build writes a float32 weight gradient; the half build rounds the sum once, to nearest even.
+template <typename Out>
+__device__ __forceinline__ void finish_filter_gradient(const float* __restrict__ sums, Out* __restrict__ out,
+                                                       const int K, const int C, const int RS, const int accumulate) {
+    const int total = K * C * RS;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int rs = i % RS, c = i / RS % C, k = i / RS / C;
+        float value = sums[(k * RS + rs) * C + c];
+        if constexpr (sizeof(Out) == 4) {
+            out[i] = accumulate ? out[i] + value : value;
+        } else {
+            if (accumulate) value += HALF == 2 ? bfloat16_value(out[i]) : float16_value(out[i]);
+            out[i] = half_word(value);
+        }
+    }
+}
+extern "C" __global__ void filter_gradient_to_float(const float* __restrict__ sums, float* __restrict__ out, int K,
+                                                    int C, int RS, int accumulate) {
+    finish_filter_gradient(sums, out, K, C, RS, accumulate);
+}
+extern "C" __global__ void filter_gradient_to_half(const float* __restrict__ sums, u16* __restrict__ out, int K,
+                                                   int C, int RS, int accumulate) {
+    finish_filter_gradient(sums, out, K, C, RS, accumulate);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ swapped, r and s reversed) and padding d·(R − 1) − pad, so it runs the forw
 to ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap, so the channels that
 form the reduction (C forward, K backward-data, C and K backward-filter) must be multiples of 8; groups are
 not supported. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32
-dw with ``atomicAdd`` (not deterministic, like ``implicit_gemm``'s), rounded to the half type when all are in.
+sum with ``atomicAdd`` (not deterministic, like ``implicit_gemm``'s), laid (K, R, S, C) as the tiles' rows run so
+that a warp's additions fall on few cache sectors; one launch lays it out as dw (K, C, R, S) when all are in,
+rounded to the half type unless dw is float32. The kernels walk their pixels stage by stage without dividing.
 
 Numerics: products of half values are exact in float32, the sums are float32, and each output is rounded
 once, as in ``implicit_gemm``'s half build. The NumPy twin does the same on
@@ -71,7 +73,7 @@ def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tup
         return [((K, R, S, C), np.uint16), ((images, H, W, C), np.uint16)]
     if direction == "backward_data":
         return [((C, R, S, K), np.uint16), ((images, P, Q, K), np.uint16)]
-    return [(problem.w_shape, np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
+    return [((K, R, S, C), np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
 
 
 def _piece_bytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -302,15 +304,16 @@ def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K) -> i
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
-def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:
-    _cuda.check_int32(x_last, dy_last, dw)
+def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
+    """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
+    _cuda.check_int32(x_last, dy_last, sums)
     block_n = _block_n(problem.K)
     per_split = steps_per_split(problem, _cuda.sm_count())
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
     _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
                         (tiles, -(-steps // per_split)), _shared_bytes("backward_filter", block_n),
-                        (x_last, dy_last, dw, _shape_struct(problem), _cuda.i32(per_split)))
+                        (x_last, dy_last, sums, _shape_struct(problem), _cuda.i32(per_split)))
 
 
 def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any, direction: str,
@@ -336,25 +339,27 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
 def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool, workspace: Any,
                                launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None) -> None:
     """Backward-filter on the GPU: per chunk of images the channels-last copies of x and dy and one ``launch``
-    (this file's kernel, by default) adding into one float32 dw, rounded into out at the end; a float32 out is
-    that dw itself."""
+    (this file's kernel, by default) adding into one float32 sum in the workspace, laid (K, R, S, C) as the kernels'
+    tile rows run (so that their atomic additions are coalesced); then one launch lays it out as out (K, C, R, S),
+    float32 or rounded to the half type, added to out when accumulating."""
     launch = launch or _launch_backward_filter
-    half = problem.half_type
-    rounded = out.dtype != np.float32
     whole = layout.is_channels_last(x) and layout.is_channels_last(dy)
     for first, chunk in _chunks(problem, "backward_filter", whole=whole):
-        dw, x_last, dy_last = _chunk_arrays(workspace, problem, chunk, "backward_filter")
-        if not rounded:
-            dw = out
+        sums, x_last, dy_last = _chunk_arrays(workspace, problem, chunk, "backward_filter")
         if first == 0:  # every chunk adds into the one float32 sum
-            if accumulate and rounded:
-                convert.half_to_float(out, half, out=dw)
-            elif not accumulate:
-                dw.fill(0)
+            sums.fill(0)
         launch(_channels_last_buffer(x[first:first + chunk.N], x_last),
-               _channels_last_buffer(dy[first:first + chunk.N], dy_last), dw, chunk)
-    if rounded:
-        convert.float_to_half(dw, half, out=out)
+               _channels_last_buffer(dy[first:first + chunk.N], dy_last), sums, chunk)
+    _finish_filter_gradient(sums, out, problem, accumulate)
+
+
+def _finish_filter_gradient(sums: Any, out: Any, problem: ConvProblem, accumulate: bool) -> None:
+    """out (K, C, R, S), float32 or half words, = sums (the K·R·S·C float32 values, laid (K, R, S, C)), plus out's own
+    values when ``accumulate``; a half out is rounded once."""
+    name = "filter_gradient_to_float" if out.dtype == np.float32 else "filter_gradient_to_half"
+    _cuda.launch(_kernel(name, problem.half_type), out.size,
+                 (sums, out, _cuda.i32(problem.K), _cuda.i32(problem.C), _cuda.i32(problem.R * problem.S),
+                  _cuda.i32(int(accumulate))))
 
 
 def _channels_last_buffer(array: Any, copy: Any) -> Any:

@@ -22,7 +22,7 @@
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
 // Forward's epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared
-// memory; backward-filter's adds each split's partial sums into a float32 dw (K, C, R, S) with atomicAdd.
+// memory; backward-filter's adds each split's partial sums into a float32 dw laid (K, R, S, C) with atomicAdd.
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -205,7 +205,7 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Backward-filter: dw (K, C, R, S) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// Backward-filter: dw (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
 //
 // Here both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
@@ -228,7 +228,7 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
                                     const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
-    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -245,19 +245,18 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     const int k0 = tile_n * BLOCK_N + b_vector * VECTOR;
     const bool column_inside = k0 < s.K;
 
+    // The stages are copied in order, each BLOCK_K pixels past the last: the walk keeps the A pixels' places.
+    PixelWalk<A_PIXEL_COPIES> walk(s, first * BLOCK_K + a_pixel, A_PIXELS, BLOCK_K);
     auto copy_stage = [&](int stage, int step) {
         unsigned char* const a = tiles + stage * STAGE_BYTES;
         unsigned char* const b = a + A_BYTES;
 #pragma unroll
         for (int i = 0; i < A_PIXEL_COPIES; ++i) {
-            const int row = a_pixel + A_PIXELS * i, pixel = step * BLOCK_K + row;
-            const int n = pixel / PQ, pq = pixel % PQ;
-            const int h = pq / s.Q * s.stride_h + dh, w_ = pq % s.Q * s.stride_w + dw_;
-            const bool inside = row_inside && pixel < pixels && unsigned(h) < unsigned(s.H) &&
-                                unsigned(w_) < unsigned(s.W);
-            copy_16(a + panel_swizzled(row, a_vector), inside ? x + ((n * s.H + h) * s.W + w_) * s.C + tap.c : x,
-                    inside);
+            bool inside = row_inside;
+            const u16* const source = walk.input(x, s, i, dh, dw_, tap.c, inside);
+            copy_16(a + panel_swizzled(a_pixel + A_PIXELS * i, a_vector), source, inside);
         }
+        walk.advance(s);
 #pragma unroll
         for (int i = 0; i < B_PIXEL_COPIES; ++i) {
             const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
@@ -294,14 +293,9 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     fence_accumulators(acc);
     wait_copies<0>();
 
-    // C (row (r, s, c), column k) is dw[k][c][r][s]: each thread's rows and columns, decoded once.
-    const int t = tid % 128, g = t % 32 / 4, q = t % 4, RS = s.R * s.S;
-    int row_offset[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = tile_m * BLOCK_M + warpgroup * 64 + t / 32 * 16 + g + h * 8;
-        row_offset[h] = row < rows ? row % s.C * RS + row / s.C : -1;
-    }
+    // C (row (r, s, c), column k) is dw[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
+    const int t = tid % 128, g = t % 32 / 4, q = t % 4;
+    const int row0 = tile_m * BLOCK_M + warpgroup * 64 + t / 32 * 16 + g;
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
@@ -310,6 +304,6 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
             if (k >= s.K) continue;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                if (row_offset[h] >= 0) atomicAdd(dw + k * s.C * RS + row_offset[h], acc[4 * i + 2 * h + o]);
+                if (row0 + h * 8 < rows) atomicAdd(dw + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
         }
 }

@@ -97,16 +97,16 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                                            (x_last, w_last, layout.flat(out), shape))
 
 
-def _launch_backward_filter(x_last: Any, dy_last: Any, dw: Any, problem: ConvProblem) -> None:
-    """dw (K, C, R, S) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
-    _cuda.check_int32(x_last, dy_last, dw)
+def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
+    """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
+    _cuda.check_int32(x_last, dy_last, sums)
     block_n = implicit_gemm_nhwc._block_n(problem.K)
     per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K)
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
                                            (tiles, -(-steps // per_split)), shared_bytes(block_n),
-                                           (x_last, dy_last, dw, implicit_gemm_nhwc._shape_struct(problem),
+                                           (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
 
 
