@@ -142,9 +142,10 @@ def test_every_atomic_in_the_kernels_is_accounted_for():
         ("minidnn/primitives/channels.cuh", "last = atomicAdd(counter, 1u) == (unsigned int)(splits - 1);"),
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, value);"),  # the half build's
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, scalar_t(value));"),
-        ("minidnn/primitives/conv/implicit_gemm_nhwc.cu", "if ((r | c) >= 0) atomicAdd(dw + r + c, acc[mi][ni][v]);"),
+        ("minidnn/primitives/conv/implicit_gemm_nhwc.cu",
+         "if (row < rows && k < s.K) atomicAdd(dw + k * rows + row, acc[mi][ni][v]);"),
         ("minidnn/primitives/conv/implicit_gemm_wgmma.cu",
-         "if (row_offset[h] >= 0) atomicAdd(dw + k * s.C * RS + row_offset[h], acc[4 * i + 2 * h + o]);"),
+         "if (row0 + h * 8 < rows) atomicAdd(dw + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);"),
     }
     found = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "minidnn")):
