@@ -13,6 +13,8 @@ The tree measured is the one ``PYTHONPATH`` puts first, so that two trees run th
 
 Writes DIR/backward-filter-LABEL.json and .md.
 """
+import os
+
 import numpy as np
 
 from half_implicit_gemm_vs_cudnn import start, timed, torch_call, write_report  # this folder's probes
@@ -88,6 +90,7 @@ def main() -> None:
     for layer in LAYERS:
         rows.append(measure(layer, torch, cupy, rng))
         print(f"{layer[0]:30s} " + "  ".join(f"{c} {rows[-1][c]:.4g}" for c in COLUMNS), flush=True)
+    os.makedirs(args.out, exist_ok=True)
     lines = ["| layer | GFLOP | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     lines += [f"| {row['layer']} | {row['gflop']:.1f} | " + " | ".join(f"{row[c]:.3g}" for c in COLUMNS) + " |"
               for row in rows]
