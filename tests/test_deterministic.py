@@ -143,9 +143,9 @@ def test_every_atomic_in_the_kernels_is_accounted_for():
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, value);"),  # the half build's
         ("minidnn/primitives/conv/implicit_gemm.cu", "atomicAdd(out + r + c, scalar_t(value));"),
         ("minidnn/primitives/conv/implicit_gemm_nhwc.cu",
-         "if (row < rows && k < s.K) atomicAdd(dw + k * rows + row, acc[mi][ni][v]);"),
+         "if (row < rows && k < s.K) atomicAdd(sums + k * rows + row, acc[mi][ni][v]);"),
         ("minidnn/primitives/conv/implicit_gemm_wgmma.cu",
-         "if (row0 + h * 8 < rows) atomicAdd(dw + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);"),
+         "if (row0 + h * 8 < rows) atomicAdd(sums + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);"),
     }
     found = set()
     for folder, _, files in os.walk(os.path.join(ROOT, "minidnn")):

@@ -8,10 +8,10 @@ cudnn.benchmark on). CUDA events around 20 calls after 3 warm-ups, median; TFLOP
 
 The tree measured is the one ``PYTHONPATH`` puts first, so that two trees run the same probe:
 
-    PYTHONPATH=scratch/base:benchmarks/probes python3 benchmarks/probes/backward_filter_kernels.py --out DIR --label base
-    PYTHONPATH=.:benchmarks/probes python3 benchmarks/probes/backward_filter_kernels.py --out DIR --label new
+    PYTHONPATH=scratch/base:benchmarks/probes python3 benchmarks/probes/backward_filter_kernels.py --out D --label base
+    PYTHONPATH=.:benchmarks/probes python3 benchmarks/probes/backward_filter_kernels.py --out D --label new
 
-Writes DIR/backward-filter-LABEL.json and .md.
+Writes D/backward-filter-LABEL.json and .md.
 """
 import os
 

@@ -190,11 +190,11 @@ implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Backward-filter: dw (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// Backward-filter: sums (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
 // ---------------------------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                    const NhwcShape s, int steps_per_split) {
     FilterTiles& tiles = *reinterpret_cast<FilterTiles*>(shared_memory);
     const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
@@ -252,7 +252,7 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
     }
     wait_copies<0>();
 
-    // C (row (r, s, c), column k) is dw[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
+    // C (row (r, s, c), column k) is sums[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
     const int lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -262,7 +262,7 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
             for (int v = 0; v < 4; ++v) {
                 const int row = tile_m * BLOCK_M + warp_row() + mi * 16 + g + v / 2 * 8;
                 const int k = tile_n * BLOCK_N + warp_column() + ni * 8 + 2 * t + v % 2;
-                if (row < rows && k < s.K) atomicAdd(dw + k * rows + row, acc[mi][ni][v]);
+                if (row < rows && k < s.K) atomicAdd(sums + k * rows + row, acc[mi][ni][v]);
             }
 }
 

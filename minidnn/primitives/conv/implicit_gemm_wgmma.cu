@@ -22,7 +22,8 @@
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
 // Forward's epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared
-// memory; backward-filter's adds each split's partial sums into a float32 dw laid (K, R, S, C) with atomicAdd.
+// memory; backward-filter's adds each split's partial sums into a float32 sum laid (K, R, S, C) with atomicAdd,
+// which implicit_gemm_nhwc.cu's filter_gradient_to_float or _to_half lays out as dw (K, C, R, S).
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -205,7 +206,7 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Backward-filter: dw (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
+// Backward-filter: sums (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
 //
 // Here both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
@@ -224,7 +225,7 @@ __device__ __forceinline__ int panel_swizzled(const int row, const int vector) {
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ dw,
+implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                     const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
@@ -293,7 +294,7 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     fence_accumulators(acc);
     wait_copies<0>();
 
-    // C (row (r, s, c), column k) is dw[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
+    // C (row (r, s, c), column k) is sums[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
     const int t = tid % 128, g = t % 32 / 4, q = t % 4;
     const int row0 = tile_m * BLOCK_M + warpgroup * 64 + t / 32 * 16 + g;
 #pragma unroll
@@ -304,6 +305,6 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
             if (k >= s.K) continue;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                if (row0 + h * 8 < rows) atomicAdd(dw + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
+                if (row0 + h * 8 < rows) atomicAdd(sums + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
         }
 }
