@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                      help="mixed precision: convolutions and linear layers in bfloat16 or float16 under autocast "
                           "(fp16 with dynamic loss scaling); weights and optimizer state stay float32")
+    run.add_argument("--channels-last", action="store_true",
+                     help="lay the convolution weights and each batch out channels-last (NHWC; PyTorch's "
+                          "memory_format=torch.channels_last), the layout the half-precision convolutions read "
+                          "without copies (docs/training.md, Channels-last tensors)")
     run.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                      help="capture the training step as one CUDA graph after its first step and replay it "
                           "(default: on with --device cuda; --no-cuda-graph runs every step eagerly)")
@@ -526,19 +530,24 @@ class LossWatch:
         return (steps[bad[0]], float(values[bad[0]])) if bad.size else None
 
 
+def laid_out(images: minidnn.Tensor, channels_last: bool) -> minidnn.Tensor:
+    """A batch as the model takes it: channels-last with --channels-last (a transpose on the device), else as is."""
+    return images.to(memory_format=minidnn.channels_last) if channels_last else images
+
+
 def evaluate(model: Any, loader: data.DataLoader, device: str, stop: "StopRequest | None" = None,
-             world: World | None = None) -> tuple[float, float]:
+             world: World | None = None, channels_last: bool = False) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over ``loader``, in eval mode (the train mode is restored); with
     ``stop``, a signal ends the evaluation at the next batch (see :class:`StopRequest`). Data-parallel
     (``world.launched``), every rank evaluates its shard and the sums are all-reduced: the metrics are the
-    whole test set's, on every rank."""
+    whole test set's, on every rank. ``channels_last``: each batch is laid out channels-last first."""
     model.eval()
     meter = Meter()
     try:
         with minidnn.no_grad():
             for images, labels in (loader if stop is None else stop.batches(loader)):
                 images, labels = images.to(device), labels.to(device)
-                logits = model(images)
+                logits = model(laid_out(images, channels_last))
                 meter.add(logits, labels, F.cross_entropy(logits, labels))
     finally:
         model.train()
@@ -908,7 +917,7 @@ class Run:
         """Forward, loss, backward and the optimizer's update; returns (logits, loss). With --amp fp16 the
         loss is scaled and a step whose gradients overflowed is skipped (GradScaler)."""
         with self.amp_region:
-            logits = self.network(images)
+            logits = self.network(laid_out(images, self.args.channels_last))
             loss = F.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing)
         self.optimizer.zero_grad()
         if self.scaler is None:
@@ -1049,7 +1058,8 @@ class Run:
         train_loss, train_accuracy = self.meter.read()
         started = time.perf_counter()
         with self.amp_region:
-            test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world)
+            test_loss, test_accuracy = evaluate(self.model, self.test_loader, self.device, self.stop, self.world,
+                                                self.args.channels_last)
         if not math.isfinite(test_loss):
             raise self.non_finite(f"the test loss is {test_loss} after epoch {epoch + 1}")
         self.history.append({
@@ -1199,6 +1209,8 @@ def prepare(args: argparse.Namespace, world: World | None = None) -> Run:
         if weights is not None:
             init_from(model, args, weights)
         model = model.to(device)
+        if args.channels_last:  # before DDP's buckets, which are laid out from the parameters
+            model = model.to(memory_format=minidnn.channels_last)
         network = model
         if world.launched:
             if args.sync_batchnorm:
@@ -1352,7 +1364,8 @@ def _main(args: argparse.Namespace, world: World, own_process: bool) -> dict[str
     run = prepare(args, world)
     try:
         if args.eval_only:
-            loss, accuracy = evaluate(run.model, run.test_loader, run.device, world=world)
+            loss, accuracy = evaluate(run.model, run.test_loader, run.device, world=world,
+                                      channels_last=args.channels_last)
             print(f"test loss {loss:.4f}, test accuracy {100 * accuracy:.2f}% ({len(run.test_loader.dataset)} images)")
             return {"test_loss": loss, "test_accuracy": accuracy}
         return train(args, run, own_process)

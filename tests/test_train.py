@@ -444,6 +444,32 @@ def test_a_description_holds_deterministic_pipelines_only():
         models.describe("tiny_cnn", {}, [], pipeline, 10)  # an RGB step not named as one is not guessed at
 
 
+def test_channels_last_lays_out_the_weights_and_each_batch_and_trains_as_the_contiguous_run(tmp_path):
+    """--channels-last: the convolution weights are channels-last, the step's batch is laid out so before the
+    network sees it, and the run computes what the C-contiguous run computes (float32 sums in other orders)."""
+    run = train.prepare(train.parse_args(TINY + ["--channels-last", "--out", str(tmp_path / "look")]))
+    try:
+        four_dimensional = [p for p in run.model.parameters() if p.ndim == 4]
+        assert four_dimensional and all(p.is_contiguous(memory_format=minidnn.channels_last) and not p.is_contiguous()
+                                        for p in four_dimensional)
+        seen = []
+        network = run.network
+        run.network = lambda images: seen.append(images.is_contiguous(memory_format=minidnn.channels_last)) or \
+            network(images)
+        images, labels = next(iter(run.train_loader))
+        run.eager_step(images, labels)
+        assert not images.is_contiguous(memory_format=minidnn.channels_last) and seen == [True]
+    finally:
+        run.lock.release()
+    results = {name: train.main(TINY + ["--epochs", "1", "--out", str(tmp_path / name)] + extra)
+               for name, extra in (("plain", []), ("last", ["--channels-last"]))}
+    assert results["last"]["history"][-1]["test_loss"] == pytest.approx(results["plain"]["history"][-1]["test_loss"],
+                                                                         rel=1e-5)
+    plain, last = parameters(tmp_path / "plain" / "last.npz"), parameters(tmp_path / "last" / "last.npz")
+    for name, value in plain.items():
+        np.testing.assert_allclose(last[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_mixed_precision_trains_and_resumes_with_its_loss_scale(tmp_path, amp):
     """--amp runs the forward under autocast (the parameters stay float32); an fp16 run's loss scale goes into
