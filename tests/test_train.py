@@ -470,6 +470,18 @@ def test_channels_last_lays_out_the_weights_and_each_batch_and_trains_as_the_con
         np.testing.assert_allclose(last[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_a_channels_last_bf16_step_is_captured(tmp_path, capsys):
+    """--channels-last with --amp bf16 on the GPU: the step, with the batch's transpose, runs as one CUDA graph and
+    ends its epoch near the C-contiguous run (the algorithms chosen differ by layout, and with them the roundings)."""
+    options = TINY + ["--device", "cuda", "--epochs", "1", "--amp", "bf16"]
+    last = train.main(options + ["--channels-last", "--out", str(tmp_path / "last")])
+    assert "the training step runs as one CUDA graph" in capsys.readouterr().out
+    plain = train.main(options + ["--out", str(tmp_path / "plain")])
+    assert np.isfinite(last["history"][-1]["test_loss"])
+    assert last["history"][-1]["test_loss"] == pytest.approx(plain["history"][-1]["test_loss"], rel=0.05)
+
+
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_mixed_precision_trains_and_resumes_with_its_loss_scale(tmp_path, amp):
     """--amp runs the forward under autocast (the parameters stay float32); an fp16 run's loss scale goes into
