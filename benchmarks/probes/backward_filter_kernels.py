@@ -40,7 +40,7 @@ COLUMNS = ["wgmma_kernel", *(f"wgmma_kernel_split{n}" for n in SPLITS), "nhwc_ke
 
 
 def operands(layer, cupy, rng):
-    """Channels-last bfloat16 x and dy of ``layer`` (minidnn tensors' buffers and arrays) and its problem."""
+    """Channels-last bfloat16 x and dy of ``layer`` (CuPy arrays of 16-bit words, NHWC buffers) and its problem."""
     _, N, C, H, W, K, R, S, stride, padding = layer
     problem = conv.problem.make_problem((N, C, H, W), (K, C, R, S), (stride, stride), (padding, padding), (1, 1), 1,
                                         np.dtype(np.uint16), "cuda")
