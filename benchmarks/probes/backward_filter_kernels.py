@@ -34,7 +34,7 @@ LAYERS = [
     ("resnet50.layer3.conv1_1x1", 128, 1024, 14, 14, 256, 1, 1, 1, 0),
     ("resnet50.layer4.conv2", 128, 512, 7, 7, 512, 3, 3, 1, 1),
 ]
-SPLITS = (2, 4, 8, 16)  # wgmma's CTAs per SM the split aims at (the default is nhwc.SPLIT_K_CTAS_PER_SM)
+SPLITS = (2, 4, 8, 16)  # wgmma's CTAs per SM the split aims at (the tree's is wgmma.SPLIT_K_CTAS_PER_SM)
 COLUMNS = ["wgmma_kernel", *(f"wgmma_kernel_split{n}" for n in SPLITS), "nhwc_kernel", "wgmma_call", "nhwc_call",
            "cudnn", "wgmma_kernel_tflops", "best_call_over_cudnn"]
 
@@ -70,13 +70,15 @@ def measure(layer, torch, cupy, rng) -> dict:
     row = {"layer": name, "gflop": flops / 1e9, "wgmma_kernel": timed(kernel(wgmma), cupy),
            "nhwc_kernel": timed(kernel(nhwc), cupy), "wgmma_call": timed(call("implicit_gemm_wgmma"), cupy),
            "nhwc_call": timed(call("implicit_gemm_nhwc"), cupy)}
-    default_split = nhwc.SPLIT_K_CTAS_PER_SM
+    # Trees from before wgmma had a split of its own (6e05c55 and earlier) use implicit_gemm_nhwc's.
+    owner = wgmma if hasattr(wgmma, "SPLIT_K_CTAS_PER_SM") else nhwc
+    default_split = owner.SPLIT_K_CTAS_PER_SM
     for split in SPLITS:
-        nhwc.SPLIT_K_CTAS_PER_SM = split
+        owner.SPLIT_K_CTAS_PER_SM = split
         try:
             row[f"wgmma_kernel_split{split}"] = timed(kernel(wgmma), cupy)
         finally:
-            nhwc.SPLIT_K_CTAS_PER_SM = default_split
+            owner.SPLIT_K_CTAS_PER_SM = default_split
     row["cudnn"] = timed(torch_call("backward_filter", layer, torch.bfloat16, True, torch), cupy)
     row["wgmma_kernel_tflops"] = flops / row["wgmma_kernel"] / 1e9
     row["best_call_over_cudnn"] = min(row["wgmma_call"], row["nhwc_call"]) / row["cudnn"]
@@ -94,10 +96,11 @@ def main() -> None:
     lines = ["| layer | GFLOP | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     lines += [f"| {row['layer']} | {row['gflop']:.1f} | " + " | ".join(f"{row[c]:.3g}" for c in COLUMNS) + " |"
               for row in rows]
+    split = getattr(wgmma, "SPLIT_K_CTAS_PER_SM", nhwc.SPLIT_K_CTAS_PER_SM)
     write_report(args.out, f"backward-filter-{args.label}", rows,
                  f"Tree {args.label}; bfloat16, channels-last operands; times in ms (median of 20, CUDA events); "
-                 f"wgmma_kernel at the tree's split ({nhwc.SPLIT_K_CTAS_PER_SM} CTAs per SM), the others at the "
-                 "split named.\n\n" + "\n".join(lines) + "\n", torch)
+                 f"wgmma_kernel at the tree's split ({split} CTAs per SM), the others at the split named.\n\n"
+                 + "\n".join(lines) + "\n", torch)
 
 
 if __name__ == "__main__":

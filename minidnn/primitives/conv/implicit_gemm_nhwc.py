@@ -296,11 +296,14 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                         _shared_bytes("forward", block_n), (x_last, w_last, layout.flat(out), shape))
 
 
-def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K) -> int:
-    """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q to fill ``sms`` SMs."""
+def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K,
+                    ctas_per_sm: int | None = None) -> int:
+    """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs
+    (``SPLIT_K_CTAS_PER_SM`` when None) on each of ``sms`` SMs."""
+    ctas_per_sm = SPLIT_K_CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
-    wanted = -(-SPLIT_K_CTAS_PER_SM * sms // tiles)
+    wanted = -(-ctas_per_sm * sms // tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 

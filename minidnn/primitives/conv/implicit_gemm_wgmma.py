@@ -40,6 +40,11 @@ BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = 128, 64, 1024
 # in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
 # leaves room for one CTA per SM instead of two.
 PIPELINES = {128: (3, 0), 64: (3, 0)}
+# Backward-filter's split of N·P·Q aims at two waves of two CTAs per SM, half implicit_gemm_nhwc's four: a stage
+# here reduces twice the pixels, and the fewer, longer slices add fewer partial tiles with atomicAdd. Two waves
+# timed fastest on 3×3 stride-1 layers and no slower than four on the others
+# (benchmarks/probes/backward_filter_kernels.py).
+SPLIT_K_CTAS_PER_SM = 2 * 2
 
 
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
@@ -101,7 +106,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
     _cuda.check_int32(x_last, dy_last, sums)
     block_n = implicit_gemm_nhwc._block_n(problem.K)
-    per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K)
+    per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
