@@ -296,11 +296,9 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                         _shared_bytes("forward", block_n), (x_last, w_last, layout.flat(out), shape))
 
 
-def steps_per_split(problem: ConvProblem, sms: int, block_k: int = BLOCK_K,
-                    ctas_per_sm: int | None = None) -> int:
-    """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs
-    (``SPLIT_K_CTAS_PER_SM`` when None) on each of ``sms`` SMs."""
-    ctas_per_sm = SPLIT_K_CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
+def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int) -> int:
+    """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs on
+    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM)."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
     wanted = -(-ctas_per_sm * sms // tiles)
@@ -311,7 +309,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
     _cuda.check_int32(x_last, dy_last, sums)
     block_n = _block_n(problem.K)
-    per_split = steps_per_split(problem, _cuda.sm_count())
+    per_split = steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
     tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
     _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
