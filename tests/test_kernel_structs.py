@@ -1,13 +1,14 @@
-"""The shape structs the kernels take by value: each NumPy record dtype (the bytes a launch passes) against the C
-struct its kernel declares, field by field and in order. A field added, dropped or moved on one side only would
-have a kernel read its sizes at the wrong offsets, which no CPU run would notice; this test does, without a GPU."""
+"""The structs the kernels take by value: each NumPy record dtype (the bytes a launch passes) against the C struct
+its kernel declares, field by field and in order, and the optimizers' tensor table with its array sizes. A field
+added, dropped or moved on one side only would have a kernel read its arguments at the wrong offsets, which no CPU
+run would notice; this test does, without a GPU."""
 import os
 import re
 
 import numpy as np
 import pytest
 
-from minidnn.primitives import augment, blas, pooling
+from minidnn.primitives import augment, blas, optimizer, pooling
 from minidnn.primitives.conv import im2col, implicit_gemm, implicit_gemm_nhwc, winograd
 
 PRIMITIVES = os.path.dirname(pooling.__file__)
@@ -54,3 +55,32 @@ def test_the_parser_sees_fields_and_skips_functions():
     __device__ int total() const { return a + b; }
 };"""
     assert struct_fields(source, "Example") == ["a", "b", "c"]
+
+
+# optimizer.cu's field types, as the record dtype stores them: a device pointer is its 64-bit address
+C_TYPES = {"scalar_t*": np.uint64, "int": np.int32, "unsigned char": np.uint8}
+
+
+def test_the_optimizers_tensor_table_is_its_kernels_struct():
+    """TensorTable: the sizes optimizer.py and optimizer.cu define alike, then each field's name, type and array
+    shape in order; NumPy's aligned layout is C's, so the offsets follow."""
+    with open(os.path.join(PRIMITIVES, "optimizer.cu"), encoding="utf-8") as f:
+        source = f.read()
+    defines = {name: int(value) for name, value in re.findall(r"#define (\w+) (\d+)", source)}
+    assert [defines[n] for n in ("LISTS", "MAX_TENSORS", "MAX_BLOCKS", "THREADS")] == [
+        optimizer.LISTS, optimizer.MAX_TENSORS, optimizer.MAX_BLOCKS, optimizer.THREADS]
+    assert optimizer.BLOCK_GRANULE == defines["THREADS"] * defines["UNROLL"]
+    body = re.search(r"struct TensorTable \{(.*?)\n\};", source, re.S).group(1)
+    fields = []
+    for line in filter(None, (line.split("//")[0].strip() for line in body.splitlines())):
+        declaration = re.fullmatch(r"(scalar_t\*|int|unsigned char) (\w+)((?:\[\w+\])*);", line)
+        assert declaration is not None, line
+        c_type, name, dimensions = declaration.groups()
+        fields.append((name, C_TYPES[c_type], tuple(defines[d] for d in re.findall(r"\[(\w+)\]", dimensions))))
+    table = optimizer._TABLE
+    assert list(table.names) == [name for name, _, _ in fields]
+    for name, element, shape in fields:
+        field = table[name]
+        assert (field.base if field.subdtype else field) == element, name
+        assert field.shape == shape, name
+    assert table.isalignedstruct
