@@ -4,13 +4,15 @@ reference by the half bound of tests/test_conv_half.py (one rounding after a flo
 
 The cases sit on the kernels' edges: rows not a multiple of the 128-row tile, K and C below, at and past the
 64- and 128-wide tiles, reductions that end inside a 32-wide stage, taps on the padding, strides, dilation, a
-padding wider than the filter (backward-data's turned problem then crops), and backward-filter's split-K.
+padding wider than the filter (backward-data's turned problem then crops), backward-filter's split-K, and groups
+(each group its own GEMM on a slice of every pixel's channels: a pointer or a pixel stride that forgot the other
+groups reads the wrong channels).
 """
 import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import conv, convert
+from minidnn.primitives import conv, convert, layout
 from minidnn.primitives.conv import implicit_gemm_nhwc
 from tests.helpers import FLOAT32_UNIT, assert_half_twins_agree, assert_within_half_bound, half_operand
 from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes, poisoned_output, reduction_length
@@ -27,9 +29,14 @@ CASES = {
     "dilated_one_sided_padding": (2, 24, 16, 13, 16, 3, 2, 1, (2, 0), (2, 3), 1),
     "one_by_one": (2, 32, 7, 9, 72, 1, 1, 1, 0, 1, 1),
     "many_splits": (8, 32, 28, 28, 64, 3, 3, 1, 1, 1, 1),                     # N·P·Q 6272: 196 stages
+    "two_groups_off_the_tiles": (3, 32, 11, 13, 48, 3, 3, 1, 1, 1, 2),        # C/G 16, K/G 24
+    "two_groups_two_column_tiles": (2, 16, 9, 9, 272, 3, 3, 1, 1, 1, 2),      # C/G 8, K/G 136: 128 + 8 each
+    "caffenet_conv2_like_split": (6, 48, 13, 13, 64, 5, 5, 1, 2, 1, 2),      # C/G 24, K/G 32, split N·P·Q
+    "four_groups_dilated": (2, 32, 12, 11, 32, 3, 3, 1, 2, 2, 4),            # C/G 8, K/G 8
 }
 # Strided: forward and backward-filter only (K need not be a multiple of 8 for forward).
-STRIDED = {"stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1), "stride_2_odd_k": (2, 16, 15, 13, 9, 3, 3, 2, 1, 1, 1)}
+STRIDED = {"stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1), "stride_2_odd_k": (2, 16, 15, 13, 9, 3, 3, 2, 1, 1, 1),
+           "stride_2_two_groups": (2, 32, 15, 13, 48, 3, 3, 2, 1, 1, 2)}
 
 
 def supported(case, direction):
@@ -78,8 +85,12 @@ def test_what_it_supports():
     base = CASES["rows_and_reduction_off_the_tiles"]
     assert all(algorithm.supports(problem(base), d) for d in DIRECTIONS)
     assert not any(algorithm.supports(problem(base, np.float32), d) for d in DIRECTIONS)  # half problems only
-    grouped = (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 2)
-    assert not any(algorithm.supports(problem(grouped), d) for d in DIRECTIONS)
+    grouped = (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 2)  # C/G and K/G 8
+    assert all(algorithm.supports(problem(grouped), d) for d in DIRECTIONS)
+    group_channels_4 = (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 4)  # a 16-byte vector would span two groups
+    assert not any(algorithm.supports(problem(group_channels_4), d) for d in DIRECTIONS)
+    group_filters_12 = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, 2)  # K/G 12: forward only
+    assert [algorithm.supports(problem(group_filters_12), d) for d in DIRECTIONS] == [True, False, False]
     channels_3 = (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1)  # a 16-byte vector would span taps
     assert not any(algorithm.supports(problem(channels_3), d) for d in DIRECTIONS)
     odd_k = (2, 16, 9, 9, 9, 3, 3, 1, 1, 1, 1)  # forward only: K is not a reduction there
@@ -97,6 +108,11 @@ def test_workspace_holds_the_channels_last_copies():
     assert algorithm.workspace_bytes(on_gpu, "backward_data") == aligned(2 * 3024) + aligned(2 * 3456)
     assert algorithm.workspace_bytes(on_gpu, "backward_filter") == aligned(2 * 2016) + aligned(2 * 3024) + 4 * 3456
     assert algorithm.workspace_bytes(problem_of(case, np.float16), "forward") == 0
+    grouped = problem_of((2, 16, 9, 7, 24, 3, 3, 1, 1, 1, 2), np.uint16, "cuda")  # the filters hold C/G: 1728 values
+    assert algorithm.workspace_bytes(grouped, "forward") == aligned(2 * 2016) + aligned(2 * 1728)
+    assert algorithm.workspace_bytes(grouped, "backward_data") == aligned(2 * 3024) + aligned(2 * 1728)
+    assert algorithm.workspace_bytes(grouped, "backward_filter") == (aligned(2 * 2016) + aligned(2 * 3024)
+                                                                     + 4 * 1728)
 
 
 def test_large_batches_run_in_chunks_within_the_bound(monkeypatch):
@@ -133,10 +149,51 @@ def test_backward_data_problem_turns_the_convolution():
     assert turned.padding == (2 * 2 - 2, 3 * 1 - 0) and turned.stride == (1, 1)
 
 
+def test_the_twins_turned_filter_is_each_groups_filter_turned():
+    """Backward-data's filter (K, C/G, R, S) turned group by group, (G, C/G, R, S, K/G): element by element."""
+    case = (1, 6, 5, 5, 8, 3, 2, 1, 1, 1, 2)  # K 8, C/G 3, K/G 4
+    problem = problem_of(case, np.float16)
+    w = np.arange(8 * 3 * 3 * 2, dtype=np.float16).reshape(8, 3, 3, 2)
+    turned = implicit_gemm_nhwc._numpy_filter(w, problem, turned=True)
+    assert turned.shape == (6, 3, 2, 4)
+    for g in range(2):
+        for c in range(3):
+            for r in range(3):
+                for s in range(2):
+                    for k in range(4):
+                        assert turned[g * 3 + c, r, s, k] == w[g * 4 + k, c, 2 - r, 1 - s]
+
+
+def test_the_launch_geometry_of_caffenets_grouped_conv2(monkeypatch):
+    """CaffeNet's conv2 at batch 256 (96 -> 256 channels, 5 x 5, groups 2) on 132 SMs: every group's tiles along
+    x, the groups along z, and backward-filter's split counting both groups' tiles."""
+    launches = []
+    monkeypatch.setattr(conv.implicit_gemm_nhwc, "_launch_tile_kernel", lambda kernel, grid, *_: launches.append(grid))
+    monkeypatch.setattr(conv.implicit_gemm_nhwc._cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(conv.implicit_gemm_nhwc._cuda, "sm_count", lambda: 132)
+    monkeypatch.setattr(conv.implicit_gemm_nhwc, "_kernel", lambda *args, **kwargs: None)
+    monkeypatch.setattr(conv.implicit_gemm_wgmma, "_kernel", lambda *args, **kwargs: None)
+    problem = problem_of((256, 96, 27, 27, 256, 5, 5, 1, 2, 1, 2), np.uint16, "cuda")
+    shape = implicit_gemm_nhwc._shape_struct(problem)
+    assert (shape["C"], shape["K"], shape["groups"]) == (48, 128, 2)
+    out = np.zeros((1, 1, 1, 1), np.uint16)
+    for module in (conv.implicit_gemm_nhwc, conv.implicit_gemm_wgmma):
+        module._launch_forward(None, None, out, shape)
+        module._launch_backward_filter(None, None, None, problem)
+    rows_tiles = -(-256 * 27 * 27 // 128)  # 1458 tiles of 128 pixels, one 128-wide column tile per group
+    filter_tiles = -(-25 * 48 // 128)      # R·S·C/G = 1200 rows: 10 tiles per group
+    # N·P·Q = 186624 pixels: 5832 stages of 32 (nhwc), 2916 of 64 (wgmma); split for 8 (nhwc) or 4 (wgmma) CTAs
+    # per SM over both groups' 20 tiles: 53 or 27 slices of 111 or 108 stages.
+    assert launches == [(rows_tiles, 1, 2), (filter_tiles, -(-5832 // 111), 2),
+                        (rows_tiles, 1, 2), (filter_tiles, -(-2916 // 108), 2)]
+    assert implicit_gemm_nhwc.steps_per_split(problem, 132, 32, 8) == 111
+    assert implicit_gemm_nhwc.steps_per_split(problem, 132, 64, 4) == 108
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("case_name", ["two_column_tiles_one_partial", "many_splits"])
+@pytest.mark.parametrize("case_name", ["two_column_tiles_one_partial", "many_splits", "caffenet_conv2_like_split"])
 def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case_name, direction, name):
     check_twins(rng, CASES[case_name], direction, name)
 
@@ -153,6 +210,23 @@ def check_twins(rng, case, direction, name, algo=ALGO):
                  case, algo=algo)
     magnitude = run(direction, np.abs(first_exact), np.abs(second_exact), case, algo="reference")
     assert_half_twins_agree(on_gpu, on_cpu, name, 2 * reduction_length(case, direction) * FLOAT32_UNIT * magnitude)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight_last", [False, True], ids=["weight_contiguous", "weight_last"])
+@pytest.mark.parametrize("turned", [False, True], ids=["forward", "turned"])
+def test_the_gpus_filter_copies_are_the_twins(rng, turned, weight_last):
+    """filter_to_channels_last on the GPU, bit for bit the twin's copy, grouped: forward's (K, R, S, C/G) and
+    backward-data's turned (G, C/G, R, S, K/G), from a C-contiguous or a channels-last w."""
+    cupy = backend.cupy()
+    problem = problem_of((1, 24, 5, 5, 32, 3, 2, 1, 1, 1, 2), np.float16)  # C/G 12, K/G 16
+    w = rng.standard_normal(problem.w_shape).astype(np.float16)
+    on_gpu = cupy.asarray(w)
+    on_gpu = layout.to_channels_last(on_gpu) if weight_last else on_gpu
+    expected = implicit_gemm_nhwc._numpy_filter(w, problem, turned)
+    out = cupy.empty(expected.shape, cupy.uint16)
+    implicit_gemm_nhwc._filter_to_channels_last(on_gpu, out, turned, problem.groups)
+    assert np.array_equal(cupy.asnumpy(out).view(np.float16), expected.astype(np.float16))
 
 
 @pytest.mark.gpu

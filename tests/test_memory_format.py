@@ -166,27 +166,29 @@ def test_module_to_lays_out_the_four_dimensional_parameters_as_pytorch_does():
 # Convolution: the output's layout, and values that do not depend on it
 # ----------------------------------------------------------------------------------------------
 CASE = (3, 24, 9, 11, 40, 3, 3, 1, 1, 1, 1)  # M = 297 rows: off the 128-row tile
+GROUPED = (3, 32, 9, 11, 48, 3, 3, 1, 1, 1, 2)  # C/G 16, K/G 24: a group's channels are a slice of each pixel's
 ODD_K = (2, 16, 7, 6, 12, 3, 3, 2, 1, 1, 1)  # forward only: K = 12, so a channels-last y takes single stores
 
 
 @pytest.mark.parametrize("weight_last", [False, True], ids=["weight_contiguous", "weight_last"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("algo", ["implicit_gemm_nhwc", "implicit_gemm_wgmma", "implicit_gemm"])
-def test_half_convolution_on_channels_last_operands(xp, rng, algo, direction, weight_last):
+@pytest.mark.parametrize("case", [CASE, GROUPED], ids=["ungrouped", "grouped"])
+def test_half_convolution_on_channels_last_operands(xp, rng, case, algo, direction, weight_last):
     """Native (nhwc, wgmma: read as they are, y written channels-last by the epilogue) and through copies
     (implicit_gemm): the same values as on C-contiguous operands, the layout PyTorch gives."""
     if algo == "implicit_gemm_wgmma" and xp is not np and not conv.registry.get(algo).supports(
-            problem_of(CASE, np.uint16, "cuda"), direction):
+            problem_of(case, np.uint16, "cuda"), direction):
         pytest.skip("wgmma needs a GPU of compute capability 9.0")
-    first, _ = half_operand(xp, rng, operand_shapes(CASE, direction)[0], "bfloat16")
-    second, _ = half_operand(xp, rng, operand_shapes(CASE, direction)[1], "bfloat16", scale=0.5)
+    first, _ = half_operand(xp, rng, operand_shapes(case, direction)[0], "bfloat16")
+    second, _ = half_operand(xp, rng, operand_shapes(case, direction)[1], "bfloat16", scale=0.5)
     last_first = layout.to_channels_last(first)
     last_second = layout.to_channels_last(second) if weight_last or direction == "backward_filter" else second
     assert layout.is_channels_last(last_first) and layout.is_channels_last(last_second) == (
         weight_last or direction == "backward_filter")
     extra = {"dtype": np.float32} if direction == "backward_filter" else {}
-    plain = run(direction, first, second, CASE, algo=algo, **extra)
-    laid_out = run(direction, last_first, last_second, CASE, algo=algo, **extra)
+    plain = run(direction, first, second, case, algo=algo, **extra)
+    laid_out = run(direction, last_first, last_second, case, algo=algo, **extra)
     if direction == "backward_filter":  # the weight gradient stays (K, C, R, S); split-K sums vary on the GPU
         assert laid_out.flags.c_contiguous
         np.testing.assert_allclose(to_numpy(laid_out), to_numpy(plain), rtol=1e-5, atol=1e-5)

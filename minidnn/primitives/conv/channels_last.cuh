@@ -3,13 +3,19 @@
 // reduction index kept as (tap, channel), forward's gather, and its store of a rounded tile to y (N, K, P, Q)
 // or to a channels-last y's (N, P, Q, K) buffer (the Y_LAST build).
 // Include after half.cuh, with HALF defined (1: float16, 2: bfloat16).
+//
+// Groups: C and K are one group's channels and filters. Each group is its own GEMM over a slice of every pixel's
+// channels, run by the CTAs of blockIdx.z = g, whose kernels first move their pointers to the group's slice;
+// from one pixel to the next is then all the channels, channels_in() (C·groups) or channels_out() (K·groups).
 
 #ifndef MINIDNN_CHANNELS_LAST_CUH
 #define MINIDNN_CHANNELS_LAST_CUH
 
 struct NhwcShape {
     int N, C, H, W, K, R, S, P, Q;
-    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+    int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+    __device__ __forceinline__ int channels_in() const { return C * groups; }    // x's pixel stride
+    __device__ __forceinline__ int channels_out() const { return K * groups; }   // y's and dy's pixel stride
 };
 
 constexpr int NOWHERE = -(1 << 29);  // a row past the matrix: its taps are never inside the tensor
@@ -91,7 +97,7 @@ struct PixelWalk {
                                                 const int top, const int left, const int c, bool& inside) const {
         const int h = p[i] * s.stride_h + top, w = q[i] * s.stride_w + left;
         inside = inside && n[i] < s.N && unsigned(h) < unsigned(s.H) && unsigned(w) < unsigned(s.W);
-        return inside ? x + ((n[i] * s.H + h) * s.W + w) * s.C + c : x;
+        return inside ? x + ((n[i] * s.H + h) * s.W + w) * s.channels_in() + c : x;
     }
 };
 
@@ -114,7 +120,7 @@ struct ForwardGather {
             const int row = first_row + rows_per_pass * i;
             const int n = row / PQ, pq = row % PQ;
             const bool inside = row < rows;
-            image[i] = inside ? n * s.H * s.W * s.C : 0;
+            image[i] = inside ? n * s.H * s.W * s.channels_in() : 0;
             top[i] = inside ? pq / s.Q * s.stride_h - s.pad_h : NOWHERE;
             left[i] = inside ? pq % s.Q * s.stride_w - s.pad_w : NOWHERE;
         }
@@ -136,7 +142,7 @@ struct ForwardGather {
         for (int i = 0; i < A_COPIES; ++i) {
             const int h = top[i] + dh, w_ = left[i] + dw;
             const bool inside = k_inside && unsigned(h) < unsigned(s.H) && unsigned(w_) < unsigned(s.W);
-            copy_16(a_at(i), inside ? x + image[i] + (h * s.W + w_) * s.C + tap.c : x, inside);
+            copy_16(a_at(i), inside ? x + image[i] + (h * s.W + w_) * s.channels_in() + tap.c : x, inside);
         }
 #pragma unroll
         for (int i = 0; i < B_COPIES; ++i) {
@@ -167,6 +173,8 @@ struct OutputStage {
 // (THREAD_COUNT / M_TILE)-th channel, so that a warp stores 32 consecutive pixels of one channel. To the
 // channels-last buffer: each thread writes 16-byte runs of 8 channels of one pixel (single values where K is
 // not a multiple of 8, so a run would not start 16-byte aligned), consecutive threads along a pixel's row.
+// y points at the group's first channel: K is the group's filters, channels_out() the pixels' stride (with K a
+// multiple of 8, so are the group's first channel and the stride, and every run is aligned).
 template <int M_TILE, int N_TILE, int THREAD_COUNT>
 __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& out, u16* __restrict__ y,
                                                   const NhwcShape& s, const int tile_m, const int tile_n) {
@@ -176,7 +184,7 @@ __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& o
     for (int i = threadIdx.x; i < M_TILE * RUNS; i += THREAD_COUNT) {
         const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + 8 * run;
         if (row >= rows || k >= s.K) continue;
-        u16* destination = y + (long long)row * s.K + k;
+        u16* destination = y + (long long)row * s.channels_out() + k;
         if (s.K % 8 == 0) {
             *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(&out.values[pixel][8 * run]);
         } else {
@@ -186,7 +194,7 @@ __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& o
 #else
     const int pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
     if (row >= rows) return;
-    u16* destination = y + (row / PQ) * s.K * PQ + row % PQ;
+    u16* destination = y + (row / PQ) * s.channels_out() * PQ + row % PQ;
     for (int column = threadIdx.x / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
         const int k = tile_n * N_TILE + column;
         if (k < s.K) destination[k * PQ] = out.values[column][pixel];

@@ -23,6 +23,10 @@
 // nearest even and writes y in the caller's layout (N, K, P, Q) through shared memory, 32 consecutive pixels
 // of one channel per warp store; backward-filter adds each split's partial sums into a float32 sum laid
 // (K, R, S, C) with atomicAdd, which filter_gradient_to_float or _to_half lays out as dw (K, C, R, S).
+//
+// Groups: each is its own GEMM of the sizes above with C and K one group's (channels_last.cuh's NhwcShape),
+// blockIdx.z = g. Its CTAs move x, y and dy to the group's channels and w and the sums to its filters, and step
+// from pixel to pixel by all the channels.
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -137,7 +141,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_nhwc_forward(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y,
                            const NhwcShape s) {
     ForwardTiles& tiles = *reinterpret_cast<ForwardTiles*>(shared_memory);
-    const int reduction = s.R * s.S * s.C;
+    const int reduction = s.R * s.S * s.C, group = blockIdx.z;
+    x += group * s.C;
+    w += group * s.K * reduction;
+    y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int tid = threadIdx.x, vector = tid % (BLOCK_K / VECTOR), copy_row = tid / (BLOCK_K / VECTOR);
@@ -197,7 +204,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                    const NhwcShape s, int steps_per_split) {
     FilterTiles& tiles = *reinterpret_cast<FilterTiles*>(shared_memory);
-    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, group = blockIdx.z;
+    x += group * s.C;
+    dy += group * s.K;
+    sums += group * s.K * rows;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -231,7 +241,7 @@ implicit_gemm_nhwc_backward_filter(const u16* __restrict__ x, const u16* __restr
         for (int i = 0; i < B_COPIES; ++i) {
             const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
             const bool inside = column_inside && pixel < pixels;
-            copy_16(&tiles.b[stage][row][b_vector * VECTOR], inside ? dy + pixel * s.K + k0 : dy, inside);
+            copy_16(&tiles.b[stage][row][b_vector * VECTOR], inside ? dy + pixel * s.channels_out() + k0 : dy, inside);
         }
     };
 
@@ -299,19 +309,22 @@ extern "C" __global__ void filter_gradient_to_half(const float* __restrict__ sum
 // The filter's channels-last copy (the activations' come from layout.cu's transpose)
 // ---------------------------------------------------------------------------------------------------------------
 // w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
-// (`turned` non-zero): one thread per value. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is
-// read as it is, so backward-data's turned copy needs no C-contiguous copy of it first.
+// (`turned` non-zero): one thread per value. With groups, C is a group's channels and the turned copy is laid
+// group after group, (groups, C, R, S, K / groups): each group's filter turned on its own, as the forward kernel
+// on dy reads it. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is read as it is, so
+// backward-data's turned copy needs no C-contiguous copy of it first.
 extern "C" __global__ void filter_to_channels_last(const u16* __restrict__ w, u16* __restrict__ out, int K, int C,
-                                                   int R, int S, int turned, int w_last) {
-    const int total = K * C * R * S;
+                                                   int R, int S, int turned, int w_last, int groups) {
+    const int total = K * C * R * S, group_k = K / groups;
     // w's value (k, c, r, s)
     const auto at = [&](const int k, const int c, const int r, const int s_) {
         return w_last ? ((k * R + r) * S + s_) * C + c : ((k * C + c) * R + r) * S + s_;
     };
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (turned) {  // out[c][r][s][k] = w[k][c][R-1-r][S-1-s]
-            const int k = i % K, s_ = i / K % S, r = i / K / S % R, c = i / K / S / R;
-            out[i] = w[at(k, c, R - 1 - r, S - 1 - s_)];
+        if (turned) {  // out[g][c][r][s][k] = w[g·K/groups + k][c][R-1-r][S-1-s]
+            const int k = i % group_k, s_ = i / group_k % S, r = i / group_k / S % R, c = i / group_k / S / R % C;
+            const int g = i / group_k / S / R / C;
+            out[i] = w[at(g * group_k + k, c, R - 1 - r, S - 1 - s_)];
         } else {       // out[k][r][s][c] = w[k][c][r][s]
             const int c = i % C, s_ = i / C % S, r = i / C / S % R, k = i / C / S / R;
             out[i] = w[at(k, c, r, s_)];

@@ -15,9 +15,10 @@ channels-last y's (N, P, Q, K) buffer. Each direction is one GEMM (``implicit_ge
 
 Backward-data of a stride-1 convolution is a forward convolution of dy with the filter turned (its K and C
 swapped, r and s reversed) and padding d·(R − 1) − pad, so it runs the forward kernel; strided ones are left
-to ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap, so the channels that
-form the reduction (C forward, K backward-data, C and K backward-filter) must be multiples of 8; groups are
-not supported. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32
+to ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap (and one group), so the
+channels that form the reduction (C/G forward, K/G backward-data, C/G and K/G backward-filter) must be multiples
+of 8. Groups: each is its own GEMM of the sizes above with one group's C/G and K/G, on a slice of every pixel's
+channels; one launch runs them all, group g on the CTAs of blockIdx.z = g. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32
 sum with ``atomicAdd`` (not deterministic, like ``implicit_gemm``'s), laid (K, R, S, C) as the tiles' rows run so
 that a warp's additions fall on few cache sectors; one launch lays it out as dw (K, C, R, S) when all are in,
 rounded to the half type unless dw is float32. The kernels walk their pixels stage by stage without dividing.
@@ -67,13 +68,13 @@ def _aligned(size: int) -> int:
 def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tuple[int, ...], Any]]:
     """The workspace's arrays for ``direction`` on a chunk of ``images`` images, in order: (shape, dtype). What
     every chunk shares comes first (the filter's copy, the float32 dw), at the same place for a shorter last chunk."""
-    C, H, W, K, R, S, P, Q = (problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
-                              problem.Q)
+    C, H, W, K, R, S, P, Q, G = (problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
+                                 problem.Q, problem.groups)
     if direction == "forward":
-        return [((K, R, S, C), np.uint16), ((images, H, W, C), np.uint16)]
-    if direction == "backward_data":
-        return [((C, R, S, K), np.uint16), ((images, P, Q, K), np.uint16)]
-    return [((K, R, S, C), np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
+        return [((K, R, S, C // G), np.uint16), ((images, H, W, C), np.uint16)]
+    if direction == "backward_data":  # the turned filter, group after group: (G, C/G, R, S, K/G)
+        return [((C, R, S, K // G), np.uint16), ((images, P, Q, K), np.uint16)]
+    return [((K, R, S, C // G), np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
 
 
 def _piece_bytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -129,7 +130,7 @@ def _workspace_arrays(workspace: Any, problem: ConvProblem, direction: str) -> l
 
 class ImplicitGemmNhwc(ConvAlgorithm):
     """Half-precision implicit GEMM on channels-last copies, 16-byte copies into a three-stage pipeline; float16
-    and bfloat16 problems only, groups 1, the reduction's channels multiples of 8, backward-data stride 1."""
+    and bfloat16 problems only, the reduction's channels per group multiples of 8, backward-data stride 1."""
 
     name = "implicit_gemm_nhwc"
     deterministic = False
@@ -138,11 +139,12 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     channels_last = True  # reads channels-last buffers as its copies, writes a channels-last y from its epilogue
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
-        if problem.half_type is None or problem.groups != 1 or problem.C % VECTOR:
+        group_channels, group_filters = problem.C // problem.groups, problem.K // problem.groups
+        if problem.half_type is None or group_channels % VECTOR:
             return False
         if direction == "forward":
             return True
-        if problem.K % VECTOR:
+        if group_filters % VECTOR:
             return False
         return direction == "backward_filter" or problem.stride == (1, 1)
 
@@ -180,22 +182,23 @@ class ImplicitGemmNhwc(ConvAlgorithm):
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:
     """The forward problem that backward-data of stride-1 ``problem`` is: dy (N, K, P, Q) in, dx (N, C, H, W)
-    out, the turned filter (C, K, R, S), padding d·(R − 1) − pad (negative where pad is wider)."""
+    out, the turned filter (C, K/G, R, S), padding d·(R − 1) − pad (negative where pad is wider), the same groups."""
     (d_h, d_w), (pad_h, pad_w) = problem.dilation, problem.padding
     return _ForwardOnDy(problem.N, problem.K, problem.P, problem.Q, problem.C, problem.R, problem.S, problem.H,
                         problem.W, (d_h * (problem.R - 1) - pad_h, d_w * (problem.S - 1) - pad_w), problem.dilation,
-                        problem.half_type)
+                        problem.half_type, problem.groups)
 
 
 class _ForwardOnDy:
     """A forward problem's sizes, for backward-data's turned convolution (its padding may be negative, which
     ConvProblem refuses; P and Q are given, since they are the original H and W)."""
 
-    __slots__ = ("N", "C", "H", "W", "K", "R", "S", "P", "Q", "padding", "dilation", "half_type", "stride")
+    __slots__ = ("N", "C", "H", "W", "K", "R", "S", "P", "Q", "padding", "dilation", "half_type", "groups", "stride")
 
-    def __init__(self, N, C, H, W, K, R, S, P, Q, padding, dilation, half_type) -> None:
+    def __init__(self, N, C, H, W, K, R, S, P, Q, padding, dilation, half_type, groups) -> None:
         self.N, self.C, self.H, self.W, self.K, self.R, self.S, self.P, self.Q = N, C, H, W, K, R, S, P, Q
-        self.padding, self.dilation, self.half_type, self.stride = padding, dilation, half_type, (1, 1)
+        self.padding, self.dilation, self.half_type, self.groups = padding, dilation, half_type, groups
+        self.stride = (1, 1)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _ForwardOnDy) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
@@ -213,10 +216,15 @@ def _widened_channels_last(array: np.ndarray, problem: ConvProblem) -> np.ndarra
 
 
 def _numpy_filter(w: np.ndarray, problem: ConvProblem, turned: bool) -> np.ndarray:
-    """w (K, C, R, S) half storage -> float32 (K, R, S, C), or turned: (C, R, S, K) with r and s reversed."""
+    """w (K, C/G, R, S) half storage -> float32 (K, R, S, C/G), or turned: (C, R, S, K/G) with r and s reversed,
+    each group's filter turned on its own, group after group (the kernel's copy)."""
     wide = convert.half_to_float(w, problem.half_type)
     if turned:
-        return np.ascontiguousarray(wide[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))
+        K, group_channels, R, S = wide.shape
+        groups, group_filters = problem.groups, K // problem.groups
+        per_group = wide[:, :, ::-1, ::-1].reshape(groups, group_filters, group_channels, R, S)
+        turned_groups = np.ascontiguousarray(per_group.transpose(0, 2, 3, 4, 1))  # (G, C/G, R, S, K/G)
+        return turned_groups.reshape(groups * group_channels, R, S, group_filters)
     return np.ascontiguousarray(wide.transpose(0, 2, 3, 1))
 
 
@@ -236,20 +244,33 @@ def _tap_views(x_last: np.ndarray, problem: Any):
             yield r, s, padded[:, top:top + (P - 1) * u + 1:u, left:left + (Q - 1) * v + 1:v, :]
 
 
+def _group_slices(problem: Any):
+    """Each group's slice of the channels C and of the filters K."""
+    group_channels, group_filters = problem.C // problem.groups, problem.K // problem.groups
+    for g in range(problem.groups):
+        yield (slice(g * group_channels, (g + 1) * group_channels),
+               slice(g * group_filters, (g + 1) * group_filters))
+
+
 def _numpy_forward(x_last: np.ndarray, w_last: np.ndarray, problem: Any, out: np.ndarray) -> None:
-    """out (N, K, P, Q), half storage = x_last (N, H, W, C) ⋆ w_last (K, R, S, C): float32 sums, one rounding."""
+    """out (N, K, P, Q), half storage = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), group by group: float32 sums,
+    one rounding."""
     y = np.zeros((problem.N, problem.P, problem.Q, problem.K), dtype=np.float32)
     for r, s, view in _tap_views(x_last, problem):
-        y += view @ w_last[:, r, s, :].T
+        for channels, filters in _group_slices(problem):
+            y[..., filters] += view[..., channels] @ w_last[filters, r, s, :].T
     convert.float_to_half(np.ascontiguousarray(y.transpose(0, 3, 1, 2)), problem.half_type, out=out)
 
 
 def _numpy_backward_filter(x_last: np.ndarray, dy_last: np.ndarray, problem: ConvProblem) -> np.ndarray:
-    """dw (K, C, R, S) float32 = Σ over pixels of dy_last (N, P, Q, K) and each tap's view of x_last."""
+    """dw (K, C/G, R, S) float32 = Σ over pixels of dy_last (N, P, Q, K) and each tap's view of x_last, group by
+    group."""
     dy_rows = dy_last.reshape(-1, problem.K)
-    dw = np.empty((problem.K, problem.R, problem.S, problem.C), dtype=np.float32)
+    dw = np.empty((problem.K, problem.R, problem.S, problem.C // problem.groups), dtype=np.float32)
     for r, s, view in _tap_views(x_last, problem):
-        dw[:, r, s, :] = dy_rows.T @ np.ascontiguousarray(view).reshape(-1, problem.C)
+        x_rows = np.ascontiguousarray(view).reshape(-1, problem.C)
+        for channels, filters in _group_slices(problem):
+            dw[filters, r, s, :] = dy_rows[:, filters].T @ x_rows[:, channels]
     return np.ascontiguousarray(dw.transpose(0, 3, 1, 2))
 
 
@@ -277,43 +298,58 @@ def _shared_bytes(direction: str, block_n: int) -> int:
 _raised: set = set()  # kernels whose dynamic shared-memory limit has been raised
 
 
-def _launch_tile_kernel(kernel: Any, grid: tuple[int, int], shared_bytes: int, args: tuple) -> None:
+def _launch_tile_kernel(kernel: Any, grid: tuple[int, ...], shared_bytes: int, args: tuple) -> None:
     if shared_bytes > STATIC_SHARED_LIMIT and kernel not in _raised:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
         _raised.add(kernel)
     _cuda.launch_blocks(kernel, grid, THREADS, args, shared_bytes=shared_bytes)
 
 
+def forward_grid(shape: np.void, block_n: int) -> tuple[int, int, int]:
+    """The forward kernel's grid for ``shape`` (an NhwcShape, C and K per group): one group's tiles of
+    BLOCK_M rows of N·P·Q by ``block_n`` of its K filters along x, the groups along z."""
+    rows = int(shape["N"]) * int(shape["P"]) * int(shape["Q"])
+    return -(-rows // BLOCK_M) * -(-int(shape["K"]) // block_n), 1, int(shape["groups"])
+
+
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
-    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), for
+    ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
-    N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
-    block_n = _block_n(K)
+    block_n = _block_n(int(shape["K"]))
     half = convert.half_type_of(out)
-    tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
     y_last = layout.is_channels_last(out)
-    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_forward", half, block_n, y_last), (tiles,),
+    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_forward", half, block_n, y_last), forward_grid(shape, block_n),
                         _shared_bytes("forward", block_n), (x_last, w_last, layout.flat(out), shape))
+
+
+def filter_gradient_tiles(problem: ConvProblem) -> int:
+    """Backward-filter's output tiles in one group: R·S·C/G rows by K/G columns, in tiles of BLOCK_M by the width
+    ``_block_n`` gives K/G (both kernels' tiles)."""
+    group_filters = problem.K // problem.groups
+    rows = problem.R * problem.S * (problem.C // problem.groups)
+    return -(-rows // BLOCK_M) * -(-group_filters // _block_n(group_filters))
 
 
 def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int) -> int:
     """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs on
-    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM)."""
+    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM), every group's tiles counted."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
-    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // _block_n(problem.K))
+    tiles = filter_gradient_tiles(problem) * problem.groups
     wanted = -(-ctas_per_sm * sms // tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
-    """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
+    """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
+    the groups along the grid's z."""
     _cuda.check_int32(x_last, dy_last, sums)
-    block_n = _block_n(problem.K)
+    block_n = _block_n(problem.K // problem.groups)
     per_split = steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
-    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
     _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
-                        (tiles, -(-steps // per_split)), _shared_bytes("backward_filter", block_n),
+                        (filter_gradient_tiles(problem), -(-steps // per_split), problem.groups),
+                        _shared_bytes("backward_filter", block_n),
                         (x_last, dy_last, sums, _shape_struct(problem), _cuda.i32(per_split)))
 
 
@@ -332,7 +368,7 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
         if filter_last is not None:
             w_last = filter_last
         elif first == 0:
-            _filter_to_channels_last(w, w_last, turned=turned)
+            _filter_to_channels_last(w, w_last, turned, problem.groups)
         shape = backward_data_problem(chunk) if turned else chunk
         launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
@@ -341,7 +377,7 @@ def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, 
                                launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None) -> None:
     """Backward-filter on the GPU: per chunk of images the channels-last copies of x and dy and one ``launch``
     (this file's kernel, by default) adding into one float32 sum in the workspace, laid (K, R, S, C) as the kernels'
-    tile rows run (so that their atomic additions are coalesced); then one launch lays it out as out (K, C, R, S),
+    tile rows run (so that their atomic additions are coalesced); then one launch lays it out as out (K, C/G, R, S),
     float32 or rounded to the half type, added to out when accumulating."""
     launch = launch or _launch_backward_filter
     whole = layout.is_channels_last(x) and layout.is_channels_last(dy)
@@ -355,11 +391,12 @@ def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, 
 
 
 def _finish_filter_gradient(sums: Any, out: Any, problem: ConvProblem, accumulate: bool) -> None:
-    """out (K, C, R, S), float32 or half words, = sums (the K·R·S·C float32 values, laid (K, R, S, C)), plus out's own
+    """out (K, C/G, R, S), float32 or half words, = sums (its float32 values, laid (K, R, S, C/G)), plus out's own
     values when ``accumulate``; a half out is rounded once."""
     name = "filter_gradient_to_float" if out.dtype == np.float32 else "filter_gradient_to_half"
     _cuda.launch(_kernel(name, problem.half_type), out.size,
-                 (sums, out, _cuda.i32(problem.K), _cuda.i32(problem.C), _cuda.i32(problem.R * problem.S),
+                 (sums, out, _cuda.i32(problem.K), _cuda.i32(problem.C // problem.groups),
+                  _cuda.i32(problem.R * problem.S),
                   _cuda.i32(int(accumulate))))
 
 
@@ -378,26 +415,30 @@ def _to_channels_last(array: Any, out: Any) -> None:
     layout.transpose_planes(layout.contiguous(array), out, C, H * W)
 
 
-def _filter_to_channels_last(w: Any, out: Any, turned: bool) -> None:
-    """w (K, C, R, S) -> out (K, R, S, C), or turned (C, R, S, K) with r and s reversed; a channels-last w read as
-    it is, any other layout through a C-contiguous copy."""
-    K, C, R, S = w.shape
+def _filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None:
+    """w (K, C/G, R, S) -> out (K, R, S, C/G), or turned (C, R, S, K/G) with r and s reversed, each group's filter
+    turned on its own (G, C/G, R, S, K/G); a channels-last w read as it is, any other layout through a C-contiguous
+    copy."""
+    K, group_channels, R, S = w.shape
     last = layout.is_channels_last(w)
     kernel = _kernel("filter_to_channels_last", convert.half_type_of(w))
-    _cuda.launch(kernel, w.size, (layout.buffer(w) if last else layout.contiguous(w), out, _cuda.i32(K), _cuda.i32(C),
-                                  _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last)))
+    _cuda.launch(kernel, w.size, (layout.buffer(w) if last else layout.contiguous(w), out, _cuda.i32(K),
+                                  _cuda.i32(group_channels), _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned),
+                                  _cuda.i32(last), _cuda.i32(groups)))
 
 
 @functools.lru_cache(maxsize=1024)
 def _shape_struct(problem: Any) -> np.void:
-    """The problem as implicit_gemm_nhwc.cu's NhwcShape (built once per problem)."""
-    return np.array([(problem.N, problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
-                      problem.Q, *problem.stride, *problem.padding, *problem.dilation)], dtype=_NHWC_SHAPE)[0]
+    """The problem as channels_last.cuh's NhwcShape, C and K one group's (built once per problem)."""
+    groups = problem.groups
+    return np.array([(problem.N, problem.C // groups, problem.H, problem.W, problem.K // groups, problem.R, problem.S,
+                      problem.P, problem.Q, *problem.stride, *problem.padding, *problem.dilation, groups)],
+                    dtype=_NHWC_SHAPE)[0]
 
 
 _NHWC_SHAPE = np.dtype([(name, np.int32) for name in (
     "N", "C", "H", "W", "K", "R", "S", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h",
-    "dilation_w")])
+    "dilation_w", "groups")])
 
 
 register(ImplicitGemmNhwc())

@@ -23,7 +23,8 @@
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
 // Forward's epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared
 // memory; backward-filter's adds each split's partial sums into a float32 sum laid (K, R, S, C) with atomicAdd,
-// which implicit_gemm_nhwc.cu's filter_gradient_to_float or _to_half lays out as dw (K, C, R, S).
+// which implicit_gemm_nhwc.cu's filter_gradient_to_float or _to_half lays out as dw (K, C, R, S). Groups are
+// implicit_gemm_nhwc.cu's: blockIdx.z = g, the pointers moved to the group's channels and filters.
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -147,7 +148,10 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
-    const int reduction = s.R * s.S * s.C;
+    const int reduction = s.R * s.S * s.C, group = blockIdx.z;
+    x += group * s.C;
+    w += group * s.K * reduction;
+    y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int tid = threadIdx.x, chunk = tid % CHUNKS, copy_row = tid / CHUNKS;
@@ -229,7 +233,10 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
                                     const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
-    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, group = blockIdx.z;
+    x += group * s.C;
+    dy += group * s.K;
+    sums += group * s.K * rows;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -262,7 +269,7 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
         for (int i = 0; i < B_PIXEL_COPIES; ++i) {
             const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
             const bool inside = column_inside && pixel < pixels;
-            copy_16(b + panel_swizzled(row, b_vector), inside ? dy + pixel * s.K + k0 : dy, inside);
+            copy_16(b + panel_swizzled(row, b_vector), inside ? dy + pixel * s.channels_out() + k0 : dy, inside);
         }
     };
 

@@ -31,10 +31,11 @@ from .registry import register
 
 SOURCE = "conv/implicit_gemm_wgmma.cu"
 THREADS = 256
-# implicit_gemm_wgmma.cu's tile: 128 rows (64 per warpgroup), BLOCK_N columns (implicit_gemm_nhwc's rule),
-# BLOCK_K reduction values (one 128-byte row) a stage; the stages start on the swizzle's 1024-byte period,
-# which the dynamic allocation may not: the launch asks for one period more.
-BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = 128, 64, 1024
+# implicit_gemm_wgmma.cu's tile: implicit_gemm_nhwc's 128 rows (64 per warpgroup: its grid helpers count tiles of
+# them), BLOCK_N columns (implicit_gemm_nhwc's rule), BLOCK_K reduction values (one 128-byte row) a stage; the
+# stages start on the swizzle's 1024-byte period, which the dynamic allocation may not: the launch asks for one
+# period more.
+BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 64, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
 # flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
 # in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
@@ -48,8 +49,8 @@ SPLIT_K_CTAS_PER_SM = 2 * 2
 
 
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
-    """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, groups 1, the reduction's
-    channels multiples of 8, backward-data at stride 1; on the GPU, Hopper only."""
+    """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, the reduction's
+    channels per group multiples of 8, backward-data at stride 1; on the GPU, Hopper only."""
 
     name = "implicit_gemm_wgmma"
 
@@ -91,26 +92,26 @@ def _kernel(name: str, half: str, block_n: int, y_last: bool = False) -> Any:
 
 
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
-    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C), for ``shape``."""
+    """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), for
+    ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
-    N, K, P, Q = int(shape["N"]), int(shape["K"]), int(shape["P"]), int(shape["Q"])
-    block_n = implicit_gemm_nhwc._block_n(K)
+    block_n = implicit_gemm_nhwc._block_n(int(shape["K"]))
     y_last = layout.is_channels_last(out)
     kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n, y_last)
-    tiles = -(-N * P * Q // BLOCK_M) * -(-K // block_n)
-    implicit_gemm_nhwc._launch_tile_kernel(kernel, (tiles,), shared_bytes(block_n),
-                                           (x_last, w_last, layout.flat(out), shape))
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
+                                           shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
-    """sums (K, R, S, C) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels."""
+    """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
+    the groups along the grid's z."""
     _cuda.check_int32(x_last, dy_last, sums)
-    block_n = implicit_gemm_nhwc._block_n(problem.K)
+    block_n = implicit_gemm_nhwc._block_n(problem.K // problem.groups)
     per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
     steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
-    tiles = -(-problem.R * problem.S * problem.C // BLOCK_M) * -(-problem.K // block_n)
+    grid = (implicit_gemm_nhwc.filter_gradient_tiles(problem), -(-steps // per_split), problem.groups)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
-                                           (tiles, -(-steps // per_split)), shared_bytes(block_n),
+                                           grid, shared_bytes(block_n),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
 
