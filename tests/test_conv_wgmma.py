@@ -1,6 +1,7 @@
 """``implicit_gemm_wgmma``: ``implicit_gemm_nhwc`` with the products on Hopper's wgmma, in all three directions, held on the GPU to the float64 reference by the half bound (tests/test_conv_half.py) and to
 the NumPy twin to a rounding, on the cases of tests/test_conv_nhwc.py (rows, columns and reductions off the
-128 × 128 × 64 tile, taps on the padding, dilation, the 64-wide build, backward-filter's split). Its NumPy twin is implicit_gemm_nhwc's,
+128 × 128 × 64 tile, taps on the padding, dilation, the 64-wide build, backward-filter's split,
+groups). Its NumPy twin is implicit_gemm_nhwc's,
 which that file tests on the CPU."""
 import numpy as np
 import pytest

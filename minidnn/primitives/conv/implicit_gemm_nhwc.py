@@ -18,10 +18,11 @@ swapped, r and s reversed) and padding d·(R − 1) − pad, so it runs the forw
 to ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap (and one group), so the
 channels that form the reduction (C/G forward, K/G backward-data, C/G and K/G backward-filter) must be multiples
 of 8. Groups: each is its own GEMM of the sizes above with one group's C/G and K/G, on a slice of every pixel's
-channels; one launch runs them all, group g on the CTAs of blockIdx.z = g. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32
-sum with ``atomicAdd`` (not deterministic, like ``implicit_gemm``'s), laid (K, R, S, C) as the tiles' rows run so
-that a warp's additions fall on few cache sectors; one launch lays it out as dw (K, C, R, S) when all are in,
-rounded to the half type unless dw is float32. The kernels walk their pixels stage by stage without dividing.
+channels; one launch runs them all, group g on the CTAs of blockIdx.z = g. Backward-filter splits its long
+reduction over CTAs that add their partial sums into a float32 sum with ``atomicAdd`` (not deterministic, like
+``implicit_gemm``'s), laid (K, R, S, C/G) as the tiles' rows run so that a warp's additions fall on few cache
+sectors; one launch lays it out as dw (K, C/G, R, S) when all are in, rounded to the half type unless dw is
+float32. The kernels walk their pixels stage by stage without dividing.
 
 Numerics: products of half values are exact in float32, the sums are float32, and each output is rounded
 once, as in ``implicit_gemm``'s half build. The NumPy twin does the same on
@@ -182,7 +183,8 @@ class ImplicitGemmNhwc(ConvAlgorithm):
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:
     """The forward problem that backward-data of stride-1 ``problem`` is: dy (N, K, P, Q) in, dx (N, C, H, W)
-    out, the turned filter (C, K/G, R, S), padding d·(R − 1) − pad (negative where pad is wider), the same groups."""
+    out, the turned filter (C, K/G, R, S), padding d·(R − 1) − pad (negative where pad is wider), the same
+    groups."""
     (d_h, d_w), (pad_h, pad_w) = problem.dilation, problem.padding
     return _ForwardOnDy(problem.N, problem.K, problem.P, problem.Q, problem.C, problem.R, problem.S, problem.H,
                         problem.W, (d_h * (problem.R - 1) - pad_h, d_w * (problem.S - 1) - pad_w), problem.dilation,
