@@ -342,15 +342,21 @@ def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: i
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
+def filter_gradient_grid(problem: ConvProblem, block_k: int, ctas_per_sm: int) -> tuple[tuple[int, int, int], int]:
+    """Backward-filter's grid and its stages per slice, for a kernel of ``block_k`` pixels a stage aiming at
+    ``ctas_per_sm``: one group's tiles along x, the slices of N·P·Q along y, the groups along z."""
+    per_split = steps_per_split(problem, _cuda.sm_count(), block_k, ctas_per_sm)
+    steps = -(-problem.N * problem.P * problem.Q // block_k)
+    return (filter_gradient_tiles(problem), -(-steps // per_split), problem.groups), per_split
+
+
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
     """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
     the groups along the grid's z."""
     _cuda.check_int32(x_last, dy_last, sums)
     block_n = _block_n(problem.K // problem.groups)
-    per_split = steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
-    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
-    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n),
-                        (filter_gradient_tiles(problem), -(-steps // per_split), problem.groups),
+    grid, per_split = filter_gradient_grid(problem, BLOCK_K, SPLIT_K_CTAS_PER_SM)
+    _launch_tile_kernel(_kernel("implicit_gemm_nhwc_backward_filter", problem.half_type, block_n), grid,
                         _shared_bytes("backward_filter", block_n),
                         (x_last, dy_last, sums, _shape_struct(problem), _cuda.i32(per_split)))
 

@@ -107,9 +107,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     the groups along the grid's z."""
     _cuda.check_int32(x_last, dy_last, sums)
     block_n = implicit_gemm_nhwc._block_n(problem.K // problem.groups)
-    per_split = implicit_gemm_nhwc.steps_per_split(problem, _cuda.sm_count(), BLOCK_K, SPLIT_K_CTAS_PER_SM)
-    steps = -(-problem.N * problem.P * problem.Q // BLOCK_K)
-    grid = (implicit_gemm_nhwc.filter_gradient_tiles(problem), -(-steps // per_split), problem.groups)
+    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, BLOCK_K, SPLIT_K_CTAS_PER_SM)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
                                            grid, shared_bytes(block_n),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
