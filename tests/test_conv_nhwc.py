@@ -213,20 +213,22 @@ def check_twins(rng, case, direction, name, algo=ALGO):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("weight_last", [False, True], ids=["weight_contiguous", "weight_last"])
 @pytest.mark.parametrize("turned", [False, True], ids=["forward", "turned"])
-def test_the_gpus_filter_copies_are_the_twins(rng, turned, weight_last):
-    """filter_to_channels_last on the GPU, bit for bit the twin's copy, grouped: forward's (K, R, S, C/G) and
-    backward-data's turned (G, C/G, R, S, K/G), from a C-contiguous or a channels-last w."""
+def test_the_gpus_filter_copies_are_the_twins(rng, turned, weight_last, dtype):
+    """layout.filter_to_channels_last on the GPU, bit for bit the twin's copy, grouped: forward's (K, R, S, C/G) and
+    backward-data's turned (G, C/G, R, S, K/G), from a C-contiguous or a channels-last w, of 2- and 4-byte words
+    (the half builds' and TF32's)."""
     cupy = backend.cupy()
-    problem = problem_of((1, 24, 5, 5, 32, 3, 2, 1, 1, 1, 2), np.float16)  # C/G 12, K/G 16
-    w = rng.standard_normal(problem.w_shape).astype(np.float16)
+    problem = problem_of((1, 24, 5, 5, 32, 3, 2, 1, 1, 1, 2), dtype)  # C/G 12, K/G 16
+    w = rng.standard_normal(problem.w_shape).astype(dtype)
     on_gpu = cupy.asarray(w)
     on_gpu = layout.to_channels_last(on_gpu) if weight_last else on_gpu
-    expected = implicit_gemm_nhwc._numpy_filter(w, problem, turned)
-    out = cupy.empty(expected.shape, cupy.uint16)
-    implicit_gemm_nhwc._filter_to_channels_last(on_gpu, out, turned, problem.groups)
-    assert np.array_equal(cupy.asnumpy(out).view(np.float16), expected.astype(np.float16))
+    expected = implicit_gemm_nhwc._numpy_filter(w, problem, turned).astype(dtype)  # the twin widens: exact
+    out = cupy.empty(expected.shape, dtype)
+    layout.filter_to_channels_last(on_gpu, out, turned, problem.groups)
+    assert np.array_equal(cupy.asnumpy(out), expected)
 
 
 @pytest.mark.gpu

@@ -1,16 +1,21 @@
-"""``implicit_gemm_wgmma``: ``implicit_gemm_nhwc`` with the products on Hopper's wgmma, in all three directions, held on the GPU to the float64 reference by the half bound (tests/test_conv_half.py) and to
-the NumPy twin to a rounding, on the cases of tests/test_conv_nhwc.py (rows, columns and reductions off the
-128 × 128 × 64 tile, taps on the padding, dilation, the 64-wide build, backward-filter's split,
-groups). Its NumPy twin is implicit_gemm_nhwc's,
-which that file tests on the CPU."""
+"""``implicit_gemm_wgmma``: ``implicit_gemm_nhwc`` with the products on Hopper's wgmma, in all three directions,
+held on the GPU to the float64 reference by the half bound (tests/test_conv_half.py) and to the NumPy twin to a
+rounding, on the cases of tests/test_conv_nhwc.py (rows, columns and reductions off the 128 × 128 × 64 tile, taps
+on the padding, dilation, the 64-wide build, backward-filter's split, groups). Its NumPy twin is
+implicit_gemm_nhwc's, which that file tests on the CPU.
+
+The TF32 build (float32 problems, forward and stride-1 backward-data) is held on the same cases, channels-last
+operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13 fraction bits
+cleared) within float32 summation's error: what the kernel claims to compute, and what a build that rounded the
+operands, or dropped a tap, would miss."""
 import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda, conv
+from minidnn.primitives import _cuda, conv, layout
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
-from tests.test_conv_half import check_backward_filter_accumulates
-from tests.test_conv_implicit_gemm import problem_of
+from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes
+from tests.test_conv_implicit_gemm import output_shape, problem_of, relative_error, run
 from tests.test_conv_nhwc import CASES, STRIDED, check_direction, check_twins
 
 ALGO = "implicit_gemm_wgmma"
@@ -21,6 +26,7 @@ def test_what_it_supports(monkeypatch):
     """implicit_gemm_nhwc's problems; on the GPU only where wgmma runs."""
     algorithm, nhwc = implicit_gemm_wgmma.ImplicitGemmWgmma(), implicit_gemm_nhwc.ImplicitGemmNhwc()
     cases = [*CASES.values(), *STRIDED.values(), (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1), (2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 2)]
+    monkeypatch.setattr(_cuda, "_tf32_enabled", False)  # float32 problems: implicit_gemm_nhwc's answer, no
     for hopper in (False, True):
         monkeypatch.setattr(_cuda, "has_wgmma", lambda hopper=hopper: hopper)
         for case in cases:
@@ -89,3 +95,119 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, na
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
     check_twins(rng, case, direction, name, algo=ALGO)
+
+
+# ----------------------------------------------------------------------------------------------
+# The TF32 build
+# ----------------------------------------------------------------------------------------------
+# TF32's copies are four floats: reductions of channels multiples of 4 (not of 8) run too.
+TF32_CASES = {**CASES, **STRIDED, "four_channels_a_copy": (2, 12, 10, 9, 20, 3, 3, 1, 1, 1, 1),
+              "four_channels_two_groups": (2, 24, 9, 11, 8, 3, 3, 1, 1, 1, 2)}  # C/G 12, K/G 4
+FORWARD_AND_DATA = ("forward", "backward_data")
+
+
+def tf32_expected(problem, direction):
+    """The TF32 build's rules, restated: Hopper, TF32 allowed, forward and stride-1 backward-data, the
+    reduction's channels per group multiples of 4."""
+    C, K = problem.C // problem.groups, problem.K // problem.groups
+    if direction == "forward":
+        return C % 4 == 0
+    return direction == "backward_data" and C % 4 == 0 and K % 4 == 0 and problem.stride == (1, 1)
+
+
+def test_tf32_what_it_supports(monkeypatch):
+    algorithm = implicit_gemm_wgmma.ImplicitGemmWgmma()
+    cases = [*TF32_CASES.values(), (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1), (2, 16, 9, 9, 6, 3, 3, 1, 1, 1, 1),
+             (2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4)]  # C 3; K 6; C/G 2
+    for hopper in (False, True):
+        monkeypatch.setattr(_cuda, "has_wgmma", lambda hopper=hopper: hopper)
+        for tf32 in (False, True):
+            monkeypatch.setattr(_cuda, "_tf32_enabled", tf32)
+            for case in cases:
+                for device in ("cpu", "cuda"):
+                    problem = problem_of(case, np.float32, device)
+                    for direction in DIRECTIONS:
+                        expected = hopper and tf32 and device == "cuda" and tf32_expected(problem, direction)
+                        assert algorithm.supports(problem, direction) == expected, (case, device, direction, tf32)
+    assert not algorithm.supports(problem_of(CASES["many_splits"], np.float64, "cuda"), "forward")
+
+
+def test_tf32_the_rules_prefer_it_on_hopper_where_implicit_gemm_ran(monkeypatch):
+    monkeypatch.setattr(_cuda, "has_wgmma", lambda: True)
+    strided = problem_of(STRIDED["stride_2"], np.float32, "cuda")  # no Winograd: implicit GEMM's layer
+    monkeypatch.setattr(_cuda, "_tf32_enabled", True)
+    assert conv.selection.get(strided, "forward", 1 << 30).name == ALGO
+    assert conv.selection.get(strided, "backward_filter", 1 << 30).name == "implicit_gemm"
+    monkeypatch.setattr(_cuda, "_tf32_enabled", False)
+    assert conv.selection.get(strided, "forward", 1 << 30).name == "implicit_gemm"
+
+
+def test_tf32_workspace_holds_float32_copies():
+    """The filter's copy and a copy of the source, four bytes a value, each on a 256-byte boundary."""
+    case = TF32_CASES["four_channels_a_copy"]  # N 2, C 12, H 10, W 9, K 20
+    problem = problem_of(case, np.float32, "cuda")
+    algorithm = implicit_gemm_wgmma.ImplicitGemmWgmma()
+
+    def aligned(values):
+        return -(-values * 4 // 256) * 256
+    assert algorithm.workspace_bytes(problem, "forward") == aligned(20 * 9 * 12) + aligned(2 * 10 * 9 * 12)
+    assert algorithm.workspace_bytes(problem, "backward_data") == aligned(12 * 9 * 20) + aligned(2 * 10 * 9 * 20)
+
+
+def cut_to_tf32(array):
+    """float32 values with their low 13 fraction bits cleared: TF32's 10 bits, cut toward zero."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+@pytest.mark.parametrize("case_name", TF32_CASES)
+def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, direction, operands_last):
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    case = TF32_CASES[case_name]
+    problem = problem_of(case, np.float32, "cuda")
+    with _cuda.tf32(True):
+        if not implicit_gemm_wgmma.ImplicitGemmWgmma().supports(problem, direction):
+            pytest.skip("backward-data needs stride 1")
+    cupy = backend.cupy()
+    first_shape, second_shape = operand_shapes(case, direction)
+    first = rng.standard_normal(first_shape).astype(np.float32)
+    second = (rng.standard_normal(second_shape) / np.sqrt(np.prod(second_shape[1:]))).astype(np.float32)
+    on_gpu = [cupy.asarray(a) for a in (first, second)]
+    if operands_last:
+        on_gpu = [layout.to_channels_last(a) for a in on_gpu]
+    with _cuda.tf32(True):
+        got = run(direction, *on_gpu, case, algo=ALGO)
+    assert got.dtype == np.float32 and layout.is_channels_last(got) == operands_last
+    got = cupy.asnumpy(got)
+    assert np.isfinite(got).all()
+    cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
+              algo="reference")
+    exact = run(direction, first.astype(np.float64), second.astype(np.float64), case, algo="reference")
+    # Products of TF32 values are exact in float32, so only the float32 sums part got from the product of the cut
+    # operands: relative ~1e-7·sqrt(terms). Operands rounded to nearest instead of cut would be ~1e-4 off it.
+    assert relative_error(got, cut) < 2e-5, f"{case_name} {direction}: not the product of the cut operands"
+    assert relative_error(got, exact) < 2e-3, f"{case_name} {direction}: beyond TF32's bound"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+def test_tf32_into_a_given_out_of_either_layout_on_the_gpu(rng, direction):
+    """out given, poisoned: every element written, C-contiguous operands into a channels-last out."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    cupy = backend.cupy()
+    case = CASES["two_column_tiles_one_partial"]
+    first_shape, second_shape = operand_shapes(case, direction)
+    first, second = (rng.standard_normal(shape).astype(np.float32) for shape in (first_shape, second_shape))
+    for last in (False, True):
+        out = cupy.full(output_shape(case, direction), np.nan, dtype=np.float32)
+        out = layout.to_channels_last(out) if last else out
+        with _cuda.tf32(True):
+            assert run(direction, cupy.asarray(first), cupy.asarray(second), case, algo=ALGO, out=out) is out
+        cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
+                  algo="reference")
+        assert relative_error(out, cut) < 2e-5, f"{direction} into a {'channels-last' if last else 'contiguous'} out"

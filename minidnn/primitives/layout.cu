@@ -1,6 +1,7 @@
 // Layout changes of (N, C, H, W) arrays (layout.py): C-contiguous (N, C, H·W) <-> channels-last (N, H·W, C).
 // Both directions are one kernel: each image's rows × cols matrix transposed, (N, C, HW) -> (N, HW, C) with
-// rows = C, or back with rows = HW. The elements are moved as raw words of 2, 4 or 8 bytes (any dtype).
+// rows = C, or back with rows = HW. The elements are moved as raw words of 2, 4 or 8 bytes (any dtype). At the end,
+// a filter's copy in the orders the implicit GEMMs on channels-last operands read.
 //
 // A block moves a 32 × 32 tile through shared memory: its 256 threads read 8 rows of 32 consecutive columns
 // (coalesced), then write 8 columns of the tile as rows of the output (coalesced again); the tile's extra column
@@ -66,4 +67,39 @@ extern "C" __global__ void transpose_narrow_4(const unsigned int* in, unsigned i
 extern "C" __global__ void transpose_narrow_8(const unsigned long long* in, unsigned long long* out, int rows,
                                               int cols, int images) {
     transpose_narrow(in, out, rows, cols, images);
+}
+
+// A filter's channels-last copy for the implicit GEMMs on channels-last operands (conv/implicit_gemm_nhwc.py):
+// w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
+// (`turned` non-zero): one thread per value. With groups, C is a group's channels and the turned copy is laid
+// group after group, (groups, C, R, S, K / groups): each group's filter turned on its own, as the forward kernel
+// on dy reads it. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is read as it is, so
+// backward-data's turned copy needs no C-contiguous copy of it first.
+template <typename Word>
+__device__ __forceinline__ void filter_to_channels_last(const Word* __restrict__ w, Word* __restrict__ out, int K,
+                                                        int C, int R, int S, int turned, int w_last, int groups) {
+    const int total = K * C * R * S, group_k = K / groups;
+    // w's value (k, c, r, s)
+    const auto at = [&](const int k, const int c, const int r, const int s_) {
+        return w_last ? ((k * R + r) * S + s_) * C + c : ((k * C + c) * R + r) * S + s_;
+    };
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        if (turned) {  // out[g][c][r][s][k] = w[g·K/groups + k][c][R-1-r][S-1-s]
+            const int k = i % group_k, s_ = i / group_k % S, r = i / group_k / S % R, c = i / group_k / S / R % C;
+            const int g = i / group_k / S / R / C;
+            out[i] = w[at(g * group_k + k, c, R - 1 - r, S - 1 - s_)];
+        } else {       // out[k][r][s][c] = w[k][c][r][s]
+            const int c = i % C, s_ = i / C % S, r = i / C / S % R, k = i / C / S / R;
+            out[i] = w[at(k, c, r, s_)];
+        }
+    }
+}
+
+extern "C" __global__ void filter_to_channels_last_2(const unsigned short* w, unsigned short* out, int K, int C,
+                                                     int R, int S, int turned, int w_last, int groups) {
+    filter_to_channels_last(w, out, K, C, R, S, turned, w_last, groups);
+}
+extern "C" __global__ void filter_to_channels_last_4(const unsigned int* w, unsigned int* out, int K, int C, int R,
+                                                     int S, int turned, int w_last, int groups) {
+    filter_to_channels_last(w, out, K, C, R, S, turned, w_last, groups);
 }

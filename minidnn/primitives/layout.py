@@ -134,6 +134,17 @@ def transpose_launch(rows: int, cols: int, images: int, itemsize: int, max_block
         _cuda.THREADS
 
 
+def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None:
+    """On the GPU: w (K, C/G, R, S) -> out (K, R, S, C/G), or turned (C, R, S, K/G) with r and s reversed, each
+    group's filter turned on its own (G, C/G, R, S, K/G); a channels-last w read as it is, any other layout
+    through a C-contiguous copy. Words of w's item size (2 or 4 bytes), layout.cu's filter_to_channels_last."""
+    K, group_channels, R, S = w.shape
+    last = is_channels_last(w)
+    kernel = _cuda.function("layout.cu", f"filter_to_channels_last_{w.itemsize}", np.float32)
+    _cuda.launch(kernel, w.size, (buffer(w) if last else contiguous(w), out, _cuda.i32(K), _cuda.i32(group_channels),
+                                  _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last), _cuda.i32(groups)))
+
+
 def like(result: Any, channels_last: bool) -> Any:
     """``result`` in the layout asked for: channels-last, or C-contiguous."""
     return to_channels_last(result) if channels_last else contiguous(result)

@@ -1,8 +1,9 @@
-// What the half-precision implicit GEMMs on channels-last copies share (implicit_gemm_nhwc.cu on mma.sync,
-// implicit_gemm_wgmma.cu on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async copy, the
-// reduction index kept as (tap, channel), forward's gather, and its store of a rounded tile to y (N, K, P, Q)
-// or to a channels-last y's (N, P, Q, K) buffer (the Y_LAST build).
-// Include after half.cuh, with HALF defined (1: float16, 2: bfloat16).
+// What the implicit GEMMs on channels-last copies share (implicit_gemm_nhwc.cu on mma.sync, implicit_gemm_wgmma.cu
+// on Hopper's warpgroup MMA): the problem's shape, the 16-byte cp.async copy, the reduction index kept as (tap,
+// channel), forward's gather, and its store of a tile to y (N, K, P, Q) or to a channels-last y's (N, P, Q, K)
+// buffer (the Y_LAST build).
+// Include after half.cuh, with HALF defined: 1 float16, 2 bfloat16 (the values 16-bit words, each output rounded
+// once to the half type), or 0 float32 (implicit_gemm_wgmma's TF32 build: the sums stored as they are).
 //
 // Groups: C and K are one group's channels and filters. Each group is its own GEMM over a slice of every pixel's
 // channels, run by the CTAs of blockIdx.z = g, whose kernels first move their pointers to the group's slice;
@@ -17,6 +18,13 @@ struct NhwcShape {
     __device__ __forceinline__ int channels_in() const { return C * groups; }    // x's pixel stride
     __device__ __forceinline__ int channels_out() const { return K * groups; }   // y's and dy's pixel stride
 };
+
+#if HALF == 0
+typedef float Element;
+#else
+typedef u16 Element;
+#endif
+constexpr int VALUES_PER_COPY = 16 / sizeof(Element);  // one 16-byte cp.async: 8 half values or 4 floats
 
 constexpr int NOWHERE = -(1 << 29);  // a row past the matrix: its taps are never inside the tensor
 
@@ -35,6 +43,15 @@ __device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_grou
 
 __device__ __forceinline__ u16 half_word(const float value) {
     return HALF == 2 ? bfloat16_word(__float_as_uint(value)) : float16_word(__float_as_uint(value), value);
+}
+
+// A float32 sum as the output stores it: rounded once to the half type, or as it is.
+__device__ __forceinline__ Element stored(const float sum) {
+#if HALF == 0
+    return sum;
+#else
+    return half_word(sum);
+#endif
 }
 
 // A reduction index r·S·C + s·C + c, as its tap and channel, advanced stage by stage without dividing.
@@ -90,10 +107,10 @@ struct PixelWalk {
         }
     }
 
-    // x's vector of pixel i's input (p·u + top, q·v + left), channels c..c+7 (top, left: the tap's offsets), or x
+    // x's vector of pixel i's input (p·u + top, q·v + left), channels c.. (top, left: the tap's offsets), or x
     // itself where it lies outside x. `inside` says on entry whether the thread's rows are inside the matrix, and on
     // return whether the vector is copied: also not in the padding, not past the last pixel.
-    __device__ __forceinline__ const u16* input(const u16* __restrict__ x, const NhwcShape& s, const int i,
+    __device__ __forceinline__ const Element* input(const Element* __restrict__ x, const NhwcShape& s, const int i,
                                                 const int top, const int left, const int c, bool& inside) const {
         const int h = p[i] * s.stride_h + top, w = q[i] * s.stride_w + left;
         inside = inside && n[i] < s.N && unsigned(h) < unsigned(s.H) && unsigned(w) < unsigned(s.W);
@@ -133,7 +150,7 @@ struct ForwardGather {
 
     // One stage's copies, then the reduction index moves on by `step` values.
     template <typename AAt, typename BAt>
-    __device__ __forceinline__ void copy_stage(const u16* __restrict__ x, const u16* __restrict__ w,
+    __device__ __forceinline__ void copy_stage(const Element* __restrict__ x, const Element* __restrict__ w,
                                                const NhwcShape& s, const int reduction, const int step,
                                                const AAt& a_at, const BAt& b_at) {
         const bool k_inside = tap.index < reduction;
@@ -159,42 +176,42 @@ struct ForwardGather {
 #define Y_LAST 0
 #endif
 
-// The CTA's M_TILE × N_TILE tile of rounded outputs, staged in shared memory (rows padded by 8 values) in the
+// The CTA's M_TILE × N_TILE tile of stored outputs, staged in shared memory (rows padded by 8 values) in the
 // order its store reads: [column][row] for y (N, K, P, Q), [row][column] for the channels-last buffer.
 template <int M_TILE, int N_TILE>
 struct OutputStage {
-    u16 values[Y_LAST ? M_TILE : N_TILE][(Y_LAST ? N_TILE : M_TILE) + 8];
-    __device__ __forceinline__ u16& at(const int row, const int column) {
+    Element values[Y_LAST ? M_TILE : N_TILE][(Y_LAST ? N_TILE : M_TILE) + 8];
+    __device__ __forceinline__ Element& at(const int row, const int column) {
         return Y_LAST ? values[row][column] : values[column][row];
     }
 };
 
 // Forward's store of the staged tile. To y (N, K, P, Q): thread i writes pixel i % M_TILE of every
 // (THREAD_COUNT / M_TILE)-th channel, so that a warp stores 32 consecutive pixels of one channel. To the
-// channels-last buffer: each thread writes 16-byte runs of 8 channels of one pixel (single values where K is
-// not a multiple of 8, so a run would not start 16-byte aligned), consecutive threads along a pixel's row.
-// y points at the group's first channel: K is the group's filters, channels_out() the pixels' stride (with K a
-// multiple of 8, so are the group's first channel and the stride, and every run is aligned).
+// channels-last buffer: each thread writes 16-byte runs of VALUES_PER_COPY channels of one pixel (single values
+// where K is not a multiple of a run, so a run would not start 16-byte aligned), consecutive threads along a
+// pixel's row. y points at the group's first channel: K is the group's filters, channels_out() the pixels' stride
+// (with K a multiple of a run, so are the group's first channel and the stride, and every run is aligned).
 template <int M_TILE, int N_TILE, int THREAD_COUNT>
-__device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& out, u16* __restrict__ y,
+__device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& out, Element* __restrict__ y,
                                                   const NhwcShape& s, const int tile_m, const int tile_n) {
     const int PQ = s.P * s.Q, rows = s.N * PQ;
 #if Y_LAST
-    constexpr int RUNS = N_TILE / 8;
+    constexpr int RUN = VALUES_PER_COPY, RUNS = N_TILE / RUN;
     for (int i = threadIdx.x; i < M_TILE * RUNS; i += THREAD_COUNT) {
-        const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + 8 * run;
+        const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + RUN * run;
         if (row >= rows || k >= s.K) continue;
-        u16* destination = y + (long long)row * s.channels_out() + k;
-        if (s.K % 8 == 0) {
-            *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(&out.values[pixel][8 * run]);
+        Element* destination = y + (long long)row * s.channels_out() + k;
+        if (s.K % RUN == 0) {
+            *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(&out.values[pixel][RUN * run]);
         } else {
-            for (int j = 0; j < 8 && k + j < s.K; ++j) destination[j] = out.values[pixel][8 * run + j];
+            for (int j = 0; j < RUN && k + j < s.K; ++j) destination[j] = out.values[pixel][RUN * run + j];
         }
     }
 #else
     const int pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
     if (row >= rows) return;
-    u16* destination = y + (row / PQ) * s.channels_out() * PQ + row % PQ;
+    Element* destination = y + (row / PQ) * s.channels_out() * PQ + row % PQ;
     for (int column = threadIdx.x / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
         const int k = tile_n * N_TILE + column;
         if (k < s.K) destination[k * PQ] = out.values[column][pixel];

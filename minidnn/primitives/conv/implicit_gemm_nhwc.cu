@@ -304,30 +304,3 @@ extern "C" __global__ void filter_gradient_to_half(const float* __restrict__ sum
                                                    int C, int RS, int accumulate) {
     finish_filter_gradient(sums, out, K, C, RS, accumulate);
 }
-
-// ---------------------------------------------------------------------------------------------------------------
-// The filter's channels-last copy (the activations' come from layout.cu's transpose)
-// ---------------------------------------------------------------------------------------------------------------
-// w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
-// (`turned` non-zero): one thread per value. With groups, C is a group's channels and the turned copy is laid
-// group after group, (groups, C, R, S, K / groups): each group's filter turned on its own, as the forward kernel
-// on dy reads it. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is read as it is, so
-// backward-data's turned copy needs no C-contiguous copy of it first.
-extern "C" __global__ void filter_to_channels_last(const u16* __restrict__ w, u16* __restrict__ out, int K, int C,
-                                                   int R, int S, int turned, int w_last, int groups) {
-    const int total = K * C * R * S, group_k = K / groups;
-    // w's value (k, c, r, s)
-    const auto at = [&](const int k, const int c, const int r, const int s_) {
-        return w_last ? ((k * R + r) * S + s_) * C + c : ((k * C + c) * R + r) * S + s_;
-    };
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (turned) {  // out[g][c][r][s][k] = w[g·K/groups + k][c][R-1-r][S-1-s]
-            const int k = i % group_k, s_ = i / group_k % S, r = i / group_k / S % R, c = i / group_k / S / R % C;
-            const int g = i / group_k / S / R / C;
-            out[i] = w[at(g * group_k + k, c, R - 1 - r, S - 1 - s_)];
-        } else {       // out[k][r][s][c] = w[k][c][r][s]
-            const int c = i % C, s_ = i / C % S, r = i / C / S % R, k = i / C / S / R;
-            out[i] = w[at(k, c, r, s_)];
-        }
-    }
-}

@@ -68,14 +68,16 @@ def _aligned(size: int) -> int:
 
 def _pieces(problem: ConvProblem, direction: str, images: int) -> list[tuple[tuple[int, ...], Any]]:
     """The workspace's arrays for ``direction`` on a chunk of ``images`` images, in order: (shape, dtype). What
-    every chunk shares comes first (the filter's copy, the float32 dw), at the same place for a shorter last chunk."""
+    every chunk shares comes first (the filter's copy, the float32 dw), at the same place for a shorter last chunk.
+    The copies hold 16-bit words for a half problem, float32 for implicit_gemm_wgmma's TF32 build."""
     C, H, W, K, R, S, P, Q, G = (problem.C, problem.H, problem.W, problem.K, problem.R, problem.S, problem.P,
                                  problem.Q, problem.groups)
+    value = np.uint16 if problem.half_type else np.float32
     if direction == "forward":
-        return [((K, R, S, C // G), np.uint16), ((images, H, W, C), np.uint16)]
+        return [((K, R, S, C // G), value), ((images, H, W, C), value)]
     if direction == "backward_data":  # the turned filter, group after group: (G, C/G, R, S, K/G)
-        return [((C, R, S, K // G), np.uint16), ((images, P, Q, K), np.uint16)]
-    return [((K, R, S, C // G), np.float32), ((images, H, W, C), np.uint16), ((images, P, Q, K), np.uint16)]
+        return [((C, R, S, K // G), value), ((images, P, Q, K), value)]
+    return [((K, R, S, C // G), np.float32), ((images, H, W, C), value), ((images, P, Q, K), value)]
 
 
 def _piece_bytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -218,9 +220,9 @@ def _widened_channels_last(array: np.ndarray, problem: ConvProblem) -> np.ndarra
 
 
 def _numpy_filter(w: np.ndarray, problem: ConvProblem, turned: bool) -> np.ndarray:
-    """w (K, C/G, R, S) half storage -> float32 (K, R, S, C/G), or turned: (C, R, S, K/G) with r and s reversed,
-    each group's filter turned on its own, group after group (the kernel's copy)."""
-    wide = convert.half_to_float(w, problem.half_type)
+    """w (K, C/G, R, S) half storage (or float32) -> float32 (K, R, S, C/G), or turned: (C, R, S, K/G) with r and s
+    reversed, each group's filter turned on its own, group after group (the kernel's copy)."""
+    wide = convert.half_to_float(w, problem.half_type) if problem.half_type else np.asarray(w, dtype=np.float32)
     if turned:
         K, group_channels, R, S = wide.shape
         groups, group_filters = problem.groups, K // problem.groups
@@ -376,7 +378,7 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
         if filter_last is not None:
             w_last = filter_last
         elif first == 0:
-            _filter_to_channels_last(w, w_last, turned, problem.groups)
+            layout.filter_to_channels_last(w, w_last, turned, problem.groups)
         shape = backward_data_problem(chunk) if turned else chunk
         launch(source_last, w_last, out[first:first + chunk.N], _shape_struct(shape))
 
@@ -418,21 +420,9 @@ def _channels_last_buffer(array: Any, copy: Any) -> Any:
 
 
 def _to_channels_last(array: Any, out: Any) -> None:
-    """(N, C, H, W) -> out (N, H, W, C), 16-bit words (layout.cu's transpose)."""
+    """(N, C, H, W) -> out (N, H, W, C), words of the item size (layout.cu's transpose)."""
     N, C, H, W = array.shape
     layout.transpose_planes(layout.contiguous(array), out, C, H * W)
-
-
-def _filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None:
-    """w (K, C/G, R, S) -> out (K, R, S, C/G), or turned (C, R, S, K/G) with r and s reversed, each group's filter
-    turned on its own (G, C/G, R, S, K/G); a channels-last w read as it is, any other layout through a C-contiguous
-    copy."""
-    K, group_channels, R, S = w.shape
-    last = layout.is_channels_last(w)
-    kernel = _kernel("filter_to_channels_last", convert.half_type_of(w))
-    _cuda.launch(kernel, w.size, (layout.buffer(w) if last else layout.contiguous(w), out, _cuda.i32(K),
-                                  _cuda.i32(group_channels), _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned),
-                                  _cuda.i32(last), _cuda.i32(groups)))
 
 
 @functools.lru_cache(maxsize=1024)

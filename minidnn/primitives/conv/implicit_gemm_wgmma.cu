@@ -1,30 +1,38 @@
-// Half-precision implicit GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): implicit_gemm_nhwc.cu's gather of
-// 16-byte channels-last vectors by cp.async, but the tiles laid out in shared memory as wgmma reads them,
-// 128-byte rows swizzled, and each warpgroup multiplying its 64 rows by the whole tile's columns at once.
+// Implicit GEMM on Hopper's warpgroup MMA (wgmma, sm_90a): implicit_gemm_nhwc.cu's gather of 16-byte
+// channels-last vectors by cp.async, but the tiles laid out in shared memory as wgmma reads them, 128-byte rows
+// swizzled, and each warpgroup multiplying its 64 rows by the whole tile's columns at once.
 //
 //                    rows M       columns N   reduction       A (gathered)            B
 //   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
 //   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
 // Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
+// The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0: forward only, below).
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
-// product 64 columns wide or less), BLOCK_K = 64 reduction values a stage, STAGES stages (three by default) of
-// cp.async copies. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 64 values, 128 bytes: the K-major layout
-// with the 128-byte swizzle, in which 16-byte chunk j of row r lies at chunk j ^ (r % 8) of its row, so that
-// the eight rows of a 1024-byte group spread each column of chunks over all 32 banks. A shared-memory
-// descriptor names a tile to wgmma (its start, 1024 bytes from one group of 8 rows to the next, the swizzle);
-// the k-th 16-value step starts 32·k bytes into the rows. Each warpgroup issues four m64nNk16 wgmma a stage
-// (one per 16 values), then, while they run, the copies of the stage two on (into the buffer the products of
-// the step before read), then waits for them. The pipeline is a build (STAGES, IN_FLIGHT: stages of shared
-// memory, product groups left in flight across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
+// product 64 columns wide or less), BLOCK_K reduction values a stage, STAGES stages (three by default) of
+// cp.async copies. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 128 bytes (64 half values or 32
+// floats): the K-major layout with the 128-byte swizzle, in which 16-byte chunk j of row r lies at chunk
+// j ^ (r % 8) of its row, so that the eight rows of a 1024-byte group spread each column of chunks over all 32
+// banks. A shared-memory descriptor names a tile to wgmma (its start, 1024 bytes from one group of 8 rows to the
+// next, the swizzle); one wgmma reduces 32 bytes of each row (k16 for half values, k8 for TF32), so the k-th of
+// a stage's four starts 32·k bytes into the rows. Each warpgroup issues four m64nN wgmma a stage, then, while
+// they run, the copies of the stage two on (into the buffer the products of the step before read), then waits
+// for them. The pipeline is a build (STAGES, IN_FLIGHT: stages of shared memory, product groups left in flight
+// across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
 //
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
-// Forward's epilogue rounds each sum once to nearest even, as implicit_gemm_nhwc's, and stores through shared
-// memory; backward-filter's adds each split's partial sums into a float32 sum laid (K, R, S, C) with atomicAdd,
-// which implicit_gemm_nhwc.cu's filter_gradient_to_float or _to_half lays out as dw (K, C, R, S). Groups are
-// implicit_gemm_nhwc.cu's: blockIdx.z = g, the pointers moved to the group's channels and filters.
+// Forward's epilogue rounds each sum once to nearest even (half builds; TF32's sums are stored as they are), as
+// implicit_gemm_nhwc's, and stores through shared memory; backward-filter's adds each split's partial sums into
+// a float32 sum laid (K, R, S, C) with atomicAdd, which implicit_gemm_nhwc.cu's filter_gradient_to_float or
+// _to_half lays out as dw (K, C, R, S). Groups are implicit_gemm_nhwc.cu's: blockIdx.z = g, the pointers moved
+// to the group's channels and filters.
+//
+// TF32: wgmma reads the float32 words the copies left in shared memory and multiplies their top 19 bits (sign,
+// exponent, 10 of the 23 fraction bits): each operand is cut toward zero to TF32, with no rounding pass between
+// the copy and the product. wgmma takes TF32 operands K-major only, so the TF32 build has forward (and through it
+// stride-1 backward-data) and no backward-filter, whose tiles are MN-major.
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
@@ -35,17 +43,25 @@
 #include "../half.cuh"
 #include "channels_last.cuh"
 
-#if HALF == 2
-#define HALF_NAME "bf16"
+// One wgmma's shape and types: a 64 × N product over 32 bytes of each row, float32 sums. Half operands may be
+// read transposed (MN-major tiles: the two immediates after the scales); TF32 operands only K-major.
+#if HALF == 0
+#define WGMMA_TYPES(n) "m64n" #n "k8.f32.tf32.tf32"
+#define TRANSPOSES(operand) ""
+#elif HALF == 2
+#define WGMMA_TYPES(n) "m64n" #n "k16.f32.bf16.bf16"
+#define TRANSPOSES(operand) ", %" #operand ", %" #operand
 #else
-#define HALF_NAME "f16"
+#define WGMMA_TYPES(n) "m64n" #n "k16.f32.f16.f16"
+#define TRANSPOSES(operand) ", %" #operand ", %" #operand
 #endif
 
 typedef unsigned long long uint64_t;
 
 constexpr int THREADS = 256;  // two warpgroups
 constexpr int BLOCK_M = 128;  // 64 rows per warpgroup
-constexpr int BLOCK_K = 64;   // one 128-byte swizzled row
+constexpr int ROW_BYTES = 128;                     // one swizzled row of a stage
+constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 64 half values or 32 floats
 #ifndef STAGES
 #define STAGES 3
 #endif
@@ -54,12 +70,12 @@ constexpr int BLOCK_K = 64;   // one 128-byte swizzled row
 #endif
 constexpr int AHEAD = STAGES - 1 - IN_FLIGHT;  // stages whose copies are in flight while one is multiplied
 static_assert(AHEAD >= 1, "at least one stage of copies ahead");
-constexpr int VECTOR = 8;     // half values in one 16-byte copy
-constexpr int CHUNKS = BLOCK_K / VECTOR;  // 16-byte chunks of a row
-constexpr int ROW_BYTES = BLOCK_K * 2;
+constexpr int VECTOR = VALUES_PER_COPY;   // values in one 16-byte copy
+constexpr int CHUNKS = BLOCK_K / VECTOR;  // 16-byte chunks of a row: 8
+constexpr int PRODUCTS = ROW_BYTES / 32;  // wgmma a stage, each over 32 bytes of the rows
 constexpr int A_BYTES = BLOCK_M * ROW_BYTES, B_BYTES = BLOCK_N * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // the swizzle's period: 8 rows
-constexpr int ACCUMULATORS = BLOCK_N / 2;  // floats per thread of an m64nNk16 product
+constexpr int ACCUMULATORS = BLOCK_N / 2;  // floats per thread of an m64nN product
 constexpr int ROWS_PER_PASS = THREADS / CHUNKS;  // 32
 constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
 constexpr int PAD = 8;
@@ -96,17 +112,18 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[ACCUMULATORS]) {
     for (int i = 0; i < ACCUMULATORS; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d (64 × N, float32) += A (64 × 16, descriptor a) · B (16 × N, descriptor b): both K-major (stored as rows along
-// the reduction), or with TRANSPOSED both MN-major (stored as rows along M and N).
+// d (64 × N, float32) += A (64 × 32 bytes, descriptor a) · B (32 bytes × N, descriptor b): both K-major (stored as
+// rows along the reduction), or with TRANSPOSED (half builds) both MN-major (stored as rows along M and N).
 template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint64_t a, const uint64_t b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." HALF_NAME "." HALF_NAME " {"
+        "wgmma.mma_async.sync.aligned." WGMMA_TYPES(128) " {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %67;\n"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1"
+        TRANSPOSES(67) ";\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -123,9 +140,10 @@ template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint64_t a, const uint64_t b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." HALF_NAME "." HALF_NAME " {"
+        "wgmma.mma_async.sync.aligned." WGMMA_TYPES(64) " {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %35;\n"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1"
+        TRANSPOSES(35) ";\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -144,7 +162,7 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[ACCUMULATORS], const uint6
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w, u16* __restrict__ y,
+implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
@@ -185,7 +203,7 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
         fence_accumulators(acc);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < BLOCK_K / 16; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
+        for (int k = 0; k < PRODUCTS; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
         wgmma_commit();
         // While the tensor cores multiply, the copies of the stage AHEAD on go into the buffer those products
         // last read.
@@ -204,11 +222,12 @@ implicit_gemm_wgmma_forward(const u16* __restrict__ x, const u16* __restrict__ w
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = half_word(acc[4 * i + v]);
+        for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
 
+#if HALF != 0
 // ---------------------------------------------------------------------------------------------------------------
 // Backward-filter: sums (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
@@ -315,3 +334,4 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
                 if (row0 + h * 8 < rows) atomicAdd(sums + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
         }
 }
+#endif  // HALF != 0: no TF32 backward-filter

@@ -1,5 +1,6 @@
 """The ``implicit_gemm_wgmma`` algorithm: ``implicit_gemm_nhwc`` with the products on Hopper's warpgroup MMA
-(wgmma), the instruction Hopper's tensor cores reach their rate with.
+(wgmma), the instruction Hopper's tensor cores reach their rate with; and the same kernel's TF32 build for float32
+problems when :func:`minidnn.cuda.allow_tf32` is on.
 
 mma.sync gives each warp a 16 × 8 product from fragments it loaded into registers; wgmma gives a warpgroup of
 four warps a 64 × N product read straight from shared memory, issued asynchronously. The channels-last copies,
@@ -15,6 +16,12 @@ wgmma exists only in sm_90a code: on the GPU this algorithm supports a problem o
 capability 9.0 (``_cuda.has_wgmma``). Numerics: as ``implicit_gemm_nhwc``'s (exact products, float32 sums, one
 rounding; backward-filter's split sums added with atomicAdd, not deterministic), the sums in the tensor cores'
 order.
+
+TF32 (float32 problems on the GPU with TF32 allowed): the copies are float32 words, four to 16 bytes, so the
+channels that form the reduction need only be multiples of 4; wgmma multiplies each operand cut toward zero to
+TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
+``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
+K-major only, so forward and stride-1 backward-data run here and backward-filter (MN-major tiles) does not.
 """
 from __future__ import annotations
 
@@ -32,10 +39,10 @@ from .registry import register
 SOURCE = "conv/implicit_gemm_wgmma.cu"
 THREADS = 256
 # implicit_gemm_wgmma.cu's tile: implicit_gemm_nhwc's 128 rows (64 per warpgroup: its grid helpers count tiles of
-# them), BLOCK_N columns (implicit_gemm_nhwc's rule), BLOCK_K reduction values (one 128-byte row) a stage; the
-# stages start on the swizzle's 1024-byte period, which the dynamic allocation may not: the launch asks for one
-# period more.
-BLOCK_M, BLOCK_K, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 64, 1024
+# them), BLOCK_N columns (implicit_gemm_nhwc's rule), one 128-byte row of reduction values a stage (BLOCK_K half
+# values; TF32's 32 floats); the stages start on the swizzle's 1024-byte period, which the dynamic allocation may
+# not: the launch asks for one period more.
+BLOCK_M, BLOCK_K, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 64, 128, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
 # flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
 # in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
@@ -48,13 +55,20 @@ PIPELINES = {128: (3, 0), 64: (3, 0)}
 SPLIT_K_CTAS_PER_SM = 2 * 2
 
 
+# TF32's copies: 16 bytes are four float32 values.
+TF32_VECTOR = 4
+
+
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
     """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, the reduction's
-    channels per group multiples of 8, backward-data at stride 1; on the GPU, Hopper only."""
+    channels per group multiples of 8, backward-data at stride 1; on the GPU, Hopper only. And float32 problems on
+    Hopper with TF32 allowed, forward and stride-1 backward-data, the reduction's channels multiples of 4."""
 
     name = "implicit_gemm_wgmma"
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
+        if problem.dtype == np.float32:
+            return _supports_tf32(problem, direction)
         return super().supports(problem, direction) and (problem.device != "cuda" or _cuda.has_wgmma())
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
@@ -78,16 +92,32 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
                                                       _launch_backward_filter)
 
 
+def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
+    """A float32 problem runs the TF32 build: on a Hopper GPU with TF32 allowed, forward and stride-1
+    backward-data, the reduction's channels per group (C/G forward, K/G backward-data) multiples of 4."""
+    if problem.device != "cuda" or direction == "backward_filter" or not _cuda.allow_tf32():
+        return False
+    if (problem.C // problem.groups) % TF32_VECTOR or not _cuda.has_wgmma():
+        return False
+    return direction == "forward" or ((problem.K // problem.groups) % TF32_VECTOR == 0 and problem.stride == (1, 1))
+
+
 def shared_bytes(block_n: int) -> int:
-    """The kernel's dynamic shared memory: the stages (the epilogue's output tile fits in them), plus a period."""
+    """The kernel's dynamic shared memory: the stages of 128-byte rows (the epilogue's output tile fits in them),
+    plus a period."""
     stages, _ = PIPELINES[block_n]
-    return stages * (BLOCK_M + block_n) * BLOCK_K * 2 + SWIZZLE_PERIOD
+    return stages * (BLOCK_M + block_n) * ROW_BYTES + SWIZZLE_PERIOD
 
 
-def _kernel(name: str, half: str, block_n: int, y_last: bool = False) -> Any:
-    """``name``'s build for the half type and tile width; ``y_last``: forward's store to a channels-last y."""
+# The build of each value type: a half type's, or float32's TF32 build (HALF 0).
+_VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
+
+
+def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False) -> Any:
+    """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
+    channels-last y."""
     stages, in_flight = PIPELINES[block_n]
-    return _cuda.function(SOURCE, name, np.float32, _cuda.HALF_BUILDS[half] + (
+    return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ()))
 
 

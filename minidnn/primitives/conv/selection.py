@@ -67,7 +67,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     otherwise implicit GEMM (no workspace) on the GPU, and explicit im2col + BLAS on the CPU; a half-precision
     problem on the GPU tries ``implicit_gemm_wgmma`` (on Hopper) and ``implicit_gemm_nhwc`` before implicit GEMM
     (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them
-    all and keeps the fastest per layer and direction).
+    all and keeps the fastest per layer and direction), and so does a float32 one in TF32 (``implicit_gemm_wgmma``'s
+    TF32 build, forward and stride-1 backward-data).
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
@@ -107,6 +108,8 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     if problem.half_type and problem.device == "cuda":
         # whole 16-byte vectors where implicit GEMM gathers 2-byte values; on Hopper, multiplied by wgmma
         names += ["implicit_gemm_wgmma", "implicit_gemm_nhwc"]
+    elif math_mode(problem) == "tf32":
+        names.append("implicit_gemm_wgmma")  # TF32 on Hopper: 16-byte vectors, wgmma's products
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     return names + ["reference"]
 
