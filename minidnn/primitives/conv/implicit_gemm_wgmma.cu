@@ -35,7 +35,7 @@
 // stride-1 backward-data) and no backward-filter, whose tiles are MN-major.
 
 #ifndef HALF
-#define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words)
+#define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words), 0: float32 multiplied as TF32
 #endif
 #ifndef BLOCK_N
 #define BLOCK_N 128
