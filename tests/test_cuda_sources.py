@@ -20,7 +20,9 @@ NO_SPILLS = re.compile(r"^\s*0 bytes stack frame, 0 bytes spill stores, 0 bytes 
                             for source in ("batchnorm.cu", "activation.cu", "pooling.cu", "linear.cu") for half in (1, 2)]
                          + [Build(source, "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", y_last)))
                             for source in ("conv/implicit_gemm_nhwc.cu", "conv/implicit_gemm_wgmma.cu")
-                            for half, block_n, y_last in ((1, 64, 0), (2, 128, 1), (1, 64, 1))],
+                            for half, block_n, y_last in ((1, 64, 0), (2, 128, 1), (1, 64, 1))]
+                         # implicit_gemm_wgmma's TF32 build (HALF 0: float32 values, its forward kernel alone)
+                         + [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("Y_LAST", 1)))],
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):
     source = nvcc_build.build.source
