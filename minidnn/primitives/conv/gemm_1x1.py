@@ -13,6 +13,18 @@ Half precision (float16, bfloat16) is the half GEMMs' (blas.py): float32 sums, o
 backward-data round each image's product once; backward-filter keeps the N partial products and their sum
 in float32 (the workspace grows to 4 bytes a value) and rounds dW once, adding a float32 ``out`` first
 when accumulating.
+
+Channels-last (a problem laid out so, ``ConvProblem.channels_last``): the buffer (N, H, W, C) is one
+(N·H·W × C) matrix with a row per pixel, so each direction is a single GEMM per group over every pixel of the
+batch, with no workspace:
+
+    y (N·H·W × K)   =  x (N·H·W × C)  ·  Wᵀ (C × K)
+    dx (N·H·W × C)  =  dy (N·H·W × K) ·  W (K × C)
+    dW (K × C)      =  dyᵀ (K × N·H·W) ·  x (N·H·W × C)        the reduction over every pixel in one product
+
+A group's channels are a block of the rows' columns (leading dimension C, or K, of all the groups). An operand
+of such a problem that is not channels-last is laid out first, and an output that is not is written through a
+channels-last temporary.
 """
 from __future__ import annotations
 
@@ -20,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _cuda, blas, convert
+from ... import backend
+from .. import _cuda, blas, convert, layout
 from .gemm import per_image, repeated, weight_matrix
 from .problem import ConvProblem
 from .registry import ConvAlgorithm, register, workspace_array
@@ -35,7 +48,7 @@ class Gemm1x1(ConvAlgorithm):
         return problem.is_1x1  # a 1x1 filter's dilation changes nothing
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        if direction != "backward_filter":
+        if direction != "backward_filter" or problem.channels_last:
             return 0
         partials = problem.N * problem.K * (problem.C // problem.groups)
         if problem.half_type is not None:  # float32 partials, ones and the sum of one group
@@ -43,6 +56,15 @@ class Gemm1x1(ConvAlgorithm):
         if problem.N == 1:
             return 0
         return (partials + problem.N) * problem.itemsize  # the partial products and a row of N ones
+
+    def run_in_layout(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                      accumulate: bool, workspace: Any) -> None:
+        """A channels-last problem: one GEMM per group on the pixel rows (:func:`_pixel_rows_products`); any other
+        on C-contiguous operands, as every algorithm without channels-last kernels runs."""
+        if problem.channels_last:
+            _pixel_rows_products(direction, first, second, problem, out, accumulate)
+        else:
+            super().run_in_layout(direction, first, second, problem, out, accumulate, workspace)
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
@@ -91,6 +113,40 @@ class Gemm1x1(ConvAlgorithm):
                 convert.half_to_float(group, half, out=total)
             blas.gemm(ones, partials.reshape(N, Kg * Cg), total, beta=1.0 if accumulate else 0.0)
             convert.float_to_half(total, half, out=group)
+
+
+def _pixel_rows(array: Any) -> Any:
+    """(N·H·W, C): an (N, C, H, W) array's channels-last buffer as one row per pixel (a view; an array whose two
+    layouts coincide is that buffer already)."""
+    N, C, H, W = array.shape
+    buffer = array if layout.coincide(array.shape) else layout.buffer(array)
+    return buffer.reshape(N * H * W, C)
+
+
+def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                         accumulate: bool) -> None:
+    """``direction`` of a channels-last problem as one GEMM per group over the pixel rows (the module docstring's
+    products): x and dy laid out channels-last where they are not, y or dx written into ``out`` (through a
+    channels-last temporary when out is not), dW added into ``out`` when ``accumulate``."""
+    Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+    if direction == "backward_filter":
+        x_rows, dy_rows = (_pixel_rows(layout.to_channels_last(a)) for a in (first, second))
+        dw = out.reshape(problem.K, Cg)
+        for g in range(problem.groups):
+            blas.gemm(dy_rows[:, g * Kg:(g + 1) * Kg].T, x_rows[:, g * Cg:(g + 1) * Cg], dw[g * Kg:(g + 1) * Kg],
+                      beta=1.0 if accumulate else 0.0)
+        return
+    direct = layout.is_channels_last(out) or layout.coincide(out.shape)
+    result = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
+    source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
+    source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
+    for g in range(problem.groups):
+        weights = weight_matrix(second, problem, g)  # (K/G, C/G)
+        blas.gemm(source_rows[:, g * source_width:(g + 1) * source_width],
+                  weights.T if direction == "forward" else weights,
+                  result_rows[:, g * result_width:(g + 1) * result_width])
+    if not direct:
+        out[...] = layout.contiguous(result)
 
 
 def _ones(row: Any) -> Any:
