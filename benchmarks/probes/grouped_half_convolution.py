@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import DIRECTIONS, start, timed, write_report  # this folder's probe
+from half_implicit_gemm_vs_cudnn import DIRECTIONS, against_cudnn, start, timed, write_report  # this folder's probe
 from minidnn.primitives import conv, convert, layout
 
 # (name, N, C, H, W, K, R, S, stride, padding, groups): CaffeNet's grouped layers at batch 256.
@@ -83,11 +83,9 @@ def main() -> None:
                 last = [layout.to_channels_last(a) for a in (first, second)]  # read as they are
                 row["wgmma_channels_last"] = timed(minidnn_call(direction, *last, call_args, x_shape, w_shape,
                                                                 "implicit_gemm_wgmma"), cupy)
-                for label, channels_last in (("cudnn_nchw", False), ("cudnn_channels_last", True)):
-                    row[label] = timed(torch_call(direction, layer, channels_last, torch), cupy)
-                best = min(row["cudnn_nchw"], row["cudnn_channels_last"])
-                for key in ("implicit_gemm", "implicit_gemm_nhwc", "implicit_gemm_wgmma", "wgmma_channels_last"):
-                    row[f"{key}_over_cudnn"] = row[key] / best
+                against_cudnn(row, lambda last: torch_call(direction, layer, last, torch),
+                              ("implicit_gemm", "implicit_gemm_nhwc", "implicit_gemm_wgmma", "wgmma_channels_last"),
+                              cupy)
                 row["wgmma_channels_last_tflops"] = flops / row["wgmma_channels_last"] / 1e9
                 rows.append(row)
                 print(f"{name:15s} {direction:16s} " + "  ".join(

@@ -81,6 +81,16 @@ def torch_call(direction, layer, dtype, channels_last, torch):
                                                        [0, 0], 1, [False, True, False])
 
 
+def against_cudnn(row: dict, cudnn_call: Any, keys: tuple, cupy: Any) -> None:
+    """Time cuDNN's call in both layouts into ``row`` (``cudnn_call(channels_last)`` gives the call), then each of
+    ``keys``' time over the faster of them as ``row[key + "_over_cudnn"]``."""
+    for label, channels_last in (("cudnn_nchw", False), ("cudnn_channels_last", True)):
+        row[label] = timed(cudnn_call(channels_last), cupy)
+    best = min(row["cudnn_nchw"], row["cudnn_channels_last"])
+    for key in keys:
+        row[f"{key}_over_cudnn"] = row[key] / best
+
+
 def start(description: str, extra: Any = None) -> tuple[argparse.Namespace, Any, Any, np.random.Generator]:
     """What every per-layer probe of this folder opens with: its --out argument (and those ``extra(parser)``
     adds), PyTorch (cudnn.benchmark on), CuPy and a seeded generator."""

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import start, timed, write_report  # this folder's probe
+from half_implicit_gemm_vs_cudnn import against_cudnn, start, timed, write_report  # this folder's probe
 from minidnn.primitives import _cuda, conv, layout
 from minidnn.primitives.conv import registry
 
@@ -106,11 +106,8 @@ def main() -> None:
             row["wgmma_channels_last"] = timed(wgmma, cupy)
             row["find_before"], row["find_before_choice"] = found(direction, *last, call_args, x_shape, cupy, True)
             row["find_now"], row["find_now_choice"] = found(direction, *last, call_args, x_shape, cupy, False)
-            for label, channels_last in (("cudnn_nchw", False), ("cudnn_channels_last", True)):
-                row[label] = timed(torch_call(direction, layer, channels_last, torch), cupy)
-            best = min(row["cudnn_nchw"], row["cudnn_channels_last"])
-            for key in ("implicit_gemm", "wgmma_channels_last", "find_before", "find_now"):
-                row[f"{key}_over_cudnn"] = row[key] / best
+            against_cudnn(row, lambda last: torch_call(direction, layer, last, torch),
+                          ("implicit_gemm", "wgmma_channels_last", "find_before", "find_now"), cupy)
             row["wgmma_tflops"] = flops / row["wgmma_channels_last"] / 1e9
             rows.append(row)
             print(f"{name:32s} {direction:14s} " + "  ".join(

@@ -116,11 +116,15 @@ class Gemm1x1(ConvAlgorithm):
 
 
 def _pixel_rows(array: Any) -> Any:
-    """(N·H·W, C): an (N, C, H, W) array's channels-last buffer as one row per pixel (a view; an array whose two
-    layouts coincide is that buffer already)."""
+    """(N·H·W, C): a channels-last array's buffer as one row per pixel (a view; an array whose two layouts coincide
+    is that buffer already)."""
     N, C, H, W = array.shape
-    buffer = array if layout.coincide(array.shape) else layout.buffer(array)
-    return buffer.reshape(N * H * W, C)
+    return layout.flat(array).reshape(N * H * W, C)
+
+
+def _group_columns(rows: Any, g: int, width: int) -> Any:
+    """Group g's block of ``width`` columns of a pixel-rows matrix (its leading dimension all the groups')."""
+    return rows[:, g * width:(g + 1) * width]
 
 
 def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
@@ -133,7 +137,7 @@ def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvP
         x_rows, dy_rows = (_pixel_rows(layout.to_channels_last(a)) for a in (first, second))
         dw = out.reshape(problem.K, Cg)
         for g in range(problem.groups):
-            blas.gemm(dy_rows[:, g * Kg:(g + 1) * Kg].T, x_rows[:, g * Cg:(g + 1) * Cg], dw[g * Kg:(g + 1) * Kg],
+            blas.gemm(_group_columns(dy_rows, g, Kg).T, _group_columns(x_rows, g, Cg), dw[g * Kg:(g + 1) * Kg],
                       beta=1.0 if accumulate else 0.0)
         return
     direct = layout.is_channels_last(out) or layout.coincide(out.shape)
@@ -142,9 +146,8 @@ def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvP
     source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
     for g in range(problem.groups):
         weights = weight_matrix(second, problem, g)  # (K/G, C/G)
-        blas.gemm(source_rows[:, g * source_width:(g + 1) * source_width],
-                  weights.T if direction == "forward" else weights,
-                  result_rows[:, g * result_width:(g + 1) * result_width])
+        blas.gemm(_group_columns(source_rows, g, source_width), weights.T if direction == "forward" else weights,
+                  _group_columns(result_rows, g, result_width))
     if not direct:
         out[...] = layout.contiguous(result)
 

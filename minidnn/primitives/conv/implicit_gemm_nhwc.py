@@ -142,14 +142,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     channels_last = True  # reads channels-last buffers as its copies, writes a channels-last y from its epilogue
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
-        group_channels, group_filters = problem.C // problem.groups, problem.K // problem.groups
-        if problem.half_type is None or group_channels % VECTOR:
-            return False
-        if direction == "forward":
-            return True
-        if group_filters % VECTOR:
-            return False
-        return direction == "backward_filter" or problem.stride == (1, 1)
+        return problem.half_type is not None and vectors_fit(problem, direction, VECTOR)
 
     def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
         return not (direction == "backward_filter" and problem.device == "cuda")
@@ -181,6 +174,17 @@ class ImplicitGemmNhwc(ConvAlgorithm):
             store_half_filter_gradient(dw, out, half, accumulate)
             return
         _backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace)
+
+
+def vectors_fit(problem: ConvProblem, direction: str, vector: int) -> bool:
+    """Whether ``direction`` of ``problem`` runs on 16-byte copies of ``vector`` values: each copy inside one tap
+    and one group, so the channels that form the reduction (C/G forward, K/G backward-data, both backward-filter)
+    are multiples of ``vector``; backward-data at stride 1 only (it runs forward's kernel on the turned filter)."""
+    if (problem.C // problem.groups) % vector:
+        return False
+    if direction == "forward":
+        return True
+    return (problem.K // problem.groups) % vector == 0 and (direction == "backward_filter" or problem.stride == (1, 1))
 
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:

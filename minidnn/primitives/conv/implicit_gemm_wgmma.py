@@ -95,11 +95,8 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
 def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
     """A float32 problem runs the TF32 build: on a Hopper GPU with TF32 allowed, forward and stride-1
     backward-data, the reduction's channels per group (C/G forward, K/G backward-data) multiples of 4."""
-    if problem.device != "cuda" or direction == "backward_filter" or not _cuda.allow_tf32():
-        return False
-    if (problem.C // problem.groups) % TF32_VECTOR or not _cuda.has_wgmma():
-        return False
-    return direction == "forward" or ((problem.K // problem.groups) % TF32_VECTOR == 0 and problem.stride == (1, 1))
+    return (problem.device == "cuda" and direction != "backward_filter" and _cuda.allow_tf32()
+            and implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR) and _cuda.has_wgmma())
 
 
 def shared_bytes(block_n: int) -> int:
