@@ -4,8 +4,8 @@ rounding, on the cases of tests/test_conv_nhwc.py (rows, columns and reductions 
 on the padding, dilation, the 64-wide build, backward-filter's split, groups). Its NumPy twin is
 implicit_gemm_nhwc's, which that file tests on the CPU.
 
-The TF32 build (float32 problems, forward and stride-1 backward-data) is held on the same cases, channels-last
-operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13 fraction bits
+The TF32 build (float32 problems, all three directions, backward-data at stride 1) is held on the same cases,
+channels-last operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13 fraction bits
 cleared) within float32 summation's error: what the kernel claims to compute, and what a build that rounded the
 operands, or dropped a tap, would miss."""
 import numpy as np
@@ -107,12 +107,12 @@ FORWARD_AND_DATA = ("forward", "backward_data")
 
 
 def tf32_expected(problem, direction):
-    """The TF32 build's rules, restated: Hopper, TF32 allowed, forward and stride-1 backward-data, the
-    reduction's channels per group multiples of 4."""
+    """The TF32 build's rules, restated: Hopper, TF32 allowed, the reduction's channels per group multiples of 4
+    (C/G and K/G but for forward, which reduces C/G alone), backward-data at stride 1."""
     C, K = problem.C // problem.groups, problem.K // problem.groups
     if direction == "forward":
         return C % 4 == 0
-    return direction == "backward_data" and C % 4 == 0 and K % 4 == 0 and problem.stride == (1, 1)
+    return C % 4 == 0 and K % 4 == 0 and (direction == "backward_filter" or problem.stride == (1, 1))
 
 
 def test_tf32_what_it_supports(monkeypatch):
@@ -137,7 +137,7 @@ def test_tf32_the_rules_prefer_it_on_hopper_where_implicit_gemm_ran(monkeypatch)
     strided = problem_of(STRIDED["stride_2"], np.float32, "cuda")  # no Winograd: implicit GEMM's layer
     monkeypatch.setattr(_cuda, "_tf32_enabled", True)
     assert conv.selection.get(strided, "forward", 1 << 30).name == ALGO
-    assert conv.selection.get(strided, "backward_filter", 1 << 30).name == "implicit_gemm"
+    assert conv.selection.get(strided, "backward_filter", 1 << 30).name == ALGO
     monkeypatch.setattr(_cuda, "_tf32_enabled", False)
     assert conv.selection.get(strided, "forward", 1 << 30).name == "implicit_gemm"
 
@@ -152,6 +152,9 @@ def test_tf32_workspace_holds_float32_copies():
         return -(-values * 4 // 256) * 256
     assert algorithm.workspace_bytes(problem, "forward") == aligned(20 * 9 * 12) + aligned(2 * 10 * 9 * 12)
     assert algorithm.workspace_bytes(problem, "backward_data") == aligned(12 * 9 * 20) + aligned(2 * 10 * 9 * 20)
+    # backward-filter: the float32 sum (K, R, S, C), then copies of x and dy (P 10 - 3 + 2 + 1, Q 9)
+    assert algorithm.workspace_bytes(problem, "backward_filter") == (aligned(20 * 9 * 12) + aligned(2 * 10 * 9 * 12)
+                                                                     + aligned(2 * 10 * 9 * 20))
 
 
 def cut_to_tf32(array):
@@ -162,7 +165,7 @@ def cut_to_tf32(array):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
-@pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+@pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("case_name", TF32_CASES)
 def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, direction, operands_last):
     if not _cuda.has_wgmma():
@@ -181,7 +184,7 @@ def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, 
         on_gpu = [layout.to_channels_last(a) for a in on_gpu]
     with _cuda.tf32(True):
         got = run(direction, *on_gpu, case, algo=ALGO)
-    assert got.dtype == np.float32 and layout.is_channels_last(got) == operands_last
+    assert got.dtype == np.float32 and layout.is_channels_last(got) == (operands_last and direction != "backward_filter")
     got = cupy.asnumpy(got)
     assert np.isfinite(got).all()
     cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
@@ -211,3 +214,26 @@ def test_tf32_into_a_given_out_of_either_layout_on_the_gpu(rng, direction):
         cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
                   algo="reference")
         assert relative_error(out, cut) < 2e-5, f"{direction} into a {'channels-last' if last else 'contiguous'} out"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
+    """accumulate adds the TF32 weight gradient, summed over many split slices of the pixels, to out's values."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    cupy = backend.cupy()
+    case = CASES["many_splits"]
+    x_shape, dy_shape = operand_shapes(case, "backward_filter")
+    x, dy = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(dy_shape).astype(np.float32)
+    before = rng.standard_normal(output_shape(case, "backward_filter")).astype(np.float32)
+    on_gpu = [cupy.asarray(a) for a in (x, dy)]
+    if operands_last:
+        on_gpu = [layout.to_channels_last(a) for a in on_gpu]
+    out = cupy.asarray(before)
+    with _cuda.tf32(True):
+        run("backward_filter", *on_gpu, case, algo=ALGO, out=out, accumulate=True)
+    cut = run("backward_filter", cut_to_tf32(x).astype(np.float64), cut_to_tf32(dy).astype(np.float64), case,
+              algo="reference")
+    assert relative_error(out, before + cut) < 2e-5
+

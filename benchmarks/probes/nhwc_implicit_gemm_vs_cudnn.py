@@ -21,18 +21,21 @@ LAYERS = [("resnet18.layer1.conv", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer4.conv", 128, 512, 7, 7, 512, 3, 3, 1, 1)] + LAYERS
 
 
-def kernel_only(direction, layer, cupy, rng, kernels=nhwc):
+def kernel_only(direction, layer, cupy, rng, kernels=nhwc, tf32=False):
     """The NHWC kernel alone, on operands already in its layouts (what a channels-last tensor would skip): the
-    ``_launch_forward`` and ``_launch_backward_filter`` of ``kernels`` (implicit_gemm_wgmma's, in its probe).
-    The call's ``output`` is the array it writes."""
+    ``_launch_forward`` and ``_launch_backward_filter`` of ``kernels`` (implicit_gemm_wgmma's, in its probe), on
+    bfloat16 operands, or float32 ones with ``tf32`` (implicit_gemm_wgmma's TF32 build). The call's ``output`` is
+    the array it writes; None where the kernels do not take the layer-direction."""
     _, N, C, H, W, K, R, S, stride, padding = layer
+    value = np.dtype(np.float32 if tf32 else np.uint16)
     problem = conv.problem.make_problem((N, C, H, W), (K, C, R, S), (stride, stride), (padding, padding), (1, 1), 1,
-                                        np.dtype(np.uint16), "cuda")
-    if not nhwc.ImplicitGemmNhwc().supports(problem, direction):
+                                        value, "cuda")
+    if not (kernels.ImplicitGemmWgmma() if tf32 else nhwc.ImplicitGemmNhwc()).supports(problem, direction):
         return None
 
     def operand(shape):
-        return convert.float_to_half(cupy.asarray(rng.standard_normal(shape).astype(np.float32)), "bfloat16")
+        values = cupy.asarray(rng.standard_normal(shape).astype(np.float32))
+        return values if tf32 else convert.float_to_half(values, "bfloat16")
 
     if direction == "backward_filter":
         x, dy = operand((N, H, W, C)), operand((N, problem.P, problem.Q, K))
@@ -41,7 +44,7 @@ def kernel_only(direction, layer, cupy, rng, kernels=nhwc):
     shape = problem if direction == "forward" else nhwc.backward_data_problem(problem)
     source = operand((N, shape.H, shape.W, shape.C))
     weights = operand((shape.K, R, S, shape.C))
-    out = cupy.empty((N, shape.K, shape.P, shape.Q), np.uint16)
+    out = cupy.empty((N, shape.K, shape.P, shape.Q), value)
     return _with_output(lambda: kernels._launch_forward(source, weights, out, nhwc._shape_struct(shape)), out)
 
 

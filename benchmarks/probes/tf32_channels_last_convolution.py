@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma's TF32 build (float32 forward and stride-1 backward-data on channels-last operands): its whole calls on ResNet's layers against find's choice before it, implicit_gemm's, and cuDNN's TF32.
+# Justifies implicit_gemm_wgmma's TF32 build (float32, all three directions, on channels-last operands): its whole calls on ResNet's layers against find's choice before it, implicit_gemm's, and cuDNN's TF32.
 """Each layer-direction timed in one process, float32 with TF32 allowed, batch 128: minidnn's whole call on
 ``implicit_gemm`` (NCHW operands), on ``implicit_gemm_wgmma`` (channels-last operands, read as they are: no layout
 copies), and ``algo="auto"`` with ``find`` (benchmark on, the default 64 MiB workspace) on channels-last operands
@@ -32,7 +32,7 @@ LAYERS = [
     ("resnet50.layer1.conv3_1x1", 128, 64, 56, 56, 256, 1, 1, 1, 0),
     ("resnet50.layer3.conv3_1x1", 128, 256, 14, 14, 1024, 1, 1, 1, 0),
 ]
-DIRECTIONS = ("forward", "backward_data")
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
 WGMMA = "implicit_gemm_wgmma"
 
 
@@ -40,16 +40,20 @@ def operands(direction, layer, cupy, rng):
     _, N, C, H, W, K, R, S, stride, padding = layer
     P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
     x_shape, w_shape, y_shape = (N, C, H, W), (K, C, R, S), (N, K, P, Q)
-    first_shape = x_shape if direction == "forward" else y_shape
+    first_shape = x_shape if direction != "backward_data" else y_shape
+    second_shape = y_shape if direction == "backward_filter" else w_shape
     first = cupy.asarray(rng.standard_normal(first_shape).astype(np.float32))
-    second = cupy.asarray((rng.standard_normal(w_shape) / np.sqrt(C * R * S)).astype(np.float32))
-    return first, second, dict(stride=stride, padding=padding), x_shape
+    second = cupy.asarray((rng.standard_normal(second_shape) / np.sqrt(C * R * S)).astype(np.float32))
+    return first, second, dict(stride=stride, padding=padding), x_shape, w_shape
 
 
-def minidnn_call(direction, first, second, args, x_shape, algo):
+def minidnn_call(direction, first, second, args, shapes, algo):
+    """``shapes``: (x's, w's)."""
     if direction == "forward":
         return lambda: conv.conv2d_forward(first, second, algo=algo, **args)
-    return lambda: conv.conv2d_backward_data(first, second, x_shape, algo=algo, **args)
+    if direction == "backward_filter":
+        return lambda: conv.conv2d_backward_filter(first, second, shapes[1], algo=algo, **args)
+    return lambda: conv.conv2d_backward_data(first, second, shapes[0], algo=algo, **args)
 
 
 def torch_call(direction, layer, channels_last, torch):
@@ -60,18 +64,19 @@ def torch_call(direction, layer, channels_last, torch):
     dy = torch.nn.functional.conv2d(x, w, stride=stride, padding=padding).to(memory_format=fmt)
     if direction == "forward":
         return lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=padding)
+    mask = [direction == "backward_data", direction == "backward_filter", False]
     return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [padding] * 2, [1, 1], False,
-                                                       [0, 0], 1, [True, False, False])
+                                                       [0, 0], 1, mask)
 
 
-def found(direction, first, second, args, x_shape, cupy, without_wgmma):
+def found(direction, first, second, args, shapes, cupy, without_wgmma):
     """find's choice on channels-last operands, timed; the TF32 build withheld when ``without_wgmma``."""
     algorithms = registry._algorithms
     withheld = algorithms.pop(WGMMA) if without_wgmma else None
     registry.clear_caches()
     try:
         with conv.settings(algo="auto", benchmark=True):
-            call = minidnn_call(direction, first, second, args, x_shape, "auto")
+            call = minidnn_call(direction, first, second, args, shapes, "auto")
             call()
             plan = conv.api._plans[next(reversed(conv.api._plans))]
             chosen = "+".join(algorithm.name for _, algorithm in plan.segments)
@@ -96,16 +101,16 @@ def main() -> None:
             if direction == "backward_data" and stride != 1:
                 continue  # the TF32 build's backward-data is stride 1
             row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
-            first, second, call_args, x_shape = operands(direction, layer, cupy, rng)
+            first, second, call_args, *shapes = operands(direction, layer, cupy, rng)
             last = [layout.to_channels_last(a) for a in (first, second)]
-            plain = minidnn_call(direction, first, second, call_args, x_shape, "implicit_gemm")
-            wgmma = minidnn_call(direction, *last, call_args, x_shape, WGMMA)
+            plain = minidnn_call(direction, first, second, call_args, shapes, "implicit_gemm")
+            wgmma = minidnn_call(direction, *last, call_args, shapes, WGMMA)
             expected, got = cupy.asnumpy(plain()), cupy.asnumpy(layout.contiguous(wgmma()))
             row["wgmma_difference"] = float(np.abs(got - expected).max() / np.abs(expected).max())
             row["implicit_gemm"] = timed(plain, cupy)
             row["wgmma_channels_last"] = timed(wgmma, cupy)
-            row["find_before"], row["find_before_choice"] = found(direction, *last, call_args, x_shape, cupy, True)
-            row["find_now"], row["find_now_choice"] = found(direction, *last, call_args, x_shape, cupy, False)
+            row["find_before"], row["find_before_choice"] = found(direction, *last, call_args, shapes, cupy, True)
+            row["find_now"], row["find_now_choice"] = found(direction, *last, call_args, shapes, cupy, False)
             against_cudnn(row, lambda last: torch_call(direction, layer, last, torch),
                           ("implicit_gemm", "wgmma_channels_last", "find_before", "find_now"), cupy)
             row["wgmma_tflops"] = flops / row["wgmma_channels_last"] / 1e9

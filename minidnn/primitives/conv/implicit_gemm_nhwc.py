@@ -408,7 +408,9 @@ def _finish_filter_gradient(sums: Any, out: Any, problem: ConvProblem, accumulat
     """out (K, C/G, R, S), float32 or half words, = sums (its float32 values, laid (K, R, S, C/G)), plus out's own
     values when ``accumulate``; a half out is rounded once."""
     name = "filter_gradient_to_float" if out.dtype == np.float32 else "filter_gradient_to_half"
-    _cuda.launch(_kernel(name, problem.half_type), out.size,
+    # A float32 problem (implicit_gemm_wgmma's TF32 build) has no half type: filter_gradient_to_float, float32 in
+    # and out, is the same kernel in every build.
+    _cuda.launch(_kernel(name, problem.half_type or "bfloat16"), out.size,
                  (sums, out, _cuda.i32(problem.K), _cuda.i32(problem.C // problem.groups),
                   _cuda.i32(problem.R * problem.S),
                   _cuda.i32(int(accumulate))))

@@ -7,7 +7,7 @@
 //   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
 // Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
-// The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0: forward only, below).
+// The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0, below).
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
 // product 64 columns wide or less), BLOCK_K reduction values a stage, STAGES stages (three by default) of
@@ -31,8 +31,8 @@
 //
 // TF32: wgmma reads the float32 words the copies left in shared memory and multiplies their top 19 bits (sign,
 // exponent, 10 of the 23 fraction bits): each operand is cut toward zero to TF32, with no rounding pass between
-// the copy and the product. wgmma takes TF32 operands K-major only, so the TF32 build has forward (and through it
-// stride-1 backward-data) and no backward-filter, whose tiles are MN-major.
+// the copy and the product. wgmma takes TF32 operands K-major only: forward's tiles are, and the TF32
+// backward-filter turns its operands on their way into shared memory (below).
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words), 0: float32 multiplied as TF32
@@ -227,16 +227,38 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
 
-#if HALF != 0
 // ---------------------------------------------------------------------------------------------------------------
 // Backward-filter: sums (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),
 // float32. blockIdx.y is the slice: `steps_per_split` stages of BLOCK_K pixels.
-//
-// Here both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
+// ---------------------------------------------------------------------------------------------------------------
+
+// The end of both builds' backward-filter: C (row (r, s, c), column k) is sums[k][r][s][c] of the CTA's group,
+// added with atomicAdd; a warp's eight consecutive rows g are 32 contiguous bytes. (The tile's place is worked out
+// again here rather than kept in registers through the products.)
+__device__ __forceinline__ void add_filter_gradient_tile(const float (&acc)[ACCUMULATORS], float* __restrict__ sums,
+                                                         const NhwcShape& s) {
+    const int rows = s.R * s.S * s.C, n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    sums += blockIdx.z * s.K * rows;
+    const int t = threadIdx.x % 128, g = t % 32 / 4, q = t % 4;
+    const int row0 = tile_m * BLOCK_M + threadIdx.x / 128 * 64 + t / 32 * 16 + g;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 8; ++i)
+#pragma unroll
+        for (int o = 0; o < 2; ++o) {
+            const int k = tile_n * BLOCK_N + 8 * i + 2 * q + o;
+            if (k >= s.K) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (row0 + h * 8 < rows) atomicAdd(sums + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
+        }
+}
+
+#if HALF != 0
+// Half values: both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
 // k..k+7 of dy), so the tiles are MN-major: a stage stores, for each 64-wide panel of M (or N), one 128-byte
 // row per pixel, swizzled as forward's rows are; a wgmma reads them transposed. The warpgroup's A is its own
 // panel; B's panels lie PANEL_BYTES apart (the descriptor's leading offset); each k16 step starts 16 rows on.
-// ---------------------------------------------------------------------------------------------------------------
 constexpr int PANEL_BYTES = BLOCK_K * 128;  // 64 pixels × 64 values
 constexpr int A_VECTORS = BLOCK_M / VECTOR, B_VECTORS = BLOCK_N / VECTOR;  // chunks per pixel
 constexpr int A_PIXELS = THREADS / A_VECTORS, B_PIXELS = THREADS / B_VECTORS;  // pixels per pass
@@ -255,7 +277,6 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, group = blockIdx.z;
     x += group * s.C;
     dy += group * s.K;
-    sums += group * s.K * rows;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -320,18 +341,133 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     fence_accumulators(acc);
     wait_copies<0>();
 
-    // C (row (r, s, c), column k) is sums[k][r][s][c]: a warp's eight consecutive rows g are 32 contiguous bytes.
-    const int t = tid % 128, g = t % 32 / 4, q = t % 4;
-    const int row0 = tile_m * BLOCK_M + warpgroup * 64 + t / 32 * 16 + g;
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i)
-#pragma unroll
-        for (int o = 0; o < 2; ++o) {
-            const int k = tile_n * BLOCK_N + 8 * i + 2 * q + o;
-            if (k >= s.K) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if (row0 + h * 8 < rows) atomicAdd(sums + k * rows + row0 + h * 8, acc[4 * i + 2 * h + o]);
-        }
+    add_filter_gradient_tile(acc, sums, s);
 }
-#endif  // HALF != 0: no TF32 backward-filter
+#else
+// TF32: wgmma takes TF32 tiles K-major only, so both tiles lie along the pixels, as forward's lie along its
+// reduction: a stage is BLOCK_K = 32 pixels, one 128-byte row of them for each of A's 128 rows (r, s, c) and each
+// of B's BLOCK_N filters k, swizzled as forward's rows are. The channels-last operands lie the other way (a pixel's
+// channels contiguous), so the copies turn them in registers: a thread loads 16-byte vectors (four channels of one
+// pixel) and stores each one's four words down four rows of one column. A warp's task is 16 pixels of eight
+// channels (two vectors, 32 contiguous bytes a pixel): lane l takes pixel l % 16 and vector l / 16, so that each of
+// its four stores puts the warp's 32 words on 32 banks (rows four apart lie in the swizzle's two halves). A stage's
+// loads are issued a step before their stores, which follow the step's products: the loads have a whole step.
+constexpr int TASK_CHANNELS = 2 * VECTOR;     // the channels (rows) of a warp's task: 8
+constexpr int TASK_PIXELS = 16;               // its pixels (columns)
+constexpr int HALVES = BLOCK_K / TASK_PIXELS;  // 2
+constexpr int WARPS = THREADS / 32;
+constexpr int A_PAIRS = BLOCK_M / TASK_CHANNELS / WARPS, B_PAIRS = BLOCK_N / TASK_CHANNELS / WARPS;  // a warp's
+constexpr int A_TASKS = A_PAIRS * HALVES, B_TASKS = B_PAIRS * HALVES;  // 4, and 4 (BLOCK_N 128) or 2 (64)
+static_assert(BLOCK_N % (TASK_CHANNELS * WARPS) == 0, "every warp has the same tasks");
+
+// A task's vector: four floats of one pixel (16-byte aligned: the channels' counts are multiples of 4), or zeros.
+__device__ __forceinline__ float4 load_vector(const float* __restrict__ source, const bool inside) {
+    return inside ? __ldg(reinterpret_cast<const float4*>(source)) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// Where a lane's four words go: down rows row..row + 3 of its column, for its first task (`first`: the byte
+// offset of row `row`'s word). The row is a multiple of 4, its column within the stage's first 16 pixels, so word
+// e's chunk is the first's XOR e (the swizzle XORs with row % 8, which is row's + e), 128·e bytes on. Another task
+// is the same words 64·j rows on (8192·j bytes: whole swizzle periods) and, in the stage's second half of pixels,
+// 16 columns on: chunk + 4, which is the chunk XOR 4 for the first half's chunks, before and after the swizzle.
+__device__ __forceinline__ void store_down(unsigned char* tile, const int first, const int j, const int half,
+                                           const float4 v) {
+    unsigned char* const at = tile + 8192 * j;
+    const int words[4] = {__float_as_int(v.x), __float_as_int(v.y), __float_as_int(v.z), __float_as_int(v.w)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) *reinterpret_cast<int*>(at + 128 * e + (first ^ (16 * e + 64 * half))) = words[e];
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __restrict__ dy,
+                                    float* __restrict__ sums, const NhwcShape s, int steps_per_split) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, group = blockIdx.z;
+    x += group * s.C;
+    dy += group * s.K;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
+    const int first = blockIdx.y * steps_per_split, count = min(first + steps_per_split, steps) - first;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warpgroup = tid / 128;
+    const int column = lane % TASK_PIXELS, vector_row = VECTOR * (lane / TASK_PIXELS);
+
+    // Task i of the warp: channel pair j = i % PAIRS, rows task_row(j) of its tile (64·j rows past task_row(0)),
+    // and pixel half i / PAIRS.
+    auto task_row = [&](const int j) { return TASK_CHANNELS * (warp + WARPS * j) + vector_row; };
+    // A's rows: fixed taps (r, s, c..c+3), kept as offsets from each pixel's first input tap (NOWHERE past the
+    // matrix's rows: no pixel's tap is then inside x).
+    int a_channel[A_PAIRS], a_top[A_PAIRS], a_left[A_PAIRS];
+#pragma unroll
+    for (int j = 0; j < A_PAIRS; ++j) {
+        const Tap tap(tile_m * BLOCK_M + task_row(j), s.C, s.S);
+        a_channel[j] = tap.c;
+        a_top[j] = tap.index < rows ? tap.r * s.dilation_h - s.pad_h : NOWHERE;
+        a_left[j] = tap.s * s.dilation_w - s.pad_w;
+    }
+    // B's rows: fixed filters k..k+3, tile_n · BLOCK_N + task_row(j).
+
+    // The stages are loaded in order, each BLOCK_K pixels past the last: the walk keeps A's two pixels' places.
+    PixelWalk<HALVES> walk(s, first * BLOCK_K + column, TASK_PIXELS, BLOCK_K);
+    float4 a_values[A_TASKS], b_values[B_TASKS];
+    auto load_stage = [&](const int step) {
+#pragma unroll
+        for (int i = 0; i < A_TASKS; ++i) {
+            const int j = i % A_PAIRS, half = i / A_PAIRS;
+            bool inside = true;
+            const float* const source = walk.input(x, s, half, a_top[j], a_left[j], a_channel[j], inside);
+            a_values[i] = load_vector(source, inside);
+        }
+        walk.advance(s);
+#pragma unroll
+        for (int i = 0; i < B_TASKS; ++i) {
+            const int k = tile_n * BLOCK_N + task_row(i % B_PAIRS);
+            const int pixel = step * BLOCK_K + TASK_PIXELS * (i / B_PAIRS) + column;
+            const bool inside = k < s.K && pixel < pixels;
+            b_values[i] = load_vector(inside ? dy + pixel * s.channels_out() + k : dy, inside);
+        }
+    };
+    const int first_word = swizzled(task_row(0), column / 4) + 4 * (column % 4);  // the lane's, row task_row(0)
+    auto store_stage = [&](const int buffer) {
+        unsigned char* const a = tiles + buffer * STAGE_BYTES;
+        unsigned char* const b = a + A_BYTES;
+#pragma unroll
+        for (int i = 0; i < A_TASKS; ++i) store_down(a, first_word, i % A_PAIRS, i / A_PAIRS, a_values[i]);
+#pragma unroll
+        for (int i = 0; i < B_TASKS; ++i) store_down(b, first_word, i % B_PAIRS, i / B_PAIRS, b_values[i]);
+    };
+
+    float acc[ACCUMULATORS] = {};
+#pragma unroll
+    for (int stage = 0; stage < AHEAD; ++stage) {
+        if (stage < count) {
+            load_stage(first + stage);
+            store_stage(stage);
+        }
+    }
+    if (AHEAD < count) load_stage(first + AHEAD);
+    for (int index = 0; index < count; ++index) {
+        // Every thread's stores of stage `index` are visible to wgmma after the barrier, and the products of stage
+        // index − 1 − IN_FLIGHT, which read the buffer this step stores into, are done.
+        fence_async_proxy();
+        __syncthreads();
+        const unsigned a = shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2);
+        const unsigned b = shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES);
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < PRODUCTS; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
+        wgmma_commit();
+        if (index + AHEAD < count) {
+            store_stage((index + AHEAD) % STAGES);
+            if (index + AHEAD + 1 < count) load_stage(first + index + AHEAD + 1);
+        }
+        wgmma_wait<IN_FLIGHT>();
+        fence_accumulators(acc);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    add_filter_gradient_tile(acc, sums, s);
+}
+#endif

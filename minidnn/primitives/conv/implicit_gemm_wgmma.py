@@ -39,15 +39,17 @@ from .registry import register
 SOURCE = "conv/implicit_gemm_wgmma.cu"
 THREADS = 256
 # implicit_gemm_wgmma.cu's tile: implicit_gemm_nhwc's 128 rows (64 per warpgroup: its grid helpers count tiles of
-# them), BLOCK_N columns (implicit_gemm_nhwc's rule), one 128-byte row of reduction values a stage (BLOCK_K half
-# values; TF32's 32 floats); the stages start on the swizzle's 1024-byte period, which the dynamic allocation may
+# them), BLOCK_N columns (implicit_gemm_nhwc's rule), one 128-byte row of reduction values a stage (64 half
+# values or 32 floats); the stages start on the swizzle's 1024-byte period, which the dynamic allocation may
 # not: the launch asks for one period more.
-BLOCK_M, BLOCK_K, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 64, 128, 1024
+BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
 # flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
 # in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
-# leaves room for one CTA per SM instead of two.
+# leaves room for one CTA per SM instead of two. The TF32 build has its own table: its stage holds half the
+# reduction values of a half build's in the same bytes.
 PIPELINES = {128: (3, 0), 64: (3, 0)}
+TF32_PIPELINES = {128: (3, 0), 64: (3, 0)}
 # Backward-filter's split of N·P·Q aims at two waves of two CTAs per SM, half implicit_gemm_nhwc's four: a stage
 # here reduces twice the pixels, and the fewer, longer slices add fewer partial tiles with atomicAdd. Two waves
 # timed fastest on 3×3 stride-1 layers and no slower than four on the others
@@ -62,7 +64,8 @@ TF32_VECTOR = 4
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
     """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, the reduction's
     channels per group multiples of 8, backward-data at stride 1; on the GPU, Hopper only. And float32 problems on
-    Hopper with TF32 allowed, forward and stride-1 backward-data, the reduction's channels multiples of 4."""
+    Hopper with TF32 allowed, in all three directions (backward-data at stride 1), the reduction's channels
+    multiples of 4."""
 
     name = "implicit_gemm_wgmma"
 
@@ -93,16 +96,21 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
 
 
 def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
-    """A float32 problem runs the TF32 build: on a Hopper GPU with TF32 allowed, forward and stride-1
-    backward-data, the reduction's channels per group (C/G forward, K/G backward-data) multiples of 4."""
-    return (problem.device == "cuda" and direction != "backward_filter" and _cuda.allow_tf32()
+    """A float32 problem runs the TF32 build: on a Hopper GPU with TF32 allowed, the reduction's channels per group
+    (C/G forward, K/G backward-data, both backward-filter) multiples of 4, backward-data at stride 1."""
+    return (problem.device == "cuda" and _cuda.allow_tf32()
             and implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR) and _cuda.has_wgmma())
 
 
-def shared_bytes(block_n: int) -> int:
+def pipeline(half: str | None, block_n: int) -> tuple[int, int]:
+    """(STAGES, IN_FLIGHT) of the build for the half type (None: float32 on TF32) and tile width."""
+    return (PIPELINES if half else TF32_PIPELINES)[block_n]
+
+
+def shared_bytes(block_n: int, half: str | None = "bfloat16") -> int:
     """The kernel's dynamic shared memory: the stages of 128-byte rows (the epilogue's output tile fits in them),
     plus a period."""
-    stages, _ = PIPELINES[block_n]
+    stages, _ = pipeline(half, block_n)
     return stages * (BLOCK_M + block_n) * ROW_BYTES + SWIZZLE_PERIOD
 
 
@@ -113,7 +121,7 @@ _VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
 def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False) -> Any:
     """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
     channels-last y."""
-    stages, in_flight = PIPELINES[block_n]
+    stages, in_flight = pipeline(half, block_n)
     return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ()))
 
@@ -124,19 +132,22 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     _cuda.check_int32(x_last, w_last, out)
     block_n = implicit_gemm_nhwc._block_n(int(shape["K"]))
     y_last = layout.is_channels_last(out)
-    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n, y_last)
+    half = convert.half_type_of(out)
+    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
-                                           shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
+                                           shared_bytes(block_n, half), (x_last, w_last, layout.flat(out), shape))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
     """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
-    the groups along the grid's z."""
+    the groups along the grid's z. A stage reduces one 128-byte row of pixels: 64 (half values) or 32 (TF32)."""
     _cuda.check_int32(x_last, dy_last, sums)
+    half = problem.half_type
     block_n = implicit_gemm_nhwc._block_n(problem.K // problem.groups)
-    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, BLOCK_K, SPLIT_K_CTAS_PER_SM)
-    implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
-                                           grid, shared_bytes(block_n),
+    stage_pixels = ROW_BYTES // (2 if half else 4)
+    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, stage_pixels, SPLIT_K_CTAS_PER_SM)
+    implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", half, block_n),
+                                           grid, shared_bytes(block_n, half),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
 
