@@ -5,9 +5,9 @@ on the padding, dilation, the 64-wide build, backward-filter's split, groups). I
 implicit_gemm_nhwc's, which that file tests on the CPU.
 
 The TF32 build (float32 problems, all three directions, backward-data at stride 1) is held on the same cases,
-channels-last operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13 fraction bits
-cleared) within float32 summation's error: what the kernel claims to compute, and what a build that rounded the
-operands, or dropped a tap, would miss."""
+channels-last operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13
+fraction bits cleared) within float32 summation's error: what the kernel claims to compute, and what a build that
+rounded the operands, or dropped a tap, would miss."""
 import numpy as np
 import pytest
 
@@ -184,7 +184,9 @@ def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, 
         on_gpu = [layout.to_channels_last(a) for a in on_gpu]
     with _cuda.tf32(True):
         got = run(direction, *on_gpu, case, algo=ALGO)
-    assert got.dtype == np.float32 and layout.is_channels_last(got) == (operands_last and direction != "backward_filter")
+    # dw comes back C-contiguous (K, C/G, R, S) whatever the operands' layout
+    assert got.dtype == np.float32
+    assert layout.is_channels_last(got) == (operands_last and direction != "backward_filter")
     got = cupy.asnumpy(got)
     assert np.isfinite(got).all()
     cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,

@@ -1,6 +1,6 @@
-# Measures implicit_gemm_wgmma's pipeline builds (stages of shared memory, groups of products left in flight) per layer and direction: the rule that fixes implicit_gemm_wgmma.PIPELINES and TF32_PIPELINES.
+# Measures implicit_gemm_wgmma's pipeline builds (stages of shared memory, groups of products left in flight) per layer and direction: the rule that fixes implicit_gemm_wgmma.PIPELINES (both builds).
 """Each layer-direction of nhwc_implicit_gemm_vs_cudnn's layers, bfloat16 (or float32 on the TF32 build with
---tf32: implicit_gemm_wgmma.TF32_PIPELINES), the wgmma kernel alone on operands already channels-last, once per
+--tf32), the wgmma kernel alone on operands already channels-last, once per
 pipeline build: CUDA events around 20 calls after 3 warm-ups, median. A build is
 ``STAGES,IN_FLIGHT`` (for example ``4,1``); ``current`` times the tree's own kernels as they are, which lets
 one script time another tree's kernels (put that tree first on PYTHONPATH). Each row also gives, for each build,
@@ -51,7 +51,7 @@ def main() -> None:
     cupy = backend.cupy()
     _cuda.set_allow_tf32(args.tf32)  # the TF32 build takes float32 problems only with TF32 allowed
     builds = [None if text == "current" else tuple(int(v) for v in text.split(",")) for text in args.builds]
-    pipelines = wgmma.TF32_PIPELINES if args.tf32 else wgmma.PIPELINES
+    pipelines = wgmma.PIPELINES  # one table for both builds: the probe runs one build at a time
     chosen = dict(pipelines)
     rows = []
     for layer in LAYERS:

@@ -21,7 +21,8 @@ TF32 (float32 problems on the GPU with TF32 allowed): the copies are float32 wor
 channels that form the reduction need only be multiples of 4; wgmma multiplies each operand cut toward zero to
 TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
 ``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
-K-major only, so forward and stride-1 backward-data run here and backward-filter (MN-major tiles) does not.
+K-major only: forward's are, and backward-filter, whose operands lie along M and N, turns them on their way into
+shared memory (through registers; the .cu file says how).
 """
 from __future__ import annotations
 
@@ -46,10 +47,9 @@ BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
 # flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
 # in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
-# leaves room for one CTA per SM instead of two. The TF32 build has its own table: its stage holds half the
-# reduction values of a half build's in the same bytes.
+# leaves room for one CTA per SM instead of two. The same holds for the TF32 build, whose stage reduces half as many
+# values in the same bytes: four to six stages were no faster (the probe's --tf32).
 PIPELINES = {128: (3, 0), 64: (3, 0)}
-TF32_PIPELINES = {128: (3, 0), 64: (3, 0)}
 # Backward-filter's split of N·P·Q aims at two waves of two CTAs per SM, half implicit_gemm_nhwc's four: a stage
 # here reduces twice the pixels, and the fewer, longer slices add fewer partial tiles with atomicAdd. Two waves
 # timed fastest on 3×3 stride-1 layers and no slower than four on the others
@@ -102,15 +102,10 @@ def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
             and implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR) and _cuda.has_wgmma())
 
 
-def pipeline(half: str | None, block_n: int) -> tuple[int, int]:
-    """(STAGES, IN_FLIGHT) of the build for the half type (None: float32 on TF32) and tile width."""
-    return (PIPELINES if half else TF32_PIPELINES)[block_n]
-
-
-def shared_bytes(block_n: int, half: str | None = "bfloat16") -> int:
+def shared_bytes(block_n: int) -> int:
     """The kernel's dynamic shared memory: the stages of 128-byte rows (the epilogue's output tile fits in them),
     plus a period."""
-    stages, _ = pipeline(half, block_n)
+    stages, _ = PIPELINES[block_n]
     return stages * (BLOCK_M + block_n) * ROW_BYTES + SWIZZLE_PERIOD
 
 
@@ -121,7 +116,7 @@ _VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
 def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False) -> Any:
     """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
     channels-last y."""
-    stages, in_flight = pipeline(half, block_n)
+    stages, in_flight = PIPELINES[block_n]
     return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ()))
 
@@ -135,7 +130,7 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     half = convert.half_type_of(out)
     kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
-                                           shared_bytes(block_n, half), (x_last, w_last, layout.flat(out), shape))
+                                           shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
@@ -147,7 +142,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     stage_pixels = ROW_BYTES // (2 if half else 4)
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, stage_pixels, SPLIT_K_CTAS_PER_SM)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", half, block_n),
-                                           grid, shared_bytes(block_n, half),
+                                           grid, shared_bytes(block_n),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
 

@@ -68,7 +68,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     problem on the GPU tries ``implicit_gemm_wgmma`` (on Hopper) and ``implicit_gemm_nhwc`` before implicit GEMM
     (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them
     all and keeps the fastest per layer and direction), and so does a float32 one in TF32 (``implicit_gemm_wgmma``'s
-    TF32 build, forward and stride-1 backward-data).
+    TF32 build, in all three directions).
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
