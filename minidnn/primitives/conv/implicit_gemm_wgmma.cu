@@ -161,6 +161,16 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[ACCUMULATORS], const uint6
 #endif
 }
 
+// One stage's products on K-major tiles (forward's, and the TF32 backward-filter's): the warpgroup's 64 rows of A
+// (shared address a) times B's BLOCK_N rows (b), one wgmma per 32 bytes of the rows, committed as one group.
+__device__ __forceinline__ void multiply_stage(float (&acc)[ACCUMULATORS], const unsigned a, const unsigned b) {
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < PRODUCTS; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
+    wgmma_commit();
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
@@ -198,13 +208,8 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
         wait_copies<AHEAD - 1>();
         fence_async_proxy();
         __syncthreads();
-        const unsigned a = shared_address(tiles + step % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2);
-        const unsigned b = shared_address(tiles + step % STAGES * STAGE_BYTES + A_BYTES);
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < PRODUCTS; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
-        wgmma_commit();
+        multiply_stage(acc, shared_address(tiles + step % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
+                       shared_address(tiles + step % STAGES * STAGE_BYTES + A_BYTES));
         // While the tensor cores multiply, the copies of the stage AHEAD on go into the buffer those products
         // last read.
         if (step + AHEAD < steps) copy_stage((step + AHEAD) % STAGES);
@@ -452,13 +457,8 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
         // index − 1 − IN_FLIGHT, which read the buffer this step stores into, are done.
         fence_async_proxy();
         __syncthreads();
-        const unsigned a = shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2);
-        const unsigned b = shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES);
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < PRODUCTS; ++k) wgmma_tile<0>(acc, descriptor(a + 32 * k), descriptor(b + 32 * k));
-        wgmma_commit();
+        multiply_stage(acc, shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
+                       shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES));
         if (index + AHEAD < count) {
             store_stage((index + AHEAD) % STAGES);
             if (index + AHEAD + 1 < count) load_stage(first + index + AHEAD + 1);
