@@ -1,6 +1,6 @@
 """Every CUDA source of the package (the primitives' and the naive engine's) compiles with nvcc for sm_90, in float
-and in double, without register spills; and the GPU timing helper's logic, with a stand-in CuPy (CPU tests: no GPU
-needed)."""
+and in double, without register spills (but the one ALLOWED_SPILLS names); and the GPU timing helper's logic, with a
+stand-in CuPy (CPU tests: no GPU needed)."""
 import re
 import time
 
