@@ -361,8 +361,9 @@ constexpr int TASK_CHANNELS = 2 * VECTOR;     // the channels (rows) of a warp's
 constexpr int TASK_PIXELS = 16;               // its pixels (columns)
 constexpr int HALVES = BLOCK_K / TASK_PIXELS;  // 2
 constexpr int WARPS = THREADS / 32;
-constexpr int A_PAIRS = BLOCK_M / TASK_CHANNELS / WARPS, B_PAIRS = BLOCK_N / TASK_CHANNELS / WARPS;  // a warp's
-constexpr int A_TASKS = A_PAIRS * HALVES, B_TASKS = B_PAIRS * HALVES;  // 4, and 4 (BLOCK_N 128) or 2 (64)
+// A warp's channel pairs (eight rows each) in A and in B, and its tasks: 4 in A, and 4 (BLOCK_N 128) or 2 (64) in B.
+constexpr int A_PAIRS = BLOCK_M / TASK_CHANNELS / WARPS, B_PAIRS = BLOCK_N / TASK_CHANNELS / WARPS;
+constexpr int A_TASKS = A_PAIRS * HALVES, B_TASKS = B_PAIRS * HALVES;
 static_assert(BLOCK_N % (TASK_CHANNELS * WARPS) == 0, "every warp has the same tasks");
 
 // A task's vector: four floats of one pixel (16-byte aligned: the channels' counts are multiples of 4), or zeros.
@@ -470,4 +471,4 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
     fence_accumulators(acc);
     add_filter_gradient_tile(acc, sums, s);
 }
-#endif
+#endif  // HALF
