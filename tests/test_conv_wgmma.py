@@ -163,6 +163,12 @@ def cut_to_tf32(array):
     return bits.view(np.float32)
 
 
+def cut_reference(direction, first, second, case):
+    """The float64 reference of ``direction`` on the operands cut to TF32: what the TF32 build computes."""
+    return run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
+               algo="reference")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
@@ -189,8 +195,7 @@ def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, 
     assert layout.is_channels_last(got) == (operands_last and direction != "backward_filter")
     got = cupy.asnumpy(got)
     assert np.isfinite(got).all()
-    cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
-              algo="reference")
+    cut = cut_reference(direction, first, second, case)
     exact = run(direction, first.astype(np.float64), second.astype(np.float64), case, algo="reference")
     # Products of TF32 values are exact in float32, so only the float32 sums part got from the product of the cut
     # operands: relative ~1e-7·sqrt(terms). Operands rounded to nearest instead of cut would be ~1e-4 off it.
@@ -213,8 +218,7 @@ def test_tf32_into_a_given_out_of_either_layout_on_the_gpu(rng, direction):
         out = layout.to_channels_last(out) if last else out
         with _cuda.tf32(True):
             assert run(direction, cupy.asarray(first), cupy.asarray(second), case, algo=ALGO, out=out) is out
-        cut = run(direction, cut_to_tf32(first).astype(np.float64), cut_to_tf32(second).astype(np.float64), case,
-                  algo="reference")
+        cut = cut_reference(direction, first, second, case)
         assert relative_error(out, cut) < 2e-5, f"{direction} into a {'channels-last' if last else 'contiguous'} out"
 
 
@@ -235,7 +239,6 @@ def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
     out = cupy.asarray(before)
     with _cuda.tf32(True):
         run("backward_filter", *on_gpu, case, algo=ALGO, out=out, accumulate=True)
-    cut = run("backward_filter", cut_to_tf32(x).astype(np.float64), cut_to_tf32(dy).astype(np.float64), case,
-              algo="reference")
+    cut = cut_reference("backward_filter", x, dy, case)
     assert relative_error(out, before + cut) < 2e-5
 

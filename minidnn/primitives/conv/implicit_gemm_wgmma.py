@@ -127,8 +127,7 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     _cuda.check_int32(x_last, w_last, out)
     block_n = implicit_gemm_nhwc._block_n(int(shape["K"]))
     y_last = layout.is_channels_last(out)
-    half = convert.half_type_of(out)
-    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last)
+    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n, y_last)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
                                            shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
 
@@ -137,11 +136,10 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
     the groups along the grid's z. A stage reduces one 128-byte row of pixels: 64 (half values) or 32 (TF32)."""
     _cuda.check_int32(x_last, dy_last, sums)
-    half = problem.half_type
     block_n = implicit_gemm_nhwc._block_n(problem.K // problem.groups)
-    stage_pixels = ROW_BYTES // (2 if half else 4)
-    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, stage_pixels, SPLIT_K_CTAS_PER_SM)
-    implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", half, block_n),
+    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
+                                                              SPLIT_K_CTAS_PER_SM)
+    implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
                                            grid, shared_bytes(block_n),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
