@@ -2,7 +2,7 @@
 compiled once per (source, SCALAR, defines) per test session and read by every test that needs it: the compile
 test of each source and the register and spill tests of the convolution kernels.
 
-Builds take long (winograd.cu in double alone takes minutes on 2 cores), so the session hands every build its
+Builds take long (all of them together take minutes on 2 cores), so the session hands every build its
 tests ask for to one background worker as the tests start (tests/conftest.py), and runs those tests last: the
 rest of the suite runs on one core while nvcc uses the other, and a test waits only for the builds before its own.
 """

@@ -25,15 +25,15 @@ struct TileShape {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The transform matrices (Lavin & Gray; wincnn), as types whose entries are compile-time constants
+// The transform matrices (Lavin & Gray; wincnn), as types whose entries are compile-time constants. Each
+// matrix's entries are one constant table at namespace scope, not an array built inside `at`: the latter leaves
+// the optimizer thousands of array copies to fold after full unrolling, and compiles several times slower.
 // ---------------------------------------------------------------------------------------------
-#define MATRIX(NAME, ROWS, COLS, ...)                                                   \
-    struct NAME {                                                                       \
-        static constexpr int rows = ROWS, cols = COLS;                                  \
-        __device__ static constexpr scalar_t at(int i, int j) {                          \
-            constexpr scalar_t value[ROWS][COLS] = __VA_ARGS__;                          \
-            return value[i][j];                                                         \
-        }                                                                               \
+#define MATRIX(NAME, ROWS, COLS, ...)                                                    \
+    __device__ constexpr scalar_t NAME##_entries[ROWS][COLS] = __VA_ARGS__;              \
+    struct NAME {                                                                        \
+        static constexpr int rows = ROWS, cols = COLS;                                   \
+        __device__ static constexpr scalar_t at(int i, int j) { return NAME##_entries[i][j]; } \
     };
 
 // F(2x2, 3x3): interpolation points 0, 1, -1 (α = 4).
