@@ -905,10 +905,13 @@ class Run:
         self.watch = LossWatch()
         self.captured: Any = None  # the CUDA-graph step (--cuda-graph), made on the second step
         self.eager_steps = 0  # train_step's eager steps before the capture
-        half = {"bf16": minidnn.bfloat16, "fp16": minidnn.float16}.get(args.amp)
         device_type = device.split(":")[0]
-        # --amp's region for the forward pass and the loss (disabled without --amp), made once: it re-enters
-        self.amp_region = minidnn.autocast(device_type, dtype=half, enabled=half is not None)
+        # --amp's region for the forward pass and the loss, made once (it re-enters); none without --amp, where
+        # even a disabled region would import ml_dtypes for its default type (a second's start-up on a small machine)
+        self.amp_region: Any = contextlib.nullcontext()
+        if args.amp != "off":
+            half = minidnn.bfloat16 if args.amp == "bf16" else minidnn.float16
+            self.amp_region = minidnn.autocast(device_type, dtype=half)
         # float16's narrow range needs the loss scaled (bfloat16 has float32's exponent range and does not)
         self.scaler = minidnn.amp.GradScaler(device_type) if args.amp == "fp16" else None
         self.solved = False  # whether this process has run its first step (where wd plans are made)

@@ -1,5 +1,7 @@
 """train.py end to end on tiny built-in data: outputs, exact resume, evaluation, argument errors."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -505,6 +507,24 @@ def test_mixed_precision_trains_and_resumes_with_its_loss_scale(tmp_path, amp):
     if amp == "fp16":
         assert minidnn.read_checkpoint(str(tmp_path / "resumed" / "last.npz")).extra["grad_scaler"] == \
             checkpoint.extra["grad_scaler"]
+
+
+def test_a_run_without_amp_never_imports_ml_dtypes(tmp_path):
+    """ml_dtypes' import takes a second on a small machine, which every start of a run that asks for no bfloat16
+    would pay (a resumed run, each rank, each benchmark engine): train.py looks the half type up only for --amp."""
+    code = """
+import runpy, sys
+sys.modules["matplotlib"] = None
+sys.argv = ["train.py"] + sys.argv[1:]
+try:
+    runpy.run_path("train.py", run_name="__main__")
+finally:
+    print("ml_dtypes imported:", "ml_dtypes" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code, *TINY, "--max-steps", "1", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "ml_dtypes imported: False"
 
 
 @pytest.mark.gpu
