@@ -199,6 +199,19 @@ def model_problems(name: str, image: int, batch: int, device: str) -> tuple:
 
 
 MODEL_SHAPES = [("alexnet_caffe", 227), ("resnet18", 224), ("resnet50", 224)]
+
+
+def one_per_geometry(problems: tuple) -> list:
+    """``problems`` less those that differ from another only in their channel counts, keeping the fewest channels:
+    on the CPU every algorithm is NumPy code whose path follows the geometry (image, filter, stride, padding,
+    dilation, groups) while the channels only size its products. The GPU's kernels pick their tiles and vector
+    widths by the channel counts, so the GPU run keeps every shape."""
+    kept = {}
+    for problem in problems:
+        geometry = dataclasses.replace(problem, C=problem.groups, K=problem.groups)
+        if geometry not in kept or problem.C * problem.K < kept[geometry].C * kept[geometry].K:
+            kept[geometry] = problem
+    return list(kept.values())
 # float32 products of up to ~5000 terms: |error| ≲ 1e-5 · sqrt(terms) relative to the summed magnitudes.
 FLOAT32 = dict(rtol=2e-4, atol=2e-4)
 
@@ -212,6 +225,8 @@ def relative_error(got, want):
 def test_every_model_shape_every_algorithm_float32(xp, rng, model, image):
     device = device_of(xp)
     problems = model_problems(model, image, 1 if device == "cpu" else 2, device)
+    if device == "cpu":
+        problems = one_per_geometry(problems)
     failures = []
     for problem in problems:
         x = rng.standard_normal(problem.x_shape).astype(np.float32)
