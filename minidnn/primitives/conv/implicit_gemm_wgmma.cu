@@ -352,36 +352,23 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
 // TF32: wgmma takes TF32 tiles K-major only, so both tiles lie along the pixels, as forward's lie along its
 // reduction: a stage is BLOCK_K = 32 pixels, one 128-byte row of them for each of A's 128 rows (r, s, c) and each
 // of B's BLOCK_N filters k, swizzled as forward's rows are. The channels-last operands lie the other way (a pixel's
-// channels contiguous), so the copies turn them in registers: a thread loads 16-byte vectors (four channels of one
-// pixel) and stores each one's four words down four rows of one column. A warp's task is 16 pixels of eight
-// channels (two vectors, 32 contiguous bytes a pixel): lane l takes pixel l % 16 and vector l / 16, so that each of
-// its four stores puts the warp's 32 words on 32 banks (rows four apart lie in the swizzle's two halves). A stage's
-// loads are issued a step before their stores, which follow the step's products: the loads have a whole step.
-constexpr int TASK_CHANNELS = 2 * VECTOR;     // the channels (rows) of a warp's task: 8
-constexpr int TASK_PIXELS = 16;               // its pixels (columns)
-constexpr int HALVES = BLOCK_K / TASK_PIXELS;  // 2
+// channels contiguous), so every word is a 4-byte cp.async of its own, straight to its place in the tile: the
+// pipeline stays forward's, asynchronous and free of registers. A warp's copy is eight rows of four pixels: lane l
+// takes row l % 8 and pixel l / 8, so that each pixel's eight values are one 32-byte sector of x or dy, and their
+// places (chunk pixel / 4 XOR row % 8, word pixel % 4) lie on 32 banks.
+constexpr int COPY_ROWS = 8, COPY_PIXELS = 4;  // a warp's copy
 constexpr int WARPS = THREADS / 32;
-// A warp's channel pairs (eight rows each) in A and in B, and its tasks: 4 in A, and 4 (BLOCK_N 128) or 2 (64) in B.
-constexpr int A_PAIRS = BLOCK_M / TASK_CHANNELS / WARPS, B_PAIRS = BLOCK_N / TASK_CHANNELS / WARPS;
-constexpr int A_TASKS = A_PAIRS * HALVES, B_TASKS = B_PAIRS * HALVES;
-static_assert(BLOCK_N % (TASK_CHANNELS * WARPS) == 0, "every warp has the same tasks");
+// Warp w copies pixel groups w % 2 + 2i (four pixels each) of the stage, for row groups w / 2 + 4j (eight rows
+// each): each thread copies PIXEL_COPIES = 4 pixels, 8 apart, of A_ROWS rows of A and B_ROWS of B, 32 apart. (Four
+// pixels of fewer rows, not two of more: every row keeps a tap in registers, which are at the cap.)
+constexpr int PIXEL_SETS = 2, ROW_SETS = WARPS / PIXEL_SETS;
+constexpr int PIXEL_COPIES = BLOCK_K / COPY_PIXELS / PIXEL_SETS, PIXEL_STRIDE = COPY_PIXELS * PIXEL_SETS;
+constexpr int ROW_STRIDE = COPY_ROWS * ROW_SETS;
+constexpr int A_ROWS = BLOCK_M / ROW_STRIDE, B_ROWS = BLOCK_N / ROW_STRIDE;  // 4, and 4 or 2
 
-// A task's vector: four floats of one pixel (16-byte aligned: the channels' counts are multiples of 4), or zeros.
-__device__ __forceinline__ float4 load_vector(const float* __restrict__ source, const bool inside) {
-    return inside ? __ldg(reinterpret_cast<const float4*>(source)) : make_float4(0.f, 0.f, 0.f, 0.f);
-}
-
-// Where a lane's four words go: down rows row..row + 3 of its column, for its first task (`first`: the byte
-// offset of row `row`'s word). The row is a multiple of 4, its column within the stage's first 16 pixels, so word
-// e's chunk is the first's XOR e (the swizzle XORs with row % 8, which is row's + e), 128·e bytes on. Another task
-// is the same words 64·j rows on (8192·j bytes: whole swizzle periods) and, in the stage's second half of pixels,
-// 16 columns on: chunk + 4, which is the chunk XOR 4 for the first half's chunks, before and after the swizzle.
-__device__ __forceinline__ void store_down(unsigned char* tile, const int first, const int j, const int half,
-                                           const float4 v) {
-    unsigned char* const at = tile + 8192 * j;
-    const int words[4] = {__float_as_int(v.x), __float_as_int(v.y), __float_as_int(v.z), __float_as_int(v.w)};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) *reinterpret_cast<int*>(at + 128 * e + (first ^ (16 * e + 64 * half))) = words[e];
+// 4 bytes global -> shared, through L1 (4-byte copies must be .ca); `valid` false writes a zero word.
+__device__ __forceinline__ void copy_4(const unsigned shared, const void* global, const bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
@@ -397,78 +384,74 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
     const int first = blockIdx.y * steps_per_split, count = min(first + steps_per_split, steps) - first;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warpgroup = tid / 128;
-    const int column = lane % TASK_PIXELS, vector_row = VECTOR * (lane / TASK_PIXELS);
+    const int row = COPY_ROWS * (warp / PIXEL_SETS) + lane % COPY_ROWS;               // the thread's first row
+    const int pixel = COPY_PIXELS * (warp % PIXEL_SETS) + lane / COPY_ROWS;           // and first pixel of a stage
 
-    // Task i of the warp: channel pair j = i % PAIRS, rows task_row(j) of its tile (64·j rows past task_row(0)),
-    // and pixel half i / PAIRS.
-    auto task_row = [&](const int j) { return TASK_CHANNELS * (warp + WARPS * j) + vector_row; };
-    // A's rows: fixed taps (r, s, c..c+3), kept as offsets from each pixel's first input tap (NOWHERE past the
-    // matrix's rows: no pixel's tap is then inside x).
-    int a_channel[A_PAIRS], a_top[A_PAIRS], a_left[A_PAIRS];
+    // The word (row + ROW_STRIDE·j, pixel + PIXEL_STRIDE·i) lies at `place` XOR 16·PIXEL_SETS·i (its chunk is
+    // pixel / 4 + PIXEL_SETS·i, which is pixel / 4 XOR PIXEL_SETS·i, before and after the swizzle) plus 128 bytes
+    // for each of the ROW_STRIDE·j rows on.
+    const int place = swizzled(row, pixel / COPY_PIXELS) + 4 * (pixel % COPY_PIXELS);
+    auto at = [&](const unsigned tile, const int i, const int j) {
+        return (tile ^ 16 * PIXEL_SETS * i) + ROW_BYTES * ROW_STRIDE * j;
+    };
+    // A's rows: fixed taps (r, s, c), kept as offsets from each pixel's first input tap (NOWHERE past the matrix's
+    // rows: no pixel's tap is then inside x).
+    int a_channel[A_ROWS], a_top[A_ROWS], a_left[A_ROWS];
 #pragma unroll
-    for (int j = 0; j < A_PAIRS; ++j) {
-        const Tap tap(tile_m * BLOCK_M + task_row(j), s.C, s.S);
+    for (int j = 0; j < A_ROWS; ++j) {
+        const Tap tap(tile_m * BLOCK_M + row + ROW_STRIDE * j, s.C, s.S);
         a_channel[j] = tap.c;
         a_top[j] = tap.index < rows ? tap.r * s.dilation_h - s.pad_h : NOWHERE;
         a_left[j] = tap.s * s.dilation_w - s.pad_w;
     }
-    // B's rows: fixed filters k..k+3, tile_n · BLOCK_N + task_row(j).
+    // B's rows: fixed filters tile_n · BLOCK_N + row + ROW_STRIDE·j.
 
-    // The stages are loaded in order, each BLOCK_K pixels past the last: the walk keeps A's two pixels' places.
-    PixelWalk<HALVES> walk(s, first * BLOCK_K + column, TASK_PIXELS, BLOCK_K);
-    float4 a_values[A_TASKS], b_values[B_TASKS];
-    auto load_stage = [&](const int step) {
+    // The stages are copied in order, each BLOCK_K pixels past the last: the walk keeps A's pixels' places.
+    PixelWalk<PIXEL_COPIES> walk(s, first * BLOCK_K + pixel, PIXEL_STRIDE, BLOCK_K);
+    auto copy_stage = [&](const int buffer, const int step) {
+        const unsigned a = shared_address(tiles + buffer * STAGE_BYTES) + place, b = a + A_BYTES;
 #pragma unroll
-        for (int i = 0; i < A_TASKS; ++i) {
-            const int j = i % A_PAIRS, half = i / A_PAIRS;
-            bool inside = true;
-            const float* const source = walk.input(x, s, half, a_top[j], a_left[j], a_channel[j], inside);
-            a_values[i] = load_vector(source, inside);
-        }
+        for (int i = 0; i < PIXEL_COPIES; ++i)
+#pragma unroll
+            for (int j = 0; j < A_ROWS; ++j) {
+                bool inside = true;
+                copy_4(at(a, i, j), walk.input(x, s, i, a_top[j], a_left[j], a_channel[j], inside), inside);
+            }
         walk.advance(s);
 #pragma unroll
-        for (int i = 0; i < B_TASKS; ++i) {
-            const int k = tile_n * BLOCK_N + task_row(i % B_PAIRS);
-            const int pixel = step * BLOCK_K + TASK_PIXELS * (i / B_PAIRS) + column;
-            const bool inside = k < s.K && pixel < pixels;
-            b_values[i] = load_vector(inside ? dy + pixel * s.channels_out() + k : dy, inside);
+        for (int i = 0; i < PIXEL_COPIES; ++i) {
+            const int p = step * BLOCK_K + pixel + PIXEL_STRIDE * i;
+#pragma unroll
+            for (int j = 0; j < B_ROWS; ++j) {
+                const int k = tile_n * BLOCK_N + row + ROW_STRIDE * j;
+                const bool inside = k < s.K && p < pixels;
+                copy_4(at(b, i, j), inside ? dy + p * s.channels_out() + k : dy, inside);
+            }
         }
-    };
-    const int first_word = swizzled(task_row(0), column / 4) + 4 * (column % 4);  // the lane's, row task_row(0)
-    auto store_stage = [&](const int buffer) {
-        unsigned char* const a = tiles + buffer * STAGE_BYTES;
-        unsigned char* const b = a + A_BYTES;
-#pragma unroll
-        for (int i = 0; i < A_TASKS; ++i) store_down(a, first_word, i % A_PAIRS, i / A_PAIRS, a_values[i]);
-#pragma unroll
-        for (int i = 0; i < B_TASKS; ++i) store_down(b, first_word, i % B_PAIRS, i / B_PAIRS, b_values[i]);
     };
 
     float acc[ACCUMULATORS] = {};
 #pragma unroll
     for (int stage = 0; stage < AHEAD; ++stage) {
-        if (stage < count) {
-            load_stage(first + stage);
-            store_stage(stage);
-        }
+        if (stage < count) copy_stage(stage, first + stage);
+        commit_copies();
     }
-    if (AHEAD < count) load_stage(first + AHEAD);
     for (int index = 0; index < count; ++index) {
-        // Every thread's stores of stage `index` are visible to wgmma after the barrier, and the products of stage
-        // index − 1 − IN_FLIGHT, which read the buffer this step stores into, are done.
+        // Forward's pipeline: stage `index` has landed once at most AHEAD − 1 later groups are pending, and after
+        // the barrier every thread's copies of it are visible to wgmma.
+        wait_copies<AHEAD - 1>();
         fence_async_proxy();
         __syncthreads();
         multiply_stage(acc, shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
                        shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES));
-        if (index + AHEAD < count) {
-            store_stage((index + AHEAD) % STAGES);
-            if (index + AHEAD + 1 < count) load_stage(first + index + AHEAD + 1);
-        }
+        if (index + AHEAD < count) copy_stage((index + AHEAD) % STAGES, first + index + AHEAD);
+        commit_copies();
         wgmma_wait<IN_FLIGHT>();
         fence_accumulators(acc);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    wait_copies<0>();
     add_filter_gradient_tile(acc, sums, s);
 }
 #endif  // HALF

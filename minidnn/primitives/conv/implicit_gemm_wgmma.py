@@ -22,7 +22,7 @@ channels that form the reduction need only be multiples of 4; wgmma multiplies e
 TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
 ``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
 K-major only: forward's are, and backward-filter, whose operands lie along M and N, turns them on their way into
-shared memory (through registers; the .cu file says how).
+shared memory (each word a 4-byte copy of its own; the .cu file says how).
 """
 from __future__ import annotations
 
