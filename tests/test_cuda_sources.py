@@ -13,6 +13,9 @@ from tests.nvcc_builds import Build
 # ptxas -v reports each kernel's frame after its name.
 FRAME = re.compile(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
                    r"(\d+) bytes spill loads")
+# implicit_gemm_wgmma's TF32 build (HALF 0: float32 values), both tile widths
+TF32_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("Y_LAST", 1))),
+               Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 64)))]
 
 
 @pytest.mark.parametrize("nvcc_build", [Build(source, scalar) for source in _cuda.cuda_sources()
@@ -22,9 +25,7 @@ FRAME = re.compile(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame, 
                          + [Build(source, "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", y_last)))
                             for source in ("conv/implicit_gemm_nhwc.cu", "conv/implicit_gemm_wgmma.cu")
                             for half, block_n, y_last in ((1, 64, 0), (2, 128, 1), (1, 64, 1))]
-                         # implicit_gemm_wgmma's TF32 build (HALF 0: float32 values), both tile widths
-                         + [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", block_n), *y_last))
-                            for block_n, y_last in ((128, (("Y_LAST", 1),)), (64, ()))],
+                         + TF32_BUILDS,
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):
     build = nvcc_build.build

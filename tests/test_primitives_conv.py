@@ -212,6 +212,8 @@ def one_per_geometry(problems: tuple) -> list:
         if geometry not in kept or problem.C * problem.K < kept[geometry].C * kept[geometry].K:
             kept[geometry] = problem
     return list(kept.values())
+
+
 # float32 products of up to ~5000 terms: |error| ≲ 1e-5 · sqrt(terms) relative to the summed magnitudes.
 FLOAT32 = dict(rtol=2e-4, atol=2e-4)
 
