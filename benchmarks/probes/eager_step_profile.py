@@ -5,8 +5,8 @@
     PYTHONPATH=. python3 benchmarks/probes/eager_step_profile.py --out DIR
     PYTHONPATH=. python3 benchmarks/probes/eager_step_profile.py --out DIR --models resnet20:128 --engines minidnn,torch
 
-Each (engine, model) runs in its own process (its math modes one after another in it), through the benchmark's own
-engines (benchmarks/measure.py): SGD with momentum, the benchmark's seeded batch. After the warm-up it times
+Each (engine, model, mode) runs in its own process, so that no mode's timed steps follow another's CUPTI session
+(torch.profiler), which may leave its hooks in the driver's calls; through the benchmark's own engines (benchmarks/measure.py): SGD with momentum, the benchmark's seeded batch. After the warm-up it times
 ``--steps`` eager steps (wall by device events, host up to the step's return), counts the kernels of a few steps
 (CUPTI through torch.profiler), and for minidnn runs one step under cProfile: the functions with the most own time,
 the most calls, and the total number of Python calls. Writes profile.json and profile.md (and the raw profile text
@@ -253,7 +253,7 @@ def main() -> None:
                         "each with +channels_last for a channels-last model and batch (bf16+channels_last)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to try the probe itself")
-    parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # engine:model:batch, run in this process
+    parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # engine:model:batch, --modes in this process
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     modes = args.modes.split(",")
@@ -268,15 +268,16 @@ def main() -> None:
         for item in args.models.split(","):
             model, batch = item.split(":")
             cell = f"{engine}:{model}:{batch}"
-            done = subprocess.run([sys.executable, __file__, "--out", args.out, "--modes", args.modes, "--steps",
-                                   str(args.steps), "--device", args.device, "--cell", cell], timeout=600)
-            path = os.path.join(args.out, f"cell-{engine}-{model}-{batch}.json")
-            if done.returncode == 0 and os.path.exists(path):
-                with open(path) as file:
-                    records += json.load(file)
-                os.remove(path)
-            else:
-                print(f"cell {cell} failed (exit {done.returncode})", flush=True)
+            for mode in modes:
+                done = subprocess.run([sys.executable, __file__, "--out", args.out, "--modes", mode, "--steps",
+                                       str(args.steps), "--device", args.device, "--cell", cell], timeout=600)
+                path = os.path.join(args.out, f"cell-{engine}-{model}-{batch}.json")
+                if done.returncode == 0 and os.path.exists(path):
+                    with open(path) as file:
+                        records += json.load(file)
+                    os.remove(path)
+                else:
+                    print(f"cell {cell} {mode} failed (exit {done.returncode})", flush=True)
     write_report(records, args.out)
     print(open(os.path.join(args.out, "profile.md")).read().split("\n###")[0])
 
