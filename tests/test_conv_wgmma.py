@@ -49,6 +49,45 @@ def test_the_rules_prefer_it_on_hopper(monkeypatch):
 def test_shared_memory_holds_the_stages_on_the_swizzle_period():
     assert implicit_gemm_wgmma.shared_bytes(128) == 3 * 256 * 128 + 1024  # two CTAs fit an SM's 227 KiB
     assert implicit_gemm_wgmma.shared_bytes(64) == 3 * 192 * 128 + 1024
+    assert implicit_gemm_wgmma.shared_bytes(256) == 3 * 384 * 128 + 1024  # one CTA an SM
+    # The epilogue's output tile reuses the stages: 128 rows of 256 float32 sums (and a pad of 8) fit in three.
+    assert 128 * (256 + 8) * 4 <= 3 * 384 * 128
+
+
+def test_the_tf32_backward_filter_of_more_than_128_filters_takes_256_wide_tiles_where_those_fill_as_well():
+    width = implicit_gemm_wgmma.tile_width
+    columns = (8, 64, 65, 128, 136, 256, 264, 384, 392, 512, 1024, 2048)
+    narrow = [64 if c <= 64 else 128 for c in columns]
+    assert [width(c, None, "backward_filter") for c in columns] == [64, 64, 128, 128, 256, 256, 128, 128, 256, 256,
+                                                                     256, 256]
+    assert [width(c, None, "forward") for c in columns] == narrow  # forward's kernel, which backward-data runs too
+    for half in ("float16", "bfloat16"):  # the half builds keep implicit_gemm_nhwc's widths
+        for kernel in ("forward", "backward_filter"):
+            assert [width(c, half, kernel) for c in columns] == narrow
+
+
+def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch):
+    """ResNet-18's layer4 conv2 at batch 128 (512 -> 512 channels, 7 × 7) on 132 SMs: the TF32 backward-filter on
+    256-wide tiles, one CTA an SM (its split aims at two waves of one), forward and the half builds on 128-wide ones,
+    two CTAs an SM."""
+    kernels, launches = [], []
+    monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
+                        lambda kernel, grid, shared, args: launches.append((grid, shared)))
+    monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
+    monkeypatch.setattr(implicit_gemm_wgmma, "_kernel", lambda *args: kernels.append(args))
+    case = (128, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1)
+    for dtype in (np.float32, np.float16):  # float16 is a half type's storage on either device
+        problem = problem_of(case, dtype, "cuda")
+        out = np.zeros((1, 1, 1, 1), dtype)
+        implicit_gemm_wgmma._launch_forward(None, None, out, implicit_gemm_nhwc._shape_struct(problem))
+        implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
+    assert [args[2] for args in kernels] == [128, 256, 128, 128]
+    wide, narrow = implicit_gemm_wgmma.shared_bytes(256), implicit_gemm_wgmma.shared_bytes(128)
+    # forward: N·P·Q = 6272 rows, 49 tiles of 128, by 4 column tiles. backward-filter: R·S·C = 4608 rows, 36 tiles,
+    # by 2 (TF32) or 4 column tiles; 196 stages of 32 pixels (TF32) for 2 × 132 CTAs: 4 slices of 49 stages; 98
+    # stages of 64 (half values) for 4 × 132: 4 slices of 25.
+    assert launches == [((196, 1, 1), narrow), ((72, 4, 1), wide), ((196, 1, 1), narrow), ((144, 4, 1), narrow)]
 
 
 @pytest.mark.gpu
@@ -101,8 +140,13 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, na
 # The TF32 build
 # ----------------------------------------------------------------------------------------------
 # TF32's copies are four floats: reductions of channels multiples of 4 (not of 8) run too.
+# The backward-filter of more than 128 filters takes 256-wide tiles where those fill as well (K 136 above: one, 120
+# columns empty; K 392: two, the second 136 wide), K 264 three 128-wide ones, the last 8 wide; forward K 392 and
+# backward-data's C 392 take four 128-wide ones.
 TF32_CASES = {**CASES, **STRIDED, "four_channels_a_copy": (2, 12, 10, 9, 20, 3, 3, 1, 1, 1, 1),
-              "four_channels_two_groups": (2, 24, 9, 11, 8, 3, 3, 1, 1, 1, 2)}  # C/G 12, K/G 4
+              "four_channels_two_groups": (2, 24, 9, 11, 8, 3, 3, 1, 1, 1, 2),  # C/G 12, K/G 4
+              "three_column_tiles_one_partial": (2, 16, 9, 7, 264, 3, 3, 1, 1, 1, 1),
+              "two_wide_column_tiles_one_partial": (3, 392, 9, 7, 392, 3, 3, 1, 1, 1, 1)}
 FORWARD_AND_DATA = ("forward", "backward_data")
 
 

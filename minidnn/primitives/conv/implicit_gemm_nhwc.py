@@ -331,29 +331,31 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                         _shared_bytes("forward", block_n), (x_last, w_last, layout.flat(out), shape))
 
 
-def filter_gradient_tiles(problem: ConvProblem) -> int:
-    """Backward-filter's output tiles in one group: R·S·C/G rows by K/G columns, in tiles of BLOCK_M by the width
-    ``_block_n`` gives K/G (both kernels' tiles)."""
+def filter_gradient_tiles(problem: ConvProblem, block_n: int | None = None) -> int:
+    """Backward-filter's output tiles in one group: R·S·C/G rows by K/G columns, in tiles of BLOCK_M by ``block_n``
+    (by default the width ``_block_n`` gives K/G)."""
     group_filters = problem.K // problem.groups
     rows = problem.R * problem.S * (problem.C // problem.groups)
-    return -(-rows // BLOCK_M) * -(-group_filters // _block_n(group_filters))
+    return -(-rows // BLOCK_M) * -(-group_filters // (block_n or _block_n(group_filters)))
 
 
-def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int) -> int:
+def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int, block_n: int | None = None) -> int:
     """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs on
-    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM), every group's tiles counted."""
+    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM), every group's tiles (``block_n`` wide)
+    counted."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
-    tiles = filter_gradient_tiles(problem) * problem.groups
+    tiles = filter_gradient_tiles(problem, block_n) * problem.groups
     wanted = -(-ctas_per_sm * sms // tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
-def filter_gradient_grid(problem: ConvProblem, block_k: int, ctas_per_sm: int) -> tuple[tuple[int, int, int], int]:
+def filter_gradient_grid(problem: ConvProblem, block_k: int, ctas_per_sm: int,
+                         block_n: int | None = None) -> tuple[tuple[int, int, int], int]:
     """Backward-filter's grid and its stages per slice, for a kernel of ``block_k`` pixels a stage aiming at
-    ``ctas_per_sm``: one group's tiles along x, the slices of N·P·Q along y, the groups along z."""
-    per_split = steps_per_split(problem, _cuda.sm_count(), block_k, ctas_per_sm)
+    ``ctas_per_sm``: one group's tiles (``block_n`` wide) along x, the slices of N·P·Q along y, the groups along z."""
+    per_split = steps_per_split(problem, _cuda.sm_count(), block_k, ctas_per_sm, block_n)
     steps = -(-problem.N * problem.P * problem.Q // block_k)
-    return (filter_gradient_tiles(problem), -(-steps // per_split), problem.groups), per_split
+    return (filter_gradient_tiles(problem, block_n), -(-steps // per_split), problem.groups), per_split
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:

@@ -9,17 +9,22 @@
 // Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
 // The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0, below).
 //
-// One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C (BLOCK_N 128, or 64 for a
-// product 64 columns wide or less), BLOCK_K reduction values a stage, STAGES stages (three by default) of
-// cp.async copies. A stage holds A (128 rows) and B (BLOCK_N rows) as rows of 128 bytes (64 half values or 32
-// floats): the K-major layout with the 128-byte swizzle, in which 16-byte chunk j of row r lies at chunk
-// j ^ (r % 8) of its row, so that the eight rows of a 1024-byte group spread each column of chunks over all 32
-// banks. A shared-memory descriptor names a tile to wgmma (its start, 1024 bytes from one group of 8 rows to the
-// next, the swizzle); one wgmma reduces 32 bytes of each row (k16 for half values, k8 for TF32), so the k-th of
-// a stage's four starts 32·k bytes into the rows. Each warpgroup issues four m64nN wgmma a stage, then, while
-// they run, the copies of the stage two on (into the buffer the products of the step before read), then waits
-// for them. The pipeline is a build (STAGES, IN_FLIGHT: stages of shared memory, product groups left in flight
-// across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
+// One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C, BLOCK_K reduction values a
+// stage, STAGES stages (three by default) of cp.async copies. A stage holds A (128 rows) and B (BLOCK_N rows) as
+// rows of 128 bytes (64 half values or 32 floats): the K-major layout with the 128-byte swizzle, in which 16-byte
+// chunk j of row r lies at chunk j ^ (r % 8) of its row, so that the eight rows of a 1024-byte group spread each
+// column of chunks over all 32 banks. A shared-memory descriptor names a tile to wgmma (its start, 1024 bytes from
+// one group of 8 rows to the next, the swizzle); one wgmma reduces 32 bytes of each row (k16 for half values, k8
+// for TF32), so the k-th of a stage's four starts 32·k bytes into the rows. Each warpgroup issues four m64nN wgmma
+// a stage, then, while they run, the copies of the stage two on (into the buffer the products of the step before
+// read), then waits for them. The pipeline is a build (STAGES, IN_FLIGHT: stages of shared memory, product groups
+// left in flight across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
+//
+// BLOCK_N is 128, 64 for a product 64 columns wide or less, or 256 for the TF32 backward-filter of more than 128
+// filters (implicit_gemm_wgmma.tile_width says which). A 256-wide tile copies its 128 rows of A once for twice the
+// columns: three quarters of the copies a product, which pays where every word is a 4-byte cp.async of its own.
+// Its 128 float32 accumulators a thread and 48 KB stages leave room for one CTA an SM (the launch bounds say so);
+// forward and backward-data at 256 were slower on most layers.
 //
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
@@ -153,8 +158,47 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint64_t a, cons
 }
 
 template <int TRANSPOSED>
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], const uint64_t a, const uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned." WGMMA_TYPES(256) " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, "
+        "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+        "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+        "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "
+        "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, "
+        "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "
+        "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, "
+        "%126, %127}, %128, %129, p, 1, 1"
+        TRANSPOSES(131) ";\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
+          "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+          "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
+          "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
+          "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+          "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+          "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]),
+          "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+          "+f"(d[126]), "+f"(d[127])
+        : "l"(a), "l"(b), "r"(1), "n"(TRANSPOSED));
+}
+
+template <int TRANSPOSED>
 __device__ __forceinline__ void wgmma_tile(float (&d)[ACCUMULATORS], const uint64_t a, const uint64_t b) {
-#if BLOCK_N == 128
+#if BLOCK_N == 256
+    wgmma_n256<TRANSPOSED>(d, a, b);
+#elif BLOCK_N == 128
     wgmma_n128<TRANSPOSED>(d, a, b);
 #else
     wgmma_n64<TRANSPOSED>(d, a, b);
@@ -171,7 +215,7 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[ACCUMULATORS], const
     wgmma_commit();
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
@@ -274,7 +318,7 @@ __device__ __forceinline__ int panel_swizzled(const int row, const int vector) {
     return vector / 8 * PANEL_BYTES + swizzled(row, vector % 8);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                     const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);
@@ -371,7 +415,7 @@ __device__ __forceinline__ void copy_4(const unsigned shared, const void* global
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __restrict__ dy,
                                     float* __restrict__ sums, const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);

@@ -46,15 +46,33 @@ THREADS = 256
 BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # The pipeline of each tile width: (STAGES, IN_FLIGHT), stages of shared memory and groups of products left in
 # flight across a stage's barrier (the copies then run STAGES - 1 - IN_FLIGHT stages ahead). Three stages, none
-# in flight, timed fastest at both widths (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
+# in flight, timed fastest at 128 and 64 (benchmarks/probes/wgmma_pipeline_depth.py): a fourth 128-wide stage
 # leaves room for one CTA per SM instead of two. The same holds for the TF32 build, whose stage reduces half as many
-# values in the same bytes: four to six stages were no faster (the probe's --tf32).
-PIPELINES = {128: (3, 0), 64: (3, 0)}
-# Backward-filter's split of N·P·Q aims at two waves of two CTAs per SM, half implicit_gemm_nhwc's four: a stage
-# here reduces twice the pixels, and the fewer, longer slices add fewer partial tiles with atomicAdd. Two waves
-# timed fastest on 3×3 stride-1 layers and no slower than four on the others
-# (benchmarks/probes/backward_filter_kernels.py).
-SPLIT_K_CTAS_PER_SM = 2 * 2
+# values in the same bytes: four to six stages were no faster (the probe's --tf32). A 256-wide tile holds one CTA
+# an SM whatever its stages; three fill 145 KiB of the 227, and four were no faster (wgmma_tile_width.py).
+PIPELINES = {128: (3, 0), 64: (3, 0), 256: (3, 0)}
+# Backward-filter's split of N·P·Q aims at two waves of CTAs, half implicit_gemm_nhwc's four: a stage here reduces
+# twice the pixels, and the fewer, longer slices add fewer partial tiles with atomicAdd. Two waves timed fastest on
+# 3×3 stride-1 layers and no slower than four on the others (benchmarks/probes/backward_filter_kernels.py). An SM
+# holds two CTAs of a 64- or 128-wide tile, one of a 256-wide one (the kernels' launch bounds).
+SPLIT_K_WAVES = 2
+
+
+def ctas_per_sm(block_n: int) -> int:
+    """The CTAs of a ``block_n``-wide tile an SM holds at once (implicit_gemm_wgmma.cu's launch bounds)."""
+    return 1 if block_n == 256 else 2
+
+
+def tile_width(columns: int, half: str | None, kernel: str) -> int:
+    """The tile's width for a product ``columns`` wide (one group's K, or C for backward-data) on ``kernel``
+    ("forward", which backward-data runs too, or "backward_filter"): implicit_gemm_nhwc's 64 or 128; or for the TF32
+    backward-filter (``half`` None) of more than 128 filters, 256 where 256-wide tiles leave no more columns empty
+    than 128-wide ones (256 or 512 filters, not 384). That kernel copies each word on its own, and a wider tile
+    copies its 128 rows of x once for twice the filters: it timed faster on every such ResNet layer, where forward
+    and backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py)."""
+    if kernel == "backward_filter" and half is None and columns > 128 and 2 * -(-columns // 256) <= -(-columns // 128):
+        return 256
+    return implicit_gemm_nhwc._block_n(columns)
 
 
 # TF32's copies: 16 bytes are four float32 values.
@@ -125,9 +143,10 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), for
     ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
-    block_n = implicit_gemm_nhwc._block_n(int(shape["K"]))
+    half = convert.half_type_of(out)
+    block_n = tile_width(int(shape["K"]), half, "forward")
     y_last = layout.is_channels_last(out)
-    kernel = _kernel("implicit_gemm_wgmma_forward", convert.half_type_of(out), block_n, y_last)
+    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
                                            shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
 
@@ -136,9 +155,9 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
     the groups along the grid's z. A stage reduces one 128-byte row of pixels: 64 (half values) or 32 (TF32)."""
     _cuda.check_int32(x_last, dy_last, sums)
-    block_n = implicit_gemm_nhwc._block_n(problem.K // problem.groups)
+    block_n = tile_width(problem.K // problem.groups, problem.half_type, "backward_filter")
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
-                                                              SPLIT_K_CTAS_PER_SM)
+                                                              SPLIT_K_WAVES * ctas_per_sm(block_n), block_n)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
                                            grid, shared_bytes(block_n),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
