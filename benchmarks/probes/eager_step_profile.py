@@ -6,7 +6,8 @@
     PYTHONPATH=. python3 benchmarks/probes/eager_step_profile.py --out DIR --models resnet20:128 --engines minidnn,torch
 
 Each (engine, model, mode) runs in its own process, so that no mode's timed steps follow another's CUPTI session
-(torch.profiler), which may leave its hooks in the driver's calls; through the benchmark's own engines (benchmarks/measure.py): SGD with momentum, the benchmark's seeded batch. After the warm-up it times
+(torch.profiler), which may leave its hooks in the driver's calls; through the benchmark's own engines
+(benchmarks/measure.py): SGD with momentum, the benchmark's seeded batch. After the warm-up it times
 ``--steps`` eager steps (wall by device events, host up to the step's return), counts the kernels of a few steps
 (CUPTI through torch.profiler), and for minidnn runs one step under cProfile: the functions with the most own time,
 the most calls, and the total number of Python calls. Writes profile.json and profile.md (and the raw profile text

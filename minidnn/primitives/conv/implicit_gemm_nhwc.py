@@ -341,7 +341,7 @@ def filter_gradient_tiles(problem: ConvProblem, block_n: int | None = None) -> i
 
 def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int, block_n: int | None = None) -> int:
     """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs on
-    each of ``sms`` SMs (each kernel's own BLOCK_K and SPLIT_K_CTAS_PER_SM), every group's tiles (``block_n`` wide)
+    each of ``sms`` SMs (each kernel's own BLOCK_K and CTAs to aim at), every group's tiles (``block_n`` wide)
     counted."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = filter_gradient_tiles(problem, block_n) * problem.groups
