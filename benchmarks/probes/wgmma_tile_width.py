@@ -18,29 +18,21 @@ import numpy as np
 
 from half_implicit_gemm_vs_cudnn import against_cudnn, start, timed, torch_call, write_report  # this folder's probes
 from nhwc_implicit_gemm_vs_cudnn import kernel_only
+from tf32_channels_last_convolution import LAYERS as TF32_LAYERS
+from wgmma_pipeline_depth import DIRECTIONS, columns_of
 from minidnn.primitives import _cuda, convert
 from minidnn.primitives.conv import implicit_gemm_wgmma as wgmma
 
 # (name, N, C, H, W, K, R, S, stride, padding): the ResNet-18, ResNet-50 (batch 128) and CaffeNet (batch 256)
-# layers with a direction more than 128 columns wide.
-LAYERS = [
-    ("resnet18.layer3.conv2", 128, 256, 14, 14, 256, 3, 3, 1, 1),
-    ("resnet18.layer4.conv2", 128, 512, 7, 7, 512, 3, 3, 1, 1),
+# layers with a direction more than 128 columns wide: tf32_channels_last_convolution's, and four more.
+LAYERS = [layer for layer in TF32_LAYERS if max(layer[2], layer[5]) > 128] + [
     ("resnet18.layer4.conv1_stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1),
-    ("resnet50.layer1.conv3_1x1", 128, 64, 56, 56, 256, 1, 1, 1, 0),
     ("resnet50.layer2.conv3_1x1", 128, 128, 28, 28, 512, 1, 1, 1, 0),
-    ("resnet50.layer3.conv3_1x1", 128, 256, 14, 14, 1024, 1, 1, 1, 0),
     ("resnet50.layer4.conv1_1x1", 128, 2048, 7, 7, 512, 1, 1, 1, 0),
     ("caffenet.conv3", 256, 256, 13, 13, 384, 3, 3, 1, 1),
 ]
-DIRECTIONS = ("forward", "backward_data", "backward_filter")
 # label -> (tile width, its pipeline)
 BUILDS = {"128": (128, None), "256": (256, (3, 0)), "256x4": (256, (4, 0))}
-
-
-def columns_of(layer, direction):
-    C, K = layer[2], layer[5]
-    return C if direction == "backward_data" else K
 
 
 def kernel_of(direction):
