@@ -384,11 +384,17 @@ ENGINES: dict[str, type] = {"minidnn": MinidnnEngine, "naive": MinidnnEngine, "m
 # ----------------------------------------------------------------------------------------------
 # The device profile: GPU-busy time and kernels per step
 # ----------------------------------------------------------------------------------------------
-def summarize_device_trace(events: list[dict[str, Any]], steps: int) -> dict[str, float]:
+KERNEL_NAMES_KEPT = 40  # the device summary's breakdown by kernel name: this many names, the longest-running first
+
+
+def summarize_device_trace(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     """Per-step device work from a Chrome trace (``torch.profiler`` export, times in µs): the
-    kernels' summed duration (GPU-busy ms) and count, memcpy / memset counts and ms, and the time
-    some kernel was running (``gpu_active_ms``: below GPU-busy only where kernels overlapped)."""
+    kernels' summed duration (GPU-busy ms) and count, memcpy / memset counts and ms, the time
+    some kernel was running (``gpu_active_ms``: below GPU-busy only where kernels overlapped), and
+    ``kernel_names``: [name, ms a step, kernels a step] for the KERNEL_NAMES_KEPT names that ran longest,
+    so that two engines' steps can be set side by side kernel by kernel."""
     totals = {"kernel": [0.0, 0], "gpu_memcpy": [0.0, 0], "gpu_memset": [0.0, 0]}
+    by_name: dict[str, list[float]] = {}
     spans = []
     for event in events:
         category = event.get("cat")
@@ -397,10 +403,15 @@ def summarize_device_trace(events: list[dict[str, Any]], steps: int) -> dict[str
             totals[category][1] += 1
             if category == "kernel":
                 spans.append(_span(event))
+                entry = by_name.setdefault(str(event.get("name", "?")), [0.0, 0])
+                entry[0] += float(event["dur"])
+                entry[1] += 1
+    names = sorted(by_name.items(), key=lambda item: -item[1][0])[:KERNEL_NAMES_KEPT]
     return {"gpu_busy_ms": totals["kernel"][0] / 1000 / steps, "kernels_per_step": totals["kernel"][1] / steps,
             "gpu_active_ms": covered(spans) / 1000 / steps,
             "memcpy_ms": totals["gpu_memcpy"][0] / 1000 / steps, "memcpy_per_step": totals["gpu_memcpy"][1] / steps,
-            "memset_ms": totals["gpu_memset"][0] / 1000 / steps, "memset_per_step": totals["gpu_memset"][1] / steps}
+            "memset_ms": totals["gpu_memset"][0] / 1000 / steps, "memset_per_step": totals["gpu_memset"][1] / steps,
+            "kernel_names": [[name, time / 1000 / steps, count / steps] for name, (time, count) in names]}
 
 
 def _span(event: dict[str, Any]) -> tuple[float, float]:

@@ -317,12 +317,14 @@ def test_merge_combines_runs(smoke, tmp_path):
 
 def test_device_trace_summary_counts_kernels_and_copies_per_step():
     # Three kernels (the first two overlap by 5 µs), a copy, two memsets, host events (not device work).
-    events = [{"cat": "kernel", "ph": "X", "ts": 100.0, "dur": 10.0}, {"cat": "kernel", "ph": "X", "ts": 105.0,
-                                                                        "dur": 20.5},
-              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5}, {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
+    events = [{"cat": "kernel", "ph": "X", "ts": 100.0, "dur": 10.0, "name": "gemm"},
+              {"cat": "kernel", "ph": "X", "ts": 105.0, "dur": 20.5, "name": "conv"},
+              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5, "name": "gemm"}, {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
               {"cat": "gpu_memset", "ph": "X", "ts": 5, "dur": 2.0}, {"cat": "gpu_memset", "ph": "X", "ts": 9, "dur": 2.0},
               {"cat": "cuda_runtime", "ph": "X", "ts": 0, "dur": 500.0}, {"cat": "ac2g", "ph": "f"}, {"ph": "M"}]
     summary = measure.summarize_device_trace(events, steps=2)
+    # By name, the longest-running first: conv's 20.5 µs, then gemm's two kernels' 11.5 µs, over two steps.
+    assert summary.pop("kernel_names") == [["conv", pytest.approx(0.01025), 0.5], ["gemm", pytest.approx(0.00575), 1.0]]
     assert summary == pytest.approx({"gpu_busy_ms": 0.016, "kernels_per_step": 1.5, "gpu_active_ms": 0.0135,
                                      "memcpy_ms": 0.002, "memcpy_per_step": 0.5, "memset_ms": 0.002,
                                      "memset_per_step": 1.0})
