@@ -215,6 +215,38 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[ACCUMULATORS], const
     wgmma_commit();
 }
 
+// The K-major pipeline (forward's, and the TF32 backward-filter's): `steps` stages, copy(buffer, index) issuing the
+// cp.async copies of the index-th stage into buffer `buffer`, committed here. AHEAD stages of copies are in flight
+// while one is multiplied: stage `index` has landed once at most AHEAD − 1 later groups are pending; after the barrier
+// every thread's copies of it are visible to wgmma, and the products of stage index − 1 − IN_FLIGHT, which last read
+// the buffer the next copies go into, are done.
+template <class Copy>
+__device__ __forceinline__ void k_major_pipeline(float (&acc)[ACCUMULATORS], unsigned char* const tiles,
+                                                 const int steps, Copy copy) {
+    const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+#pragma unroll
+    for (int stage = 0; stage < AHEAD; ++stage) {
+        if (stage < steps) copy(stage, stage);
+        commit_copies();
+    }
+    for (int index = 0; index < steps; ++index) {
+        wait_copies<AHEAD - 1>();
+        fence_async_proxy();
+        __syncthreads();
+        multiply_stage(acc, shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
+                       shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES));
+        // While the tensor cores multiply, the copies of the stage AHEAD on go into the buffer those products
+        // last read.
+        if (index + AHEAD < steps) copy((index + AHEAD) % STAGES, index + AHEAD);
+        commit_copies();
+        wgmma_wait<IN_FLIGHT>();
+        fence_accumulators(acc);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    wait_copies<0>();
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
@@ -239,35 +271,12 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
                           [&](int i) { return b + swizzled(copy_row + ROWS_PER_PASS * i, chunk); });
     };
 
-    const int steps = (reduction + BLOCK_K - 1) / BLOCK_K, warpgroup = tid / 128;
     float acc[ACCUMULATORS] = {};
-#pragma unroll
-    for (int stage = 0; stage < AHEAD; ++stage) {
-        if (stage < steps) copy_stage(stage);
-        commit_copies();
-    }
-    for (int step = 0; step < steps; ++step) {
-        // Stage `step` has landed once at most AHEAD − 1 later groups are pending; after the barrier every
-        // thread's copies of it are visible to wgmma, and the products of stage step − 1 − IN_FLIGHT are done.
-        wait_copies<AHEAD - 1>();
-        fence_async_proxy();
-        __syncthreads();
-        multiply_stage(acc, shared_address(tiles + step % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
-                       shared_address(tiles + step % STAGES * STAGE_BYTES + A_BYTES));
-        // While the tensor cores multiply, the copies of the stage AHEAD on go into the buffer those products
-        // last read.
-        if (step + AHEAD < steps) copy_stage((step + AHEAD) % STAGES);
-        commit_copies();
-        wgmma_wait<IN_FLIGHT>();
-        fence_accumulators(acc);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    wait_copies<0>();
+    k_major_pipeline(acc, tiles, (reduction + BLOCK_K - 1) / BLOCK_K, [&](int buffer, int) { copy_stage(buffer); });
     __syncthreads();  // the output tile reuses the pipeline's memory
 
     OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
-    const int t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = warpgroup * 64 + t / 32 * 16 + g;
+    const int t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = tid / 128 * 64 + t / 32 * 16 + g;
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
@@ -427,7 +436,7 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
     const int first = blockIdx.y * steps_per_split, count = min(first + steps_per_split, steps) - first;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warpgroup = tid / 128;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int row = COPY_ROWS * (warp / PIXEL_SETS) + lane % COPY_ROWS;               // the thread's first row
     const int pixel = COPY_PIXELS * (warp % PIXEL_SETS) + lane / COPY_ROWS;           // and first pixel of a stage
 
@@ -475,27 +484,7 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
     };
 
     float acc[ACCUMULATORS] = {};
-#pragma unroll
-    for (int stage = 0; stage < AHEAD; ++stage) {
-        if (stage < count) copy_stage(stage, first + stage);
-        commit_copies();
-    }
-    for (int index = 0; index < count; ++index) {
-        // Forward's pipeline: stage `index` has landed once at most AHEAD − 1 later groups are pending, and after
-        // the barrier every thread's copies of it are visible to wgmma.
-        wait_copies<AHEAD - 1>();
-        fence_async_proxy();
-        __syncthreads();
-        multiply_stage(acc, shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
-                       shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES));
-        if (index + AHEAD < count) copy_stage((index + AHEAD) % STAGES, first + index + AHEAD);
-        commit_copies();
-        wgmma_wait<IN_FLIGHT>();
-        fence_accumulators(acc);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    wait_copies<0>();
+    k_major_pipeline(acc, tiles, count, [&](int buffer, int index) { copy_stage(buffer, first + index); });
     add_filter_gradient_tile(acc, sums, s);
 }
 #endif  // HALF
