@@ -243,7 +243,7 @@ class Value:
         elif half_tensors.made:
             self.grad.data = half_tensors.add(self.grad.data, grad)
         else:
-            self.grad.data = self.grad.data + grad
+            self.grad.data = layout.add(self.grad.data, grad)
         hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # one attribute read when no hook is set
         if hooks:
             for hook in tuple(hooks.values()):  # a hook may remove itself
@@ -538,5 +538,5 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
                     pending[id(parent)] = parent_grad
                 else:
                     pending[id(parent)] = half_tensors.add(previous, parent_grad) if half_tensors.made \
-                        else previous + parent_grad
+                        else layout.add(previous, parent_grad)
         del input_grads

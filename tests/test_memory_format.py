@@ -129,6 +129,31 @@ def test_the_update_takes_state_whose_length_1_axes_have_other_strides(xp):
     np.testing.assert_array_equal(to_numpy(param), values - 0.5)
 
 
+def test_gradient_sums_keep_the_layout(xp, rng):
+    """Two gradients of one channels-last tensor add up channels-last, as in PyTorch: layout.add walks the two
+    buffers (CuPy's own sum is a new C-contiguous array, read across the inputs' strides, and every node after it
+    would change its layout again), for an inner tensor's pending sum and a leaf's .grad alike."""
+    shape = (3, 10, 5, 7)
+    a64, b64, c64 = (rng.standard_normal(shape) for _ in range(3))
+    a, b = (layout.to_channels_last(xp.asarray(v, dtype=np.float32)) for v in (a64, b64))
+    for second in (b, layout.contiguous(b)):
+        total = layout.add(a, second)
+        assert layout.is_channels_last(total) == layout.is_channels_last(second)
+        np.testing.assert_allclose(to_numpy(total), a64 + b64, rtol=1e-6, atol=1e-6)
+
+    device = "cpu" if xp is np else "cuda"
+    weights = [minidnn.tensor(v.astype(np.float32), device=device) for v in (b64, c64)]
+    source = minidnn.tensor(a64.astype(np.float32), device=device, requires_grad=True)
+    inner = source.to(memory_format=minidnn.channels_last)  # its two gradients meet in the pending sum
+    inner.retain_grad()
+    leaf = minidnn.tensor(a64.astype(np.float32), device=device).to(memory_format=minidnn.channels_last)
+    leaf.requires_grad_()  # its two gradients meet in .grad
+    for tensor in (inner, leaf):
+        ((tensor * weights[0]).sum() + (tensor * weights[1]).sum()).backward()
+        assert tensor.grad.is_contiguous(memory_format=minidnn.channels_last)
+        np.testing.assert_allclose(to_numpy(tensor.grad.data), b64 + c64, rtol=1e-6, atol=1e-6)
+
+
 def test_a_layout_change_is_differentiable():
     x = minidnn.randn(2, 3, 4, 5, requires_grad=True)
     y = x.to(memory_format=minidnn.channels_last)

@@ -268,7 +268,7 @@ def add(a: Any, b: Any) -> Any:
     ml_dtypes keeps them; else widened, added with broadcasting (CuPy's kernel, which flushes subnormal sums:
     CuPy compiles with -ftz=true) and rounded."""
     if not is_bfloat16_words(a):
-        return a + b
+        return layout.add(a, b)
     if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
     xp = backend.get_array_module(a, b)

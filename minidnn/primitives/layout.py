@@ -145,6 +145,16 @@ def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None
                                   _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last), _cuda.i32(groups)))
 
 
+def add(a: Any, b: Any) -> Any:
+    """a + b, in a's layout when b holds its elements in the same order. CuPy's element-wise kernels write a new
+    C-contiguous array and walk their inputs in its order, which crosses a channels-last array's strides on every
+    step: two channels-last arrays are added as their (N, H, W, C) buffers instead, one pass in memory order, and
+    the sum stays channels-last (as NumPy's and PyTorch's do)."""
+    if is_channels_last(a) and same_order(a, b):
+        return (buffer(a) + buffer(b)).transpose(TO_VIEW)
+    return a + b
+
+
 def like(result: Any, channels_last: bool) -> Any:
     """``result`` in the layout asked for: channels-last, or C-contiguous."""
     return to_channels_last(result) if channels_last else contiguous(result)
