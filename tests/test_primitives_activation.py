@@ -495,7 +495,7 @@ def test_gpu_repeated_relu_calls_skip_the_checks_and_keep_their_bits(rng, monkey
     """A ReLU call without out whose arrays match an earlier one's (type, shape, strides, dtype, GPU, address modulo
     16) skips the checks and the build's choice and gives the checked call's bits (float32, float64 and bfloat16
     words); a strided or 8-byte-misaligned array is checked again, and bad arguments still raise."""
-    from minidnn.primitives import activation, convert  # noqa: PLC0415
+    from minidnn.primitives import activation, convert, layout  # noqa: PLC0415
 
     cupy = __import__("cupy")
     monkeypatch.setattr(activation, "_kept", {})
@@ -527,6 +527,16 @@ def test_gpu_repeated_relu_calls_skip_the_checks_and_keep_their_bits(rng, monkey
         for one, two in zip(first, calls(off, strided)):
             np.testing.assert_array_equal(one, two)
         assert len(checked) > 2 + (dtype == "bfloat16")
+        # Channels-last arrays are kept too, and their outputs stay channels-last.
+        a_last, b_last = layout.to_channels_last(a), layout.to_channels_last(b)
+        for _ in range(2):
+            checked.clear()
+            y = add_relu_forward(a_last, b_last)
+            outputs = (y, relu_backward(b_last, y), relu_forward(a_last))  # calls()'s order
+            assert all(layout.is_channels_last(result) for result in outputs)
+            for one, two in zip(first, outputs):
+                np.testing.assert_array_equal(one, to_numpy(layout.contiguous(two)))
+        assert not checked  # the second round: the kept launches
     with pytest.raises(ValueError, match="shape"):
         add_relu_forward(a, b[:1])
     with pytest.raises(TypeError):

@@ -350,14 +350,21 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     count = -(-out.size // width)
     _cuda.launch(kernel, count, (*(layout.flat(a) for a in inputs), layout.flat(out), _cuda.i32(out.size),
                                  *(_cuda.f64(v) for v in scalars)))
-    if key is not None and new and not channels_last and count > 0 and not scalars \
-            and all(a is b and a.flags.c_contiguous for a, b in zip(inputs, arrays)):
+    # Kept when every input went to the kernel as it came: all C-contiguous, or all channels-last (the key holds
+    # the strides, so a call under it has the same layouts; a channels-last array's address is its buffer's).
+    if key is not None and new and count > 0 and not scalars and all(a is b for a, b in zip(inputs, arrays)) \
+            and (channels_last or all(a.flags.c_contiguous for a in inputs)):
         if len(_kept) >= _MOST_KEPT:
             _kept.clear()
         arguments = (*[_cuda.PER_CALL] * (len(inputs) + 1), _cuda.i32(out.size))  # the inputs and out, then the count
         packed = _cuda.PackedLaunch(kernel, (_cuda.grid_stride_blocks(count),), (_cuda.THREADS,), arguments)
-        _kept[key] = (packed, out.shape, out.dtype, backend.cupy().empty)
+        _kept[key] = (packed, out.shape, out.dtype, _empty_channels_last if channels_last else backend.cupy().empty)
     return out
+
+
+def _empty_channels_last(shape: tuple, dtype: Any) -> Any:
+    """A new channels-last GPU array: a kept channels-last call's output."""
+    return layout.empty(shape, dtype, backend.cupy(), True)
 
 
 # The steady state of the ReLU kernels on the GPU: a call without out seen before (its _cuda.steady_key: the kernel's
