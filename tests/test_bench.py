@@ -319,7 +319,8 @@ def test_device_trace_summary_counts_kernels_and_copies_per_step():
     # Three kernels (the first two overlap by 5 µs), a copy, two memsets, host events (not device work).
     events = [{"cat": "kernel", "ph": "X", "ts": 100.0, "dur": 10.0, "name": "gemm"},
               {"cat": "kernel", "ph": "X", "ts": 105.0, "dur": 20.5, "name": "conv"},
-              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5, "name": "gemm"}, {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
+              {"cat": "kernel", "ph": "X", "ts": 300.0, "dur": 1.5, "name": "gemm"},
+              {"cat": "gpu_memcpy", "ph": "X", "ts": 0, "dur": 4.0},
               {"cat": "gpu_memset", "ph": "X", "ts": 5, "dur": 2.0}, {"cat": "gpu_memset", "ph": "X", "ts": 9, "dur": 2.0},
               {"cat": "cuda_runtime", "ph": "X", "ts": 0, "dur": 500.0}, {"cat": "ac2g", "ph": "f"}, {"ph": "M"}]
     summary = measure.summarize_device_trace(events, steps=2)
