@@ -14,7 +14,8 @@ views) that each in-place write bumps, every node remembers the versions of the 
 its backward, and a backward that finds one of them changed raises a ``RuntimeError`` naming the
 node and the operation, instead of computing a wrong gradient.
 
-This module imports nothing of minidnn but the backend: operations (:mod:`minidnn.ops`,
+This module imports nothing of minidnn but the backend and the layouts (primitives/layout.py, which keep a
+gradient in its tensor's layout): operations (:mod:`minidnn.ops`,
 :mod:`minidnn.functional`) build on it, and :mod:`minidnn.tensor` on both.
 """
 from __future__ import annotations

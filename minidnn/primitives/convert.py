@@ -266,7 +266,7 @@ def add(a: Any, b: Any) -> Any:
     (as ml_dtypes adds bfloat16 on the CPU): one kernel of convert.cu for two arrays of one shape (a
     gradient's two parts; eight words an access where all three are 16-byte aligned), subnormals kept as
     ml_dtypes keeps them; else widened, added with broadcasting (CuPy's kernel, which flushes subnormal sums:
-    CuPy compiles with -ftz=true) and rounded."""
+    CuPy compiles with -ftz=true) and rounded. Other dtypes: :func:`layout.add` (a channels-last pair stays so)."""
     if not is_bfloat16_words(a):
         return layout.add(a, b)
     if a.shape != b.shape:
