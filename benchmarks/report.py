@@ -144,6 +144,53 @@ def conv_comparison(records: list[dict[str, Any]], ours: dict[str, Any]) -> dict
     return result
 
 
+# The kinds a step's kernels are summed by (bench.md's "GPU-busy by kind"), matched in this order on the lower-case
+# kernel name: ours and cuDNN's / PyTorch's names alike.
+KERNEL_KINDS = (("batch norm", ("batchnorm", "bn_")),
+                ("layout changes", ("transpose",)),
+                ("adds", ("cupy_add", "functor_add")),
+                ("ReLU", ("relu", "threshold", "clamp")),
+                ("convolutions and GEMMs", ("gemm", "conv", "winograd", "im2col", "col2im", "fprop", "dgrad", "wgrad",
+                                            "nvjet", "init_device_workspace", "filter_gradient",
+                                            "filter_to_channels_last")))
+OTHER_KERNELS = "other (pooling, loss, optimizer, copies)"
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of kernel ``name`` is (KERNEL_KINDS), or OTHER_KERNELS."""
+    lower = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lower for mark in marks)), OTHER_KERNELS)
+
+
+def kernels_by_kind(kernel_names: list[list[Any]]) -> dict[str, tuple[float, float]]:
+    """A record's ``kernel_names`` ([name, ms a step, kernels a step]) summed by kind: kind -> (ms, kernels)."""
+    kinds: dict[str, tuple[float, float]] = {}
+    for name, ms, count in kernel_names:
+        total, kernels = kinds.get(kernel_kind(name), (0.0, 0.0))
+        kinds[kernel_kind(name)] = (total + ms, kernels + count)
+    return kinds
+
+
+def kind_section(records: list[dict[str, Any]]) -> list[str]:
+    """bench.md's "GPU-busy by kind" table of one model and batch: a column per engine record profiled with kernel
+    names, a row per kind, and the GPU-busy time of the names beyond those kept."""
+    named = [r for r in records if r.get("kernel_names")]
+    if not named:
+        return []
+    sums = [kernels_by_kind(r["kernel_names"]) for r in named]
+    kinds = [kind for kind, _ in KERNEL_KINDS] + [OTHER_KERNELS]
+    lines = ["", "GPU-busy ms a step by kind of kernel (kernels a step in brackets), from one profiled step's "
+             "longest-running kernel names:", "",
+             "| kind | " + " | ".join(f"{r['engine']} {precision_of(r)}" for r in named) + " |",
+             "|---|" + "---|" * len(named)]
+    for kind in kinds:
+        cells = [f"{total[kind][0]:.2f} ({total[kind][1]:.0f})" if kind in total else "-" for total in sums]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    rest = [r["gpu_busy_ms"] - sum(ms for ms, _ in total.values()) for r, total in zip(named, sums)]
+    lines.append("| names beyond those kept | " + " | ".join(f"{ms:.2f}" for ms in rest) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     machine = report["machine"]
     records = report["records"]
@@ -200,6 +247,7 @@ def markdown(report: dict[str, Any]) -> str:
             for engine, values in record["agreement"].items():
                 lines.append(f"| {engine} | {values['loss']:.6f} | {_sci(values.get('loss_relative_difference'))} | "
                              f"{_sci(values.get('gradient_relative_difference'))} |")
+        lines += kind_section([r for r in mine if r.get("wall_ms") is not None])
         lines += conv_sections(records, model, batch)
     skipped = [r for r in records if "skipped" in r or "error" in r]
     if skipped:

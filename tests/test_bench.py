@@ -331,6 +331,31 @@ def test_device_trace_summary_counts_kernels_and_copies_per_step():
                                      "memset_per_step": 1.0})
 
 
+def test_step_kernels_are_summed_by_kind_in_the_report():
+    """bench.md's "GPU-busy by kind": ours and cuDNN's / PyTorch's names land in one kind each, and the table gives
+    each engine's sums and the time beyond the names kept."""
+    names = {"bn_backward_dx_last_vector": "batch norm",
+             "void cudnn::batchnorm_fwtr_nhwc_semiPersist<float>": "batch norm",
+             "transpose_planes_4": "layout changes", "cupy_add__float32_float32_float32": "adds",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": "adds",
+             "add_relu_forward_vector": "ReLU", "threshold_kernel_impl": "ReLU",
+             "implicit_gemm_wgmma_forward": "convolutions and GEMMs", "winograd_input_and_gradient_transform_4":
+             "convolutions and GEMMs", "sm90_xmma_wgrad_indexed_implicit_gemm_tf32": "convolutions and GEMMs",
+             "max_pool_forward_taps_last": report.OTHER_KERNELS, "sgd_update_multi": report.OTHER_KERNELS}
+    assert {name: report.kernel_kind(name) for name in names} == names
+    ours = {"engine": "minidnn-graph", "precision": "tf32", "gpu_busy_ms": 4.0,
+            "kernel_names": [["transpose_planes_4", 1.5, 3], ["bn_apply_last_vector", 1.0, 2],
+                             ["bn_statistics_last_vector", 0.5, 2]]}
+    theirs = {"engine": "torch", "precision": "tf32", "gpu_busy_ms": 2.0,
+              "kernel_names": [["void cudnn::batchnorm_bwtr_nhwc", 1.25, 1]]}
+    assert report.kernels_by_kind(ours["kernel_names"]) == {"layout changes": (1.5, 3), "batch norm": (1.5, 4)}
+    table = "\n".join(report.kind_section([ours, theirs, {"engine": "naive", "precision": "fp32"}]))
+    assert "| kind | minidnn-graph tf32 | torch tf32 |" in table
+    assert "| batch norm | 1.50 (4) | 1.25 (1) |" in table and "| layout changes | 1.50 (3) | - |" in table
+    assert "| names beyond those kept | 1.00 | 0.75 |" in table
+    assert report.kind_section([{"engine": "minidnn", "precision": "fp32", "gpu_busy_ms": 1.0}]) == []
+
+
 def test_kernels_are_attributed_to_the_range_that_launched_them():
     # Range "a" launches kernels 1 (runtime API) and 2 (driver API, running after "a" closed);
     # range "b" launches kernels 3 and 5, which overlap by 2 µs; kernel 4 was launched outside every range.
