@@ -654,6 +654,10 @@ def measure_engine(spec: dict[str, Any]) -> dict[str, Any]:
                           images_per_second=spec["batch"] / statistics.median(wall) * 1000,
                           # each timed step, in order: whether a process's steps drift or jump, beside the median
                           wall_ms_steps=[round(v, 4) for v in wall], host_ms_steps=[round(v, 4) for v in host])
+            # The plan each convolution of the timed steps ran ([direction, problem, plan] as they describe
+            # themselves): which algorithms, and which run on copies in another layout.
+            record["conv_plans"] = [[direction, problem.describe(), plan.describe()]
+                                    for direction, problem, plan in conv.plans_in_use()]
             engine.forward()  # inference kernels (batch norm's, for one) load or compile here, untimed
             record["forward_ms"] = statistics.median(engine.clock.time(engine.forward, spec["steps"])[0])
             if engine.gpu:

@@ -47,6 +47,16 @@ def test_every_engine_runs_in_its_own_process(smoke):
     assert any("minidnn-graph skipped" in note for note in result["notes"])
     for record in records.values():
         assert record["wall_ms"] > 0 and record["forward_ms"] > 0 and record["steps_timed"] == 2
+    # minidnn's record names the plan each convolution of the timed steps ran (tiny: three layers, each in three
+    # directions but the first layer's backward-data).
+    plans = records["minidnn"]["conv_plans"]
+    assert len(plans) == 3 * 3 - 1 and {direction for direction, _, _ in plans} == set(measure.DIRECTIONS)
+    assert all(problem.startswith("[3,") and "MiB workspace" in plan for _, problem, plan in plans)
+    # minidnn's record names the plan each convolution of the timed steps ran (tiny: three layers, each in three
+    # directions but the first layer's backward-data).
+    plans = records["minidnn"]["conv_plans"]
+    assert len(plans) == 3 * 3 - 1 and {direction for direction, _, _ in plans} == set(measure.DIRECTIONS)
+    assert all(problem.startswith("[3,") and "MiB workspace" in plan for _, problem, plan in plans)
     agreement = next(r for r in result["records"] if r["kind"] == "agreement")["agreement"]
     for engine in expected - {"minidnn"}:  # torch through its twin of tiny_cnn, where torch is installed
         assert agreement[engine]["loss_relative_difference"] < 1e-5, engine

@@ -91,6 +91,23 @@ def test_a_new_algorithm_plans_again(arrays, planned, monkeypatch):
     assert planned.count("forward") == 2
 
 
+def test_plans_in_use_name_each_call_once_with_its_latest_plan(arrays, planned):
+    """conv.plans_in_use: one row per direction and problem, in the order first called; repeats add no row, and a
+    call under another algorithm replaces the row's plan (as a whole-step choice moving a kernel would)."""
+    x, w, dy = arrays
+    for _ in range(2):
+        run_all(x, w, dy)
+    rows = conv.plans_in_use()
+    assert [direction for direction, _, _ in rows] == ["forward", "backward_data", "backward_filter"]
+    assert all(problem.x_shape == SHAPES["x"] and problem.w_shape == SHAPES["w"] for _, problem, _ in rows)
+    assert rows[0][2].algorithms != ["implicit_gemm"]
+    conv.conv2d_forward(x, w, 1, 1, algo="implicit_gemm")
+    direction, problem, plan = conv.plans_in_use()[0]
+    assert len(conv.plans_in_use()) == 3 and direction == "forward" and plan.algorithms == ["implicit_gemm"]
+    registry.clear_caches()
+    assert conv.plans_in_use() == []
+
+
 def test_the_naive_engine_never_reaches_the_cache(arrays, monkeypatch):
     x, w, _ = arrays
     F.conv2d(minidnn.tensor(x), minidnn.tensor(w), padding=1)

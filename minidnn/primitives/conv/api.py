@@ -89,6 +89,16 @@ def _problem_and_plan(direction: str, key: tuple | None, check: Any, algo: str |
     return hit
 
 
+def plans_in_use() -> list[tuple[str, ConvProblem, Plan]]:
+    """(direction, problem, plan) of every convolution call in the steady state, once per direction and problem (the
+    plan its latest call made), in the order first seen: which algorithms a model's step runs now, and on which layout
+    (a channels-last problem says so). What μ-cuDNN logs, for a profile to set beside its kernels."""
+    current: dict[tuple[str, ConvProblem], Plan] = {}
+    for key, (problem, plan) in _calls.items():
+        current[(key[0], problem)] = plan
+    return [(direction, problem, plan) for (direction, problem), plan in current.items()]
+
+
 def _forget(kernels: set) -> None:
     """Drop the plans, cached calls and ready forms of these (problem, direction) kernels: their next calls plan
     again (the whole-step choice moved them to another algorithm)."""
