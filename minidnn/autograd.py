@@ -68,6 +68,12 @@ class _HalfTensors:
 half_tensors = _HalfTensors()
 
 
+def _sum_gradients(a: Any, b: Any) -> Any:
+    """Two gradients of one tensor summed, in its layout: ops' half-aware sum once a half tensor exists, else
+    layout.add."""
+    return half_tensors.add(a, b) if half_tensors.made else layout.add(a, b)
+
+
 def note_half(data: Any) -> None:
     """Record that ``data``, about to be a tensor's, may be half precision (checked once per new tensor)."""
     if not half_tensors.made and data.dtype.itemsize == 2 and is_half(data):
@@ -241,10 +247,8 @@ class Value:
         if self.grad is None:
             dtype = self.data.dtype  # compared first: even a no-op astype costs a GPU array's conversion checks
             self.grad = self._wrap(grad if grad.dtype == dtype else grad.astype(dtype), False)
-        elif half_tensors.made:
-            self.grad.data = half_tensors.add(self.grad.data, grad)
         else:
-            self.grad.data = layout.add(self.grad.data, grad)
+            self.grad.data = _sum_gradients(self.grad.data, grad)
         hooks = getattr(self, "_post_accumulate_grad_hooks", None)  # one attribute read when no hook is set
         if hooks:
             for hook in tuple(hooks.values()):  # a hook may remove itself
@@ -538,6 +542,5 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
                 if previous is None:
                     pending[id(parent)] = parent_grad
                 else:
-                    pending[id(parent)] = half_tensors.add(previous, parent_grad) if half_tensors.made \
-                        else layout.add(previous, parent_grad)
+                    pending[id(parent)] = _sum_gradients(previous, parent_grad)
         del input_grads

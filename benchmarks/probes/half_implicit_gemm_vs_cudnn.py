@@ -45,6 +45,14 @@ def timed(call, cupy, repeats=20, warmup=3):
     return statistics.median(times)
 
 
+def layer_flops(layer) -> int:
+    """One direction's 2·N·K·P·Q·C·R·S of a (name, N, C, H, W, K, R, S, stride, padding) layer (all three cost the
+    same)."""
+    _, N, C, H, W, K, R, S, stride, padding = layer
+    P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
+    return 2 * N * K * P * Q * C * R * S
+
+
 def minidnn_call(direction, layer, dtype_name, cupy, rng, algo="implicit_gemm"):
     _, N, C, H, W, K, R, S, stride, padding = layer
     x_shape, w_shape = (N, C, H, W), (K, C, R, S)
@@ -110,9 +118,8 @@ def main() -> None:
     args, torch, cupy, rng = start(__doc__.splitlines()[0])
     rows = []
     for layer in LAYERS:
-        name, N, C, H, W, K, R, S, stride, padding = layer
-        P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-        flops = 2 * N * K * P * Q * C * R * S
+        name = layer[0]
+        flops = layer_flops(layer)
         for direction in DIRECTIONS:
             row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
             for label, dtype_name, tf32 in (("minidnn_bf16", "bfloat16", False), ("minidnn_fp16", "float16", False),

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, minidnn_call, start, timed, torch_call, write_report  # this folder's probe
+from half_implicit_gemm_vs_cudnn import DIRECTIONS, LAYERS, layer_flops, minidnn_call, start, timed, torch_call, write_report  # this folder's probe
 from minidnn.primitives import conv, convert
 from minidnn.primitives.conv import implicit_gemm_nhwc as nhwc
 
@@ -58,9 +58,8 @@ def main() -> None:
     rows = []
     with conv.settings(workspace_limit=1 << 30):  # the layout copies of the largest layers
         for layer in LAYERS:
-            name, N, C, H, W, K, R, S, stride, padding = layer
-            P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-            flops = 2 * N * K * P * Q * C * R * S
+            name = layer[0]
+            flops = layer_flops(layer)
             for direction in DIRECTIONS:
                 row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
                 row["implicit_gemm"] = timed(minidnn_call(direction, layer, "bfloat16", cupy, rng), cupy)

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import against_cudnn, start, timed, write_report  # this folder's probe
+from half_implicit_gemm_vs_cudnn import against_cudnn, layer_flops, start, timed, write_report  # this folder's probe
 from minidnn.primitives import _cuda, conv, layout
 from minidnn.primitives.conv import registry
 
@@ -94,9 +94,8 @@ def main() -> None:
     _cuda.set_allow_tf32(True)
     rows = []
     for layer in LAYERS:
-        name, N, C, H, W, K, R, S, stride, padding = layer
-        P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-        flops = 2 * N * K * P * Q * C * R * S
+        name, stride = layer[0], layer[8]
+        flops = layer_flops(layer)
         for direction in DIRECTIONS:
             if direction == "backward_data" and stride != 1:
                 continue  # the TF32 build's backward-data is stride 1

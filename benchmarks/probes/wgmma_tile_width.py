@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import against_cudnn, start, timed, torch_call, write_report  # this folder's probes
+from half_implicit_gemm_vs_cudnn import against_cudnn, layer_flops, start, timed, torch_call, write_report  # this folder's probes
 from nhwc_implicit_gemm_vs_cudnn import kernel_only
 from tf32_channels_last_convolution import LAYERS as TF32_LAYERS
 from wgmma_pipeline_depth import DIRECTIONS, columns_of
@@ -69,9 +69,8 @@ def main() -> None:
     half, dtype = (None, torch.float32) if tf32 else ("bfloat16", torch.bfloat16)
     rows = []
     for layer in LAYERS:
-        name, N, C, H, W, K, R, S, stride, padding = layer
-        P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-        flops = 2 * N * K * P * Q * C * R * S
+        name = layer[0]
+        flops = layer_flops(layer)
         for direction in DIRECTIONS:
             columns = columns_of(layer, direction)
             if columns <= 128:

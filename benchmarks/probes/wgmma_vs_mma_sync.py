@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import minidnn_call, start, timed, torch_call, write_report  # this folder's probes
+from half_implicit_gemm_vs_cudnn import layer_flops, minidnn_call, start, timed, torch_call, write_report  # this folder's probes
 from nhwc_implicit_gemm_vs_cudnn import LAYERS, kernel_only
 from minidnn.primitives import conv, convert
 from minidnn.primitives.conv import implicit_gemm_nhwc as nhwc, implicit_gemm_wgmma as wgmma
@@ -45,9 +45,8 @@ def main() -> None:
     rows = []
     with conv.settings(workspace_limit=1 << 30):  # the layout copies of the largest layers
         for layer in LAYERS:
-            name, N, C, H, W, K, R, S, stride, padding = layer
-            P, Q = (H + 2 * padding - R) // stride + 1, (W + 2 * padding - S) // stride + 1
-            flops = 2 * N * K * P * Q * C * R * S
+            name = layer[0]
+            flops = layer_flops(layer)
             for direction in DIRECTIONS:
                 row = {"layer": name, "direction": direction, "gflop": flops / 1e9}
                 for label, kernels, algo in (("mma_sync", nhwc, "implicit_gemm_nhwc"),
