@@ -37,6 +37,10 @@ CASES = {
 # Strided: forward and backward-filter only (K need not be a multiple of 8 for forward).
 STRIDED = {"stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1), "stride_2_odd_k": (2, 16, 15, 13, 9, 3, 3, 2, 1, 1, 1),
            "stride_2_two_groups": (2, 32, 15, 13, 48, 3, 3, 2, 1, 1, 2)}
+# One group's C no multiple of the vector: forward and backward-filter run on copies padded with zero channels
+# (kernel_problem). An ImageNet network's 7 × 7 stride-2 first layer on 3 colour channels, and 5 channels.
+PADDED = {"three_colour_channels_7x7_stride_2": (2, 3, 23, 21, 16, 7, 7, 2, 3, 1, 1),
+          "five_channels": (3, 5, 10, 9, 24, 3, 3, 1, 1, 1, 1)}
 
 
 def supported(case, direction):
@@ -72,6 +76,66 @@ def test_strided_within_the_half_bound(xp, rng, case_name, direction, name):
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+@pytest.mark.parametrize("case_name", PADDED)
+def test_padded_channels_within_the_half_bound(xp, rng, case_name, direction, name):
+    check_direction(xp, rng, PADDED[case_name], direction, name, f"{case_name} {direction} {name} on {xp.__name__}")
+
+
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+def test_the_kernels_see_zero_channels_after_the_layers_own(monkeypatch, rng, direction, operands_last):
+    """The GPU path's padding driven on NumPy arrays, the kernels and the finishing pass stood in by NumPy: a float32
+    problem's 3 channels reach the kernel as 4 (TF32's vector; kernel_problem), the copies' fourth channel is zero in
+    a workspace poisoned with NaN, and backward-filter's finished gradient drops the fourth channel's sums."""
+    case = PADDED["three_colour_channels_7x7_stride_2"]
+    problem = problem_of(case, np.float32, "cuda")
+    work = implicit_gemm_nhwc.kernel_problem(problem)
+    assert (work.C, work.x_shape[0], work.K, work.P) == (4, problem.N, problem.K, problem.P)
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32)
+                for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
+    if operands_last:
+        x, w, dy = (layout.to_channels_last(a) for a in (x, w, dy))
+    workspace = np.full(implicit_gemm_nhwc.ImplicitGemmNhwc().workspace_bytes(problem, direction), 255, np.uint8)
+    launches = []
+
+    def padded_copy(array):
+        assert array.shape[-1] == 4 and not np.isnan(array).any() and (array[..., 3] == 0).all()
+        return array
+
+    def forward(x_last, w_last, out, shape):
+        launches.append(int(shape["C"]))
+        y = np.zeros((len(x_last), work.P, work.Q, work.K), np.float64)
+        for r, s, view in implicit_gemm_nhwc._tap_views(padded_copy(x_last), work.with_batch(len(x_last))):
+            y += view @ padded_copy(w_last)[:, r, s, :].T.astype(np.float64)
+        out[...] = y.transpose(0, 3, 1, 2)
+
+    def backward_filter(x_last, dy_last, sums, chunk):
+        launches.append(chunk.C)
+        dy_rows = dy_last.reshape(-1, chunk.K).astype(np.float64)
+        for r, s, view in implicit_gemm_nhwc._tap_views(padded_copy(x_last), chunk):
+            sums[:, r, s, :] += dy_rows.T @ np.ascontiguousarray(view).reshape(-1, chunk.C)
+
+    def finish(sums, out, finished_problem, accumulate):
+        assert sums.shape == (problem.K, problem.R, problem.S, 3) and finished_problem is problem
+        out[...] = sums.transpose(0, 3, 1, 2)
+
+    monkeypatch.setattr(implicit_gemm_nhwc, "_finish_filter_gradient", finish)
+    monkeypatch.setattr(implicit_gemm_nhwc, "_to_channels_last",  # dy's transpose (layout.cu's on the GPU)
+                        lambda array, out: out.__setitem__(Ellipsis, array.transpose(0, 2, 3, 1)))
+    if direction == "forward":
+        got = np.empty(problem.y_shape, np.float32)
+        implicit_gemm_nhwc._forward_by_chunks(x, w, problem, got, workspace, "forward", forward)
+    else:
+        got = np.empty(problem.w_shape, np.float32)
+        implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, got, False, workspace, backward_filter)
+    assert launches == [4]
+    first, second = (x, w) if direction == "forward" else (x, dy)
+    want = run(direction, first.astype(np.float64), second.astype(np.float64), case, algo="reference")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_backward_filter_adds_into_out(xp, rng, name):
     check_backward_filter_accumulates(xp, rng, CASES["many_splits"], name, ALGO)
 
@@ -91,8 +155,10 @@ def test_what_it_supports():
     assert not any(algorithm.supports(problem(group_channels_4), d) for d in DIRECTIONS)
     group_filters_12 = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, 2)  # K/G 12: forward only
     assert [algorithm.supports(problem(group_filters_12), d) for d in DIRECTIONS] == [True, False, False]
-    channels_3 = (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1)  # a 16-byte vector would span taps
-    assert not any(algorithm.supports(problem(channels_3), d) for d in DIRECTIONS)
+    channels_3 = (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1)  # forward and backward-filter pad C to 8; backward-data's
+    assert [algorithm.supports(problem(channels_3), d) for d in DIRECTIONS] == [True, False, True]  # dx has 3
+    channels_3_odd_k = (2, 3, 9, 9, 9, 3, 3, 1, 1, 1, 1)  # K is backward-filter's reduction too: not padded
+    assert [algorithm.supports(problem(channels_3_odd_k), d) for d in DIRECTIONS] == [True, False, False]
     odd_k = (2, 16, 9, 9, 9, 3, 3, 1, 1, 1, 1)  # forward only: K is not a reduction there
     assert [algorithm.supports(problem(odd_k), d) for d in DIRECTIONS] == [True, False, False]
     strided = STRIDED["stride_2"]  # backward-data is a forward convolution only at stride 1
@@ -113,6 +179,9 @@ def test_workspace_holds_the_channels_last_copies():
     assert algorithm.workspace_bytes(grouped, "backward_data") == aligned(2 * 3024) + aligned(2 * 1728)
     assert algorithm.workspace_bytes(grouped, "backward_filter") == (aligned(2 * 2016) + aligned(2 * 3024)
                                                                      + 4 * 1728)
+    padded = problem_of((2, 3, 9, 7, 24, 3, 3, 1, 1, 1, 1), np.uint16, "cuda")  # C 3 copied as 8: x 1008, w 1728
+    assert algorithm.workspace_bytes(padded, "forward") == aligned(2 * 1008) + aligned(2 * 1728)
+    assert algorithm.workspace_bytes(padded, "backward_filter") == aligned(2 * 1008) + aligned(2 * 3024) + 4 * 1728
 
 
 def test_large_batches_run_in_chunks_within_the_bound(monkeypatch):

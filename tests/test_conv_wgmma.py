@@ -16,7 +16,7 @@ from minidnn.primitives import _cuda, conv, layout
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
 from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes
 from tests.test_conv_implicit_gemm import output_shape, problem_of, relative_error, run
-from tests.test_conv_nhwc import CASES, STRIDED, check_direction, check_twins
+from tests.test_conv_nhwc import CASES, PADDED, STRIDED, check_direction, check_twins
 
 ALGO = "implicit_gemm_wgmma"
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -116,6 +116,17 @@ def test_strided_within_the_half_bound_on_the_gpu(rng, case_name, direction, nam
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+@pytest.mark.parametrize("case_name", PADDED)
+def test_padded_channels_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    check_direction(backend.cupy(), rng, PADDED[case_name], direction, name, f"{case_name} {direction} {name}",
+                    algo=ALGO)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_backward_filter_adds_into_out_on_the_gpu(rng, name):
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
@@ -142,8 +153,8 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, na
 # TF32's copies are four floats: reductions of channels multiples of 4 (not of 8) run too.
 # The backward-filter of more than 128 filters takes 256-wide tiles where those fill as well (K 136 above: one, 120
 # columns empty; K 392: two, the second 136 wide), K 264 three 128-wide ones, the last 8 wide; forward K 392 and
-# backward-data's C 392 take four 128-wide ones.
-TF32_CASES = {**CASES, **STRIDED, "four_channels_a_copy": (2, 12, 10, 9, 20, 3, 3, 1, 1, 1, 1),
+# backward-data's C 392 take four 128-wide ones. PADDED's 3 and 5 channels are copied as 4 and 8.
+TF32_CASES = {**CASES, **STRIDED, **PADDED, "four_channels_a_copy": (2, 12, 10, 9, 20, 3, 3, 1, 1, 1, 1),
               "four_channels_two_groups": (2, 24, 9, 11, 8, 3, 3, 1, 1, 1, 2),  # C/G 12, K/G 4
               "three_column_tiles_one_partial": (2, 16, 9, 7, 264, 3, 3, 1, 1, 1, 1),
               "two_wide_column_tiles_one_partial": (3, 392, 9, 7, 392, 3, 3, 1, 1, 1, 1)}
@@ -152,17 +163,19 @@ FORWARD_AND_DATA = ("forward", "backward_data")
 
 def tf32_expected(problem, direction):
     """The TF32 build's rules, restated: Hopper, TF32 allowed, the reduction's channels per group multiples of 4
-    (C/G and K/G but for forward, which reduces C/G alone), backward-data at stride 1."""
+    (C/G and K/G but for forward, which reduces C/G alone), backward-data at stride 1; C of one group padded to 4 in
+    forward and backward-filter."""
     C, K = problem.C // problem.groups, problem.K // problem.groups
+    channels_fit = C % 4 == 0 or (problem.groups == 1 and direction != "backward_data")
     if direction == "forward":
-        return C % 4 == 0
-    return C % 4 == 0 and K % 4 == 0 and (direction == "backward_filter" or problem.stride == (1, 1))
+        return channels_fit
+    return channels_fit and K % 4 == 0 and (direction == "backward_filter" or problem.stride == (1, 1))
 
 
 def test_tf32_what_it_supports(monkeypatch):
     algorithm = implicit_gemm_wgmma.ImplicitGemmWgmma()
     cases = [*TF32_CASES.values(), (2, 3, 9, 9, 16, 3, 3, 1, 1, 1, 1), (2, 16, 9, 9, 6, 3, 3, 1, 1, 1, 1),
-             (2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4)]  # C 3; K 6; C/G 2
+             (2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4), (2, 3, 9, 9, 6, 3, 3, 1, 1, 1, 1)]  # C 3; K 6; C/G 2; C 3 and K 6
     for hopper in (False, True):
         monkeypatch.setattr(_cuda, "has_wgmma", lambda hopper=hopper: hopper)
         for tf32 in (False, True):
@@ -182,6 +195,9 @@ def test_tf32_the_rules_prefer_it_on_hopper_where_implicit_gemm_ran(monkeypatch)
     monkeypatch.setattr(_cuda, "_tf32_enabled", True)
     assert conv.selection.get(strided, "forward", 1 << 30).name == ALGO
     assert conv.selection.get(strided, "backward_filter", 1 << 30).name == ALGO
+    first_layer = problem_of(PADDED["three_colour_channels_7x7_stride_2"], np.float32, "cuda")  # C 3, padded to 4
+    assert conv.selection.get(first_layer, "forward", 1 << 30).name == ALGO
+    assert conv.selection.get(first_layer, "backward_filter", 1 << 30).name == ALGO
     monkeypatch.setattr(_cuda, "_tf32_enabled", False)
     assert conv.selection.get(strided, "forward", 1 << 30).name == "implicit_gemm"
 
@@ -224,7 +240,7 @@ def test_tf32_is_the_product_of_operands_cut_to_tf32_on_the_gpu(rng, case_name, 
     problem = problem_of(case, np.float32, "cuda")
     with _cuda.tf32(True):
         if not implicit_gemm_wgmma.ImplicitGemmWgmma().supports(problem, direction):
-            pytest.skip("backward-data needs stride 1")
+            pytest.skip("backward-data needs stride 1 and C a multiple of 4")
     cupy = backend.cupy()
     first_shape, second_shape = operand_shapes(case, direction)
     first = rng.standard_normal(first_shape).astype(np.float32)

@@ -87,6 +87,21 @@ def test_layout_changes_keep_the_values(xp, shape, dtype):
     assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("weight_last", [False, True], ids=["nchw", "channels_last"])
+def test_a_padded_channels_last_copy_puts_zeros_after_the_channels(xp, rng, dtype, weight_last):
+    """layout.to_channels_last_padded, of either layout, into an out full of all-ones bits (a NaN as float32 and as
+    a half type): each pixel's channels, then zeros, against NumPy's own padding."""
+    values = rng.integers(1, 1000, size=(3, 5, 7, 6)).astype(dtype)
+    array = xp.asarray(values)
+    array = layout.to_channels_last(array) if weight_last else array
+    for padded_channels in (5, 8, 16):
+        out = xp.full((3, 7, 6, padded_channels), 0xFFFF if dtype == np.uint16 else np.nan, dtype)
+        layout.to_channels_last_padded(array, out)
+        want = np.pad(values.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5)))
+        assert np.array_equal(to_numpy(out), want)
+
+
 def test_a_narrow_transpose_moves_words_in_a_grid_that_fills_the_gpu():
     """layout.transpose_launch: 32 x 32 tiles for wide matrices; a matrix with under 16 rows or columns (a stem's
     3 channels: a tile of it would be 3/32 full) goes to the narrow kernel, in a grid of at most max_blocks blocks

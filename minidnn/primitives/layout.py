@@ -145,6 +145,16 @@ def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None
                                   _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last), _cuda.i32(groups)))
 
 
+def to_channels_last_padded(array: Any, out: Any) -> None:
+    """out (N, H, W, C') = ``array`` (N, C, H, W) of any layout, each pixel's C channels followed by C' − C zeros:
+    a channels-last copy whose pixels fill whole 16-byte vectors, for kernels that copy 16 bytes at a time (the 3
+    colour channels of a first layer). Also a filter's (K, C, R, S) -> (K, R, S, C'). Two element-wise passes of
+    the array module (CuPy's kernels on the GPU): the zeros, then the channels."""
+    channels = array.shape[1]
+    out[..., channels:] = 0
+    out[..., :channels] = array.transpose(TO_BUFFER)
+
+
 def add(a: Any, b: Any) -> Any:
     """a + b, in a's layout when b holds its elements in the same order. CuPy's element-wise kernels write a new
     C-contiguous array and walk their inputs in its order, which crosses a channels-last array's strides on every

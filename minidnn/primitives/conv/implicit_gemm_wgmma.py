@@ -18,7 +18,8 @@ rounding; backward-filter's split sums added with atomicAdd, not deterministic),
 order.
 
 TF32 (float32 problems on the GPU with TF32 allowed): the copies are float32 words, four to 16 bytes, so the
-channels that form the reduction need only be multiples of 4; wgmma multiplies each operand cut toward zero to
+channels that form the reduction need only be multiples of 4 (a first layer's 3 are padded to 4, as the half
+builds pad theirs to 8: ``implicit_gemm_nhwc.kernel_problem``); wgmma multiplies each operand cut toward zero to
 TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
 ``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
 K-major only: forward's are, and backward-filter, whose operands lie along M and N, turns them on their way into
@@ -81,9 +82,9 @@ TF32_VECTOR = 4
 
 class ImplicitGemmWgmma(ImplicitGemmNhwc):
     """``implicit_gemm_nhwc`` with its kernels on wgmma: float16 and bfloat16 problems, the reduction's
-    channels per group multiples of 8, backward-data at stride 1; on the GPU, Hopper only. And float32 problems on
-    Hopper with TF32 allowed, in all three directions (backward-data at stride 1), the reduction's channels
-    multiples of 4."""
+    channels per group multiples of 8 (or padded to them), backward-data at stride 1; on the GPU, Hopper only. And
+    float32 problems on Hopper with TF32 allowed, in all three directions (backward-data at stride 1), the
+    reduction's channels multiples of 4 (or padded to them)."""
 
     name = "implicit_gemm_wgmma"
 
@@ -115,9 +116,12 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
 
 def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
     """A float32 problem runs the TF32 build: on a Hopper GPU with TF32 allowed, the reduction's channels per group
-    (C/G forward, K/G backward-data, both backward-filter) multiples of 4, backward-data at stride 1."""
+    (C/G forward, K/G backward-data, both backward-filter) multiples of 4, backward-data at stride 1; or forward and
+    backward-filter of one group whose C are padded to a multiple of 4 (``implicit_gemm_nhwc.pads_channels``)."""
     return (problem.device == "cuda" and _cuda.allow_tf32()
-            and implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR) and _cuda.has_wgmma())
+            and (implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR)
+                 or implicit_gemm_nhwc.pads_channels(problem, direction, TF32_VECTOR))
+            and _cuda.has_wgmma())
 
 
 def shared_bytes(block_n: int) -> int:
