@@ -38,7 +38,7 @@ CASES = {
 STRIDED = {"stride_2": (2, 16, 15, 13, 24, 3, 3, 2, 1, 1, 1), "stride_2_odd_k": (2, 16, 15, 13, 9, 3, 3, 2, 1, 1, 1),
            "stride_2_two_groups": (2, 32, 15, 13, 48, 3, 3, 2, 1, 1, 2)}
 # One group's C no multiple of the vector: forward and backward-filter run on copies padded with zero channels
-# (kernel_problem). An ImageNet network's 7 × 7 stride-2 first layer on 3 colour channels, and 5 channels.
+# (padded_problem). An ImageNet network's 7 × 7 stride-2 first layer on 3 colour channels, and 5 channels.
 PADDED = {"three_colour_channels_7x7_stride_2": (2, 3, 23, 21, 16, 7, 7, 2, 3, 1, 1),
           "five_channels": (3, 5, 10, 9, 24, 3, 3, 1, 1, 1, 1)}
 
@@ -86,12 +86,13 @@ def test_padded_channels_within_the_half_bound(xp, rng, case_name, direction, na
 @pytest.mark.parametrize("direction", ["forward", "backward_filter"])
 def test_the_kernels_see_zero_channels_after_the_layers_own(monkeypatch, rng, direction, operands_last):
     """The GPU path's padding driven on NumPy arrays, the kernels and the finishing pass stood in by NumPy: a float32
-    problem's 3 channels reach the kernel as 4 (TF32's vector; kernel_problem), the copies' fourth channel is zero in
+    problem's 3 channels reach the kernel as 4 (TF32's vector; padded_problem), the copies' fourth channel is zero in
     a workspace poisoned with NaN, and backward-filter's finished gradient drops the fourth channel's sums."""
     case = PADDED["three_colour_channels_7x7_stride_2"]
     problem = problem_of(case, np.float32, "cuda")
-    work = implicit_gemm_nhwc.kernel_problem(problem)
+    work = implicit_gemm_nhwc.padded_problem(problem)
     assert (work.C, work.x_shape[0], work.K, work.P) == (4, problem.N, problem.K, problem.P)
+    assert implicit_gemm_nhwc.padded_problem(problem_of(CASES["many_splits"], np.float32, "cuda")) is None
     x, w, dy = (rng.standard_normal(shape).astype(np.float32)
                 for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
     if operands_last:

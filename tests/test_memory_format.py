@@ -87,18 +87,20 @@ def test_layout_changes_keep_the_values(xp, shape, dtype):
     assert back.flags.c_contiguous and np.array_equal(to_numpy(back), values)
 
 
-@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("dtype, word", [(np.uint16, np.uint16), (np.float32, np.float32), (np.float16, np.uint16)],
+                         ids=["bfloat16_words", "float32", "float16_into_words"])
 @pytest.mark.parametrize("weight_last", [False, True], ids=["nchw", "channels_last"])
-def test_a_padded_channels_last_copy_puts_zeros_after_the_channels(xp, rng, dtype, weight_last):
+def test_a_padded_channels_last_copy_puts_zeros_after_the_channels(xp, rng, dtype, word, weight_last):
     """layout.to_channels_last_padded, of either layout, into an out full of all-ones bits (a NaN as float32 and as
-    a half type): each pixel's channels, then zeros, against NumPy's own padding."""
-    values = rng.integers(1, 1000, size=(3, 5, 7, 6)).astype(dtype)
+    a half type): each pixel's channels, then zeros, against NumPy's own padding; float16 values into a workspace's
+    16-bit words keep their bits (a cast would turn 1.5 into 1)."""
+    values = (rng.integers(1, 1000, size=(3, 5, 7, 6)) / 2).astype(dtype)
     array = xp.asarray(values)
     array = layout.to_channels_last(array) if weight_last else array
     for padded_channels in (5, 8, 16):
-        out = xp.full((3, 7, 6, padded_channels), 0xFFFF if dtype == np.uint16 else np.nan, dtype)
+        out = xp.full((3, 7, 6, padded_channels), 0xFFFF if word == np.uint16 else np.nan, word)
         layout.to_channels_last_padded(array, out)
-        want = np.pad(values.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5)))
+        want = np.pad(values.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5))).view(word)
         assert np.array_equal(to_numpy(out), want)
 
 

@@ -8,7 +8,10 @@ median; TFLOP/s from 2·N·K·P·Q·C·R·S. The wgmma result is held against ``
 largest difference over the largest magnitude (operands cut and rounded to TF32 differ by a few units of 2^-11; a
 wrong tap would be of the values' own size). find's disk cache is off, so each choice is measured here.
 
-    PYTHONPATH=. python benchmarks/probes/tf32_channels_last_convolution.py --out DIR
+    PYTHONPATH=. python benchmarks/probes/tf32_channels_last_convolution.py --out DIR [--layers NAME,...]
+
+``--layers`` times only the layers whose names hold one of the given parts (the first layer: ``conv1_7x7``, whose
+3 channels the wgmma kernels take padded to 4).
 
 Writes DIR/tf32-conv.json and DIR/tf32-conv.md.
 """
@@ -31,6 +34,7 @@ LAYERS = [
     ("resnet50.layer1.conv1_1x1", 128, 64, 56, 56, 64, 1, 1, 1, 0),
     ("resnet50.layer1.conv3_1x1", 128, 64, 56, 56, 256, 1, 1, 1, 0),
     ("resnet50.layer3.conv3_1x1", 128, 256, 14, 14, 1024, 1, 1, 1, 0),
+    ("resnet.conv1_7x7_stride2", 128, 3, 224, 224, 64, 7, 7, 2, 3),
 ]
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 WGMMA = "implicit_gemm_wgmma"
@@ -89,12 +93,16 @@ def found(direction, first, second, args, shapes, cupy, without_wgmma):
 
 def main() -> None:
     os.environ["MINIDNN_CACHE_DIR"] = ""  # no disk cache: the choice without the TF32 build must not be kept
-    args, torch, cupy, rng = start(__doc__.splitlines()[0])
+    args, torch, cupy, rng = start(__doc__.splitlines()[0], lambda parser: parser.add_argument(
+        "--layers", default="", help="comma-separated parts of layer names to time (default: every layer)"))
+    parts = [part for part in args.layers.split(",") if part]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     _cuda.set_allow_tf32(True)
     rows = []
     for layer in LAYERS:
         name, stride = layer[0], layer[8]
+        if parts and not any(part in name for part in parts):
+            continue
         flops = layer_flops(layer)
         for direction in DIRECTIONS:
             if direction == "backward_data" and stride != 1:

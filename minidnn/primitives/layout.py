@@ -148,11 +148,12 @@ def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None
 def to_channels_last_padded(array: Any, out: Any) -> None:
     """out (N, H, W, C') = ``array`` (N, C, H, W) of any layout, each pixel's C channels followed by C' − C zeros:
     a channels-last copy whose pixels fill whole 16-byte vectors, for kernels that copy 16 bytes at a time (the 3
-    colour channels of a first layer). Also a filter's (K, C, R, S) -> (K, R, S, C'). Two element-wise passes of
-    the array module (CuPy's kernels on the GPU): the zeros, then the channels."""
-    channels = array.shape[1]
-    out[..., channels:] = 0
-    out[..., :channels] = array.transpose(TO_BUFFER)
+    colour channels of a first layer). Also a filter's (K, C, R, S) -> (K, R, S, C'). Words are copied as they are
+    (float16 values into a workspace of 16-bit words keep their bits). Two passes of the array module: the whole of
+    C-contiguous ``out`` zeroed (a memset on the GPU), then the channels (CuPy's strided copy)."""
+    channels, source = array.shape[1], array.transpose(TO_BUFFER)
+    out.fill(0)
+    out[..., :channels] = source if source.dtype == out.dtype else source.view(out.dtype)
 
 
 def add(a: Any, b: Any) -> Any:

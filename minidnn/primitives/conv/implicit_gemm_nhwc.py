@@ -18,7 +18,7 @@ r and s reversed) and padding d·(R − 1) − pad, so it runs the forward kerne
 ``implicit_gemm`` and ``strided_dgrad``. A 16-byte vector must lie inside one tap (and one group), so the channels
 that form the reduction (C/G forward, K/G backward-data, C/G and K/G backward-filter) must be multiples of 8. Where
 one group's C are not (a first layer's 3 colour channels), forward and backward-filter run on copies padded with
-zero channels to the next multiple (``kernel_problem``), as cuDNN pads NHWC channels for its tensor cores: the zeros
+zero channels to the next multiple (``padded_problem``), as cuDNN pads NHWC channels for its tensor cores: the zeros
 add nothing to y, and backward-filter drops their sums. Groups: each is its own GEMM of the sizes above with one
 group's C/G and K/G, on a slice of every pixel's channels; one launch runs them all, group g on the CTAs of
 blockIdx.z = g. Backward-filter splits its long reduction over CTAs that add their partial sums into a float32 sum
@@ -155,7 +155,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         if problem.device != "cuda":
             return 0  # the NumPy twin makes its own copies
-        problem = kernel_problem(problem)
+        problem = padded_problem(problem) or problem
         return _bytes(_pieces(problem, direction, images_per_chunk(problem, direction)))
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
@@ -195,7 +195,7 @@ def vectors_fit(problem: ConvProblem, direction: str, vector: int) -> bool:
 
 def pads_channels(problem: ConvProblem, direction: str, vector: int) -> bool:
     """Whether ``direction`` of ``problem`` runs on copies whose channels are padded with zeros to a multiple of
-    ``vector`` (:func:`kernel_problem`) where they are not one already: forward, or backward-filter of K a multiple
+    ``vector`` (:func:`padded_problem`) where they are not one already: forward, or backward-filter of K a multiple
     of it, of one group (the 3 colour channels of a network's first layer). Backward-data reduces over K, and its
     C are the output's channels, so it is not padded."""
     return (problem.groups == 1 and problem.C % vector != 0
@@ -203,19 +203,19 @@ def pads_channels(problem: ConvProblem, direction: str, vector: int) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)  # read on every call: worked out once per problem
-def kernel_problem(problem: ConvProblem) -> ConvProblem:
-    """The problem the GPU kernels of forward and backward-filter run: ``problem`` itself, or, where its C do not
-    fill whole 16-byte vectors (one group), the same problem on C rounded up to them. The copies of x and w then
+def padded_problem(problem: ConvProblem) -> ConvProblem | None:
+    """The problem the GPU kernels of forward and backward-filter run where ``problem``'s C do not fill whole 16-byte
+    vectors (one group): the same problem on C rounded up to them; None where they do. The copies of x and w then
     carry zero channels after their own (:func:`~minidnn.primitives.layout.to_channels_last_padded`), which add
     nothing to any sum, as cuDNN pads NHWC channels for its tensor-core kernels; backward-filter's sums of the zero
     channels are dropped."""
     vector = 16 // problem.itemsize
     if problem.groups != 1 or problem.C % vector == 0:
-        return problem
+        return None
     return dataclasses.replace(problem, C=-(-problem.C // vector) * vector)
 
 
-registry.cache_clearers.append(kernel_problem.cache_clear)
+registry.cache_clearers.append(padded_problem.cache_clear)
 
 
 def backward_data_problem(problem: ConvProblem) -> ConvProblem:
@@ -408,15 +408,15 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
     in forward (no copies); out may be either layout."""
     launch = launch or _launch_forward
     turned = direction == "backward_data"
-    work = problem if turned else kernel_problem(problem)  # forward's channels padded where they fill no vectors
-    padded = work is not problem
+    padded = None if turned else padded_problem(problem)  # forward's channels padded where they fill no vectors
+    work = padded or problem
     filter_last = None if turned or padded or not layout.is_channels_last(w) else layout.buffer(w)
     for first, chunk in _chunks(work, direction, whole=layout.is_channels_last(source) and not padded):
         w_last, source_last = _chunk_arrays(workspace, work, chunk, direction)
         source_last = _channels_last_buffer(source[first:first + chunk.N], source_last)
         if filter_last is not None:
             w_last = filter_last
-        elif first == 0 and padded:
+        elif first == 0 and padded is not None:
             layout.to_channels_last_padded(w, w_last)
         elif first == 0:
             layout.filter_to_channels_last(w, w_last, turned, problem.groups)
@@ -431,15 +431,16 @@ def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, 
     tile rows run (so that their atomic additions are coalesced); then one launch lays it out as out (K, C/G, R, S),
     float32 or rounded to the half type, added to out when accumulating."""
     launch = launch or _launch_backward_filter
-    work = kernel_problem(problem)  # x's channels padded where they fill no vectors
-    whole = work is problem and layout.is_channels_last(x) and layout.is_channels_last(dy)
+    padded = padded_problem(problem)  # x's channels padded where they fill no vectors
+    work = padded or problem
+    whole = padded is None and layout.is_channels_last(x) and layout.is_channels_last(dy)
     for first, chunk in _chunks(work, "backward_filter", whole=whole):
         sums, x_last, dy_last = _chunk_arrays(workspace, work, chunk, "backward_filter")
         if first == 0:  # every chunk adds into the one float32 sum
             sums.fill(0)
         launch(_channels_last_buffer(x[first:first + chunk.N], x_last),
                _channels_last_buffer(dy[first:first + chunk.N], dy_last), sums, chunk)
-    if work is not problem:  # the padded channels' sums (zeros) dropped
+    if padded is not None:  # the padded channels' sums (zeros) dropped
         sums = backend.get_array_module(sums).ascontiguousarray(sums[..., :problem.C])
     _finish_filter_gradient(sums, out, problem, accumulate)
 
@@ -459,7 +460,7 @@ def _finish_filter_gradient(sums: Any, out: Any, problem: ConvProblem, accumulat
 def _channels_last_buffer(array: Any, copy: Any) -> Any:
     """The (N, H, W, C) buffer of ``array`` (N, C, H, W): its own for a channels-last array, else ``copy``
     (a workspace array of that shape) filled by the transpose; ``copy`` (N, H, W, C') with padded channels
-    (:func:`kernel_problem`) is filled with zeros after the array's own."""
+    (:func:`padded_problem`) is filled with zeros after the array's own."""
     if copy.shape[-1] != array.shape[1]:
         layout.to_channels_last_padded(array, copy)
         return copy

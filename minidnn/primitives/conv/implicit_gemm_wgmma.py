@@ -19,7 +19,7 @@ order.
 
 TF32 (float32 problems on the GPU with TF32 allowed): the copies are float32 words, four to 16 bytes, so the
 channels that form the reduction need only be multiples of 4 (a first layer's 3 are padded to 4, as the half
-builds pad theirs to 8: ``implicit_gemm_nhwc.kernel_problem``); wgmma multiplies each operand cut toward zero to
+builds pad theirs to 8: ``implicit_gemm_nhwc.padded_problem``); wgmma multiplies each operand cut toward zero to
 TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
 ``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
 K-major only: forward's are, and backward-filter, whose operands lie along M and N, turns them on their way into
