@@ -16,7 +16,7 @@ from minidnn.primitives import _cuda, conv, layout
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
 from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes
 from tests.test_conv_implicit_gemm import output_shape, problem_of, relative_error, run
-from tests.test_conv_nhwc import CASES, PADDED, STRIDED, check_direction, check_twins
+from tests.test_conv_nhwc import CASES, FORWARD_AND_FILTER, PADDED, STRIDED, check_direction, check_twins
 
 ALGO = "implicit_gemm_wgmma"
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
@@ -103,26 +103,15 @@ def test_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case_name", STRIDED)
+@pytest.mark.parametrize("case_name", FORWARD_AND_FILTER)
 @pytest.mark.parametrize("direction", ["forward", "backward_filter"])
-def test_strided_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
+def test_strided_and_padded_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
-    if not implicit_gemm_wgmma.ImplicitGemmWgmma().supports(problem_of(STRIDED[case_name], np.float16), direction):
+    case = FORWARD_AND_FILTER[case_name]
+    if not implicit_gemm_wgmma.ImplicitGemmWgmma().supports(problem_of(case, np.float16), direction):
         pytest.skip("backward-filter needs K a multiple of 8")
-    check_direction(backend.cupy(), rng, STRIDED[case_name], direction, name, f"{case_name} {direction} {name}",
-                    algo=ALGO)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
-@pytest.mark.parametrize("case_name", PADDED)
-def test_padded_channels_within_the_half_bound_on_the_gpu(rng, case_name, direction, name):
-    if not _cuda.has_wgmma():
-        pytest.skip("wgmma needs a Hopper GPU")
-    check_direction(backend.cupy(), rng, PADDED[case_name], direction, name, f"{case_name} {direction} {name}",
-                    algo=ALGO)
+    check_direction(backend.cupy(), rng, case, direction, name, f"{case_name} {direction} {name}", algo=ALGO)
 
 
 @pytest.mark.gpu
