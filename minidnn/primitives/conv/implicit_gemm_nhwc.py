@@ -410,8 +410,8 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
     turned = direction == "backward_data"
     padded = None if turned else padded_problem(problem)  # forward's channels padded where they fill no vectors
     work = padded or problem
-    filter_last = None if turned or padded or not layout.is_channels_last(w) else layout.buffer(w)
-    for first, chunk in _chunks(work, direction, whole=layout.is_channels_last(source) and not padded):
+    filter_last = None if turned or padded is not None or not layout.is_channels_last(w) else layout.buffer(w)
+    for first, chunk in _chunks(work, direction, whole=layout.is_channels_last(source) and padded is None):
         w_last, source_last = _chunk_arrays(workspace, work, chunk, direction)
         source_last = _channels_last_buffer(source[first:first + chunk.N], source_last)
         if filter_last is not None:
