@@ -12,6 +12,7 @@ overwrites saves a copy of them.
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any
 
@@ -32,7 +33,7 @@ def _xp(*arrays: Any):
 # ----------------------------------------------------------------------------------------------
 class AddFunction(Function):
     def forward(self, a, b, out=None):
-        return a + b if out is None else _xp(a).add(a, b, out=out)
+        return layout.elementwise(operator.add, a, b) if out is None else _xp(a).add(a, b, out=out)
 
     def backward(self, grad):
         return grad, grad
@@ -40,7 +41,7 @@ class AddFunction(Function):
 
 class SubFunction(Function):
     def forward(self, a, b, out=None):
-        return a - b if out is None else _xp(a).subtract(a, b, out=out)
+        return layout.elementwise(operator.sub, a, b) if out is None else _xp(a).subtract(a, b, out=out)
 
     def backward(self, grad):
         return grad, -grad
@@ -51,7 +52,7 @@ class MulFunction(Function):
         # Written over a (a.mul_(b)), a's old values are kept for b's gradient as a copy.
         kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
         self.save_for_backward(kept_a, b if self.needs_input_grad[0] else None)
-        return a * b if out is None else _xp(a).multiply(a, b, out=out)
+        return layout.elementwise(operator.mul, a, b) if out is None else _xp(a).multiply(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -62,7 +63,7 @@ class DivFunction(Function):
     def forward(self, a, b, out=None):
         kept_a = (a if out is not a else a.copy()) if self.needs_input_grad[1] else None
         self.save_for_backward(kept_a, b)
-        return a / b if out is None else _xp(a).divide(a, b, out=out)
+        return layout.elementwise(operator.truediv, a, b) if out is None else _xp(a).divide(a, b, out=out)
 
     def backward(self, grad):
         a, b = self.saved
@@ -73,7 +74,7 @@ class DivFunction(Function):
 
 class PowFunction(Function):
     def forward(self, base, exponent):
-        out = base ** exponent
+        out = layout.elementwise(operator.pow, base, exponent)
         self.save_for_backward(base, exponent, out)
         return out
 
@@ -87,7 +88,7 @@ class PowFunction(Function):
 
 class NegFunction(Function):
     def forward(self, a):
-        return -a
+        return layout.elementwise(operator.neg, a)
 
     def backward(self, grad):
         return -grad
@@ -137,7 +138,7 @@ def _matmul(a: Any, b: Any) -> Any:
 
 class ExpFunction(Function):
     def forward(self, a):
-        out = _xp(a).exp(a)
+        out = layout.elementwise(_xp(a).exp, a)
         self.save_for_backward(out)
         return out
 
@@ -148,7 +149,7 @@ class ExpFunction(Function):
 class LogFunction(Function):
     def forward(self, a):
         self.save_for_backward(a)
-        return _xp(a).log(a)
+        return layout.elementwise(_xp(a).log, a)
 
     def backward(self, grad):
         return grad / self.saved[0]
@@ -156,7 +157,7 @@ class LogFunction(Function):
 
 class SqrtFunction(Function):
     def forward(self, a):
-        out = _xp(a).sqrt(a)
+        out = layout.elementwise(_xp(a).sqrt, a)
         self.save_for_backward(out)
         return out
 
@@ -167,7 +168,7 @@ class SqrtFunction(Function):
 class AbsFunction(Function):
     def forward(self, a):
         self.save_for_backward(a)
-        return _xp(a).abs(a)
+        return layout.elementwise(_xp(a).abs, a)
 
     def backward(self, grad):
         return grad * _xp(grad).sign(self.saved[0])
@@ -182,8 +183,8 @@ class ClampFunction(Function):
 
     def forward(self, a, low, high):
         xp = _xp(a)
-        out = a if low is None else xp.maximum(a, low)
-        out = out if high is None else xp.minimum(out, high)
+        out = a if low is None else layout.elementwise(xp.maximum, a, low)
+        out = out if high is None else layout.elementwise(xp.minimum, out, high)
         inside = None
         if self.needs_input_grad[0]:
             inside = xp.ones(a.shape, dtype=bool) if low is None else a >= low
@@ -205,7 +206,7 @@ class ClampFunction(Function):
 class WhereFunction(Function):
     def forward(self, condition, a, b):
         self.save_for_backward(condition)
-        return _xp(condition, a, b).where(condition, a, b)
+        return layout.elementwise(_xp(condition, a, b).where, condition, a, b)
 
     def backward(self, grad):
         (condition,) = self.saved

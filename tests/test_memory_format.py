@@ -153,9 +153,9 @@ def test_gradient_sums_keep_the_layout(xp, rng):
     shape = (3, 10, 5, 7)
     a64, b64, c64 = (rng.standard_normal(shape) for _ in range(3))
     a, b = (layout.to_channels_last(xp.asarray(v, dtype=np.float32)) for v in (a64, b64))
-    for second in (b, layout.contiguous(b)):
+    for second in (b, layout.contiguous(b)):  # PyTorch's rule: the first operand's layout, whatever the second's
         total = layout.add(a, second)
-        assert layout.is_channels_last(total) == layout.is_channels_last(second)
+        assert layout.is_channels_last(total)
         np.testing.assert_allclose(to_numpy(total), a64 + b64, rtol=1e-6, atol=1e-6)
 
     device = "cpu" if xp is np else "cuda"
@@ -169,6 +169,45 @@ def test_gradient_sums_keep_the_layout(xp, rng):
         ((tensor * weights[0]).sum() + (tensor * weights[1]).sum()).backward()
         assert tensor.grad.is_contiguous(memory_format=minidnn.channels_last)
         np.testing.assert_allclose(to_numpy(tensor.grad.data), b64 + c64, rtol=1e-6, atol=1e-6)
+
+
+# A tensor's element-wise operations on operands of each arrangement: (name, expression over (library, operands)).
+# "cl" is channels-last, "c" C-contiguous, "bias" (1, C, 1, 1) and "row" (W,) broadcast, 0.75 a Python scalar.
+ELEMENT_WISE = [
+    *((f"{first} {symbol} {second}", function, (first, second))
+      for symbol, function in (("+", lambda lib, a, b: a + b), ("-", lambda lib, a, b: a - b),
+                               ("*", lambda lib, a, b: a * b), ("/", lambda lib, a, b: a / b))
+      for first, second in (("cl", "cl"), ("cl", "c"), ("c", "cl"), ("cl", "bias"), ("bias", "cl"), ("cl", "row"),
+                            ("row", "cl"), ("cl", 0.75), (0.75, "cl"))),
+    ("cl ** 2", lambda lib, a: a.abs() ** 2, ("cl",)),
+    ("-cl", lambda lib, a: -a, ("cl",)),
+    ("exp, log, sqrt, abs", lambda lib, a: ((a.exp() + 1).log() + a.abs().sqrt()), ("cl",)),
+    ("clamp", lambda lib, a: a.clamp(-0.5, 0.5), ("cl",)),
+    ("clamp by a bias", lambda lib, a, b: a.clamp(min=b), ("cl", "bias")),
+    ("where(cl > 0, cl, c)", lambda lib, a, b: lib.where(a > 0, a, b), ("cl", "c")),
+    ("where(c > 0, cl, c)", lambda lib, a, b: lib.where(b > 0, a, b), ("cl", "c")),
+]
+
+
+@pytest.mark.parametrize("name, expression, arrangement", ELEMENT_WISE, ids=[case[0] for case in ELEMENT_WISE])
+def test_element_wise_operations_lay_out_their_results_as_pytorch_does(xp, rng, name, expression, arrangement):
+    """A tensor's arithmetic and element-wise methods give PyTorch's values and PyTorch's layout: channels-last where
+    the first 4-D operand that is not broadcast is channels-last (CuPy's own kernels would write C-contiguous
+    results, NumPy's would where the operands disagree)."""
+    device = "cpu" if xp is np else "cuda"
+    values = {"cl": rng.standard_normal((2, 3, 4, 5)), "c": rng.standard_normal((2, 3, 4, 5)),
+              "bias": rng.standard_normal((1, 3, 1, 1)), "row": rng.uniform(0.5, 1.5, 5)}
+
+    def operands(lib, make, channels_last):
+        return [value if isinstance(value, float) else
+                make(values[value]).to(memory_format=channels_last) if value == "cl" else make(values[value])
+                for value in arrangement]
+    ours = expression(minidnn, *operands(minidnn, lambda v: minidnn.tensor(v, device=device), minidnn.channels_last))
+    theirs = expression(torch, *operands(torch, torch.tensor, torch.channels_last))
+    assert ours.is_contiguous(memory_format=minidnn.channels_last) == theirs.is_contiguous(
+        memory_format=torch.channels_last), name
+    assert ours.is_contiguous() == theirs.is_contiguous(), name
+    np.testing.assert_allclose(to_numpy(ours.data), theirs.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_a_layout_change_is_differentiable():

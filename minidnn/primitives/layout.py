@@ -9,7 +9,8 @@ again (:func:`like`). An array whose two layouts coincide (C = 1, or H = W = 1) 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import operator
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -156,14 +157,41 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     out[..., :channels] = source if source.dtype == out.dtype else source.view(out.dtype)
 
 
+def elementwise(function: Callable[..., Any], *operands: Any) -> Any:
+    """``function(*operands)``, an element-wise operation of the array module (an operator, a ufunc, ``where``),
+    with its result laid out as PyTorch lays one out: channels-last where the first 4-D operand whose two layouts
+    differ (:func:`coincide`) is channels-last, as the operation computes it otherwise. CuPy's element-wise kernels
+    write a new C-contiguous array and walk their inputs in its order, which crosses a channels-last array's strides
+    on every step (and NumPy's keep a layout only where the operands agree): here every operand goes in as its
+    (N, H, W, C) view, one of fewer dimensions first given leading axes of 1 as broadcasting would, so that the
+    result is an (N, H, W, C) buffer written in memory order, returned as its channels-last view. Scalars and
+    operands of more than 4 dimensions are left as they are (the latter: no layout of ours)."""
+    for operand in operands:
+        if getattr(operand, "ndim", 0) > 4:
+            return function(*operands)
+    for operand in operands:
+        if getattr(operand, "ndim", 0) == 4 and not coincide(operand.shape):
+            if not is_channels_last(operand):
+                return function(*operands)
+            return function(*(_buffer_view(operand) for operand in operands)).transpose(TO_VIEW)
+    return function(*operands)
+
+
+def _buffer_view(operand: Any) -> Any:
+    """An operand of an element-wise operation on channels-last buffers: a scalar as it is, an array of 1 to 4
+    dimensions given leading axes of 1 up to 4 (broadcasting's alignment), then its (N, H, W, C) view."""
+    dimensions = getattr(operand, "ndim", 0)
+    if dimensions == 0:
+        return operand
+    if dimensions < 4:
+        operand = operand.reshape((1,) * (4 - dimensions) + tuple(operand.shape))
+    return operand.transpose(TO_BUFFER)
+
+
 def add(a: Any, b: Any) -> Any:
-    """a + b, in a's layout when b holds its elements in the same order. CuPy's element-wise kernels write a new
-    C-contiguous array and walk their inputs in its order, which crosses a channels-last array's strides on every
-    step: two channels-last arrays are added as their (N, H, W, C) buffers instead, one pass in memory order, and
-    the sum stays channels-last (as NumPy's and PyTorch's do)."""
-    if is_channels_last(a) and same_order(a, b):
-        return (buffer(a) + buffer(b)).transpose(TO_VIEW)
-    return a + b
+    """a + b (:func:`elementwise`): two channels-last arrays are added as their (N, H, W, C) buffers, one pass in
+    memory order, and the sum stays channels-last (as NumPy's and PyTorch's do)."""
+    return elementwise(operator.add, a, b)
 
 
 def like(result: Any, channels_last: bool) -> Any:
