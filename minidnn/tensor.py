@@ -388,10 +388,11 @@ class Tensor(Value):
         return ops.MatMulFunction.apply(*lower_precision(a, b))
 
     def _compare(self, other: Any, name: str) -> "Tensor":
-        """Element-wise comparison: a bool tensor, outside the graph."""
+        """Element-wise comparison: a bool tensor, outside the graph, laid out as PyTorch's
+        (:func:`~minidnn.primitives.layout.elementwise`)."""
         other = other._values() if isinstance(other, Tensor) else self._operand(other)
         values = self._values()
-        return Tensor(getattr(backend.get_array_module(values, other), name)(values, other))
+        return Tensor(layout.elementwise(getattr(backend.get_array_module(values, other), name), values, other))
 
     def _values(self) -> Any:
         """The array to compute on outside the graph: GPU bfloat16 words as float32 (exact), else the data."""

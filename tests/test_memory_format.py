@@ -184,6 +184,9 @@ ELEMENT_WISE = [
     ("exp, log, sqrt, abs", lambda lib, a: ((a.exp() + 1).log() + a.abs().sqrt()), ("cl",)),
     ("clamp", lambda lib, a: a.clamp(-0.5, 0.5), ("cl",)),
     ("clamp by a bias", lambda lib, a, b: a.clamp(min=b), ("cl", "bias")),
+    ("cl > c", lambda lib, a, b: a > b, ("cl", "c")),
+    ("c <= cl", lambda lib, a, b: a <= b, ("c", "cl")),
+    ("cl == 0.75", lambda lib, a: a == 0.75, ("cl",)),
     ("where(cl > 0, cl, c)", lambda lib, a, b: lib.where(a > 0, a, b), ("cl", "c")),
     ("where(c > 0, cl, c)", lambda lib, a, b: lib.where(b > 0, a, b), ("cl", "c")),
 ]
@@ -191,9 +194,9 @@ ELEMENT_WISE = [
 
 @pytest.mark.parametrize("name, expression, arrangement", ELEMENT_WISE, ids=[case[0] for case in ELEMENT_WISE])
 def test_element_wise_operations_lay_out_their_results_as_pytorch_does(xp, rng, name, expression, arrangement):
-    """A tensor's arithmetic and element-wise methods give PyTorch's values and PyTorch's layout: channels-last where
-    the first 4-D operand that is not broadcast is channels-last (CuPy's own kernels would write C-contiguous
-    results, NumPy's would where the operands disagree)."""
+    """A tensor's arithmetic, comparisons and element-wise methods give PyTorch's values and PyTorch's layout:
+    channels-last where the first 4-D operand that is not broadcast is channels-last (CuPy's own kernels would write
+    C-contiguous results, NumPy's would where the operands disagree)."""
     device = "cpu" if xp is np else "cuda"
     values = {"cl": rng.standard_normal((2, 3, 4, 5)), "c": rng.standard_normal((2, 3, 4, 5)),
               "bias": rng.standard_normal((1, 3, 1, 1)), "row": rng.uniform(0.5, 1.5, 5)}
@@ -207,7 +210,10 @@ def test_element_wise_operations_lay_out_their_results_as_pytorch_does(xp, rng, 
     assert ours.is_contiguous(memory_format=minidnn.channels_last) == theirs.is_contiguous(
         memory_format=torch.channels_last), name
     assert ours.is_contiguous() == theirs.is_contiguous(), name
-    np.testing.assert_allclose(to_numpy(ours.data), theirs.numpy(), rtol=1e-12, atol=1e-12)
+    if theirs.dtype == torch.bool:
+        np.testing.assert_array_equal(to_numpy(ours.data), theirs.numpy())
+    else:
+        np.testing.assert_allclose(to_numpy(ours.data), theirs.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_a_layout_change_is_differentiable():
