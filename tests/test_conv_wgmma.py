@@ -185,8 +185,12 @@ def test_tf32_the_rules_prefer_it_on_hopper_where_implicit_gemm_ran(monkeypatch)
     assert conv.selection.get(strided, "forward", 1 << 30).name == ALGO
     assert conv.selection.get(strided, "backward_filter", 1 << 30).name == ALGO
     first_layer = problem_of(PADDED["three_colour_channels_7x7_stride_2"], np.float32, "cuda")  # C 3, padded to 4
-    assert conv.selection.get(first_layer, "forward", 1 << 30).name == ALGO
-    assert conv.selection.get(first_layer, "backward_filter", 1 << 30).name == ALGO
+    for direction in ("forward", "backward_filter"):  # padded on channels-last activations; NCHW: implicit GEMM's
+        assert conv.selection.get(first_layer.laid_out(True), direction, 1 << 30).name == ALGO
+        assert conv.selection.get(first_layer, direction, 1 << 30).name == "implicit_gemm"
+    half_first_layer = problem_of(PADDED["three_colour_channels_7x7_stride_2"], np.uint16, "cuda")  # padded to 8
+    assert conv.selection.get(half_first_layer.laid_out(True), "forward", 1 << 30).name == ALGO
+    assert conv.selection.get(half_first_layer, "forward", 1 << 30).name == "implicit_gemm"
     monkeypatch.setattr(_cuda, "_tf32_enabled", False)
     assert conv.selection.get(strided, "forward", 1 << 30).name == "implicit_gemm"
 

@@ -34,7 +34,7 @@ import numpy as np
 from ... import backend
 from ..._version import __version__
 from .. import _cuda, convert, layout
-from . import plans, registry
+from . import implicit_gemm_nhwc, plans, registry
 from .problem import ConvProblem
 
 # 4: the host's time of the call's ready form where it has one; 3: the host's time to issue a call beside the GPU's;
@@ -68,7 +68,10 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     problem on the GPU tries ``implicit_gemm_wgmma`` (on Hopper) and ``implicit_gemm_nhwc`` before implicit GEMM
     (16-byte gathers from channels-last copies where implicit GEMM gathers 2-byte values; ``find`` times them
     all and keeps the fastest per layer and direction), and so does a float32 one in TF32 (``implicit_gemm_wgmma``'s
-    TF32 build, in all three directions).
+    TF32 build, in all three directions). A first layer's 3 channels reach those kernels padded, through a padded
+    copy of x (``implicit_gemm_nhwc.padded_problem``): worth it on channels-last activations, of which implicit GEMM
+    would take C-contiguous copies too, but not on C-contiguous ones, which implicit GEMM reads as they lie and was
+    faster on (benchmarks/probes/tf32_channels_last_convolution.py --layers conv1_7x7), so there they come after it.
     On the CPU, Winograd's transforms are NumPy passes over memory in one thread, and its α² smaller
     products use the BLAS less well than im2col's one product per image: they cost more than the
     multiplications saved, and Winograd was slower than ``gemm`` on the 3x3 kernels of the small
@@ -105,12 +108,16 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         names.append("strided_dgrad")  # implicit GEMM's work without the taps that fall between dy's samples
     tap_by_tap = (direction == "backward_data" and (problem.R, problem.S) == (3, 3)
                   and problem.dilation == (1, 1) and problem.C // problem.groups >= 8)
+    tensor_cores = []
     if problem.half_type and problem.device == "cuda":
         # whole 16-byte vectors where implicit GEMM gathers 2-byte values; on Hopper, multiplied by wgmma
-        names += ["implicit_gemm_wgmma", "implicit_gemm_nhwc"]
+        tensor_cores = ["implicit_gemm_wgmma", "implicit_gemm_nhwc"]
     elif math_mode(problem) == "tf32":
-        names.append("implicit_gemm_wgmma")  # TF32 on Hopper: 16-byte vectors, wgmma's products
+        tensor_cores = ["implicit_gemm_wgmma"]  # TF32 on Hopper: 16-byte vectors, wgmma's products
+    padded_on_contiguous = not problem.channels_last and implicit_gemm_nhwc.padded_problem(problem) is not None
+    names += [] if padded_on_contiguous else tensor_cores
     names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
+    names += tensor_cores if padded_on_contiguous else []
     return names + ["reference"]
 
 
