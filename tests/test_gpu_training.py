@@ -10,6 +10,7 @@ import minidnn.functional as F
 import models
 from minidnn import backend, optim
 from minidnn.primitives import _cuda
+from minidnn.primitives.conv import step_choice
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +65,9 @@ extern "C" __global__ void spin(long long cycles) {
 
 def test_no_host_synchronisation_inside_a_training_step():
     """Queue a one-second busy kernel, then a whole training step: if the step returns to the host
-    long before the GPU is free, nothing in it waited for the GPU (no .item(), no copy to the host)."""
+    long before the GPU is free, nothing in it waited for the GPU (no .item(), no copy to the host). The steady
+    state's step: the warm-up runs until the convolutions' whole-step trial (conv/step_choice.py) has settled, whose
+    timed steps synchronise on purpose (from the third step of a process where find's choices offer a trade)."""
     import time
 
     cupy = backend.cupy()
@@ -83,6 +86,11 @@ def test_no_host_synchronisation_inside_a_training_step():
 
     for _ in range(2):  # warm up: kernels compile, buffers exist
         step()
+    for _ in range(100):  # and the whole-step trial, if one runs, times its sets and settles
+        if not step_choice.running():
+            break
+        step()
+    assert not step_choice.running(), "the whole-step trial did not settle in 100 steps"
     cupy.cuda.Device().synchronize()
     spin = cupy.RawKernel(SPIN, "spin")
     spin((1,), (1,), (np.int64(2_000_000_000),))  # about one second at the H200's ~2 GHz
