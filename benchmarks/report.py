@@ -166,8 +166,9 @@ def kernels_by_kind(kernel_names: list[list[Any]]) -> dict[str, tuple[float, flo
     """A record's ``kernel_names`` ([name, ms a step, kernels a step]) summed by kind: kind -> (ms, kernels)."""
     kinds: dict[str, tuple[float, float]] = {}
     for name, ms, count in kernel_names:
-        total, kernels = kinds.get(kernel_kind(name), (0.0, 0.0))
-        kinds[kernel_kind(name)] = (total + ms, kernels + count)
+        kind = kernel_kind(name)
+        total, kernels = kinds.get(kind, (0.0, 0.0))
+        kinds[kind] = (total + ms, kernels + count)
     return kinds
 
 

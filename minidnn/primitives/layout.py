@@ -166,15 +166,10 @@ def elementwise(function: Callable[..., Any], *operands: Any) -> Any:
     (N, H, W, C) view, one of fewer dimensions first given leading axes of 1 as broadcasting would, so that the
     result is an (N, H, W, C) buffer written in memory order, returned as its channels-last view. Scalars and
     operands of more than 4 dimensions are left as they are (the latter: no layout of ours)."""
-    for operand in operands:
-        if getattr(operand, "ndim", 0) > 4:
-            return function(*operands)
-    for operand in operands:
-        if getattr(operand, "ndim", 0) == 4 and not coincide(operand.shape):
-            if not is_channels_last(operand):
-                return function(*operands)
-            return function(*(_buffer_view(operand) for operand in operands)).transpose(TO_VIEW)
-    return function(*operands)
+    lead = next((a for a in operands if getattr(a, "ndim", 0) == 4 and not coincide(a.shape)), None)
+    if lead is None or not is_channels_last(lead) or any(getattr(a, "ndim", 0) > 4 for a in operands):
+        return function(*operands)
+    return function(*map(_buffer_view, operands)).transpose(TO_VIEW)
 
 
 def _buffer_view(operand: Any) -> Any:

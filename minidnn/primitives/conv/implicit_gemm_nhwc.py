@@ -147,7 +147,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         return problem.half_type is not None and (vectors_fit(problem, direction, VECTOR)
-                                                  or pads_channels(problem, direction, VECTOR))
+                                                  or pads_channels(problem, direction))
 
     def is_deterministic(self, problem: ConvProblem, direction: str) -> bool:
         return not (direction == "backward_filter" and problem.device == "cuda")
@@ -193,13 +193,18 @@ def vectors_fit(problem: ConvProblem, direction: str, vector: int) -> bool:
     return (problem.K // problem.groups) % vector == 0 and (direction == "backward_filter" or problem.stride == (1, 1))
 
 
-def pads_channels(problem: ConvProblem, direction: str, vector: int) -> bool:
-    """Whether ``direction`` of ``problem`` runs on copies whose channels are padded with zeros to a multiple of
-    ``vector`` (:func:`padded_problem`) where they are not one already: forward, or backward-filter of K a multiple
-    of it, of one group (the 3 colour channels of a network's first layer). Backward-data reduces over K, and its
-    C are the output's channels, so it is not padded."""
-    return (problem.groups == 1 and problem.C % vector != 0
-            and (direction == "forward" or (direction == "backward_filter" and problem.K % vector == 0)))
+def pads_channels(problem: ConvProblem, direction: str) -> bool:
+    """Whether ``direction`` of ``problem`` runs on copies whose channels are padded with zeros (:func:`padded_problem`
+    has a padded problem for it): forward, or backward-filter of K a multiple of the vector too (the 3 colour channels
+    of a network's first layer). Backward-data reduces over K, and its C are the output's channels, so it is not
+    padded."""
+    return padded_problem(problem) is not None and (
+        direction == "forward" or (direction == "backward_filter" and problem.K % _vector_values(problem) == 0))
+
+
+def _vector_values(problem: ConvProblem) -> int:
+    """The values of the problem's type in one 16-byte copy: 8 half values, 4 float32 ones (TF32)."""
+    return 16 // problem.itemsize
 
 
 @functools.lru_cache(maxsize=1024)  # read on every call: worked out once per problem
@@ -209,7 +214,7 @@ def padded_problem(problem: ConvProblem) -> ConvProblem | None:
     carry zero channels after their own (:func:`~minidnn.primitives.layout.to_channels_last_padded`), which add
     nothing to any sum, as cuDNN pads NHWC channels for its tensor-core kernels; backward-filter's sums of the zero
     channels are dropped."""
-    vector = 16 // problem.itemsize
+    vector = _vector_values(problem)
     if problem.groups != 1 or problem.C % vector == 0:
         return None
     return dataclasses.replace(problem, C=-(-problem.C // vector) * vector)

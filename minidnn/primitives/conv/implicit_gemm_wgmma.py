@@ -120,7 +120,7 @@ def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
     backward-filter of one group whose C are padded to a multiple of 4 (``implicit_gemm_nhwc.pads_channels``)."""
     return (problem.device == "cuda" and _cuda.allow_tf32()
             and (implicit_gemm_nhwc.vectors_fit(problem, direction, TF32_VECTOR)
-                 or implicit_gemm_nhwc.pads_channels(problem, direction, TF32_VECTOR))
+                 or implicit_gemm_nhwc.pads_channels(problem, direction))
             and _cuda.has_wgmma())
 
 

@@ -114,10 +114,9 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
         tensor_cores = ["implicit_gemm_wgmma", "implicit_gemm_nhwc"]
     elif math_mode(problem) == "tf32":
         tensor_cores = ["implicit_gemm_wgmma"]  # TF32 on Hopper: 16-byte vectors, wgmma's products
+    general = ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
     padded_on_contiguous = not problem.channels_last and implicit_gemm_nhwc.padded_problem(problem) is not None
-    names += [] if padded_on_contiguous else tensor_cores
-    names += ["implicit_gemm", "gemm"] if problem.device == "cuda" or tap_by_tap else ["gemm", "implicit_gemm"]
-    names += tensor_cores if padded_on_contiguous else []
+    names += general + tensor_cores if padded_on_contiguous else tensor_cores + general
     return names + ["reference"]
 
 
