@@ -1,7 +1,9 @@
 """``gemm_1x1`` on channels-last problems: each direction one GEMM per group over the (N·H·W × C) pixel rows of the
 channels-last buffers, no workspace, held to the float64 ``reference`` on C-contiguous copies of the same values
 (float64 and float32 tightly, the half types by the half bound of tests/test_conv_half.py), with groups, an image
-of one pixel (whose two layouts coincide), operands of mixed layouts and a given ``out`` of either layout.
+of one pixel (whose two layouts coincide), operands of mixed layouts and a given ``out`` of either layout; and the
+strided 1x1 channels-last problems' forward and backward-data, one strided-batched GEMM over the sampled pixels
+(a NaN-poisoned ``out`` shows that backward-data zeroes every pixel no dy reaches).
 Its C-contiguous path is held by test_primitives_conv.py's shared cases."""
 import numpy as np
 import pytest
@@ -20,6 +22,16 @@ CASES = {
     "two_groups": (2, 12, 5, 3, 20, 1, 1, 1, 0, 1, 2),     # C/G 6, K/G 10: column blocks of the pixel rows
     "three_groups_one_pixel": (4, 9, 1, 1, 6, 1, 1, 1, 0, 1, 3),  # H = W = 1: the layouts coincide
 }
+# Strided 1x1 problems: forward and backward-data only (backward-filter sums over the batch)
+STRIDED_CASES = {
+    "stride_2_odd_width": (3, 6, 8, 11, 5, 1, 1, 2, 0, 1, 1),             # H = 2·P; W = 11, Q = 6
+    "stride_3_by_2_two_groups": (2, 8, 9, 7, 10, 1, 1, (3, 2), 0, 1, 2),  # H = 3·P; Q = 4 columns of 7
+    "one_image_odd_height": (1, 7, 7, 6, 4, 1, 1, 2, 0, 1, 1),              # H = 7 > 2·P − 1 = 7: one image
+}
+SAMPLED_DIRECTIONS = ("forward", "backward_data")
+ALL_CASES = {**CASES, **STRIDED_CASES}
+CASE_DIRECTIONS = [(name, direction) for name in CASES for direction in DIRECTIONS] + \
+    [(name, direction) for name in STRIDED_CASES for direction in SAMPLED_DIRECTIONS]
 
 
 def operands(xp, rng, case, direction, dtype, last_first=True, last_second=True):
@@ -35,10 +47,9 @@ def reference(direction, exact, case):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("direction", DIRECTIONS)
-@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("case_name,direction", CASE_DIRECTIONS)
 def test_channels_last_operands_match_float64(xp, rng, case_name, direction, dtype):
-    case = CASES[case_name]
+    case = ALL_CASES[case_name]
     (first, second), exact = operands(xp, rng, case, direction, dtype)
     got = run(direction, first, second, case, algo=ALGO)
     assert got.dtype == dtype
@@ -51,9 +62,10 @@ def test_channels_last_operands_match_float64(xp, rng, case_name, direction, dty
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
-@pytest.mark.parametrize("direction", DIRECTIONS)
-def test_half_channels_last_within_the_half_bound(xp, rng, direction, name):
-    case = CASES["two_groups"]
+@pytest.mark.parametrize("case_name,direction", [("two_groups", d) for d in DIRECTIONS] +
+                         [("stride_3_by_2_two_groups", d) for d in SAMPLED_DIRECTIONS])
+def test_half_channels_last_within_the_half_bound(xp, rng, case_name, direction, name):
+    case = ALL_CASES[case_name]
     shapes = operand_shapes(case, direction)
     (first, first_exact), (second, second_exact) = (half_operand(xp, rng, shape, name) for shape in shapes)
     first = layout.to_channels_last(first)
@@ -66,13 +78,16 @@ def test_half_channels_last_within_the_half_bound(xp, rng, direction, name):
                              f"{direction} {name}")
 
 
-@pytest.mark.parametrize("direction", DIRECTIONS)
-def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkeypatch, xp, rng, direction):
+@pytest.mark.parametrize("case_name,direction", [("two_groups", d) for d in DIRECTIONS] +
+                         [("stride_3_by_2_two_groups", d) for d in SAMPLED_DIRECTIONS])
+def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkeypatch, xp, rng, case_name,
+                                                                          direction):
     """No workspace, and never the C-contiguous path (its per-image GEMMs, or copies of the operands)."""
-    case = CASES["two_groups"]
+    case = ALL_CASES[case_name]
     problem = problem_of(case, np.float64, "cpu" if xp is np else "cuda").laid_out(True)
     assert gemm_1x1.Gemm1x1().workspace_bytes(problem, direction) == 0
-    assert gemm_1x1.Gemm1x1().workspace_bytes(problem.laid_out(False), "backward_filter") > 0
+    if case_name in CASES:
+        assert gemm_1x1.Gemm1x1().workspace_bytes(problem.laid_out(False), "backward_filter") > 0
 
     def refuse(*args, **kwargs):
         raise AssertionError("the C-contiguous path ran")
@@ -84,11 +99,13 @@ def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkey
                                atol=1e-12)
 
 
-@pytest.mark.parametrize("direction", DIRECTIONS)
-def test_mixed_layouts_and_a_given_out(xp, rng, direction):
-    """One operand channels-last, the other C-contiguous (laid out first); a given out of either layout, written
-    in place; a weight gradient added into out."""
-    case = CASES["two_groups"]
+@pytest.mark.parametrize("case_name,direction", [("two_groups", d) for d in DIRECTIONS] +
+                         [(name, d) for name in STRIDED_CASES for d in SAMPLED_DIRECTIONS])
+def test_mixed_layouts_and_a_given_out(xp, rng, case_name, direction):
+    """One operand channels-last, the other C-contiguous (laid out first); a given out of either layout, poisoned
+    with NaN and written in place (every pixel of a strided backward-data's dx, most of them zeros); a weight
+    gradient added into out."""
+    case = ALL_CASES[case_name]
     (first, second), exact = operands(xp, rng, case, direction, np.float64, last_second=False)
     want = reference(direction, exact, case)
     for last in (False, True):
@@ -112,3 +129,19 @@ def test_find_offers_it_on_channels_last_problems(xp, rng):
     assert layout.is_channels_last(y)
     np.testing.assert_allclose(to_numpy(layout.contiguous(y)), reference("forward", exact, case), rtol=2e-5,
                                atol=2e-5 * 10)
+
+
+def test_strided_problems_it_takes(xp):
+    """Forward and backward-data of a channels-last strided 1x1 problem whose sampled rows are one batch stride
+    apart (H = stride·P, or one image), backward-data first in the rules' order; not backward-filter, not a
+    C-contiguous or padded problem, and not several images of an H that leaves rows after the last sample."""
+    device = "cpu" if xp is np else "cuda"
+    for name in STRIDED_CASES:
+        problem = problem_of(STRIDED_CASES[name], np.float32, device).laid_out(True)
+        assert [gemm_1x1.Gemm1x1().supports(problem, d) for d in DIRECTIONS] == [True, True, False]
+        assert conv.selection.preference(problem, "backward_data")[0] == ALGO
+        assert not gemm_1x1.Gemm1x1().supports(problem.laid_out(False), "backward_data")
+    for refused in ((2, 6, 7, 8, 5, 1, 1, 2, 0, 1, 1), (2, 6, 8, 8, 5, 1, 1, 2, 1, 1, 1)):  # H = 7, P = 4; padded
+        problem = problem_of(refused, np.float32, device).laid_out(True)
+        assert not gemm_1x1.Gemm1x1().supports(problem, "backward_data")
+        assert conv.selection.preference(problem, "backward_data")[0] != ALGO

@@ -25,6 +25,17 @@ batch, with no workspace:
 A group's channels are a block of the rows' columns (leading dimension C, or K, of all the groups). An operand
 of such a problem that is not channels-last is laid out first, and an output that is not is written through a
 channels-last temporary.
+
+A strided 1x1 channels-last problem (ResNet's shortcuts) samples x at pixels (s_h·p, s_w·q): image row p of those
+is Q pixel rows s_w·C apart, and row p + 1 starts s_h·W·C further on, across images too where H = s_h·P. So the
+sampled pixels are a strided batch of N·P matrices (Q × C) over x's own buffer, and forward and backward-data are
+one strided-batched GEMM each, again with no copy:
+
+    y (N·P: Q × K)           =  x sampled (N·P: Q × C)  ·  Wᵀ
+    dx sampled (N·P: Q × C)  =  dy (N·P: Q × K)         ·  W        the rest of dx zeroed first (no dy reaches it)
+
+where backward-data's alternatives gather dy at every dx pixel or copy each phase (strided_dgrad). Backward-filter
+would sum over the batch, which a batched GEMM does not; it is left to the others.
 """
 from __future__ import annotations
 
@@ -45,7 +56,8 @@ class Gemm1x1(ConvAlgorithm):
     replayable = True  # GEMMs through blas and the ones through _cuda.launch: a repeat replays the recorded call
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
-        return problem.is_1x1  # a 1x1 filter's dilation changes nothing
+        # a 1x1 filter's dilation changes nothing
+        return problem.is_1x1 or (direction != "backward_filter" and samples_in_batches(problem))
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         if direction != "backward_filter" or problem.channels_last:
@@ -115,6 +127,47 @@ class Gemm1x1(ConvAlgorithm):
             convert.float_to_half(total, half, out=group)
 
 
+def samples_in_batches(problem: ConvProblem) -> bool:
+    """Whether ``problem`` is a strided 1x1, unpadded, channels-last convolution whose sampled pixels lie one
+    stride apart from image row to image row, across images too (H = stride_h·P, or one image): the strided batch
+    of the module docstring."""
+    return (problem.channels_last and (problem.R, problem.S, problem.padding) == (1, 1, (0, 0))
+            and problem.stride != (1, 1) and (problem.N == 1 or problem.H == problem.stride[0] * problem.P))
+
+
+def _sampled_rows(array: Any, problem: ConvProblem) -> Any:
+    """(N·P, Q, C): the pixels (stride_h·p, stride_w·q) of a channels-last (N, C, H, W) array as N·P row-major
+    matrices over its buffer (a view, which the output's writes reach)."""
+    N, C, H, W = array.shape
+    (u, v), item = problem.stride, array.itemsize
+    return backend.get_array_module(array).lib.stride_tricks.as_strided(
+        _pixel_rows(array), (N * problem.P, problem.Q, C), (u * W * C * item, v * C * item, item))
+
+
+def _sampled_products(direction: str, first: Any, second: Any, problem: ConvProblem, result: Any) -> None:
+    """Forward or backward-data of a strided 1x1 channels-last problem into the channels-last ``result``: one
+    strided-batched GEMM per group between the sampled pixel rows and the (N·P, Q, K) rows of y or dy."""
+    Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+    if direction == "forward":
+        source, widths = _sampled_rows(layout.to_channels_last(first), problem), (Cg, Kg)
+        target = _pixel_rows(result).reshape(problem.N * problem.P, problem.Q, problem.K)
+    else:
+        source = _pixel_rows(layout.to_channels_last(first)).reshape(problem.N * problem.P, problem.Q, problem.K)
+        target, widths = _sampled_rows(result, problem), (Kg, Cg)
+        # dx outside the sampled pixels gets no gradient: zeroed first, one memset of the buffer on the GPU (the
+        # channels-last calls are not recorded for replay, so nothing replays the GEMM without it)
+        zeros = _pixel_rows(result)
+        if isinstance(zeros, np.ndarray):
+            zeros.fill(0)
+        else:
+            zeros.data.memset_async(0, zeros.nbytes)
+    for g in range(problem.groups):
+        weights = weight_matrix(second, problem, g)  # (K/G, C/G)
+        blas.gemm_batched(source[..., g * widths[0]:(g + 1) * widths[0]],
+                          repeated(weights.T if direction == "forward" else weights, source.shape[0]),
+                          target[..., g * widths[1]:(g + 1) * widths[1]])
+
+
 def _pixel_rows(array: Any) -> Any:
     """(N·H·W, C): a channels-last array's buffer as one row per pixel (a view; an array whose two layouts coincide
     is that buffer already)."""
@@ -142,12 +195,15 @@ def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvP
         return
     direct = layout.is_channels_last(out) or layout.coincide(out.shape)
     result = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
-    source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
-    source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
-    for g in range(problem.groups):
-        weights = weight_matrix(second, problem, g)  # (K/G, C/G)
-        blas.gemm(_group_columns(source_rows, g, source_width), weights.T if direction == "forward" else weights,
-                  _group_columns(result_rows, g, result_width))
+    if samples_in_batches(problem):
+        _sampled_products(direction, first, second, problem, result)
+    else:
+        source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
+        source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
+        for g in range(problem.groups):
+            weights = weight_matrix(second, problem, g)  # (K/G, C/G)
+            blas.gemm(_group_columns(source_rows, g, source_width), weights.T if direction == "forward" else weights,
+                      _group_columns(result_rows, g, result_width))
     if not direct:
         out[...] = layout.contiguous(result)
 
