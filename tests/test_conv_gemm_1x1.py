@@ -2,8 +2,9 @@
 channels-last buffers, no workspace, held to the float64 ``reference`` on C-contiguous copies of the same values
 (float64 and float32 tightly, the half types by the half bound of tests/test_conv_half.py), with groups, an image
 of one pixel (whose two layouts coincide), operands of mixed layouts and a given ``out`` of either layout; and the
-strided 1x1 channels-last problems' forward and backward-data, one strided-batched GEMM over the sampled pixels
-(a NaN-poisoned ``out`` shows that backward-data zeroes every pixel no dy reaches).
+strided 1x1 channels-last problems' forward and backward-data, a GEMM on rows gathered from x's sampled pixels or
+scattered onto dx's, a chunk of images at a time (a NaN-poisoned ``out`` shows that backward-data writes every pixel
+of dx, zeros where no dy reaches).
 Its C-contiguous path is held by test_primitives_conv.py's shared cases."""
 import numpy as np
 import pytest
@@ -25,8 +26,8 @@ CASES = {
 # Strided 1x1 problems: forward and backward-data only (backward-filter sums over the batch)
 STRIDED_CASES = {
     "stride_2_odd_width": (3, 6, 8, 11, 5, 1, 1, 2, 0, 1, 1),             # H = 2·P; W = 11, Q = 6
-    "stride_3_by_2_two_groups": (2, 8, 9, 7, 10, 1, 1, (3, 2), 0, 1, 2),  # H = 3·P; Q = 4 columns of 7
-    "one_image_odd_height": (1, 7, 7, 6, 4, 1, 1, 2, 0, 1, 1),              # H = 7 > 2·P − 1 = 7: one image
+    "stride_3_by_2_two_groups": (2, 8, 9, 7, 10, 1, 1, (3, 2), 0, 1, 2),  # Q = 4 columns of 7
+    "odd_height": (2, 7, 7, 6, 4, 1, 1, 2, 0, 1, 1),                         # H = 7: a last row no sample lands on
 }
 SAMPLED_DIRECTIONS = ("forward", "backward_data")
 ALL_CASES = {**CASES, **STRIDED_CASES}
@@ -62,8 +63,9 @@ def test_channels_last_operands_match_float64(xp, rng, case_name, direction, dty
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
+# half pixels of 16 bytes (C = 8) and of 14 (C = 7): the GPU's gather and scatter in 16- and 2-byte words
 @pytest.mark.parametrize("case_name,direction", [("two_groups", d) for d in DIRECTIONS] +
-                         [("stride_3_by_2_two_groups", d) for d in SAMPLED_DIRECTIONS])
+                         [(name, d) for name in ("stride_3_by_2_two_groups", "odd_height") for d in SAMPLED_DIRECTIONS])
 def test_half_channels_last_within_the_half_bound(xp, rng, case_name, direction, name):
     case = ALL_CASES[case_name]
     shapes = operand_shapes(case, direction)
@@ -78,16 +80,13 @@ def test_half_channels_last_within_the_half_bound(xp, rng, case_name, direction,
                              f"{direction} {name}")
 
 
-@pytest.mark.parametrize("case_name,direction", [("two_groups", d) for d in DIRECTIONS] +
-                         [("stride_3_by_2_two_groups", d) for d in SAMPLED_DIRECTIONS])
-def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkeypatch, xp, rng, case_name,
-                                                                          direction):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkeypatch, xp, rng, direction):
     """No workspace, and never the C-contiguous path (its per-image GEMMs, or copies of the operands)."""
-    case = ALL_CASES[case_name]
+    case = CASES["two_groups"]
     problem = problem_of(case, np.float64, "cpu" if xp is np else "cuda").laid_out(True)
     assert gemm_1x1.Gemm1x1().workspace_bytes(problem, direction) == 0
-    if case_name in CASES:
-        assert gemm_1x1.Gemm1x1().workspace_bytes(problem.laid_out(False), "backward_filter") > 0
+    assert gemm_1x1.Gemm1x1().workspace_bytes(problem.laid_out(False), "backward_filter") > 0
 
     def refuse(*args, **kwargs):
         raise AssertionError("the C-contiguous path ran")
@@ -96,6 +95,25 @@ def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkey
     (first, second), exact = operands(xp, rng, case, direction, np.float64)
     got = run(direction, first, second, case, algo=ALGO)
     np.testing.assert_allclose(to_numpy(layout.contiguous(got)), reference(direction, exact, case), rtol=1e-12,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("direction", SAMPLED_DIRECTIONS)
+def test_a_strided_problem_runs_in_chunks_of_images(monkeypatch, xp, rng, direction):
+    """Its workspace holds the sampled rows of as many images as the default limit does (here, with the limit
+    lowered, two of three: two chunks); the result is the float64 reference's on every image."""
+    case = STRIDED_CASES["stride_2_odd_width"]
+    problem = problem_of(case, np.float64, "cpu" if xp is np else "cuda").laid_out(True)
+    image_bytes = problem.P * problem.Q * problem.C * 8
+    assert gemm_1x1.sampled_chunk(problem) == problem.N
+    monkeypatch.setattr(gemm_1x1, "DEFAULT_WORKSPACE_LIMIT", 2 * image_bytes + 8)
+    assert gemm_1x1.sampled_chunk(problem) == 2
+    assert gemm_1x1.Gemm1x1().workspace_bytes(problem, direction) == 2 * image_bytes
+    (first, second), exact = operands(xp, rng, case, direction, np.float64)
+    out = layout.empty(output_shape(case, direction), np.float64, xp, True)
+    out[...] = np.nan
+    run(direction, first, second, case, algo=ALGO, out=out)
+    np.testing.assert_allclose(to_numpy(layout.contiguous(out)), reference(direction, exact, case), rtol=1e-12,
                                atol=1e-12)
 
 
@@ -132,16 +150,14 @@ def test_find_offers_it_on_channels_last_problems(xp, rng):
 
 
 def test_strided_problems_it_takes(xp):
-    """Forward and backward-data of a channels-last strided 1x1 problem whose sampled rows are one batch stride
-    apart (H = stride·P, or one image), backward-data first in the rules' order; not backward-filter, not a
-    C-contiguous or padded problem, and not several images of an H that leaves rows after the last sample."""
+    """Forward and backward-data of any channels-last strided 1x1 unpadded problem, backward-data first in the
+    rules' order; not backward-filter, not a C-contiguous or a padded problem."""
     device = "cpu" if xp is np else "cuda"
     for name in STRIDED_CASES:
         problem = problem_of(STRIDED_CASES[name], np.float32, device).laid_out(True)
         assert [gemm_1x1.Gemm1x1().supports(problem, d) for d in DIRECTIONS] == [True, True, False]
         assert conv.selection.preference(problem, "backward_data")[0] == ALGO
         assert not gemm_1x1.Gemm1x1().supports(problem.laid_out(False), "backward_data")
-    for refused in ((2, 6, 7, 8, 5, 1, 1, 2, 0, 1, 1), (2, 6, 8, 8, 5, 1, 1, 2, 1, 1, 1)):  # H = 7, P = 4; padded
-        problem = problem_of(refused, np.float32, device).laid_out(True)
-        assert not gemm_1x1.Gemm1x1().supports(problem, "backward_data")
-        assert conv.selection.preference(problem, "backward_data")[0] != ALGO
+    padded = problem_of((2, 6, 8, 8, 5, 1, 1, 2, 1, 1, 1), np.float32, device).laid_out(True)
+    assert not gemm_1x1.Gemm1x1().supports(padded, "backward_data")
+    assert conv.selection.preference(padded, "backward_data")[0] != ALGO

@@ -26,16 +26,16 @@ A group's channels are a block of the rows' columns (leading dimension C, or K, 
 of such a problem that is not channels-last is laid out first, and an output that is not is written through a
 channels-last temporary.
 
-A strided 1x1 channels-last problem (ResNet's shortcuts) samples x at pixels (s_h·p, s_w·q): image row p of those
-is Q pixel rows s_w·C apart, and row p + 1 starts s_h·W·C further on, across images too where H = s_h·P. So the
-sampled pixels are a strided batch of N·P matrices (Q × C) over x's own buffer, and forward and backward-data are
-one strided-batched GEMM each, again with no copy:
+A strided 1x1 channels-last problem (ResNet's shortcuts) reads x only at the pixels (s_h·p, s_w·q), and its
+backward-data writes dx only there. Those pixels are gathered into (N·P·Q × C) rows in the workspace, or scattered
+from them onto dx (gemm_1x1.cu, every other pixel of dx written zero in the same pass), around one GEMM per group:
 
-    y (N·P: Q × K)           =  x sampled (N·P: Q × C)  ·  Wᵀ
-    dx sampled (N·P: Q × C)  =  dy (N·P: Q × K)         ·  W        the rest of dx zeroed first (no dy reaches it)
+    y (N·P·Q × K)     =  gathered x (N·P·Q × C)  ·  Wᵀ
+    rows (N·P·Q × C)  =  dy (N·P·Q × K)          ·  W        then scattered onto dx
 
-where backward-data's alternatives gather dy at every dx pixel or copy each phase (strided_dgrad). Backward-filter
-would sum over the batch, which a batched GEMM does not; it is left to the others.
+a chunk of images at a time, as many as the default workspace limit holds, so that each GEMM is one long product.
+Backward-data's alternatives gather dy at every dx pixel (implicit GEMM), copy each phase (strided_dgrad) or sum
+columns back (gemm's col2im). Backward-filter is left to them.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from ... import backend
 from .. import _cuda, blas, convert, layout
 from .gemm import per_image, repeated, weight_matrix
 from .problem import ConvProblem
-from .registry import ConvAlgorithm, register, workspace_array
+from .registry import DEFAULT_WORKSPACE_LIMIT, ConvAlgorithm, register, workspace_array
 
 
 class Gemm1x1(ConvAlgorithm):
@@ -57,9 +57,11 @@ class Gemm1x1(ConvAlgorithm):
 
     def supports(self, problem: ConvProblem, direction: str) -> bool:
         # a 1x1 filter's dilation changes nothing
-        return problem.is_1x1 or (direction != "backward_filter" and samples_in_batches(problem))
+        return problem.is_1x1 or (direction != "backward_filter" and samples_pixels(problem))
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        if not problem.is_1x1:  # a strided problem's sampled rows, a chunk of images at a time
+            return sampled_chunk(problem) * problem.P * problem.Q * problem.C * problem.itemsize
         if direction != "backward_filter" or problem.channels_last:
             return 0
         partials = problem.N * problem.K * (problem.C // problem.groups)
@@ -74,7 +76,7 @@ class Gemm1x1(ConvAlgorithm):
         """A channels-last problem: one GEMM per group on the pixel rows (:func:`_pixel_rows_products`); any other
         on C-contiguous operands, as every algorithm without channels-last kernels runs."""
         if problem.channels_last:
-            _pixel_rows_products(direction, first, second, problem, out, accumulate)
+            _pixel_rows_products(direction, first, second, problem, out, accumulate, workspace)
         else:
             super().run_in_layout(direction, first, second, problem, out, accumulate, workspace)
 
@@ -127,45 +129,68 @@ class Gemm1x1(ConvAlgorithm):
             convert.float_to_half(total, half, out=group)
 
 
-def samples_in_batches(problem: ConvProblem) -> bool:
-    """Whether ``problem`` is a strided 1x1, unpadded, channels-last convolution whose sampled pixels lie one
-    stride apart from image row to image row, across images too (H = stride_h·P, or one image): the strided batch
-    of the module docstring."""
+def samples_pixels(problem: ConvProblem) -> bool:
+    """Whether ``problem`` is a strided 1x1, unpadded, channels-last convolution: forward and backward-data on
+    gathered or scattered rows of its sampled pixels (the module docstring)."""
     return (problem.channels_last and (problem.R, problem.S, problem.padding) == (1, 1, (0, 0))
-            and problem.stride != (1, 1) and (problem.N == 1 or problem.H == problem.stride[0] * problem.P))
+            and problem.stride != (1, 1))
 
 
-def _sampled_rows(array: Any, problem: ConvProblem) -> Any:
-    """(N·P, Q, C): the pixels (stride_h·p, stride_w·q) of a channels-last (N, C, H, W) array as N·P row-major
-    matrices over its buffer (a view, which the output's writes reach)."""
-    N, C, H, W = array.shape
-    (u, v), item = problem.stride, array.itemsize
-    return backend.get_array_module(array).lib.stride_tricks.as_strided(
-        _pixel_rows(array), (N * problem.P, problem.Q, C), (u * W * C * item, v * C * item, item))
+def sampled_chunk(problem: ConvProblem) -> int:
+    """How many images' sampled rows one GEMM takes: as many as fit the default workspace limit (at least one), so
+    that a large layer runs in a few large GEMMs and its workspace stays under the limit find keeps to."""
+    image_bytes = problem.P * problem.Q * problem.C * problem.itemsize
+    return max(1, min(problem.N, DEFAULT_WORKSPACE_LIMIT // image_bytes))
 
 
-def _sampled_products(direction: str, first: Any, second: Any, problem: ConvProblem, result: Any) -> None:
-    """Forward or backward-data of a strided 1x1 channels-last problem into the channels-last ``result``: one
-    strided-batched GEMM per group between the sampled pixel rows and the (N·P, Q, K) rows of y or dy."""
-    Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
-    if direction == "forward":
-        source, widths = _sampled_rows(layout.to_channels_last(first), problem), (Cg, Kg)
-        target = _pixel_rows(result).reshape(problem.N * problem.P, problem.Q, problem.K)
-    else:
-        source = _pixel_rows(layout.to_channels_last(first)).reshape(problem.N * problem.P, problem.Q, problem.K)
-        target, widths = _sampled_rows(result, problem), (Kg, Cg)
-        # dx outside the sampled pixels gets no gradient: zeroed first, one memset of the buffer on the GPU (the
-        # channels-last calls are not recorded for replay, so nothing replays the GEMM without it)
-        zeros = _pixel_rows(result)
-        if isinstance(zeros, np.ndarray):
-            zeros.fill(0)
+def _move_sampled(direction: str, source: Any, target: Any, images: int, problem: ConvProblem) -> None:
+    """Gather (forward: ``source`` x's pixel rows, ``target`` the (images·P·Q, C) rows) or scatter (backward-data:
+    the other way, onto dx's whole pixel rows, zeros where no sample lands) ``images`` images' sampled pixels."""
+    (u, v), P, Q = problem.stride, problem.P, problem.Q
+    H, W = problem.H, problem.W
+    if isinstance(target, np.ndarray):
+        pixels = (images, H, W, problem.C)
+        if direction == "forward":
+            target.reshape(images, P, Q, -1)[...] = source.reshape(pixels)[:, ::u, ::v]
         else:
-            zeros.data.memset_async(0, zeros.nbytes)
-    for g in range(problem.groups):
-        weights = weight_matrix(second, problem, g)  # (K/G, C/G)
-        blas.gemm_batched(source[..., g * widths[0]:(g + 1) * widths[0]],
-                          repeated(weights.T if direction == "forward" else weights, source.shape[0]),
-                          target[..., g * widths[1]:(g + 1) * widths[1]])
+            target.fill(0)
+            target.reshape(pixels)[:, ::u, ::v] = source.reshape(images, P, Q, -1)
+        return
+    pixel_bytes = problem.C * problem.itemsize
+    word = next(size for size in (16, 8, 4, 2)
+                if pixel_bytes % size == 0 and source.data.ptr % size == 0 and target.data.ptr % size == 0)
+    name = ("gather_sampled_" if direction == "forward" else "scatter_sampled_") + str(word)
+    words = pixel_bytes // word
+    _cuda.launch(_cuda.function("conv/gemm_1x1.cu", name, np.float32), target.nbytes // word,
+                 (source, target, _cuda.i32(target.nbytes // word), _cuda.i32(words), _cuda.i32(H), _cuda.i32(W),
+                  _cuda.i32(P), _cuda.i32(Q), _cuda.i32(u), _cuda.i32(v)))
+
+
+def _sampled_products(direction: str, first: Any, second: Any, problem: ConvProblem, result: Any,
+                      workspace: Any) -> None:
+    """Forward or backward-data of a strided 1x1 channels-last problem into the channels-last ``result``, a chunk
+    of images at a time: x's sampled pixels gathered into the workspace's rows, then one GEMM per group into y; or
+    one GEMM per group from dy into the rows, then scattered onto dx."""
+    Cg, Kg, N, PQ, HW = problem.C // problem.groups, problem.K // problem.groups, problem.N, problem.P * problem.Q, \
+        problem.H * problem.W
+    chunk = sampled_chunk(problem)
+    source = _pixel_rows(layout.to_channels_last(first))  # x's (N·H·W, C) rows, or dy's (N·P·Q, K)
+    target = _pixel_rows(result)                           # y's (N·P·Q, K) rows, or dx's (N·H·W, C)
+    for start in range(0, N, chunk):
+        images = min(chunk, N - start)
+        rows = workspace_array(workspace, (images * PQ, problem.C), problem.dtype)
+        if direction == "forward":
+            _move_sampled(direction, source[start * HW:(start + images) * HW], rows, images, problem)
+            outputs = target[start * PQ:(start + images) * PQ]
+            for g in range(problem.groups):
+                blas.gemm(_group_columns(rows, g, Cg), weight_matrix(second, problem, g).T,
+                          _group_columns(outputs, g, Kg))
+        else:
+            gradients = source[start * PQ:(start + images) * PQ]
+            for g in range(problem.groups):
+                blas.gemm(_group_columns(gradients, g, Kg), weight_matrix(second, problem, g),
+                          _group_columns(rows, g, Cg))
+            _move_sampled(direction, rows, target[start * HW:(start + images) * HW], images, problem)
 
 
 def _pixel_rows(array: Any) -> Any:
@@ -181,7 +206,7 @@ def _group_columns(rows: Any, g: int, width: int) -> Any:
 
 
 def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
-                         accumulate: bool) -> None:
+                         accumulate: bool, workspace: Any) -> None:
     """``direction`` of a channels-last problem as one GEMM per group over the pixel rows (the module docstring's
     products): x and dy laid out channels-last where they are not, y or dx written into ``out`` (through a
     channels-last temporary when out is not), dW added into ``out`` when ``accumulate``."""
@@ -195,8 +220,8 @@ def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvP
         return
     direct = layout.is_channels_last(out) or layout.coincide(out.shape)
     result = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
-    if samples_in_batches(problem):
-        _sampled_products(direction, first, second, problem, result)
+    if samples_pixels(problem):
+        _sampled_products(direction, first, second, problem, result, workspace)
     else:
         source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
         source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)

@@ -61,7 +61,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     """Algorithm names in the order ``get`` tries them for this problem.
 
     The rules say where each algorithm's idea pays: a 1x1 stride-1 convolution is a plain GEMM, and so is a
-    strided 1x1 channels-last one's backward-data, a batched GEMM onto the sampled pixels of a zeroed dx;
+    strided 1x1 channels-last one's backward-data, a GEMM whose rows are scattered onto dx;
     on the GPU Winograd cuts a 3x3 stride-1 layer's multiplications 2.25x (F(2x2)) to 4x (F(4x4)), and
     a 5x5 layer's 6.25x (F(4x4, 5x5)); FFT's cost
     does not grow with the filter, so it pays for 5x5 and larger filters on larger images (7x7 on the CPU);
@@ -87,7 +87,7 @@ def preference(problem: ConvProblem, direction: str) -> list[str]:
     """
     names = []
     stride_1 = problem.stride == (1, 1) and problem.dilation == (1, 1)
-    if problem.is_1x1 or (direction == "backward_data" and gemm_1x1.samples_in_batches(problem)):
+    if problem.is_1x1 or (direction == "backward_data" and gemm_1x1.samples_pixels(problem)):
         names.append("gemm_1x1")
     if stride_1 and (problem.R, problem.S) == (3, 3) and problem.device == "cuda":
         # F(4x4) over the whole batch, else in chunks of images (its workspace bounded), else F(2x2).
