@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda
+from minidnn.primitives import _cuda, convert, layout
 
 from minidnn.primitives.conv import implicit_gemm, plans, registry, selection, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
@@ -206,3 +206,115 @@ def test_a_half_1x1_phase_runs_as_gemm_1x1_and_the_rules_offer_it_for_half_probl
     assert [strided_dgrad.phase_algorithm(phase) for _, _, phase, _, _ in float_phases] == ["implicit_gemm"]
     assert selection.get(problem(C=8, K=16, dtype=np.float16, device="cuda"), "backward_data", 1 << 30).name == \
         "strided_dgrad"
+
+
+# ----------------------------------------------------------------------------------------------
+# Channels-last phases on implicit_gemm_wgmma, each writing its pixels of dx in place
+# ----------------------------------------------------------------------------------------------
+# (N, C, H, W, K, R, S, stride, padding, groups): channel counts multiples of 8 (the half builds' vectors)
+IN_PLACE_CASES = {
+    "resnet_3x3_stride_2_odd_sizes": (3, 16, 15, 13, 24, 3, 3, (2, 2), (1, 1), 1),
+    "padding_2_groups": (2, 16, 11, 12, 32, 3, 3, (2, 2), (2, 2), 2),     # a phase's cropped padding below 0
+    "five_by_five_strides_3_2": (2, 8, 17, 14, 16, 5, 5, (3, 2), (1, 2), 1),
+    "shortcut_1x1_stride_2": (2, 8, 9, 8, 16, 1, 1, (2, 2), (0, 0), 1),    # three phases without taps: zeros
+    "rows_no_dy_reaches": (2, 8, 10, 9, 8, 3, 3, (2, 2), (0, 0), 1),      # H = 10: dx's last row gets nothing
+}
+
+
+def in_place_problem(case, dtype, device):
+    N, C, H, W, K, R, S, stride, padding, groups = case
+    return ConvProblem(N, C, H, W, K, R, S, stride, padding, (1, 1), groups, np.dtype(dtype), device, True)
+
+
+def stand_in_turned_filter(w, out, turned, groups):
+    """layout.filter_to_channels_last's turned copy on NumPy: w (K, C/G, R, S) -> out (C, R, S, K/G), each group's
+    filter turned on its own, r and s reversed."""
+    assert turned
+    K, group_channels, R, S = w.shape
+    out[...] = w.reshape(groups, K // groups, group_channels, R, S)[:, :, :, ::-1, ::-1].transpose(0, 2, 3, 4, 1) \
+        .reshape(out.shape)
+
+
+def stand_in_placed_forward(x_last, w_last, out, shape, placed=False):
+    """implicit_gemm_wgmma's Y_PLACED forward kernel on NumPy, read off the NhwcShape it is handed: y (N, P, Q, K·G)
+    of x_last (N, H, W, C·G) and w_last (K·G, R, S, C), stride 1, each output pixel (n, p, q) stored at pixel
+    n·out_image + p·out_row + q·out_column + out_first of out's channels-last buffer."""
+    assert placed and layout.is_channels_last(out)
+    N, C, H, W, K, R, S, P, Q, groups = (int(shape[f]) for f in ("N", "C", "H", "W", "K", "R", "S", "P", "Q", "groups"))
+    assert (int(shape["stride_h"]), int(shape["stride_w"]), int(shape["dilation_h"]), int(shape["dilation_w"])) == \
+        (1, 1, 1, 1)
+    x, w = x_last.reshape(N, H, W, C * groups), w_last.reshape(groups, K, R, S, C)
+    y = np.zeros((N, P, Q, K * groups))
+    for r in range(R):
+        for s in range(S):
+            rows, columns = np.arange(P) - int(shape["pad_h"]) + r, np.arange(Q) - int(shape["pad_w"]) + s
+            inside_rows, inside_columns = (rows >= 0) & (rows < H), (columns >= 0) & (columns < W)
+            patch = np.zeros((N, P, Q, C * groups))
+            patch[:, np.ix_(inside_rows, inside_columns)[0], np.ix_(inside_rows, inside_columns)[1]] = \
+                x[:, rows[inside_rows]][:, :, columns[inside_columns]]
+            for g in range(groups):
+                y[..., g * K:(g + 1) * K] += patch[..., g * C:(g + 1) * C] @ w[g, :, r, s, :].T
+    n, p, q = np.meshgrid(np.arange(N), np.arange(P), np.arange(Q), indexing="ij")
+    placed_pixels = n * int(shape["out_image"]) + p * int(shape["out_row"]) + q * int(shape["out_column"]) + \
+        int(shape["out_first"])
+    layout.flat(out).reshape(-1, K * groups)[placed_pixels.ravel()] = y.reshape(-1, K * groups)
+
+
+@pytest.mark.parametrize("case_name", IN_PLACE_CASES)
+def test_the_in_place_phases_on_numpy_with_the_kernels_stood_in(rng, monkeypatch, case_name):
+    """The GPU path's Python (the cropped shapes, the placements, the zeroing where phases leave pixels, the
+    workspace) run on NumPy, the two kernels stood in by their NumPy equivalents above: every pixel of a
+    NaN-poisoned channels-last dx written, equal to the float64 reference, within a 0xFF workspace of exactly the
+    declared size."""
+    case = in_place_problem(IN_PLACE_CASES[case_name], np.float64, "cpu")
+    monkeypatch.setattr(strided_dgrad, "on_wgmma", lambda problem: problem.channels_last)
+    monkeypatch.setattr(strided_dgrad.layout, "filter_to_channels_last", stand_in_turned_filter)
+    monkeypatch.setattr(strided_dgrad.implicit_gemm_wgmma, "_launch_forward", stand_in_placed_forward)
+    dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
+    want = call("backward_data", dy, w, case.x_shape, (case.stride, case.padding, 1, case.groups), algo="reference")
+    workspace = np.full(ALGORITHM.workspace_bytes(case, "backward_data"), 0xFF, dtype=np.uint8)
+    out = layout.empty(case.x_shape, np.float64, np, True)
+    out[...] = np.nan
+    ALGORITHM.run_in_layout("backward_data", layout.to_channels_last(dy), w, case, out, False, workspace)
+    assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case_name", IN_PLACE_CASES)
+def test_the_in_place_phases_on_wgmma(rng, case_name, precision):
+    """A channels-last problem's phases on implicit_gemm_wgmma (on Hopper): every pixel of a NaN-poisoned dx of
+    either layout written, within TF32's error or the half bound of the float64 reference."""
+    from tests.helpers import assert_within_half_bound, half_operand  # noqa: PLC0415
+
+    if not _cuda.has_wgmma():
+        pytest.skip("Hopper's kernel")
+    cupy = backend.cupy()
+    half = None if precision == "tf32" else precision
+    storage = {None: np.float32, "float16": np.float16, "bfloat16": np.uint16}[half]  # bfloat16: 16-bit words
+    case = in_place_problem(IN_PLACE_CASES[case_name], storage, "cuda")
+    args = (case.stride, case.padding, 1, case.groups)
+    with _cuda.tf32(True):
+        assert strided_dgrad.on_wgmma(case)
+        for out_last in (True, False):
+            if half is None:
+                dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
+                operands = (cupy.asarray(dy.astype(np.float32)), cupy.asarray(w.astype(np.float32)))
+                out = layout.empty(case.x_shape, np.float32, cupy, out_last)
+                out[...] = np.nan
+            else:
+                (dy_gpu, dy), (w_gpu, w) = half_operand(cupy, rng, case.y_shape, half), \
+                    half_operand(cupy, rng, case.w_shape, half, scale=0.5)
+                operands = (dy_gpu, w_gpu)
+                out = layout.empty(case.x_shape, storage, cupy, out_last)
+                out[...] = convert.float_to_half(cupy.full(case.x_shape, np.nan, dtype=np.float32), half)
+            ALGORITHM.run_in_layout("backward_data", layout.to_channels_last(operands[0]), operands[1], case, out,
+                                    False, cupy.empty(ALGORITHM.workspace_bytes(case, "backward_data"), np.uint8))
+            want = call("backward_data", dy, w, case.x_shape, args, algo="reference")
+            if half is None:
+                error = relative_error(layout.contiguous(out), want)
+                assert error < 2e-3, f"TF32: relative error {error:.2e}"
+            else:
+                magnitude = call("backward_data", np.abs(dy), np.abs(w), case.x_shape, args, algo="reference")
+                assert_within_half_bound(layout.contiguous(out), want, magnitude, half,
+                                         case.K // case.groups * case.R * case.S, f"{case_name} {half}")

@@ -15,6 +15,10 @@
 struct NhwcShape {
     int N, C, H, W, K, R, S, P, Q;
     int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+    // The Y_PLACED build's placement of output pixel (n, p, q) among a channels-last y's pixels:
+    // n·out_image + p·out_row + q·out_column + out_first (a strided backward-data's phase writing its pixels of dx in
+    // place, strided_dgrad.py); (P·Q, Q, 1, 0) elsewhere, where no build reads them.
+    int out_image, out_row, out_column, out_first;
     __device__ __forceinline__ int channels_in() const { return C * groups; }    // x's pixel stride
     __device__ __forceinline__ int channels_out() const { return K * groups; }   // y's and dy's pixel stride
 };
@@ -175,6 +179,9 @@ struct ForwardGather {
 #ifndef Y_LAST
 #define Y_LAST 0
 #endif
+#ifndef Y_PLACED  // with Y_LAST: rows stored at NhwcShape's placement, not in order
+#define Y_PLACED 0
+#endif
 
 // The CTA's M_TILE × N_TILE tile of stored outputs, staged in shared memory (rows padded by 8 values) in the
 // order its store reads: [column][row] for y (N, K, P, Q), [row][column] for the channels-last buffer.
@@ -201,7 +208,14 @@ __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& o
     for (int i = threadIdx.x; i < M_TILE * RUNS; i += THREAD_COUNT) {
         const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + RUN * run;
         if (row >= rows || k >= s.K) continue;
+#if Y_PLACED
+        const int image = row / PQ, pq = row - image * PQ, p = pq / s.Q;
+        const long long placed = (long long)image * s.out_image + p * s.out_row + (pq - p * s.Q) * s.out_column +
+                                 s.out_first;
+        Element* destination = y + placed * s.channels_out() + k;
+#else
         Element* destination = y + (long long)row * s.channels_out() + k;
+#endif
         if (s.K % RUN == 0) {
             *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(&out.values[pixel][RUN * run]);
         } else {

@@ -223,14 +223,17 @@ def padded_problem(problem: ConvProblem) -> ConvProblem | None:
 registry.cache_clearers.append(padded_problem.cache_clear)
 
 
-def backward_data_problem(problem: ConvProblem) -> ConvProblem:
+def backward_data_problem(problem: ConvProblem, rows: tuple[int, int] | None = None,
+                          columns: tuple[int, int] | None = None) -> ConvProblem:
     """The forward problem that backward-data of stride-1 ``problem`` is: dy (N, K, P, Q) in, dx (N, C, H, W)
     out, the turned filter (C, K/G, R, S), padding d·(R − 1) − pad (negative where pad is wider), the same
-    groups."""
+    groups. ``rows`` and ``columns`` ((first, stop) of dx's): only those dx pixels, the output cropped to them (its
+    padding less by first)."""
     (d_h, d_w), (pad_h, pad_w) = problem.dilation, problem.padding
-    return _ForwardOnDy(problem.N, problem.K, problem.P, problem.Q, problem.C, problem.R, problem.S, problem.H,
-                        problem.W, (d_h * (problem.R - 1) - pad_h, d_w * (problem.S - 1) - pad_w), problem.dilation,
-                        problem.half_type, problem.groups)
+    (first_h, stop_h), (first_w, stop_w) = rows or (0, problem.H), columns or (0, problem.W)
+    padding = (d_h * (problem.R - 1) - pad_h - first_h, d_w * (problem.S - 1) - pad_w - first_w)
+    return _ForwardOnDy(problem.N, problem.K, problem.P, problem.Q, problem.C, problem.R, problem.S, stop_h - first_h,
+                        stop_w - first_w, padding, problem.dilation, problem.half_type, problem.groups)
 
 
 class _ForwardOnDy:
@@ -482,17 +485,20 @@ def _to_channels_last(array: Any, out: Any) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _shape_struct(problem: Any) -> np.void:
-    """The problem as channels_last.cuh's NhwcShape, C and K one group's (built once per problem)."""
+def _shape_struct(problem: Any, placement: tuple[int, int, int, int] | None = None) -> np.void:
+    """The problem as channels_last.cuh's NhwcShape, C and K one group's (built once per problem); ``placement``
+    (out_image, out_row, out_column, out_first): where the Y_PLACED build stores output pixel (n, p, q), by default
+    in order."""
     groups = problem.groups
+    placement = placement or (problem.P * problem.Q, problem.Q, 1, 0)
     return np.array([(problem.N, problem.C // groups, problem.H, problem.W, problem.K // groups, problem.R, problem.S,
-                      problem.P, problem.Q, *problem.stride, *problem.padding, *problem.dilation, groups)],
+                      problem.P, problem.Q, *problem.stride, *problem.padding, *problem.dilation, groups, *placement)],
                     dtype=_NHWC_SHAPE)[0]
 
 
 _NHWC_SHAPE = np.dtype([(name, np.int32) for name in (
     "N", "C", "H", "W", "K", "R", "S", "P", "Q", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h",
-    "dilation_w", "groups")])
+    "dilation_w", "groups", "out_image", "out_row", "out_column", "out_first")])
 
 
 register(ImplicitGemmNhwc())

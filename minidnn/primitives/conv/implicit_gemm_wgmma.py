@@ -135,22 +135,24 @@ def shared_bytes(block_n: int) -> int:
 _VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
 
 
-def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False) -> Any:
+def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False, placed: bool = False) -> Any:
     """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
-    channels-last y."""
+    channels-last y; ``placed``: its rows stored at the shape's placement (channels_last.cuh's Y_PLACED)."""
     stages, in_flight = PIPELINES[block_n]
     return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ()))
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ())
+        + ((("Y_PLACED", 1),) if placed else ()))
 
 
-def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
+def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void, placed: bool = False) -> None:
     """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), for
-    ``shape``."""
+    ``shape``; ``placed``: out is a channels-last array whose pixels the shape's placement names (a strided
+    backward-data's phase writing into dx, strided_dgrad.py), not (N, K, P, Q) itself."""
     _cuda.check_int32(x_last, w_last, out)
     half = convert.half_type_of(out)
     block_n = tile_width(int(shape["K"]), half, "forward")
-    y_last = layout.is_channels_last(out)
-    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last)
+    y_last = placed or layout.is_channels_last(out)  # a placed out's caller lays it out channels-last
+    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last, placed)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
                                            shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
 

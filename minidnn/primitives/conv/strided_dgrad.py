@@ -13,11 +13,18 @@ that is, dx_ab (N, C, P + R_a − 1, Q + S_b − 1) = backward-data of a stride-
 has R_a = ⌈(R − a)/u⌉ × S_b = ⌈(S − b)/v⌉ taps and whose output is dy. Every dx pixel lies in exactly
 one phase; a phase without taps (u > R) has zero gradient. Every multiply-add is one the answer needs.
 
-Two ways to run the phases:
+Three ways to run the phases:
 
 * **In one launch** (GPU, when every phase has taps, as on every strided 3×3 and 7×7 layer):
   implicit_gemm.cu's phase kernel, blockIdx.z the phase, each phase's rows its own dx pixels and its
   reduction K/G·R_a·S_b; every pixel is written once, in place. No workspace, no copies.
+* **On wgmma, each phase's pixels written in place** (a channels-last problem on Hopper whose every phase
+  ``implicit_gemm_wgmma`` runs: TF32 or half): each phase is that kernel's backward-data, a forward convolution of dy
+  as it lies with the phase's turned sub-filter, its output cropped to the dx rows and columns the phase reaches
+  (``implicit_gemm_nhwc.backward_data_problem``'s padding less by the first of them), and each output pixel stored
+  at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and column strides u·W and v). No dx_ab,
+  no layout changes; dx is zeroed first only where the phases leave pixels unwritten. Workspace: the largest
+  phase's sub-filter and its turned channels-last copy.
 * **One after another** (the NumPy twin; and on the GPU a stride wider than the filter, the 1×1
   stride-2 shortcuts, whose phases without taps the one-launch kernel has not been run on): dx is
   zeroed, then each phase with taps runs as one ``implicit_gemm`` backward-data call on a contiguous
@@ -34,9 +41,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import implicit_gemm
+import numpy as np
+
+from ... import backend
+from .. import _cuda, layout
+from . import implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma
 from .problem import ConvProblem
-from .registry import ConvAlgorithm, get, register, workspace_array
+from .registry import ConvAlgorithm, get, register, supports, workspace_array
 
 
 def phase_taps(size: int, stride: int, phase: int) -> int:
@@ -79,6 +90,20 @@ def in_one_launch(problem: ConvProblem) -> bool:
     return problem.device == "cuda" and implicit_gemm.every_phase_has_taps(problem)
 
 
+def on_wgmma(problem: ConvProblem) -> bool:
+    """Whether ``problem``'s phases run on ``implicit_gemm_wgmma``, each writing its pixels of a channels-last dx in
+    place: a channels-last problem on the GPU whose every phase that kernel's backward-data takes (Hopper; a float32
+    problem with TF32 allowed)."""
+    return problem.channels_last and problem.device == "cuda" and _phases_on_wgmma(problem, _cuda.allow_tf32())
+
+
+@functools.lru_cache(maxsize=256)  # asked on every call: worked out once per problem and TF32 switch
+def _phases_on_wgmma(problem: ConvProblem, tf32: bool) -> bool:
+    wgmma = get(implicit_gemm_wgmma.ImplicitGemmWgmma.name)
+    found = phases(problem)
+    return bool(found) and all(supports(wgmma, phase.laid_out(True), "backward_data") for _, _, phase, _, _ in found)
+
+
 ALIGNMENT = 256  # bytes between the two arrays carved from the workspace, phase by phase
 
 
@@ -95,6 +120,8 @@ class StridedDgrad(ConvAlgorithm):
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        if on_wgmma(problem):  # phase (0, 0)'s sub-filter, the largest, and its turned copy
+            return 2 * _aligned(_taps_bytes(problem))
         if in_one_launch(problem):
             return 0
         # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
@@ -102,6 +129,20 @@ class StridedDgrad(ConvAlgorithm):
         data = largest.N * largest.C * largest.H * largest.W * problem.itemsize
         taps = largest.K * (largest.C // largest.groups) * largest.R * largest.S * problem.itemsize
         return _aligned(data) + taps
+
+    def run_in_layout(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
+                      accumulate: bool, workspace: Any) -> None:
+        """A problem whose phases run on wgmma: dy read channels-last (laid out first where it is not), dx written
+        channels-last (through a channels-last temporary where ``out`` is not); any other on C-contiguous
+        operands."""
+        if not on_wgmma(problem):
+            super().run_in_layout(direction, first, second, problem, out, accumulate, workspace)
+            return
+        direct = layout.is_channels_last(out) or layout.coincide(out.shape)
+        dx = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
+        _phases_in_place(layout.to_channels_last(first), second, problem, dx, workspace)
+        if not direct:
+            out[...] = layout.contiguous(dx)
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if in_one_launch(problem):
@@ -116,6 +157,36 @@ class StridedDgrad(ConvAlgorithm):
             get(phase_algorithm(phase)).backward_data(dy, taps, phase, dx, None)
             out[:, :, start_h:start_h + u * (stop_h - first_h):u, start_w:start_w + v * (stop_w - first_w):v] = \
                 dx[:, :, first_h:stop_h, first_w:stop_w]
+
+
+def _taps_bytes(problem: ConvProblem) -> int:
+    """The bytes of phase (0, 0)'s sub-filter, the largest (it has the most taps in both directions)."""
+    phase = phase_problem(problem, 0, 0)
+    return phase.K * (phase.C // phase.groups) * phase.R * phase.S * problem.itemsize
+
+
+def _phases_in_place(dy: Any, w: Any, problem: ConvProblem, dx: Any, workspace: Any) -> None:
+    """dx (channels-last) = backward-data of ``problem`` from dy (channels-last), each phase one launch of
+    implicit_gemm_wgmma's forward kernel on dy's buffer with the phase's turned sub-filter, storing its pixels at
+    their places in dx (the module docstring's third way)."""
+    (u, v), H, W = problem.stride, problem.H, problem.W
+    found = phases(problem)
+    if sum((rows[1] - rows[0]) * (columns[1] - columns[0]) for _, _, _, rows, columns in found) != H * W:
+        pixels = layout.flat(dx)  # pixels no phase writes (phases without taps, rows no dy reaches) get no gradient
+        if isinstance(pixels, np.ndarray):
+            pixels.fill(0)
+        else:
+            pixels.data.memset_async(0, pixels.nbytes)
+    for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in found:
+        taps = workspace_array(workspace, phase.w_shape, problem.dtype)
+        turned = workspace_array(workspace, (problem.C, phase.R, phase.S, problem.K // problem.groups), problem.dtype,
+                                 offset=_aligned(taps.nbytes))
+        taps[...] = w[:, :, a::u, b::v]
+        layout.filter_to_channels_last(taps, turned, True, problem.groups)
+        shape = implicit_gemm_nhwc.backward_data_problem(phase, (first_h, stop_h), (first_w, stop_w))
+        placement = (H * W, u * W, v, start_h * W + start_w)  # pixel (n, i, j) -> (n, start_h + u·i, start_w + v·j)
+        implicit_gemm_wgmma._launch_forward(layout.flat(dy), turned, dx,
+                                            implicit_gemm_nhwc._shape_struct(shape, placement), placed=True)
 
 
 def phase_algorithm(phase: ConvProblem) -> str:
