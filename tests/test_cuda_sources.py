@@ -18,6 +18,10 @@ FRAME = re.compile(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame, 
 TF32_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 256))),
                Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("Y_LAST", 1))),
                Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 64)))]
+# The placed store (a strided backward-data's phases, strided_dgrad.py): TF32 and a half build
+PLACED_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", 1),
+                                                                ("Y_PLACED", 1)))
+                 for half, block_n in ((0, 128), (2, 64))]
 
 
 @pytest.mark.parametrize("nvcc_build", [Build(source, scalar) for source in _cuda.cuda_sources()
@@ -27,7 +31,7 @@ TF32_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLO
                          + [Build(source, "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", y_last)))
                             for source in ("conv/implicit_gemm_nhwc.cu", "conv/implicit_gemm_wgmma.cu")
                             for half, block_n, y_last in ((1, 64, 0), (2, 128, 1), (1, 64, 1))]
-                         + TF32_BUILDS,
+                         + TF32_BUILDS + PLACED_BUILDS,
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):
     build = nvcc_build.build
