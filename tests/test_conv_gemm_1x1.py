@@ -100,19 +100,22 @@ def test_a_channels_last_problem_runs_on_the_pixel_rows_without_workspace(monkey
 
 @pytest.mark.parametrize("direction", SAMPLED_DIRECTIONS)
 def test_a_strided_problem_runs_in_chunks_of_images(monkeypatch, xp, rng, direction):
-    """Its workspace holds the sampled rows of as many images as the default limit does (here, with the limit
-    lowered, two of three: two chunks); the result is the float64 reference's on every image."""
+    """Its workspace holds the sampled rows of as many images as the default limit does (with the limit lowered,
+    two of three); a call runs as many images a chunk as the workspace it is handed holds (here two, then one), and
+    the result is the float64 reference's on every image."""
     case = STRIDED_CASES["stride_2_odd_width"]
     problem = problem_of(case, np.float64, "cpu" if xp is np else "cuda").laid_out(True)
     image_bytes = problem.P * problem.Q * problem.C * 8
     assert gemm_1x1.sampled_chunk(problem) == problem.N
-    monkeypatch.setattr(gemm_1x1, "DEFAULT_WORKSPACE_LIMIT", 2 * image_bytes + 8)
-    assert gemm_1x1.sampled_chunk(problem) == 2
-    assert gemm_1x1.Gemm1x1().workspace_bytes(problem, direction) == 2 * image_bytes
+    with monkeypatch.context() as patched:
+        patched.setattr(gemm_1x1, "DEFAULT_WORKSPACE_LIMIT", 2 * image_bytes + 8)
+        assert gemm_1x1.sampled_chunk(problem) == 2
+        assert gemm_1x1.Gemm1x1().workspace_bytes(problem, direction) == 2 * image_bytes
     (first, second), exact = operands(xp, rng, case, direction, np.float64)
     out = layout.empty(output_shape(case, direction), np.float64, xp, True)
     out[...] = np.nan
-    run(direction, first, second, case, algo=ALGO, out=out)
+    gemm_1x1.Gemm1x1().run_in_layout(direction, first, second, problem, out, False,
+                                     xp.zeros(2 * image_bytes + 8, dtype=np.uint8))
     np.testing.assert_allclose(to_numpy(layout.contiguous(out)), reference(direction, exact, case), rtol=1e-12,
                                atol=1e-12)
 

@@ -173,7 +173,8 @@ def _sampled_products(direction: str, first: Any, second: Any, problem: ConvProb
     one GEMM per group from dy into the rows, then scattered onto dx."""
     Cg, Kg, N, PQ, HW = problem.C // problem.groups, problem.K // problem.groups, problem.N, problem.P * problem.Q, \
         problem.H * problem.W
-    chunk = sampled_chunk(problem)
+    # as many images as the workspace it is handed holds (its plan's, which a cached plan may have sized otherwise)
+    chunk = max(1, min(sampled_chunk(problem), workspace.nbytes // (PQ * problem.C * problem.itemsize)))
     source = _pixel_rows(layout.to_channels_last(first))  # x's (N·H·W, C) rows, or dy's (N·P·Q, K)
     target = _pixel_rows(result)                           # y's (N·P·Q, K) rows, or dx's (N·H·W, C)
     for start in range(0, N, chunk):
