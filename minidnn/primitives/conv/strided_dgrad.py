@@ -22,7 +22,7 @@ Three ways to run the phases:
   ``implicit_gemm_wgmma`` runs: TF32 or half): each phase is that kernel's backward-data, a forward convolution of dy
   as it lies with the phase's turned sub-filter, its output cropped to the dx rows and columns the phase reaches
   (``implicit_gemm_nhwc.backward_data_problem``'s padding less by the first of them), and each output pixel stored
-  at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and column strides u·W and v). No dx_ab,
+  at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and column strides H·W, u·W and v). No dx_ab,
   no layout changes; dx is zeroed first only where the phases leave pixels unwritten. Workspace: the largest
   phase's sub-filter and its turned channels-last copy.
 * **One after another** (the NumPy twin; and on the GPU a stride wider than the filter, the 1×1
