@@ -41,8 +41,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
-
 from ... import backend
 from .. import _cuda, layout
 from . import implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma
@@ -126,9 +124,7 @@ class StridedDgrad(ConvAlgorithm):
             return 0
         # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
         largest = phase_problem(problem, 0, 0)
-        data = largest.N * largest.C * largest.H * largest.W * problem.itemsize
-        taps = largest.K * (largest.C // largest.groups) * largest.R * largest.S * problem.itemsize
-        return _aligned(data) + taps
+        return _aligned(largest.N * largest.C * largest.H * largest.W * problem.itemsize) + _taps_bytes(problem)
 
     def run_in_layout(self, direction: str, first: Any, second: Any, problem: ConvProblem, out: Any,
                       accumulate: bool, workspace: Any) -> None:
@@ -169,24 +165,32 @@ def _phases_in_place(dy: Any, w: Any, problem: ConvProblem, dx: Any, workspace: 
     """dx (channels-last) = backward-data of ``problem`` from dy (channels-last), each phase one launch of
     implicit_gemm_wgmma's forward kernel on dy's buffer with the phase's turned sub-filter, storing its pixels at
     their places in dx (the module docstring's third way)."""
-    (u, v), H, W = problem.stride, problem.H, problem.W
-    found = phases(problem)
-    if sum((rows[1] - rows[0]) * (columns[1] - columns[0]) for _, _, _, rows, columns in found) != H * W:
-        pixels = layout.flat(dx)  # pixels no phase writes (phases without taps, rows no dy reaches) get no gradient
-        if isinstance(pixels, np.ndarray):
-            pixels.fill(0)
-        else:
-            pixels.data.memset_async(0, pixels.nbytes)
-    for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in found:
+    (u, v) = problem.stride
+    launches, leaves_pixels = _placed_launches(problem)
+    if leaves_pixels:  # pixels no phase writes (phases without taps, rows no dy reaches) get no gradient
+        layout.flat(dx).fill(0)  # C-contiguous: a memset on the GPU
+    for a, b, phase, shape in launches:
         taps = workspace_array(workspace, phase.w_shape, problem.dtype)
         turned = workspace_array(workspace, (problem.C, phase.R, phase.S, problem.K // problem.groups), problem.dtype,
                                  offset=_aligned(taps.nbytes))
         taps[...] = w[:, :, a::u, b::v]
         layout.filter_to_channels_last(taps, turned, True, problem.groups)
-        shape = implicit_gemm_nhwc.backward_data_problem(phase, (first_h, stop_h), (first_w, stop_w))
-        placement = (H * W, u * W, v, start_h * W + start_w)  # pixel (n, i, j) -> (n, start_h + u·i, start_w + v·j)
-        implicit_gemm_wgmma._launch_forward(layout.flat(dy), turned, dx,
-                                            implicit_gemm_nhwc._shape_struct(shape, placement), placed=True)
+        implicit_gemm_wgmma._launch_forward(layout.flat(dy), turned, dx, shape, placed=True)
+
+
+@functools.lru_cache(maxsize=256)  # every call of a step asks: worked out once per problem
+def _placed_launches(problem: ConvProblem) -> tuple[tuple[tuple[int, int, ConvProblem, Any], ...], bool]:
+    """((a, b, the phase's problem, its kernel's NhwcShape), ...) of every phase that reaches dx, and whether they
+    leave pixels of dx unwritten. A phase's shape is its backward-data cropped to the dx rows and columns it reaches,
+    each output pixel (n, i, j) placed at dx's (n, start_h + u·i, start_w + v·j)."""
+    (u, v), H, W = problem.stride, problem.H, problem.W
+    launches, written = [], 0
+    for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in phases(problem):
+        cropped = implicit_gemm_nhwc.backward_data_problem(phase, (first_h, stop_h), (first_w, stop_w))
+        placement = (H * W, u * W, v, start_h * W + start_w)
+        launches.append((a, b, phase, implicit_gemm_nhwc._shape_struct(cropped, placement)))
+        written += (stop_h - first_h) * (stop_w - first_w)
+    return tuple(launches), written != H * W
 
 
 def phase_algorithm(phase: ConvProblem) -> str:
