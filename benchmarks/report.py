@@ -152,7 +152,7 @@ KERNEL_KINDS = (("batch norm", ("batchnorm", "bn_")),
                 ("ReLU", ("relu", "threshold", "clamp")),
                 ("convolutions and GEMMs", ("gemm", "conv", "winograd", "im2col", "col2im", "fprop", "dgrad", "wgrad",
                                             "nvjet", "init_device_workspace", "filter_gradient",
-                                            "filter_to_channels_last")))
+                                            "filter_to_channels_last", "_sampled")))
 OTHER_KERNELS = "other (pooling, loss, optimizer, copies)"
 
 

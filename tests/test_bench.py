@@ -351,6 +351,7 @@ def test_step_kernels_are_summed_by_kind_in_the_report():
              "add_relu_forward_vector": "ReLU", "threshold_kernel_impl": "ReLU",
              "implicit_gemm_wgmma_forward": "convolutions and GEMMs", "winograd_input_and_gradient_transform_4":
              "convolutions and GEMMs", "sm90_xmma_wgrad_indexed_implicit_gemm_tf32": "convolutions and GEMMs",
+             "scatter_sampled_16": "convolutions and GEMMs",  # gemm_1x1's strided rows
              "max_pool_forward_taps_last": report.OTHER_KERNELS, "sgd_update_multi": report.OTHER_KERNELS}
     assert {name: report.kernel_kind(name) for name in names} == names
     ours = {"engine": "minidnn-graph", "precision": "tf32", "gpu_busy_ms": 4.0,
