@@ -49,6 +49,10 @@ def test_the_rules_prefer_it_on_hopper(monkeypatch):
 def test_shared_memory_holds_the_stages_on_the_swizzle_period():
     assert implicit_gemm_wgmma.shared_bytes(128) == 3 * 256 * 128 + 1024  # two CTAs fit an SM's 227 KiB
     assert implicit_gemm_wgmma.shared_bytes(64) == 3 * 192 * 128 + 1024
+    # The forward kernel's launch bounds ask for three CTAs of a 64-wide tile an SM (FORWARD_CTAS_PER_SM): their
+    # stages, each with the 1 KiB the driver keeps a CTA, fit the 228 KiB an SM has; a 128-wide tile's fit twice.
+    assert 3 * (implicit_gemm_wgmma.shared_bytes(64) + 1024) <= 228 * 1024
+    assert 3 * (implicit_gemm_wgmma.shared_bytes(128) + 1024) > 228 * 1024
     assert implicit_gemm_wgmma.shared_bytes(256) == 3 * 384 * 128 + 1024  # one CTA an SM
     # The epilogue's output tile reuses the stages: 128 rows of 256 float32 sums (and a pad of 8) fit in three.
     assert 128 * (256 + 8) * 4 <= 3 * 384 * 128

@@ -73,6 +73,13 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef IN_FLIGHT
 #define IN_FLIGHT 0
 #endif
+// The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
+// (73 KiB with the period) leave room for three in the 227 KiB of shared memory, and its 32 accumulators a thread
+// fit the 80 registers that leaves each thread: a third CTA hides more of each one's waits at barriers and copies.
+// A 128-wide tile's stages leave room for two, a 256-wide tile's for one.
+#ifndef FORWARD_CTAS_PER_SM
+#define FORWARD_CTAS_PER_SM (BLOCK_N == 256 ? 1 : BLOCK_N == 64 ? 3 : 2)
+#endif
 constexpr int AHEAD = STAGES - 1 - IN_FLIGHT;  // stages whose copies are in flight while one is multiplied
 static_assert(AHEAD >= 1, "at least one stage of copies ahead");
 constexpr int VECTOR = VALUES_PER_COPY;   // values in one 16-byte copy
@@ -247,7 +254,7 @@ __device__ __forceinline__ void k_major_pipeline(float (&acc)[ACCUMULATORS], uns
     wait_copies<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
