@@ -58,6 +58,21 @@ def test_shared_memory_holds_the_stages_on_the_swizzle_period():
     assert 128 * (256 + 8) * 4 <= 3 * 384 * 128
 
 
+def test_the_tf32_backward_filter_holds_two_tiles_and_two_staging_buffers():
+    """The TF32 backward-filter's shared memory: two staging buffers of 32 pixel rows (128 + 4 and width + 4 floats)
+    and two stages of K-major tiles ((128 + width) rows of 128 bytes), one at 128 wide; two CTAs an SM at 64 and 128
+    wide, one at 256 (each with the 1 KiB the driver keeps a CTA, within an SM's 228 KiB); the half build keeps
+    forward's."""
+    shared = implicit_gemm_wgmma.backward_filter_shared_bytes
+    for width, tiles in ((64, 2), (128, 1), (256, 2)):
+        assert shared(width, None) == tiles * (128 + width) * 128 + 2 * 32 * (132 + width + 4) * 4 + 1024
+        ctas = implicit_gemm_wgmma.ctas_per_sm(width)
+        assert ctas * (shared(width, None) + 1024) <= 228 * 1024 < (ctas + 1) * (shared(width, None) + 1024)
+        for half in ("float16", "bfloat16"):
+            assert shared(width, half) == implicit_gemm_wgmma.shared_bytes(width)
+    assert [implicit_gemm_wgmma.ctas_per_sm(width) for width in (64, 128, 256)] == [2, 2, 1]
+
+
 def test_the_tf32_backward_filter_of_more_than_128_filters_takes_256_wide_tiles_where_those_fill_as_well():
     width = implicit_gemm_wgmma.tile_width
     columns = (8, 64, 65, 128, 136, 256, 264, 384, 392, 512, 1024, 2048)
@@ -87,7 +102,8 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
         implicit_gemm_wgmma._launch_forward(None, None, out, implicit_gemm_nhwc._shape_struct(problem))
         implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
     assert [args[2] for args in kernels] == [128, 256, 128, 128]
-    wide, narrow = implicit_gemm_wgmma.shared_bytes(256), implicit_gemm_wgmma.shared_bytes(128)
+    wide = implicit_gemm_wgmma.backward_filter_shared_bytes(256, None)
+    narrow = implicit_gemm_wgmma.shared_bytes(128)
     # forward: N·P·Q = 6272 rows, 49 tiles of 128, by 4 column tiles. backward-filter: R·S·C = 4608 rows, 36 tiles,
     # by 2 (TF32) or 4 column tiles; 196 stages of 32 pixels (TF32) for 2 × 132 CTAs: 4 slices of 49 stages; 98
     # stages of 64 (half values) for 4 × 132: 4 slices of 25.

@@ -92,7 +92,7 @@ def main() -> None:
             if parts and not any(part in layer[0] for part in parts):
                 continue
             flops = layer_flops(layer)
-            for direction in DIRECTIONS:
+            for direction in args.directions.split(","):
                 row = {"layer": layer[0], "dtype": dtype_name, "direction": direction}
                 first = None
                 for name, defines in variants:
@@ -102,7 +102,8 @@ def main() -> None:
                         break
                     row[name] = per_call_ms(run, cupy)
                     row[f"{name}_tflops"] = flops / row[name] / 1e9
-                    out = run.output if tf32 else convert.half_to_float(run.output, "bfloat16")
+                    out = run.output  # backward-filter's float32 sums, or forward's bfloat16 words widened
+                    out = out if out.dtype == np.float32 else convert.half_to_float(out, "bfloat16")
                     out = out.astype(np.float32, copy=True)
                     first = out if first is None else first
                     row[f"{name}_difference"] = float(cupy.abs(out - first).max() / cupy.abs(first).max())
@@ -134,6 +135,8 @@ def main() -> None:
 def _options(parser) -> None:
     parser.add_argument("--variants", nargs="+", default=["base"], help="NAME=MACRO:VALUE,... (base: as built)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16")
+    parser.add_argument("--directions", default=",".join(DIRECTIONS),
+                        help="comma-separated: forward, backward_data, backward_filter (its kernel's builds)")
     parser.add_argument("--layers", default="", help="comma-separated parts of layer names (default: every layer)")
 
 

@@ -21,10 +21,10 @@
 // left in flight across the barrier); implicit_gemm_wgmma.PIPELINES says which runs.
 //
 // BLOCK_N is 128, 64 for a product 64 columns wide or less, or 256 for the TF32 backward-filter of more than 128
-// filters (implicit_gemm_wgmma.tile_width says which). A 256-wide tile copies its 128 rows of A once for twice the
-// columns: three quarters of the copies a product, which pays where every word is a 4-byte cp.async of its own.
-// Its 128 float32 accumulators a thread and 48 KB stages leave room for one CTA an SM (the launch bounds say so);
-// forward and backward-data at 256 were slower on most layers.
+// filters (implicit_gemm_wgmma.tile_width says which). A 256-wide tile copies and turns its 128 rows of A once for
+// twice the columns: three quarters of the copies a product. Its 128 float32 accumulators a thread and its stages
+// leave room for one CTA an SM (the launch bounds say so); forward and backward-data at 256 were slower on most
+// layers.
 //
 // The accumulators are float32 in registers, thread t of a warpgroup holding, for each n8 column block i, rows
 // 16·(t / 32) + t % 32 / 4 and that + 8, columns 8i + 2·(t % 4) and the next: mma.sync's m16n8 layout repeated.
@@ -37,7 +37,7 @@
 // TF32: wgmma reads the float32 words the copies left in shared memory and multiplies their top 19 bits (sign,
 // exponent, 10 of the 23 fraction bits): each operand is cut toward zero to TF32, with no rounding pass between
 // the copy and the product. wgmma takes TF32 operands K-major only: forward's tiles are, and the TF32
-// backward-filter turns its operands on their way into shared memory (below).
+// backward-filter turns its operands in shared memory, between their copies and the products (below).
 
 #ifndef HALF
 #define HALF 2  // 1: float16, 2: bfloat16 (both as 16-bit words), 0: float32 multiplied as TF32
@@ -319,15 +319,61 @@ __device__ __forceinline__ void add_filter_gradient_tile(const float (&acc)[ACCU
         }
 }
 
+// Both builds' copies of a stage: each thread copies 16-byte vectors of one fixed column of A (VECTOR consecutive
+// rows (r, s, c..) of dwᵀ: x's channels c.. at one tap of a pixel) and of one fixed column of B (VECTOR filters k..
+// of dy), for A_PIXEL_COPIES and B_PIXEL_COPIES of the stage's BLOCK_K pixels, A_PIXELS and B_PIXELS apart.
+// `a_at(pixel, vector)` and `b_at(pixel, vector)` give the shared-memory destination: each build lays the stage out
+// its own way.
+constexpr int A_VECTORS = BLOCK_M / VECTOR, B_VECTORS = BLOCK_N / VECTOR;  // vectors per pixel
+constexpr int A_PIXELS = THREADS / A_VECTORS, B_PIXELS = THREADS / B_VECTORS;  // pixels per pass
+constexpr int A_PIXEL_COPIES = BLOCK_K / A_PIXELS, B_PIXEL_COPIES = BLOCK_K / B_PIXELS;
+
+struct FilterGradientCopies {
+    Tap tap;  // the first of the thread's A rows
+    int top, left;  // its tap's offsets from each pixel's first input tap
+    int a_vector, a_pixel, b_vector, b_pixel, k0;
+    bool row_inside, column_inside;
+    PixelWalk<A_PIXEL_COPIES> walk;  // the stages are copied in order, each BLOCK_K pixels past the last
+
+    __device__ __forceinline__ FilterGradientCopies(const NhwcShape& s, const int rows, const int tile_m,
+                                                    const int tile_n, const int first_step)
+        : tap(tile_m * BLOCK_M + threadIdx.x % A_VECTORS * VECTOR, s.C, s.S),
+          walk(s, first_step * BLOCK_K + static_cast<int>(threadIdx.x) / A_VECTORS, A_PIXELS, BLOCK_K) {
+        const int tid = threadIdx.x;
+        a_vector = tid % A_VECTORS, a_pixel = tid / A_VECTORS;
+        row_inside = tap.index < rows;
+        top = tap.r * s.dilation_h - s.pad_h, left = tap.s * s.dilation_w - s.pad_w;
+        b_vector = tid % B_VECTORS, b_pixel = tid / B_VECTORS;
+        k0 = tile_n * BLOCK_N + b_vector * VECTOR;
+        column_inside = k0 < s.K;
+    }
+
+    template <typename AAt, typename BAt>
+    __device__ __forceinline__ void copy_stage(const Element* __restrict__ x, const Element* __restrict__ dy,
+                                               const NhwcShape& s, const int pixels, const int step, const AAt& a_at,
+                                               const BAt& b_at) {
+#pragma unroll
+        for (int i = 0; i < A_PIXEL_COPIES; ++i) {
+            bool inside = row_inside;
+            const Element* const source = walk.input(x, s, i, top, left, tap.c, inside);
+            copy_16(a_at(a_pixel + A_PIXELS * i, a_vector), source, inside);
+        }
+        walk.advance(s);
+#pragma unroll
+        for (int i = 0; i < B_PIXEL_COPIES; ++i) {
+            const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
+            const bool inside = column_inside && pixel < pixels;
+            copy_16(b_at(row, b_vector), inside ? dy + pixel * s.channels_out() + k0 : dy, inside);
+        }
+    }
+};
+
 #if HALF != 0
 // Half values: both operands lie along M and N (a pixel's eight channels c..c+7 of one tap of x, its eight filters
 // k..k+7 of dy), so the tiles are MN-major: a stage stores, for each 64-wide panel of M (or N), one 128-byte
 // row per pixel, swizzled as forward's rows are; a wgmma reads them transposed. The warpgroup's A is its own
 // panel; B's panels lie PANEL_BYTES apart (the descriptor's leading offset); each k16 step starts 16 rows on.
 constexpr int PANEL_BYTES = BLOCK_K * 128;  // 64 pixels × 64 values
-constexpr int A_VECTORS = BLOCK_M / VECTOR, B_VECTORS = BLOCK_N / VECTOR;  // chunks per pixel
-constexpr int A_PIXELS = THREADS / A_VECTORS, B_PIXELS = THREADS / B_VECTORS;  // pixels per pass
-constexpr int A_PIXEL_COPIES = BLOCK_K / A_PIXELS, B_PIXEL_COPIES = BLOCK_K / B_PIXELS;
 
 // The byte offset of chunk `vector` (values 8·vector ..) of pixel row `row` in an MN-major stage of panels.
 __device__ __forceinline__ int panel_swizzled(const int row, const int vector) {
@@ -346,36 +392,15 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
     const int first = blockIdx.y * steps_per_split, last = min(first + steps_per_split, steps);
-    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int warpgroup = static_cast<int>(threadIdx.x) / 128;
 
-    // A: the thread's eight rows (r, s, c..c+7) of dwᵀ, fixed; as an offset from each pixel's first input tap.
-    const int a_vector = tid % A_VECTORS, a_pixel = tid / A_VECTORS;
-    const Tap tap(tile_m * BLOCK_M + a_vector * VECTOR, s.C, s.S);
-    const bool row_inside = tap.index < rows;
-    const int dh = tap.r * s.dilation_h - s.pad_h, dw_ = tap.s * s.dilation_w - s.pad_w;
-    // B: the thread's eight filters k..k+7, fixed.
-    const int b_vector = tid % B_VECTORS, b_pixel = tid / B_VECTORS;
-    const int k0 = tile_n * BLOCK_N + b_vector * VECTOR;
-    const bool column_inside = k0 < s.K;
-
-    // The stages are copied in order, each BLOCK_K pixels past the last: the walk keeps the A pixels' places.
-    PixelWalk<A_PIXEL_COPIES> walk(s, first * BLOCK_K + a_pixel, A_PIXELS, BLOCK_K);
+    FilterGradientCopies copies(s, rows, tile_m, tile_n, first);
     auto copy_stage = [&](int stage, int step) {
         unsigned char* const a = tiles + stage * STAGE_BYTES;
         unsigned char* const b = a + A_BYTES;
-#pragma unroll
-        for (int i = 0; i < A_PIXEL_COPIES; ++i) {
-            bool inside = row_inside;
-            const u16* const source = walk.input(x, s, i, dh, dw_, tap.c, inside);
-            copy_16(a + panel_swizzled(a_pixel + A_PIXELS * i, a_vector), source, inside);
-        }
-        walk.advance(s);
-#pragma unroll
-        for (int i = 0; i < B_PIXEL_COPIES; ++i) {
-            const int row = b_pixel + B_PIXELS * i, pixel = step * BLOCK_K + row;
-            const bool inside = column_inside && pixel < pixels;
-            copy_16(b + panel_swizzled(row, b_vector), inside ? dy + pixel * s.channels_out() + k0 : dy, inside);
-        }
+        copies.copy_stage(x, dy, s, pixels, step,
+                          [&](int pixel, int vector) { return a + panel_swizzled(pixel, vector); },
+                          [&](int pixel, int vector) { return b + panel_swizzled(pixel, vector); });
     };
 
     float acc[ACCUMULATORS] = {};
@@ -412,30 +437,57 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
 // TF32: wgmma takes TF32 tiles K-major only, so both tiles lie along the pixels, as forward's lie along its
 // reduction: a stage is BLOCK_K = 32 pixels, one 128-byte row of them for each of A's 128 rows (r, s, c) and each
 // of B's BLOCK_N filters k, swizzled as forward's rows are. The channels-last operands lie the other way (a pixel's
-// channels contiguous), so every word is a 4-byte cp.async of its own, straight to its place in the tile: the
-// pipeline stays forward's, asynchronous and free of registers. A warp's copy is eight rows of four pixels: lane l
-// takes row l % 8 and pixel l / 8, so that each pixel's eight values are one 32-byte sector of x or dy, and their
-// places (chunk pixel / 4 XOR row % 8, word pixel % 4) lie on 32 banks.
-constexpr int COPY_ROWS = 8, COPY_PIXELS = 4;  // a warp's copy
+// channels contiguous), so a stage is copied as it lies, in 16-byte vectors (the half build's copies), into a
+// staging buffer of one row per pixel (A's 128 values, then B's BLOCK_N, each row padded by one vector), and the
+// CTA then turns it into the K-major tiles in shared memory: a warp reads one vector column for all 32 pixels (lane
+// l pixel l: the padding puts each quarter-warp's eight 16-byte reads on all 32 banks) and writes its four rows,
+// each a 128-byte row of 32 pixels that the swizzle spreads over all 32 banks.
+//
+// The pipeline: two staging buffers, and two stages of tiles where the shared memory holds them (64- and 256-wide
+// tiles: one CTA an SM at 256, two at 64). There, while the tensor cores multiply stage i's tiles, the CTA turns
+// stage i + 1 (copied while stage i − 1 was multiplied) into the other tiles. A 128-wide tile keeps one stage of
+// tiles, so that two CTAs fit an SM: each turns stage i + 1 once its products of stage i are done, and the other
+// CTA's products fill that time. Then, behind the barrier that ends the step, the copies of stage i + 3 go into the
+// staging buffer stage i + 1 left.
 constexpr int WARPS = THREADS / 32;
-// Warp w copies pixel groups w % 2 + 2i (four pixels each) of the stage, for row groups w / 2 + 4j (eight rows
-// each): each thread copies PIXEL_COPIES = 4 pixels, 8 apart, of A_ROWS rows of A and B_ROWS of B, 32 apart. (Four
-// pixels of fewer rows, not two of more: every row keeps a tap in registers, which are at the cap.)
-constexpr int PIXEL_SETS = 2, ROW_SETS = WARPS / PIXEL_SETS;
-constexpr int PIXEL_COPIES = BLOCK_K / COPY_PIXELS / PIXEL_SETS, PIXEL_STRIDE = COPY_PIXELS * PIXEL_SETS;
-constexpr int ROW_STRIDE = COPY_ROWS * ROW_SETS;
-constexpr int A_ROWS = BLOCK_M / ROW_STRIDE, B_ROWS = BLOCK_N / ROW_STRIDE;  // 4, and 4 or 2
+constexpr int A_STAGING_ROW = BLOCK_M + VECTOR, B_STAGING_ROW = BLOCK_N + VECTOR;  // floats a pixel
+constexpr int STAGING_BYTES = BLOCK_K * (A_STAGING_ROW + B_STAGING_ROW) * 4;
+constexpr int TILE_BUFFERS = BLOCK_N == 128 ? 1 : 2, STAGING_BUFFERS = 2;
+static_assert(A_VECTORS % WARPS == 0 && B_VECTORS % WARPS == 0, "every warp turns as many vector columns");
 
-// 4 bytes global -> shared, through L1 (4-byte copies must be .ca); `valid` false writes a zero word.
-__device__ __forceinline__ void copy_4(const unsigned shared, const void* global, const bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
+// Vector column `column` (rows VECTOR·column ..) of a staging buffer whose pixel rows are `row_floats` apart, for
+// pixel `pixel` (the lane), into the K-major tile at `tile`.
+__device__ __forceinline__ void turn_column(const float* staging, const int row_floats, unsigned char* tile,
+                                            const int column, const int pixel) {
+    const float4 v = *reinterpret_cast<const float4*>(staging + pixel * row_floats + VECTOR * column);
+    const float values[VECTOR] = {v.x, v.y, v.z, v.w};
+    const int word = swizzled(0, pixel / 4) + 4 * (pixel % 4);
+#pragma unroll
+    for (int u = 0; u < VECTOR; ++u) {
+        const int row = VECTOR * column + u;
+        *reinterpret_cast<float*>(tile + row * ROW_BYTES + (word ^ ((row & 7) << 4))) = values[u];
+    }
 }
 
+// A staging buffer's stage into K-major tiles (A, then B A_BYTES on).
+__device__ __forceinline__ void turn_stage(const unsigned char* staging, unsigned char* tile) {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const float* const a = reinterpret_cast<const float*>(staging);
+    const float* const b = a + BLOCK_K * A_STAGING_ROW;
+#pragma unroll
+    for (int j = 0; j < A_VECTORS / WARPS; ++j) turn_column(a, A_STAGING_ROW, tile, warp + WARPS * j, lane);
+#pragma unroll
+    for (int j = 0; j < B_VECTORS / WARPS; ++j) turn_column(b, B_STAGING_ROW, tile + A_BYTES, warp + WARPS * j, lane);
+}
+
+// One CTA an SM for 256-wide tiles (195 KiB of tiles and staging buffers), two for 64- and 128-wide ones (99 KiB
+// each): implicit_gemm_wgmma.ctas_per_sm says the same.
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __restrict__ dy,
                                     float* __restrict__ sums, const NhwcShape s, int steps_per_split) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    unsigned char* const staging = tiles + TILE_BUFFERS * STAGE_BYTES;
     const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, group = blockIdx.z;
     x += group * s.C;
     dy += group * s.K;
@@ -443,55 +495,58 @@ implicit_gemm_wgmma_backward_filter(const float* __restrict__ x, const float* __
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
     const int first = blockIdx.y * steps_per_split, count = min(first + steps_per_split, steps) - first;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int row = COPY_ROWS * (warp / PIXEL_SETS) + lane % COPY_ROWS;               // the thread's first row
-    const int pixel = COPY_PIXELS * (warp % PIXEL_SETS) + lane / COPY_ROWS;           // and first pixel of a stage
+    const int warpgroup = static_cast<int>(threadIdx.x) / 128;
 
-    // The word (row + ROW_STRIDE·j, pixel + PIXEL_STRIDE·i) lies at `place` XOR 16·PIXEL_SETS·i (its chunk is
-    // pixel / 4 + PIXEL_SETS·i, which is pixel / 4 XOR PIXEL_SETS·i, before and after the swizzle) plus 128 bytes
-    // for each of the ROW_STRIDE·j rows on.
-    const int place = swizzled(row, pixel / COPY_PIXELS) + 4 * (pixel % COPY_PIXELS);
-    auto at = [&](const unsigned tile, const int i, const int j) {
-        return (tile ^ 16 * PIXEL_SETS * i) + ROW_BYTES * ROW_STRIDE * j;
+    FilterGradientCopies copies(s, rows, tile_m, tile_n, first);
+    auto copy_stage = [&](const int buffer, const int index) {
+        unsigned char* const a = staging + buffer * STAGING_BYTES;
+        unsigned char* const b = a + BLOCK_K * A_STAGING_ROW * 4;
+        copies.copy_stage(x, dy, s, pixels, first + index,
+                          [&](int pixel, int vector) { return a + (pixel * A_STAGING_ROW + vector * VECTOR) * 4; },
+                          [&](int pixel, int vector) { return b + (pixel * B_STAGING_ROW + vector * VECTOR) * 4; });
     };
-    // A's rows: fixed taps (r, s, c), kept as offsets from each pixel's first input tap (NOWHERE past the matrix's
-    // rows: no pixel's tap is then inside x).
-    int a_channel[A_ROWS], a_top[A_ROWS], a_left[A_ROWS];
+    auto tile = [&](const int index) { return tiles + index % TILE_BUFFERS * STAGE_BYTES; };
+
+    // Stages 0 and 1 copied; stage 0 turned; stage 2's copies behind the barrier that frees its buffer.
 #pragma unroll
-    for (int j = 0; j < A_ROWS; ++j) {
-        const Tap tap(tile_m * BLOCK_M + row + ROW_STRIDE * j, s.C, s.S);
-        a_channel[j] = tap.c;
-        a_top[j] = tap.index < rows ? tap.r * s.dilation_h - s.pad_h : NOWHERE;
-        a_left[j] = tap.s * s.dilation_w - s.pad_w;
+    for (int index = 0; index < STAGING_BUFFERS; ++index) {
+        if (index < count) copy_stage(index, index);
+        commit_copies();
     }
-    // B's rows: fixed filters tile_n · BLOCK_N + row + ROW_STRIDE·j.
-
-    // The stages are copied in order, each BLOCK_K pixels past the last: the walk keeps A's pixels' places.
-    PixelWalk<PIXEL_COPIES> walk(s, first * BLOCK_K + pixel, PIXEL_STRIDE, BLOCK_K);
-    auto copy_stage = [&](const int buffer, const int step) {
-        const unsigned a = shared_address(tiles + buffer * STAGE_BYTES) + place, b = a + A_BYTES;
-#pragma unroll
-        for (int i = 0; i < PIXEL_COPIES; ++i)
-#pragma unroll
-            for (int j = 0; j < A_ROWS; ++j) {
-                bool inside = true;
-                copy_4(at(a, i, j), walk.input(x, s, i, a_top[j], a_left[j], a_channel[j], inside), inside);
-            }
-        walk.advance(s);
-#pragma unroll
-        for (int i = 0; i < PIXEL_COPIES; ++i) {
-            const int p = step * BLOCK_K + pixel + PIXEL_STRIDE * i;
-#pragma unroll
-            for (int j = 0; j < B_ROWS; ++j) {
-                const int k = tile_n * BLOCK_N + row + ROW_STRIDE * j;
-                const bool inside = k < s.K && p < pixels;
-                copy_4(at(b, i, j), inside ? dy + p * s.channels_out() + k : dy, inside);
-            }
-        }
-    };
+    wait_copies<1>();
+    __syncthreads();
+    turn_stage(staging, tile(0));
+    fence_async_proxy();
+    __syncthreads();
+    if (2 < count) copy_stage(0, 2);
+    commit_copies();
 
     float acc[ACCUMULATORS] = {};
-    k_major_pipeline(acc, tiles, count, [&](int buffer, int index) { copy_stage(buffer, first + index); });
+    for (int index = 0; index < count; ++index) {
+        const unsigned a = shared_address(tile(index));
+        multiply_stage(acc, a + warpgroup * (A_BYTES / 2), a + A_BYTES);
+        if (TILE_BUFFERS == 1) {
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+        }
+        if (index + 1 < count) {
+            // Stage index + 1's copies (all but the newest group, stage index + 2's) are in. Its tiles were last read
+            // by the products of stage index − 1 (two stages of tiles), done before the barrier that ended that
+            // step, or of stage index (one), done before this barrier.
+            wait_copies<1>();
+            __syncthreads();
+            turn_stage(staging + (index + 1) % STAGING_BUFFERS * STAGING_BYTES, tile(index + 1));
+        }
+        if (TILE_BUFFERS == 2) {
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+        }
+        fence_async_proxy();  // the turned tiles, written by this thread, visible to the next step's products
+        __syncthreads();
+        if (index + 3 < count) copy_stage((index + 1) % STAGING_BUFFERS, index + 3);
+        commit_copies();
+    }
+    wait_copies<0>();
     add_filter_gradient_tile(acc, sums, s);
 }
 #endif  // HALF

@@ -22,8 +22,8 @@ channels that form the reduction need only be multiples of 4 (a first layer's 3 
 builds pad theirs to 8: ``implicit_gemm_nhwc.padded_problem``); wgmma multiplies each operand cut toward zero to
 TF32's 10 fraction bits (the copies go straight to shared memory: no pass rounds them first, as
 ``implicit_gemm``'s TF32 kernels do to nearest) and sums in float32; y is stored as summed. wgmma reads TF32 tiles
-K-major only: forward's are, and backward-filter, whose operands lie along M and N, turns them on their way into
-shared memory (each word a 4-byte copy of its own; the .cu file says how).
+K-major only: forward's are, and backward-filter, whose operands lie along M and N, copies them as they lie in
+16-byte vectors into a staging buffer, then turns them into K-major tiles in shared memory (the .cu file says how).
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ SPLIT_K_WAVES = 2
 
 
 def ctas_per_sm(block_n: int) -> int:
-    """The CTAs of a ``block_n``-wide tile an SM holds at once (implicit_gemm_wgmma.cu's launch bounds)."""
+    """The backward-filter CTAs of a ``block_n``-wide tile an SM holds at once (implicit_gemm_wgmma.cu's launch
+    bounds, which its shared memory sets), in both builds."""
     return 1 if block_n == 256 else 2
 
 
@@ -68,9 +69,10 @@ def tile_width(columns: int, half: str | None, kernel: str) -> int:
     """The tile's width for a product ``columns`` wide (one group's K, or C for backward-data) on ``kernel``
     ("forward", which backward-data runs too, or "backward_filter"): implicit_gemm_nhwc's 64 or 128; or for the TF32
     backward-filter (``half`` None) of more than 128 filters, 256 where 256-wide tiles leave no more columns empty
-    than 128-wide ones (256 or 512 filters, not 384). That kernel copies each word on its own, and a wider tile
-    copies its 128 rows of x once for twice the filters: it timed faster on every such ResNet layer, where forward
-    and backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py)."""
+    than 128-wide ones (256 or 512 filters, not 384). A wider tile copies and turns its 128 rows of x once for twice
+    the filters: it timed faster on every such ResNet layer when that kernel copied each word on its own (its staged
+    copies, turned in shared memory, have not been timed at 128 against 256 on those layers), where forward and
+    backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py)."""
     if kernel == "backward_filter" and half is None and columns > 128 and 2 * -(-columns // 256) <= -(-columns // 128):
         return 256
     return implicit_gemm_nhwc._block_n(columns)
@@ -125,10 +127,25 @@ def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
 
 
 def shared_bytes(block_n: int) -> int:
-    """The kernel's dynamic shared memory: the stages of 128-byte rows (the epilogue's output tile fits in them),
-    plus a period."""
+    """The forward kernel's dynamic shared memory, and the half backward-filter's: the stages of 128-byte rows (the
+    epilogue's output tile fits in them), plus a period."""
     stages, _ = PIPELINES[block_n]
     return stages * (BLOCK_M + block_n) * ROW_BYTES + SWIZZLE_PERIOD
+
+
+# The TF32 backward-filter's stage: 32 pixels (one 128-byte row of float32 values); its copies land in a staging
+# buffer of one row a pixel (A's 128 values, then B's block_n), each row padded by one 16-byte vector.
+TF32_FILTER_STAGE_PIXELS = ROW_BYTES // 4
+
+
+def backward_filter_shared_bytes(block_n: int, half: str | None) -> int:
+    """The backward-filter kernel's dynamic shared memory: the half build's is forward's; the TF32 build's is two
+    staging buffers and two stages of K-major tiles (one at 128 wide, so that two CTAs fit an SM), plus a period."""
+    if half is not None:
+        return shared_bytes(block_n)
+    tiles = (BLOCK_M + block_n) * ROW_BYTES
+    staging = TF32_FILTER_STAGE_PIXELS * (BLOCK_M + TF32_VECTOR + block_n + TF32_VECTOR) * 4
+    return (1 if block_n == 128 else 2) * tiles + 2 * staging + SWIZZLE_PERIOD
 
 
 # The build of each value type: a half type's, or float32's TF32 build (HALF 0).
@@ -165,7 +182,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
                                                               SPLIT_K_WAVES * ctas_per_sm(block_n), block_n)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
-                                           grid, shared_bytes(block_n),
+                                           grid, backward_filter_shared_bytes(block_n, problem.half_type),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
 
