@@ -31,17 +31,20 @@ LAYERS = [
 DIRECTIONS = ("forward", "backward_data", "backward_filter")
 
 
-def timed(call, cupy, repeats=20, warmup=3):
+def timed(call, cupy, repeats=20, warmup=3, calls=1):
+    """The median over ``repeats`` of the ms between CUDA events around ``calls`` calls in a row, per call (with
+    several, the launches queue behind each other and no host gap between them counts)."""
     for _ in range(warmup):
         call()
     times = []
     for _ in range(repeats):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        call()
+        for _ in range(calls):
+            call()
         stop.record()
         stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / calls)
     return statistics.median(times)
 
 

@@ -17,11 +17,10 @@ same order: 0).
 Writes DIR/wgmma-forward-builds.json and DIR/wgmma-forward-builds.md.
 """
 import os
-import statistics
 
 import numpy as np
 
-from half_implicit_gemm_vs_cudnn import layer_flops, start, torch_call, write_report  # this folder's probes
+from half_implicit_gemm_vs_cudnn import layer_flops, start, timed, torch_call, write_report  # this folder's probes
 from nhwc_implicit_gemm_vs_cudnn import kernel_only
 from minidnn.primitives import _cuda, convert
 from minidnn.primitives.conv import implicit_gemm_wgmma as wgmma
@@ -41,19 +40,9 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
 DIRECTIONS = ("forward", "backward_data")
 
 
-def per_call_ms(call, cupy, calls=10, groups=7, warmup=3):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(groups):
-        start_event, stop_event = cupy.cuda.Event(), cupy.cuda.Event()
-        start_event.record()
-        for _ in range(calls):
-            call()
-        stop_event.record()
-        stop_event.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start_event, stop_event) / calls)
-    return statistics.median(times)
+def per_call_ms(call, cupy):
+    """Seven groups of ten calls in a row, after three warm-ups: the median group's time per call."""
+    return timed(call, cupy, repeats=7, calls=10)
 
 
 def parse_variant(text):
