@@ -189,6 +189,17 @@ def add(a: Any, b: Any) -> Any:
     return elementwise(operator.add, a, b)
 
 
+def write_channels_last(out: Any, write: Callable[[Any], None]) -> None:
+    """``write(target)`` for a kernel that writes a channels-last (N, C, H, W) array: ``out`` itself where it is
+    channels-last (or its two layouts coincide), else a channels-last temporary laid out as ``out`` afterwards."""
+    if is_channels_last(out) or coincide(out.shape):
+        write(out)
+        return
+    result = empty(out.shape, out.dtype, backend.get_array_module(out), True)
+    write(result)
+    out[...] = contiguous(result)
+
+
 def like(result: Any, channels_last: bool) -> Any:
     """``result`` in the layout asked for: channels-last, or C-contiguous."""
     return to_channels_last(result) if channels_last else contiguous(result)

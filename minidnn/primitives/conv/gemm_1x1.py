@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from ... import backend
 from .. import _cuda, blas, convert, layout
 from .gemm import per_image, repeated, weight_matrix
 from .problem import ConvProblem
@@ -136,11 +135,13 @@ def samples_pixels(problem: ConvProblem) -> bool:
             and problem.stride != (1, 1))
 
 
-def sampled_chunk(problem: ConvProblem) -> int:
-    """How many images' sampled rows one GEMM takes: as many as fit the default workspace limit (at least one), so
-    that a large layer runs in a few large GEMMs and its workspace stays under the limit find keeps to."""
+def sampled_chunk(problem: ConvProblem, limit: int | None = None) -> int:
+    """How many images' sampled rows one GEMM takes: as many as fit the default workspace limit, or ``limit`` bytes
+    where less (the workspace a call is handed), at least one, so that a large layer runs in a few large GEMMs and its
+    workspace stays under the limit find keeps to."""
     image_bytes = problem.P * problem.Q * problem.C * problem.itemsize
-    return max(1, min(problem.N, DEFAULT_WORKSPACE_LIMIT // image_bytes))
+    limit = DEFAULT_WORKSPACE_LIMIT if limit is None else min(limit, DEFAULT_WORKSPACE_LIMIT)
+    return max(1, min(problem.N, limit // image_bytes))
 
 
 def _move_sampled(direction: str, source: Any, target: Any, images: int, problem: ConvProblem) -> None:
@@ -174,7 +175,7 @@ def _sampled_products(direction: str, first: Any, second: Any, problem: ConvProb
     Cg, Kg, N, PQ, HW = problem.C // problem.groups, problem.K // problem.groups, problem.N, problem.P * problem.Q, \
         problem.H * problem.W
     # as many images as the workspace it is handed holds (its plan's, which a cached plan may have sized otherwise)
-    chunk = max(1, min(sampled_chunk(problem), workspace.nbytes // (PQ * problem.C * problem.itemsize)))
+    chunk = sampled_chunk(problem, workspace.nbytes)
     source = _pixel_rows(layout.to_channels_last(first))  # x's (N·H·W, C) rows, or dy's (N·P·Q, K)
     target = _pixel_rows(result)                           # y's (N·P·Q, K) rows, or dx's (N·H·W, C)
     for start in range(0, N, chunk):
@@ -219,19 +220,23 @@ def _pixel_rows_products(direction: str, first: Any, second: Any, problem: ConvP
             blas.gemm(_group_columns(dy_rows, g, Kg).T, _group_columns(x_rows, g, Cg), dw[g * Kg:(g + 1) * Kg],
                       beta=1.0 if accumulate else 0.0)
         return
-    direct = layout.is_channels_last(out) or layout.coincide(out.shape)
-    result = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
     if samples_pixels(problem):
-        _sampled_products(direction, first, second, problem, result, workspace)
+        layout.write_channels_last(out, lambda result: _sampled_products(direction, first, second, problem, result,
+                                                                         workspace))
     else:
-        source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
-        source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
-        for g in range(problem.groups):
-            weights = weight_matrix(second, problem, g)  # (K/G, C/G)
-            blas.gemm(_group_columns(source_rows, g, source_width), weights.T if direction == "forward" else weights,
-                      _group_columns(result_rows, g, result_width))
-    if not direct:
-        out[...] = layout.contiguous(result)
+        layout.write_channels_last(out, lambda result: _rows_products(direction, first, second, problem, result))
+
+
+def _rows_products(direction: str, first: Any, second: Any, problem: ConvProblem, result: Any) -> None:
+    """Forward or backward-data of a 1x1 stride-1 problem into the channels-last ``result``: one GEMM per group from x's
+    or dy's pixel rows into y's or dx's."""
+    Cg, Kg = problem.C // problem.groups, problem.K // problem.groups
+    source_rows, result_rows = _pixel_rows(layout.to_channels_last(first)), _pixel_rows(result)
+    source_width, result_width = (Cg, Kg) if direction == "forward" else (Kg, Cg)
+    for g in range(problem.groups):
+        weights = weight_matrix(second, problem, g)  # (K/G, C/G)
+        blas.gemm(_group_columns(source_rows, g, source_width), weights.T if direction == "forward" else weights,
+                  _group_columns(result_rows, g, result_width))
 
 
 def _ones(row: Any) -> Any:

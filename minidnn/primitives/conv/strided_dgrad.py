@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ... import backend
 from .. import _cuda, layout
 from . import implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma
 from .problem import ConvProblem
@@ -134,11 +133,8 @@ class StridedDgrad(ConvAlgorithm):
         if not on_wgmma(problem):
             super().run_in_layout(direction, first, second, problem, out, accumulate, workspace)
             return
-        direct = layout.is_channels_last(out) or layout.coincide(out.shape)
-        dx = out if direct else layout.empty(out.shape, out.dtype, backend.get_array_module(out), True)
-        _phases_in_place(layout.to_channels_last(first), second, problem, dx, workspace)
-        if not direct:
-            out[...] = layout.contiguous(dx)
+        dy = layout.to_channels_last(first)
+        layout.write_channels_last(out, lambda dx: _phases_in_place(dy, second, problem, dx, workspace))
 
     def backward_data(self, dy: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if in_one_launch(problem):
