@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last.
+# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
 """Each layer-direction in one process, float32 on the TF32 build and bfloat16: the wgmma kernel alone on
 operands already channels-last (nhwc_implicit_gemm_vs_cudnn.kernel_only), once per variant, and PyTorch's cuDNN
 on channels_last tensors (cudnn.benchmark on). CUDA events around 10 calls in a row (the launches queue behind each
@@ -6,9 +6,10 @@ other, so no host gap counts), after 3 warm-ups; the median of 7 such groups, pe
 ``NAME=MACRO:VALUE,...`` (``base`` takes the tree's builds as they are); its defines are added to every build of
 implicit_gemm_wgmma.cu, except FORWARD_CTAS_PER_SM, added only to 64-wide tiles (a 128-wide tile's three stages
 leave room for two CTAs an SM whatever the launch bounds say). TILE_WIDTH is not a macro: it sets the forward
-kernel's tile width (implicit_gemm_wgmma.tile_width), whose builds then take the variant's FORWARD_CTAS_PER_SM. Each
-variant's output is held against base's: the largest difference over the largest magnitude (the same sums in the
-same order: 0).
+kernel's tile width (implicit_gemm_wgmma.tile_width), whose builds then take the variant's FORWARD_CTAS_PER_SM;
+FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of more than 128 filters). Each
+variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
+sums in the same order: 0).
 
     PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_forward_builds.py --out DIR \
         --variants base two=FORWARD_CTAS_PER_SM:2 narrow=TILE_WIDTH:64 \
@@ -38,6 +39,7 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer3.stride2", 128, 128, 28, 28, 256, 3, 3, 2, 1),
           ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
 DIRECTIONS = ("forward", "backward_data")
+SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH")  # a variant's entries that are Python settings, not macros
 
 
 def per_call_ms(call, cupy):
@@ -60,15 +62,15 @@ def main() -> None:
     def function(relative, name, dtype, defines=()):
         if relative == wgmma.SOURCE:
             block_n = dict(defines).get("BLOCK_N")
-            defines = tuple(defines) + tuple(d for d in extra if d[0] != "TILE_WIDTH"
+            defines = tuple(defines) + tuple(d for d in extra if d[0] not in SETTINGS
                                              and (d[0] != "FORWARD_CTAS_PER_SM" or block_n == 64))
         return original(relative, name, dtype, defines)
 
     original_width = wgmma.tile_width
 
     def tile_width(columns, half, kernel):
-        width = dict(extra).get("TILE_WIDTH")
-        return width if width and kernel == "forward" else original_width(columns, half, kernel)
+        width = dict(extra).get("TILE_WIDTH" if kernel == "forward" else "FILTER_WIDTH")
+        return width or original_width(columns, half, kernel)
 
     _cuda.function = function
     wgmma.tile_width = tile_width
