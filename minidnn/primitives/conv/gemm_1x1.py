@@ -60,7 +60,7 @@ class Gemm1x1(ConvAlgorithm):
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         if not problem.is_1x1:  # a strided problem's sampled rows, a chunk of images at a time
-            return sampled_chunk(problem) * problem.P * problem.Q * problem.C * problem.itemsize
+            return sampled_chunk(problem) * _sampled_image_bytes(problem)
         if direction != "backward_filter" or problem.channels_last:
             return 0
         partials = problem.N * problem.K * (problem.C // problem.groups)
@@ -139,9 +139,13 @@ def sampled_chunk(problem: ConvProblem, limit: int | None = None) -> int:
     """How many images' sampled rows one GEMM takes: as many as fit the default workspace limit, or ``limit`` bytes
     where less (the workspace a call is handed), at least one, so that a large layer runs in a few large GEMMs and its
     workspace stays under the limit find keeps to."""
-    image_bytes = problem.P * problem.Q * problem.C * problem.itemsize
     limit = DEFAULT_WORKSPACE_LIMIT if limit is None else min(limit, DEFAULT_WORKSPACE_LIMIT)
-    return max(1, min(problem.N, limit // image_bytes))
+    return max(1, min(problem.N, limit // _sampled_image_bytes(problem)))
+
+
+def _sampled_image_bytes(problem: ConvProblem) -> int:
+    """One image's sampled rows: (P·Q, C) values."""
+    return problem.P * problem.Q * problem.C * problem.itemsize
 
 
 def _move_sampled(direction: str, source: Any, target: Any, images: int, problem: ConvProblem) -> None:
