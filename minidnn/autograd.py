@@ -299,6 +299,12 @@ class Function:
     ``saved_versions`` holds, for each saved array that is an input's or the output's, that tensor's
     version counter and its value when it was saved: backward checks them (see :func:`run_backward`).
 
+    ``sums_gradient_parts``: whether ``backward`` also takes its output's gradient in two parts, as
+    ``backward(part, other_part)``, when two operations used the output: the node sums them in the pass its kernel
+    makes over the gradient anyway (ReLU's mask), which spares the engine's sum a pass of its own over three arrays.
+    The parts have the output's layout; a third part is summed into the first two by the engine, and where the
+    output retains its gradient the engine sums the parts for it and calls ``backward(sum)``.
+
     ``half_inputs``: whether ``forward`` and ``backward`` take float16 and bfloat16 arrays. Where not, a
     half-precision input is widened to float32 by a graph node first, so the operation computes and returns
     float32 (autocast's rule for every operation off its half-precision list).
@@ -313,6 +319,7 @@ class Function:
     retained: Any = None  # weak reference to the output tensor when it retains its grad
     saved_versions: tuple = ()
     half_inputs: bool = False
+    sums_gradient_parts: bool = False
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
@@ -502,6 +509,11 @@ def _topological_order(root: Function) -> list[Function]:
     return order
 
 
+class _GradientParts(list):
+    """The two parts of a node's output gradient, pending in :func:`run_backward` until the node sums them in its
+    backward (``Function.sums_gradient_parts``)."""
+
+
 def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) · gradient into the ``.grad`` of every leaf that requires it."""
     if root._node is None:
@@ -519,9 +531,14 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
         if node.saved_versions:
             _check_saved_versions(node)
         output = node.retained() if node.retained is not None else None
-        if output is not None:
-            output._accumulate_grad(grad)
-        input_grads = node.backward(grad)
+        if type(grad) is _GradientParts and output is not None:  # (only sums_gradient_parts nodes get parts)
+            grad = _sum_gradients(*grad)  # the output retains the sum
+        if type(grad) is _GradientParts:
+            input_grads = node.backward(*grad)
+        else:
+            if output is not None:
+                output._accumulate_grad(grad)
+            input_grads = node.backward(grad)
         del grad  # the output's gradient is dead once the inputs' exist: free it before summing them
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
@@ -541,6 +558,10 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
                 previous = pending.get(id(parent))
                 if previous is None:
                     pending[id(parent)] = parent_grad
+                elif type(previous) is _GradientParts:  # a third part: the first two summed
+                    previous[:] = _sum_gradients(*previous), parent_grad
+                elif parent.sums_gradient_parts:
+                    pending[id(parent)] = _GradientParts((previous, parent_grad))
                 else:
                     pending[id(parent)] = _sum_gradients(previous, parent_grad)
         del input_grads

@@ -470,14 +470,15 @@ def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = Non
 
 class AddReLUFunction(Function):
     half_inputs = True
+    sums_gradient_parts = True  # a residual block's output feeds the next block twice: its conv and its shortcut
 
     def forward(self, a, b):
         y = library.add_relu_forward(a, b)
         self.save_for_backward(y)
         return y
 
-    def backward(self, dy):
-        dx = library.relu_backward(dy, self.saved[0])
+    def backward(self, dy, dy_other=None):
+        dx = library.relu_backward(dy, self.saved[0], dy_other)
         return dx, dx  # the sum's gradient is the identity for each input
 
 

@@ -556,6 +556,10 @@ class _ActivationFunction(Function):
 class ReLUFunction(_ActivationFunction):
     primitive = "relu"
     half_inputs = True  # relu_forward and relu_backward take half arrays (exact: values pass or become 0)
+    sums_gradient_parts = True  # relu_backward sums a gradient's two parts in its own pass
+
+    def backward(self, dy, dy_other=None):
+        return library.relu_backward(dy, self.saved[0], dy_other)
 
 
 class SigmoidFunction(_ActivationFunction):

@@ -74,6 +74,43 @@ def test_gradients_accumulate_over_fan_out_and_calls():
     np.testing.assert_allclose(x.grad.numpy(), 2 * x.numpy() + 4)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_relu_outputs_used_twice_sum_their_gradient_parts_in_relu_backward(rng, monkeypatch, device):
+    """A ReLU's and an add_relu's output that feed two operations each: relu_backward gets the two parts (dy_other)
+    instead of the engine's sum; of an output used three times it gets two parts too, the first two summed by the
+    engine, and one that retains its gradient gets the engine's sum. The gradients, retained one included, are
+    PyTorch's."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda":
+        pytest.importorskip("cupy")
+    import minidnn.functional as F  # noqa: PLC0415
+    from minidnn import primitives  # noqa: PLC0415
+
+    calls = []
+    original = primitives.relu_backward
+    monkeypatch.setattr(primitives, "relu_backward", lambda dy, y, dy_other=None: (
+        calls.append(dy_other is not None), original(dy, y, dy_other))[1])
+    data = [rng.standard_normal((2, 3, 4, 5)) for _ in range(4)]
+
+    def run(module, relu, add_relu, tensor):
+        x, a, b, c = (tensor(v) for v in data)
+        h = relu(x)  # used twice: h * a and add_relu's second input
+        r = add_relu(h * a, h)  # used twice: r * b and relu(r)
+        t = relu(x * c)  # used three times
+        u = relu(b)  # used twice, retains its gradient
+        u.retain_grad()
+        loss = (r * b).sum() + (relu(r) * c).sum() + (t * a + t * b + t).sum() + (u * x + u).sum()
+        loss.backward()
+        return [x.grad, a.grad, b.grad, c.grad, u.grad]
+
+    ours = run(minidnn, F.relu, F.add_relu, lambda v: minidnn.tensor(v, device=device, requires_grad=True))
+    theirs = run(torch, torch.relu, lambda p, q: torch.relu(p + q), lambda v: torch.tensor(v, requires_grad=True))
+    for name, got, want in zip("x a b c u".split(), ours, theirs):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    # relu(r) (one use) and u (retained) get one gradient; r, h and t (three uses) two parts.
+    assert sorted(calls) == [False, False, True, True, True]
+
+
 def test_shared_gradient_arrays_are_not_aliased():
     a = minidnn.tensor([1.0], requires_grad=True)
     b = minidnn.tensor([1.0], requires_grad=True)

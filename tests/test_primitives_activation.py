@@ -184,6 +184,41 @@ def test_add_relu_gradient_is_relu_backward_for_both_inputs(xp, rng, shape):
         assert_close(grad, expected, **FD_TOLERANCE, name=f"input {index}")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("layout", ["contiguous", "channels-last"])
+def test_relu_backward_of_two_parts_is_the_mask_of_their_rounded_sum(xp, rng, dtype, layout):
+    """relu_backward(dy, y, dy_other): dy + dy_other rounded to the dtype (the float64 sum of two float32 values is
+    exact, so rounding it is the correctly rounded float32 sum), then 0 where y <= 0; the naive engine alike."""
+    from minidnn.naive import relu_backward as naive_relu_backward  # noqa: PLC0415
+    from minidnn.primitives import layout as layouts  # noqa: PLC0415
+
+    shape = (3, 5, 4, 7)
+    x, dy, dy_other = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    x.flat[:2] = 0.0  # ReLU's gradient at exactly 0
+    expected = np.where(x > 0, (dy.astype(np.float64) + dy_other).astype(dtype), 0)
+    arrays = [xp.asarray(v) for v in (dy, np.maximum(x, 0), dy_other)]
+    if layout == "channels-last":
+        arrays = [layouts.to_channels_last(a) for a in arrays]
+    for backward in (relu_backward, naive_relu_backward):
+        dx = backward(*arrays)
+        assert dx.dtype == dtype
+        assert_close(dx, expected, rtol=0, atol=0, name=f"{backward.__module__} of two parts")
+    assert layouts.is_channels_last(relu_backward(*arrays)) == (layout == "channels-last")
+
+
+def test_relu_backward_of_two_parts_errors_name_the_argument(xp):
+    from minidnn.naive import relu_backward as naive_relu_backward  # noqa: PLC0415
+
+    dy = xp.ones((2, 3))
+    for backward in (relu_backward, naive_relu_backward):
+        with pytest.raises(TypeError, match="dy_other and dy must have the same dtype, got float32 and float64"):
+            backward(dy, dy, xp.ones((2, 3), dtype=xp.float32))
+        with pytest.raises(ValueError, match=r"dy_other must have dy's shape \(2, 3\), got \(3,\)"):
+            backward(dy, dy, xp.ones(3))
+        with pytest.raises(TypeError, match="dy_other must be a float32 or float64 array"):
+            backward(dy, dy, xp.ones((2, 3), dtype=xp.int32))
+
+
 def test_out_and_add_relu_errors(xp):
     x = xp.ones((2, 3))
     with pytest.raises(ValueError, match=r"out must have x's shape \(2, 3\), got \(3, 2\)"):
@@ -437,6 +472,9 @@ def test_half_precision_relu_and_add_relu_round_once_from_float32(xp, rng, name)
     passed = to_numpy(convert.half_to_float(y, name)) > 0
     expected_dx = np.where(passed, exact_dy, np.float32(0)).astype(reference).view(np.uint16)
     np.testing.assert_array_equal(words(relu_backward(dy, y)), expected_dx)
+    # Two parts: their float32 sum (exact values of the half words) rounded once, then masked.
+    expected_of_sum = np.where(passed, exact_dy + exact_b, np.float32(0)).astype(reference).view(np.uint16)
+    np.testing.assert_array_equal(words(relu_backward(dy, y, b)), expected_of_sum)
     in_place = a.copy()
     assert relu_forward(in_place, out=in_place) is in_place
     np.testing.assert_array_equal(words(in_place), expected_relu)
@@ -449,7 +487,7 @@ def test_half_precision_relu_and_add_relu_round_once_from_float32(xp, rng, name)
 @pytest.mark.parametrize("size", [1, 7, 37, 1000003])
 @pytest.mark.parametrize("offset", [0, 1])
 def test_gpu_relu_kernels_in_packs_and_single_elements_match_numpy(rng, name, size, offset):
-    """ReLU, add_relu and relu_backward on arrays 16-byte aligned (activation.cu's pack builds, with a tail
+    """ReLU, add_relu and relu_backward (of one gradient and of two parts) on arrays 16-byte aligned (activation.cu's pack builds, with a tail
     of single elements when the size is not a multiple of the pack) and one element in (the plain builds),
     in place too: bit for bit the NumPy twin (NaNs as NaNs after the addition)."""
     from minidnn.primitives import _cuda, convert  # noqa: PLC0415
@@ -474,6 +512,8 @@ def test_gpu_relu_kernels_in_packs_and_single_elements_match_numpy(rng, name, si
     np.testing.assert_array_equal(bits(y_gpu)[~nan], bits(y_cpu)[~nan])
     np.testing.assert_array_equal(bits(relu_forward(on_gpu[0])), bits(relu_forward(on_cpu[0])))
     np.testing.assert_array_equal(bits(relu_backward(on_gpu[2], y_gpu)), bits(relu_backward(on_cpu[2], y_cpu)))
+    np.testing.assert_array_equal(bits(relu_backward(on_gpu[2], y_gpu, on_gpu[1])),
+                                  bits(relu_backward(on_cpu[2], y_cpu, on_cpu[1])))
     in_place = on_gpu[0].copy()
     assert relu_forward(in_place, out=in_place) is in_place
     np.testing.assert_array_equal(bits(in_place), bits(relu_forward(on_cpu[0])))
@@ -513,26 +553,27 @@ def test_gpu_repeated_relu_calls_skip_the_checks_and_keep_their_bits(rng, monkey
 
         def calls(a, b):
             y = add_relu_forward(a, b)
-            return [to_numpy(r) for r in (y, relu_backward(b, y), relu_forward(a))]
+            return [to_numpy(r) for r in (y, relu_backward(b, y), relu_forward(a), relu_backward(b, y, a))]
 
         checked.clear()
         first = calls(a, b)
-        assert len(checked) == 2 + (dtype == "bfloat16")  # add_relu and relu_backward (and relu_forward's half check)
+        # add_relu, relu_backward of one gradient and of two parts (and relu_forward's half check)
+        assert len(checked) == 3 + (dtype == "bfloat16")
         for one, two in zip(first, calls(a, b)):
             np.testing.assert_array_equal(one, two)
-        assert len(checked) == 2 + (dtype == "bfloat16")  # the steady state: no checks
+        assert len(checked) == 3 + (dtype == "bfloat16")  # the steady state: no checks
         off = cupy.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
         off[...] = a
         strided = cupy.asfortranarray(b)
         for one, two in zip(first, calls(off, strided)):
             np.testing.assert_array_equal(one, two)
-        assert len(checked) > 2 + (dtype == "bfloat16")
+        assert len(checked) > 3 + (dtype == "bfloat16")
         # Channels-last arrays are kept too, and their outputs stay channels-last.
         a_last, b_last = layout.to_channels_last(a), layout.to_channels_last(b)
         for _ in range(2):
             checked.clear()
             y = add_relu_forward(a_last, b_last)
-            outputs = (y, relu_backward(b_last, y), relu_forward(a_last))  # calls()'s order
+            outputs = (y, relu_backward(b_last, y), relu_forward(a_last), relu_backward(b_last, y, a_last))
             assert all(layout.is_channels_last(result) for result in outputs)
             for one, two in zip(first, outputs):
                 np.testing.assert_array_equal(one, to_numpy(layout.contiguous(two)))

@@ -36,10 +36,16 @@ def relu_forward(x: Any, out: Any = None) -> Any:
     return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
 
-def relu_backward(dy: Any, y: Any) -> Any:
-    """dx = dy where y > 0, else 0 (ReLUBackward, from the output). dy, y: same shape; returns dx."""
+def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
+    """dx = dy where y > 0, else 0 (ReLUBackward, from the output). dy, y: same shape; returns dx.
+
+    dy_other: a second part of y's gradient, summed into dy first as Caffe's SplitLayer sums the gradients of a
+    blob that fed two layers (one element-wise pass of its own), then ReLUBackward."""
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
+    if dy_other is not None:
+        primitive_activation._check_gradient_part(dy_other, dy)
+        dy = xp.add(xp.ascontiguousarray(dy), xp.ascontiguousarray(dy_other))
     if backend.is_cuda_array(dy):
         dx = xp.empty(dy.shape, dtype=dy.dtype)
         _cuda.check_int32(dx)

@@ -7,8 +7,8 @@
 // cuDNN); those of leaky ReLU, SiLU and GELU take x. Hyper-parameters (the slope) are double, after n.
 //
 // Thread mapping: one thread per element in a grid-stride loop (activation.py caps the grid), so
-// consecutive threads of a warp read and write consecutive addresses; ReLU, its backward and the residual
-// add also move 16-byte packs (elements.cuh's by_packs). One launch per call.
+// consecutive threads of a warp read and write consecutive addresses; ReLU, its backward (of one gradient or of
+// two parts summed) and the residual add also move 16-byte packs (elements.cuh's by_packs). One launch per call.
 
 #ifndef SCALAR
 #define SCALAR float
@@ -51,6 +51,24 @@ struct ReluBackward {
     }
 };
 
+// dx = (dy + dy_other) where y > 0, else 0: y's gradient in two parts (y fed two operations, as a residual block's
+// output feeds the next block's convolution and its shortcut), summed here, rounded to the element type as the sum
+// alone would be, then masked. One pass over four arrays where the sum and the mask apart took two over six.
+struct ReluBackwardOfSum {
+    const elem_t *__restrict__ dy, *__restrict__ y, *__restrict__ dy_other;
+    elem_t* __restrict__ dx;
+    template <int V>
+    __device__ __forceinline__ void run(const int i) const {
+        const Pack<V> g = packs<V>(dy)[i], out = packs<V>(y)[i], h = packs<V>(dy_other)[i];
+        Pack<V> p;
+#pragma unroll
+        for (int u = 0; u < V; ++u)
+            p.e[u] = element_value(out.e[u]) > scalar_t(0) ? element_of(element_value(g.e[u]) + element_value(h.e[u]))
+                                                           : elem_t(0);
+        packs<V>(dx)[i] = p;
+    }
+};
+
 // Each in single elements and in packs of VECTOR (activation.py launches the packs where every array is
 // 16-byte aligned).
 extern "C" __global__ void relu_forward(const elem_t* x, elem_t* y, const int n) {
@@ -72,6 +90,15 @@ extern "C" __global__ void relu_backward(const elem_t* __restrict__ dy, const el
 extern "C" __global__ void relu_backward_vector(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
                                                 elem_t* __restrict__ dx, const int n) {
     by_packs<VECTOR>(n, ReluBackward{dy, y, dx});
+}
+extern "C" __global__ void relu_backward_sum(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
+                                             const elem_t* __restrict__ dy_other, elem_t* __restrict__ dx, const int n) {
+    by_packs<1>(n, ReluBackwardOfSum{dy, y, dy_other, dx});
+}
+extern "C" __global__ void relu_backward_sum_vector(const elem_t* __restrict__ dy, const elem_t* __restrict__ y,
+                                                    const elem_t* __restrict__ dy_other, elem_t* __restrict__ dx,
+                                                    const int n) {
+    by_packs<VECTOR>(n, ReluBackwardOfSum{dy, y, dy_other, dx});
 }
 
 // y = 1 / (1 + e^−x), with exp taken only of −|x| <= 0 so that it cannot overflow: 1 / (1 + e^−x)

@@ -70,12 +70,19 @@ def relu_forward(x: Any, out: Any = None) -> Any:
     return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
 
-def relu_backward(dy: Any, y: Any) -> Any:
+def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
     """dx = dy where y > 0, else 0. dy, y: same shape; returns dx: that shape.
 
     The gradient at x = 0 is taken as 0, as PyTorch does; y > 0 exactly when x > 0, so y is
     enough to tell which inputs passed. float16 and bfloat16 too (dx holds dy's own values or 0).
+
+    dy_other: None, or a second part of y's gradient (dy's shape and dtype), for a y that fed two operations, as a
+    residual block's output feeds the next block's convolution and its shortcut: dx = (dy + dy_other) where y > 0,
+    the sum rounded to the dtype as ``relu_backward(dy + dy_other, y)`` rounds it (a half sum in float32, rounded
+    once), in one pass over the four arrays where the sum and the mask apart take two over six.
     """
+    if dy_other is not None:
+        return _relu_backward_of_sum(dy, y, dy_other)
     key, kept = _kept_call("relu_backward", dy, y)
     if kept is not None:
         return _run_kept(kept, dy, y)
@@ -92,6 +99,24 @@ def relu_backward(dy: Any, y: Any) -> Any:
     return where_or_zero(y > 0, dy)
 
 
+def _relu_backward_of_sum(dy: Any, y: Any, dy_other: Any) -> Any:
+    """:func:`relu_backward` of the gradient dy + dy_other (see there)."""
+    key, kept = _kept_call("relu_backward_sum", dy, y, dy_other)
+    if kept is not None:
+        return _run_kept(kept, dy, y, dy_other)
+    half = convert.half_type_of(dy)
+    if half is not None:
+        _check_half_arrays(("dy", dy), ("y", y), ("dy_other", dy_other))
+        if backend.is_cuda_array(dy):
+            return _elementwise_gpu("relu_backward_sum", dy, y, dy_other, half=half, key=key)
+        return where_or_zero(convert.half_to_float(y, half) > 0, dy + dy_other)  # one rounding of the float sum
+    _check_gradient_pair(dy, y, "y")
+    _check_gradient_part(dy_other, dy)
+    if backend.is_cuda_array(dy):
+        return _elementwise_gpu("relu_backward_sum", dy, y, dy_other, key=key)
+    return where_or_zero(y > 0, dy + dy_other)
+
+
 def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
     """y = max(a + b, 0): a residual connection and the ReLU after it, in one pass.
 
@@ -99,8 +124,8 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
     a C-contiguous array of a's shape and dtype, returned; ``out=a`` (or ``b``) adds in place.
     The sum is rounded to the dtype before the ReLU, as relu_forward(a + b) rounds it.
 
-    There is no add_relu_backward: the gradient is :func:`relu_backward` (dy, y) with this y, and the
-    same array flows to both a and b (the add's gradient is the identity for each input).
+    There is no add_relu_backward: the gradient is :func:`relu_backward` (dy, y) with this y (and its dy_other where y
+    fed two operations), and the same array flows to both a and b (the add's gradient is the identity for each input).
     float16 and bfloat16: the sum in float32, rounded once after the ReLU.
     """
     key, kept = _kept_call("add_relu_forward", a, b) if out is None else (None, None)
@@ -192,6 +217,14 @@ def _check_gradient_pair(dy: Any, x: Any, name: str) -> None:
     if dy.shape != x.shape:
         raise ValueError(f"dy and {name} must have the same shape, got {tuple(dy.shape)} and {tuple(x.shape)}")
     backend.get_array_module(dy, x)
+
+
+def _check_gradient_part(dy_other: Any, dy: Any) -> None:
+    """A second part of a gradient must be a float array of dy's shape and dtype, on dy's device."""
+    check_float(dy_other, "dy_other")
+    check_same_dtype(dy_other, dy, "dy_other", "dy")
+    check_same_shape(dy_other, dy, "dy_other", "dy")
+    backend.get_array_module(dy, dy_other)  # one device, or a clear ValueError
 
 
 def leaky_relu_forward(x: Any, negative_slope: float = 0.01, out: Any = None) -> Any:
@@ -328,12 +361,12 @@ def _rounded_into(wide: Any, half: str, out: Any) -> Any:
 
 
 # The kernels of activation.cu with builds moving 16-byte packs (elements.cuh's by_packs).
-_PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward"})
+_PACKED = frozenset({"relu_forward", "add_relu_forward", "relu_backward", "relu_backward_sum"})
 
 
 def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = (), half: str | None = None,
                      key: tuple | None = None) -> Any:
-    """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, or a and b) and return its
+    """Run kernel ``name`` of activation.cu on ``arrays`` (x, dy and y, a and b, or dy, y and dy_other) and return its
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
     such as a slope) follow the element count. ``half``: the half build for that type's words. ``key``: the
     call's steady-state key (see ``_kept``), under which a call without out on C-contiguous arrays is kept."""
