@@ -73,22 +73,18 @@ def test_the_tf32_backward_filter_holds_two_tiles_and_two_staging_buffers():
     assert [implicit_gemm_wgmma.ctas_per_sm(width) for width in (64, 128, 256)] == [2, 2, 1]
 
 
-def test_the_tf32_backward_filter_of_more_than_128_filters_takes_256_wide_tiles_where_those_fill_as_well():
+def test_every_build_and_direction_takes_implicit_gemm_nhwcs_widths():
     width = implicit_gemm_wgmma.tile_width
     columns = (8, 64, 65, 128, 136, 256, 264, 384, 392, 512, 1024, 2048)
     narrow = [64 if c <= 64 else 128 for c in columns]
-    assert [width(c, None, "backward_filter") for c in columns] == [64, 64, 128, 128, 256, 256, 128, 128, 256, 256,
-                                                                     256, 256]
-    assert [width(c, None, "forward") for c in columns] == narrow  # forward's kernel, which backward-data runs too
-    for half in ("float16", "bfloat16"):  # the half builds keep implicit_gemm_nhwc's widths
-        for kernel in ("forward", "backward_filter"):
+    for half in (None, "float16", "bfloat16"):  # None: the TF32 build, whose backward-filter took 256 before
+        for kernel in ("forward", "backward_filter"):  # forward's kernel, which backward-data runs too
             assert [width(c, half, kernel) for c in columns] == narrow
 
 
 def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch):
-    """ResNet-18's layer4 conv2 at batch 128 (512 -> 512 channels, 7 × 7) on 132 SMs: the TF32 backward-filter on
-    256-wide tiles, one CTA an SM (its split aims at two waves of one), forward and the half builds on 128-wide ones,
-    two CTAs an SM."""
+    """ResNet-18's layer4 conv2 at batch 128 (512 -> 512 channels, 7 × 7) on 132 SMs: every kernel on 128-wide
+    tiles, two CTAs an SM; the backward-filter's split aims at two waves of two."""
     kernels, launches = [], []
     monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
                         lambda kernel, grid, shared, args: launches.append((grid, shared)))
@@ -101,13 +97,13 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
         out = np.zeros((1, 1, 1, 1), dtype)
         implicit_gemm_wgmma._launch_forward(None, None, out, implicit_gemm_nhwc._shape_struct(problem))
         implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
-    assert [args[2] for args in kernels] == [128, 256, 128, 128]
-    wide = implicit_gemm_wgmma.backward_filter_shared_bytes(256, None)
+    assert [args[2] for args in kernels] == [128, 128, 128, 128]
+    staged = implicit_gemm_wgmma.backward_filter_shared_bytes(128, None)
     narrow = implicit_gemm_wgmma.shared_bytes(128)
     # forward: N·P·Q = 6272 rows, 49 tiles of 128, by 4 column tiles. backward-filter: R·S·C = 4608 rows, 36 tiles,
-    # by 2 (TF32) or 4 column tiles; 196 stages of 32 pixels (TF32) for 2 × 132 CTAs: 4 slices of 49 stages; 98
-    # stages of 64 (half values) for 4 × 132: 4 slices of 25.
-    assert launches == [((196, 1, 1), narrow), ((72, 4, 1), wide), ((196, 1, 1), narrow), ((144, 4, 1), narrow)]
+    # by 4 column tiles, 144 tiles for 4 × 132 CTAs: 196 stages of 32 pixels (TF32) in 4 slices of 49; 98 stages of
+    # 64 (half values) in 4 slices of 25.
+    assert launches == [((196, 1, 1), narrow), ((144, 4, 1), staged), ((196, 1, 1), narrow), ((144, 4, 1), narrow)]
 
 
 @pytest.mark.gpu
@@ -160,13 +156,12 @@ def test_the_gpu_and_its_numpy_twin_agree_to_a_rounding(rng, case, direction, na
 # The TF32 build
 # ----------------------------------------------------------------------------------------------
 # TF32's copies are four floats: reductions of channels multiples of 4 (not of 8) run too.
-# The backward-filter of more than 128 filters takes 256-wide tiles where those fill as well (K 136 above: one, 120
-# columns empty; K 392: two, the second 136 wide), K 264 three 128-wide ones, the last 8 wide; forward K 392 and
-# backward-data's C 392 take four 128-wide ones. PADDED's 3 and 5 channels are copied as 4 and 8.
+# K 264 takes three 128-wide tiles, the last 8 wide; K 392 (and backward-data's C 392) four, the last 8 wide.
+# PADDED's 3 and 5 channels are copied as 4 and 8.
 TF32_CASES = {**CASES, **STRIDED, **PADDED, "four_channels_a_copy": (2, 12, 10, 9, 20, 3, 3, 1, 1, 1, 1),
               "four_channels_two_groups": (2, 24, 9, 11, 8, 3, 3, 1, 1, 1, 2),  # C/G 12, K/G 4
               "three_column_tiles_one_partial": (2, 16, 9, 7, 264, 3, 3, 1, 1, 1, 1),
-              "two_wide_column_tiles_one_partial": (3, 392, 9, 7, 392, 3, 3, 1, 1, 1, 1)}
+              "four_column_tiles_one_partial": (3, 392, 9, 7, 392, 3, 3, 1, 1, 1, 1)}
 FORWARD_AND_DATA = ("forward", "backward_data")
 
 

@@ -67,15 +67,11 @@ def ctas_per_sm(block_n: int) -> int:
 
 def tile_width(columns: int, half: str | None, kernel: str) -> int:
     """The tile's width for a product ``columns`` wide (one group's K, or C for backward-data) on ``kernel``
-    ("forward", which backward-data runs too, or "backward_filter"): implicit_gemm_nhwc's 64 or 128; or for the TF32
-    backward-filter (``half`` None) of more than 128 filters, 256 where 256-wide tiles leave no more columns empty
-    than 128-wide ones (256 or 512 filters, not 384). A wider tile copies and turns its 128 rows of x once for twice
-    the filters: it timed faster on every such ResNet layer when that kernel copied each word on its own, where
-    forward and backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py). Its staged copies,
-    turned in shared memory, have since timed faster at 128 on most of those layers, the kernel alone
-    (wgmma_forward_builds.py's FILTER_WIDTH); no step has been timed with 128 yet."""
-    if kernel == "backward_filter" and half is None and columns > 128 and 2 * -(-columns // 256) <= -(-columns // 128):
-        return 256
+    ("forward", which backward-data runs too, or "backward_filter"), either build (``half`` None: TF32):
+    implicit_gemm_nhwc's 64 or 128. A 256-wide tile copies and turns its 128 rows of x once for twice the filters:
+    the TF32 backward-filter took it while it copied each word on its own, and its staged copies, turned in shared
+    memory, timed faster at 128 on most ResNet layers of 256 and 512 filters (wgmma_forward_builds.py's
+    FILTER_WIDTH); forward and backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py)."""
     return implicit_gemm_nhwc._block_n(columns)
 
 
