@@ -93,15 +93,18 @@ def test_layout_changes_keep_the_values(xp, shape, dtype):
 def test_a_padded_channels_last_copy_puts_zeros_after_the_channels(xp, rng, dtype, word, weight_last):
     """layout.to_channels_last_padded, of either layout, into an out full of all-ones bits (a NaN as float32 and as
     a half type): each pixel's channels, then zeros, against NumPy's own padding; float16 values into a workspace's
-    16-bit words keep their bits (a cast would turn 1.5 into 1)."""
-    values = (rng.integers(1, 1000, size=(3, 5, 7, 6)) / 2).astype(dtype)
+    16-bit words keep their bits (a cast would turn 1.5 into 1). A slice of images too (a chunk of a batch), whose
+    first value lies inside its array (on the GPU: the kernel's strided reads)."""
+    values = (rng.integers(1, 1000, size=(4, 5, 7, 6)) / 2).astype(dtype)
     array = xp.asarray(values)
     array = layout.to_channels_last(array) if weight_last else array
-    for padded_channels in (5, 8, 16):
-        out = xp.full((3, 7, 6, padded_channels), 0xFFFF if word == np.uint16 else np.nan, word)
-        layout.to_channels_last_padded(array, out)
-        want = np.pad(values.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5))).view(word)
-        assert np.array_equal(to_numpy(out), want)
+    for images in (slice(None), slice(1, 3)):
+        for padded_channels in (5, 8, 16):
+            chunk = values[images]
+            out = xp.full((len(chunk), 7, 6, padded_channels), 0xFFFF if word == np.uint16 else np.nan, word)
+            layout.to_channels_last_padded(array[images], out)
+            want = np.pad(chunk.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5))).view(word)
+            assert np.array_equal(to_numpy(out), want)
 
 
 def test_a_narrow_transpose_moves_words_in_a_grid_that_fills_the_gpu():

@@ -103,3 +103,32 @@ extern "C" __global__ void filter_to_channels_last_4(const unsigned int* w, unsi
                                                      int S, int turned, int w_last, int groups) {
     filter_to_channels_last(w, out, K, C, R, S, turned, w_last, groups);
 }
+
+// A padded channels-last copy (layout.py's to_channels_last_padded): out (N, H, W, P) = in's (N, C, H, W) values,
+// read at their element strides (either layout, or a slice of one), each pixel's C channels followed by P − C zeros,
+// for kernels that copy whole 16-byte vectors of a pixel (a first layer's 3 colour channels). One thread per output
+// word, consecutive threads writing consecutive words: the zeros are written with the values, in the one pass a
+// memset and a strided copy took two for.
+template <typename Word>
+__device__ __forceinline__ void pad_channels_last(const Word* __restrict__ in, Word* __restrict__ out, const int total,
+                                                  const int C, const int P, const int H, const int W,
+                                                  const long long stride_n, const long long stride_c,
+                                                  const long long stride_h, const long long stride_w) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int c = i % P, pixel = i / P;
+        const int w = pixel % W, h = pixel / W % H, n = pixel / W / H;
+        out[i] = c < C ? in[n * stride_n + c * stride_c + h * stride_h + w * stride_w] : Word(0);
+    }
+}
+
+// in's strides are in words.
+extern "C" __global__ void pad_channels_last_2(const unsigned short* in, unsigned short* out, int total, int C, int P,
+                                               int H, int W, long long stride_n, long long stride_c,
+                                               long long stride_h, long long stride_w) {
+    pad_channels_last(in, out, total, C, P, H, W, stride_n, stride_c, stride_h, stride_w);
+}
+extern "C" __global__ void pad_channels_last_4(const unsigned int* in, unsigned int* out, int total, int C, int P,
+                                               int H, int W, long long stride_n, long long stride_c,
+                                               long long stride_h, long long stride_w) {
+    pad_channels_last(in, out, total, C, P, H, W, stride_n, stride_c, stride_h, stride_w);
+}

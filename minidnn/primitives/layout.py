@@ -150,8 +150,17 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     """out (N, H, W, C') = ``array`` (N, C, H, W) of any layout, each pixel's C channels followed by C' − C zeros:
     a channels-last copy whose pixels fill whole 16-byte vectors, for kernels that copy 16 bytes at a time (the 3
     colour channels of a first layer). Also a filter's (K, C, R, S) -> (K, R, S, C'). Words are copied as they are
-    (float16 values into a workspace of 16-bit words keep their bits). Two passes of the array module: the whole of
-    C-contiguous ``out`` zeroed (a memset on the GPU), then the channels (CuPy's strided copy)."""
+    (float16 values into a workspace of 16-bit words keep their bits). ``out`` C-contiguous. On the GPU one pass of
+    layout.cu's pad_channels_last, which reads ``array`` at its strides and writes the zeros with the values; in NumPy
+    two, the whole of ``out`` zeroed, then the channels."""
+    if backend.get_array_module(out) is not np and array.itemsize in (2, 4):
+        N, C, H, W = array.shape
+        _cuda.check_int32(out)
+        kernel = _cuda.function("layout.cu", f"pad_channels_last_{array.itemsize}", np.float32)
+        strides = [np.int64(stride // array.itemsize) for stride in array.strides]
+        _cuda.launch(kernel, out.size, (array, out, _cuda.i32(out.size), _cuda.i32(C), _cuda.i32(out.shape[-1]),
+                                        _cuda.i32(H), _cuda.i32(W), *strides))
+        return
     channels, source = array.shape[1], array.transpose(TO_BUFFER)
     out.fill(0)
     out[..., :channels] = source if source.dtype == out.dtype else source.view(out.dtype)
