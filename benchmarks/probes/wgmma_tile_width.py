@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.tile_width (256-wide tiles for the TF32 backward-filter) and PIPELINES[256].
+# Measures implicit_gemm_wgmma.tile_width's 128 or 256 wide and PIPELINES[256] (the rule takes 128 since 2026-12-07).
 """Each layer-direction whose product is wider than 128 columns (K, or C for backward-data), float32 on the TF32
 build (bfloat16 with --bf16): the wgmma kernel alone on operands already channels-last
 (nhwc_implicit_gemm_vs_cudnn.kernel_only), once at each tile width and pipeline (``128``: the 128-wide tile;
