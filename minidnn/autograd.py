@@ -531,9 +531,7 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
         if node.saved_versions:
             _check_saved_versions(node)
         output = node.retained() if node.retained is not None else None
-        if type(grad) is _GradientParts and output is not None:  # (only sums_gradient_parts nodes get parts)
-            grad = _sum_gradients(*grad)  # the output retains the sum
-        if type(grad) is _GradientParts:
+        if type(grad) is _GradientParts:  # (only a sums_gradient_parts node whose output keeps no .grad gets parts)
             input_grads = node.backward(*grad)
         else:
             if output is not None:
@@ -560,7 +558,7 @@ def run_backward(root: Value, gradient: Any, retain_graph: bool = False) -> None
                     pending[id(parent)] = parent_grad
                 elif type(previous) is _GradientParts:  # a third part: the first two summed
                     previous[:] = _sum_gradients(*previous), parent_grad
-                elif parent.sums_gradient_parts:
+                elif parent.sums_gradient_parts and parent.retained is None:  # a retained .grad is the sum
                     pending[id(parent)] = _GradientParts((previous, parent_grad))
                 else:
                     pending[id(parent)] = _sum_gradients(previous, parent_grad)

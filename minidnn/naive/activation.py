@@ -45,7 +45,7 @@ def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
     xp = backend.get_array_module(dy, y)
     if dy_other is not None:
         primitive_activation._check_gradient_part(dy_other, dy)
-        dy = xp.add(xp.ascontiguousarray(dy), xp.ascontiguousarray(dy_other))
+        dy = dy + dy_other
     if backend.is_cuda_array(dy):
         dx = xp.empty(dy.shape, dtype=dy.dtype)
         _cuda.check_int32(dx)

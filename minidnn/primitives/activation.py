@@ -81,40 +81,24 @@ def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
     the sum rounded to the dtype as ``relu_backward(dy + dy_other, y)`` rounds it (a half sum in float32, rounded
     once), in one pass over the four arrays where the sum and the mask apart take two over six.
     """
+    # The one gradient's kernel, or the two parts' (their kept launches under names of their own).
+    name, arrays = ("relu_backward", (dy, y)) if dy_other is None else ("relu_backward_sum", (dy, y, dy_other))
+    key, kept = _kept_call(name, *arrays)
+    if kept is not None:
+        return _run_kept(kept, *arrays)
+    half = convert.half_type_of(dy)
+    if half is not None:
+        _check_half_arrays(*zip(("dy", "y", "dy_other"), arrays))
+        if backend.is_cuda_array(dy):
+            return _elementwise_gpu(name, *arrays, half=half, key=key)
+        # NumPy keeps the layout of the mask and dy; two parts' half sum is rounded once from float32
+        return where_or_zero(convert.half_to_float(y, half) > 0, dy if dy_other is None else dy + dy_other)
+    _check_gradient_pair(dy, y, "y")  # one device, or a clear ValueError
     if dy_other is not None:
-        return _relu_backward_of_sum(dy, y, dy_other)
-    key, kept = _kept_call("relu_backward", dy, y)
-    if kept is not None:
-        return _run_kept(kept, dy, y)
-    half = convert.half_type_of(dy)
-    if half is not None:
-        _check_half_arrays(("dy", dy), ("y", y))
-        if backend.is_cuda_array(dy):
-            return _elementwise_gpu("relu_backward", dy, y, half=half, key=key)
-        return where_or_zero(convert.half_to_float(y, half) > 0, dy)  # NumPy keeps the layout of the mask and dy
-    _check_gradient_pair(dy, y, "y")
-    backend.get_array_module(dy, y)  # one device, or a clear ValueError
+        _check_gradient_part(dy_other, dy)
     if backend.is_cuda_array(dy):
-        return _elementwise_gpu("relu_backward", dy, y, key=key)
-    return where_or_zero(y > 0, dy)
-
-
-def _relu_backward_of_sum(dy: Any, y: Any, dy_other: Any) -> Any:
-    """:func:`relu_backward` of the gradient dy + dy_other (see there)."""
-    key, kept = _kept_call("relu_backward_sum", dy, y, dy_other)
-    if kept is not None:
-        return _run_kept(kept, dy, y, dy_other)
-    half = convert.half_type_of(dy)
-    if half is not None:
-        _check_half_arrays(("dy", dy), ("y", y), ("dy_other", dy_other))
-        if backend.is_cuda_array(dy):
-            return _elementwise_gpu("relu_backward_sum", dy, y, dy_other, half=half, key=key)
-        return where_or_zero(convert.half_to_float(y, half) > 0, dy + dy_other)  # one rounding of the float sum
-    _check_gradient_pair(dy, y, "y")
-    _check_gradient_part(dy_other, dy)
-    if backend.is_cuda_array(dy):
-        return _elementwise_gpu("relu_backward_sum", dy, y, dy_other, key=key)
-    return where_or_zero(y > 0, dy + dy_other)
+        return _elementwise_gpu(name, *arrays, key=key)
+    return where_or_zero(y > 0, dy if dy_other is None else dy + dy_other)
 
 
 def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:

@@ -154,7 +154,7 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     layout.cu's pad_channels_last, which reads ``array`` at its strides and writes the zeros with the values; in NumPy
     two, the whole of ``out`` zeroed, then the channels."""
     if backend.get_array_module(out) is not np and array.itemsize == out.itemsize and array.itemsize in (2, 4):
-        N, C, H, W = array.shape
+        _, C, H, W = array.shape
         _cuda.check_int32(out)
         kernel = _cuda.function("layout.cu", f"pad_channels_last_{array.itemsize}", np.float32)
         strides = [np.int64(stride // array.itemsize) for stride in array.strides]
