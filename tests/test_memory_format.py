@@ -7,6 +7,8 @@ the store differ), which their own test files hold to float64 references; the ot
 and must lay out their results again. A small network's float64 step, channels-last, is held to PyTorch's channels-last step, and a bfloat16
 autocast step to the same step on C-contiguous tensors.
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -94,17 +96,25 @@ def test_a_padded_channels_last_copy_puts_zeros_after_the_channels(xp, rng, dtyp
     """layout.to_channels_last_padded, of either layout, into an out full of all-ones bits (a NaN as float32 and as
     a half type): each pixel's channels, then zeros, against NumPy's own padding; float16 values into a workspace's
     16-bit words keep their bits (a cast would turn 1.5 into 1). A slice of images too (a chunk of a batch), whose
-    first value lies inside its array (on the GPU: the kernel's strided reads)."""
-    values = (rng.integers(1, 1000, size=(4, 5, 7, 6)) / 2).astype(dtype)
-    array = xp.asarray(values)
-    array = layout.to_channels_last(array) if weight_last else array
-    for images in (slice(None), slice(1, 3)):
-        for padded_channels in (5, 8, 16):
-            chunk = values[images]
-            out = xp.full((len(chunk), 7, 6, padded_channels), 0xFFFF if word == np.uint16 else np.nan, word)
-            layout.to_channels_last_padded(array[images], out)
-            want = np.pad(chunk.transpose(0, 2, 3, 1), ((0, 0), (0, 0), (0, 0), (0, padded_channels - 5))).view(word)
-            assert np.array_equal(to_numpy(out), want)
+    first value lies inside its array; on the GPU pixels of 16 bytes (3 channels padded to 4 floats or 8 half words)
+    go one vector a pixel, in an out 16-byte aligned or not, and other widths one word a thread."""
+    for channels in (3, 5):
+        values = (rng.integers(1, 1000, size=(4, channels, 7, 6)) / 2).astype(dtype)
+        array = xp.asarray(values)
+        array = layout.to_channels_last(array) if weight_last else array
+        for images in (slice(None), slice(1, 3)):
+            for padded_channels in (4, 5, 8, 16):
+                if padded_channels < channels:
+                    continue
+                chunk = values[images]
+                shape = (len(chunk), 7, 6, padded_channels)
+                for offset in (0, 1):  # out at the start of its buffer, or one word in
+                    buffer = xp.full(math.prod(shape) + offset, 0xFFFF if word == np.uint16 else np.nan, word)
+                    out = buffer[offset:].reshape(shape)
+                    layout.to_channels_last_padded(array[images], out)
+                    want = np.pad(chunk.transpose(0, 2, 3, 1),
+                                  ((0, 0), (0, 0), (0, 0), (0, padded_channels - channels))).view(word)
+                    assert np.array_equal(to_numpy(out), want), (channels, images, padded_channels, offset)
 
 
 def test_a_narrow_transpose_moves_words_in_a_grid_that_fills_the_gpu():

@@ -106,9 +106,10 @@ extern "C" __global__ void filter_to_channels_last_4(const unsigned int* w, unsi
 
 // A padded channels-last copy (layout.py's to_channels_last_padded): out (N, H, W, P) = in's (N, C, H, W) values,
 // read at their element strides (either layout, or a slice of one), each pixel's C channels followed by P − C zeros,
-// for kernels that copy whole 16-byte vectors of a pixel (a first layer's 3 colour channels). One thread per output
-// word, consecutive threads writing consecutive words: the zeros are written with the values, in the one pass a
-// memset and a strided copy took two for.
+// for kernels that copy whole 16-byte vectors of a pixel (a first layer's 3 colour channels). The zeros are written
+// with the values, in the one pass a memset and a strided copy took two for. Where a pixel's P words are 16 bytes
+// (4 floats, 8 half words) one thread writes the pixel as one vector (pad_pixels): its n, h and w worked out once for
+// the whole pixel, where one thread a word spent more on those divisions than on its bytes. Else one thread a word.
 template <typename Word>
 __device__ __forceinline__ void pad_channels_last(const Word* __restrict__ in, Word* __restrict__ out, const int total,
                                                   const int C, const int P, const int H, const int W,
@@ -118,6 +119,25 @@ __device__ __forceinline__ void pad_channels_last(const Word* __restrict__ in, W
         const int c = i % P, pixel = i / P;
         const int w = pixel % W, h = pixel / W % H, n = pixel / W / H;
         out[i] = c < C ? in[n * stride_n + c * stride_c + h * stride_h + w * stride_w] : Word(0);
+    }
+}
+
+template <typename Word>
+__device__ __forceinline__ void pad_pixels(const Word* __restrict__ in, uint4* __restrict__ out, const int pixels,
+                                           const int C, const int H, const int W, const long long stride_n,
+                                           const long long stride_c, const long long stride_h,
+                                           const long long stride_w) {
+    constexpr int P = 16 / sizeof(Word);
+    for (int pixel = blockIdx.x * blockDim.x + threadIdx.x; pixel < pixels; pixel += gridDim.x * blockDim.x) {
+        const int w = pixel % W, h = pixel / W % H, n = pixel / W / H;
+        const Word* source = in + n * stride_n + h * stride_h + w * stride_w;
+        union {
+            uint4 vector;
+            Word words[P];
+        } pack;
+#pragma unroll
+        for (int c = 0; c < P; ++c) pack.words[c] = c < C ? source[c * stride_c] : Word(0);
+        out[pixel] = pack.vector;
     }
 }
 
@@ -131,4 +151,14 @@ extern "C" __global__ void pad_channels_last_4(const unsigned int* in, unsigned 
                                                int H, int W, long long stride_n, long long stride_c,
                                                long long stride_h, long long stride_w) {
     pad_channels_last(in, out, total, C, P, H, W, stride_n, stride_c, stride_h, stride_w);
+}
+extern "C" __global__ void pad_pixels_2(const unsigned short* in, uint4* out, int pixels, int C, int H, int W,
+                                        long long stride_n, long long stride_c, long long stride_h,
+                                        long long stride_w) {
+    pad_pixels(in, out, pixels, C, H, W, stride_n, stride_c, stride_h, stride_w);
+}
+extern "C" __global__ void pad_pixels_4(const unsigned int* in, uint4* out, int pixels, int C, int H, int W,
+                                        long long stride_n, long long stride_c, long long stride_h,
+                                        long long stride_w) {
+    pad_pixels(in, out, pixels, C, H, W, stride_n, stride_c, stride_h, stride_w);
 }

@@ -151,13 +151,20 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     a channels-last copy whose pixels fill whole 16-byte vectors, for kernels that copy 16 bytes at a time (the 3
     colour channels of a first layer). Also a filter's (K, C, R, S) -> (K, R, S, C'). Words are copied as they are
     (float16 values into a workspace of 16-bit words keep their bits). ``out`` C-contiguous. On the GPU one pass of
-    layout.cu's pad_channels_last, which reads ``array`` at its strides and writes the zeros with the values; in NumPy
-    two, the whole of ``out`` zeroed, then the channels."""
+    layout.cu's pad_pixels (a pixel's 16 bytes one vector, where C' words are 16 bytes and out is 16-byte aligned) or
+    pad_channels_last (one word a thread), which read ``array`` at its strides and write the zeros with the values;
+    in NumPy two, the whole of ``out`` zeroed, then the channels."""
     if backend.get_array_module(out) is not np and array.itemsize == out.itemsize and array.itemsize in (2, 4):
         _, C, H, W = array.shape
         _cuda.check_int32(out)
-        kernel = _cuda.function("layout.cu", f"pad_channels_last_{array.itemsize}", np.float32)
         strides = [np.int64(stride // array.itemsize) for stride in array.strides]
+        if out.shape[-1] * out.itemsize == _cuda.PACK_BYTES and out.data.ptr % _cuda.PACK_BYTES == 0:
+            kernel = _cuda.function("layout.cu", f"pad_pixels_{array.itemsize}", np.float32)
+            pixels = out.size // out.shape[-1]
+            _cuda.launch(kernel, pixels, (array, out, _cuda.i32(pixels), _cuda.i32(C), _cuda.i32(H), _cuda.i32(W),
+                                          *strides))
+            return
+        kernel = _cuda.function("layout.cu", f"pad_channels_last_{array.itemsize}", np.float32)
         _cuda.launch(kernel, out.size, (array, out, _cuda.i32(out.size), _cuda.i32(C), _cuda.i32(out.shape[-1]),
                                         _cuda.i32(H), _cuda.i32(W), *strides))
         return
