@@ -121,6 +121,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # ----------------------------------------------------------------------------------------------
 class MaxPool2dFunction(Function):
     half_inputs = True  # half x gives half y: float math, and a maximum is one of its window's values
+    sums_gradient_parts = True  # ResNet's stem pooling feeds the first block twice: its convolution and shortcut
 
     def forward(self, x, kernel_size, stride, padding, dilation, ceil_mode, indices_out=None):
         # Without return_indices the engine keeps its own compact record of the maxima for backward.
@@ -131,9 +132,9 @@ class MaxPool2dFunction(Function):
             indices_out.append(self.indices)
         return y
 
-    def backward(self, dy):
-        # The window lets the GPU gather (each input pixel visits only the windows covering it).
-        return library.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window)
+    def backward(self, dy, dy_other=None):
+        # The window lets the GPU gather (each input pixel visits only the windows covering it), both parts at once.
+        return library.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window, dy_other=dy_other)
 
 
 def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,

@@ -111,6 +111,44 @@ def test_relu_outputs_used_twice_sum_their_gradient_parts_in_relu_backward(rng, 
     assert sorted(calls) == [False, False, True, True, True]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_max_pooled_outputs_used_twice_sum_their_gradient_parts_in_the_pooling_backward(rng, monkeypatch, device,
+                                                                                       channels_last):
+    """A max pooling's output that feeds two operations (ResNet's stem pooling: the first block's convolution and
+    its shortcut) hands max_pool2d_backward both parts (dy_other); one used once, or retaining its gradient, gets
+    one. The gradients are PyTorch's, channels-last too."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda":
+        pytest.importorskip("cupy")
+    import minidnn.functional as F  # noqa: PLC0415
+    from minidnn import primitives  # noqa: PLC0415
+
+    calls = []
+    original = primitives.max_pool2d_backward
+    monkeypatch.setattr(primitives, "max_pool2d_backward", lambda *args, dy_other=None: (
+        calls.append(dy_other is not None), original(*args, dy_other=dy_other))[1])
+    data = [rng.standard_normal((2, 3, 9, 7)), rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 5, 4))]
+
+    def run(pool, tensor, laid_out):
+        x, a, b = (tensor(v) for v in data)
+        p = pool(laid_out(x), 3, 2, 1)  # used twice
+        q = pool(laid_out(x * 2), 3, 2, 1)  # used once
+        r = pool(laid_out(x * 3), 3, 2, 1)  # used twice, retains its gradient
+        r.retain_grad()
+        loss = (p * a).sum() + (p * b * b).sum() + (q * a).sum() + (r * b + r).sum()
+        loss.backward()
+        return [x.grad, a.grad, b.grad, r.grad]
+
+    ours = run(F.max_pool2d, lambda v: minidnn.tensor(v, device=device, requires_grad=True),
+               lambda t: t.to(memory_format=minidnn.channels_last) if channels_last else t)
+    theirs = run(torch.nn.functional.max_pool2d, lambda v: torch.tensor(v, requires_grad=True),
+                 lambda t: t.to(memory_format=torch.channels_last) if channels_last else t)
+    for name, got, want in zip("x a b r".split(), ours, theirs):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    assert sorted(calls) == [False, False, True]
+
+
 def test_shared_gradient_arrays_are_not_aliased():
     a = minidnn.tensor([1.0], requires_grad=True)
     b = minidnn.tensor([1.0], requires_grad=True)

@@ -465,8 +465,9 @@ MAX_POOL_CASES = [((2, 37, 13, 11), 3, 2, 1, 1, False), ((3, 8, 9, 10), 3, 2, 0,
 @pytest.mark.parametrize("case", MAX_POOL_CASES, ids=lambda case: "x".join(map(str, case[0])))
 def test_max_pooling_on_channels_last(xp, rng, case, dtype, return_indices):
     """y, the record of the maxima and dx come back channels-last (PyTorch's rule), each equal bit for bit to the
-    C-contiguous computation (on the GPU: kernels of that layout, the same maxima and the same sums). Values
-    rounded to halves, so that windows hold ties, which must keep the first maximum in both layouts."""
+    C-contiguous computation (on the GPU: kernels of that layout, the same maxima and the same sums), of one gradient
+    and of two parts. Values rounded to halves, so that windows hold ties, which must keep the first maximum in both
+    layouts."""
     from minidnn.primitives import pooling  # noqa: PLC0415
 
     shape, *window = case
@@ -481,6 +482,15 @@ def test_max_pooling_on_channels_last(xp, rng, case, dtype, return_indices):
     dx = pooling.max_pool2d_backward(layout.to_channels_last(dy), record, shape, *window)
     assert layout.is_channels_last(dx)
     assert xp.array_equal(layout.contiguous(dx), pooling.max_pool2d_backward(dy, want_record, shape, *window))
+    # Two parts of the gradient (on the GPU the *_sum kernels of each layout), the second in either layout: the
+    # backward of their sum, in dy's layout.
+    dy_other = convert.add(dy, dy)
+    want_dx = pooling.max_pool2d_backward(convert.add(dy, dy_other), want_record, shape, *window)
+    for other in (dy_other, layout.to_channels_last(dy_other)):
+        dx = pooling.max_pool2d_backward(layout.to_channels_last(dy), record, shape, *window, dy_other=other)
+        assert layout.is_channels_last(dx) and xp.array_equal(layout.contiguous(dx), want_dx)
+        dx = pooling.max_pool2d_backward(dy, want_record, shape, *window, dy_other=other)
+        assert not layout.is_channels_last(dx) and xp.array_equal(dx, want_dx)
 
 
 # ----------------------------------------------------------------------------------------------

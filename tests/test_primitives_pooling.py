@@ -462,6 +462,68 @@ def test_half_max_pool2d_is_the_float_layer_on_the_exact_values_rounded_once(xp,
         np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), to_numpy(want).view(np.uint16), err_msg=label)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("engine", ["minidnn", "naive"])
+@pytest.mark.parametrize("kernel, stride, padding, dilation, ceil_mode, shape", [MAX_CASES[4], *MAX_CASES[10:]])
+def test_max_pool2d_backward_of_two_parts_is_the_backward_of_their_rounded_sum(xp, rng, dtype, engine, kernel,
+                                                                               stride, padding, dilation, ceil_mode,
+                                                                               shape):
+    """max_pool2d_backward(dy, ..., dy_other=): dy + dy_other rounded to the dtype (the float64 sum of two
+    float32 or half values is exact, so rounding it is the correctly rounded sum), then the float64 reference's
+    gathers; in a half type rounded once more, bit for bit (a sum kept in float32 would differ). From int64
+    positions, with and without the window, and (minidnn's) from uint8 taps; on the GPU with the window, minidnn's
+    *_sum kernels."""
+    from minidnn import naive  # noqa: PLC0415
+    from minidnn.primitives import convert  # noqa: PLC0415
+
+    library = pooling if engine == "minidnn" else naive
+    half = dtype in ("float16", "bfloat16")
+    window = (kernel, stride, padding, dilation, ceil_mode)
+
+    def stored(values):  # float values -> an array of dtype, and its exact values in float64
+        array = convert.float_to_half(xp.asarray(values.astype(np.float32)), dtype) if half \
+            else xp.asarray(values.astype(dtype))
+        return array, to_numpy(convert.half_to_float(array, dtype) if half else array).astype(np.float64)
+
+    x = draw(rng, shape)  # no ties
+    _, positions = ref_max_pool(x, *window)
+    _, taps = pooling.max_pool2d_forward(xp.asarray(x), *window)
+    # parts of different sizes, so that their float32 sums round in a half type
+    (dy, dy_exact), (dy_other, other_exact) = stored(draw(rng, positions.shape)), \
+        stored(draw(rng, positions.shape) * 37.25)
+    part_sum = dy_exact + other_exact
+    if half:
+        part_sum = to_numpy(convert.half_to_float(convert.float_to_half(xp.asarray(part_sum.astype(np.float32)),
+                                                                        dtype), dtype)).astype(np.float64)
+        want = to_numpy(convert.float_to_half(
+            xp.asarray(ref_max_pool_backward(part_sum, positions, shape).astype(np.float32)), dtype))
+    else:
+        want = ref_max_pool_backward(part_sum.astype(dtype).astype(np.float64), positions, shape)
+    records = [("positions", xp.asarray(positions), ()), ("positions and window", xp.asarray(positions), window)]
+    for label, indices, arguments in records + ([("taps", taps, window)] if engine == "minidnn" else []):
+        dx = library.max_pool2d_backward(dy, indices, shape, *arguments, dy_other=dy_other)
+        assert dx.dtype == dy.dtype, label
+        if half:
+            np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), want.view(np.uint16), err_msg=label)
+        else:
+            assert_close(dx, want, **(F32 if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)), name=label)
+
+
+def test_max_pool2d_backward_of_two_parts_errors_name_the_argument(xp):
+    from minidnn import naive  # noqa: PLC0415
+
+    y, taps = pooling.max_pool2d_forward(xp.zeros((1, 2, 5, 4)), 2)
+    dy = xp.ones(y.shape)
+    for library in (pooling, naive):
+        with pytest.raises(TypeError, match="dy_other and grad_output must have the same dtype, got float32 and "
+                                            "float64"):
+            library.max_pool2d_backward(dy, taps, (1, 2, 5, 4), 2, dy_other=dy.astype(np.float32))
+        with pytest.raises(ValueError, match=r"dy_other must have grad_output's shape \(1, 2, 2, 2\), got \(2, 2\)"):
+            library.max_pool2d_backward(dy, taps, (1, 2, 5, 4), 2, dy_other=dy[0, 0])
+        with pytest.raises(TypeError, match="dy_other must be a float32, float64, float16 or bfloat16 array"):
+            library.max_pool2d_backward(dy, taps, (1, 2, 5, 4), 2, dy_other=dy.astype(np.int32))
+
+
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("engine", ["minidnn", "naive"])
 @pytest.mark.parametrize("operation", ["avg", "avg_padded_ceil", "adaptive"])

@@ -15,7 +15,7 @@ from typing import Any
 from .. import backend
 from ..primitives import _cuda
 from ..primitives import activation as primitive_activation
-from ..primitives._checks import check_float
+from ..primitives._checks import check_float, check_gradient_part
 from ..primitives.activation import (_check_gradient_pair, _check_out, check_gelu_approximation,
                                      check_negative_slope)
 from . import kernels
@@ -44,7 +44,7 @@ def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
     _check_gradient_pair(dy, y, "y")
     xp = backend.get_array_module(dy, y)
     if dy_other is not None:
-        primitive_activation._check_gradient_part(dy_other, dy)
+        check_gradient_part(dy_other, dy, "dy_other", "dy")
         dy = dy + dy_other
     if backend.is_cuda_array(dy):
         dx = xp.empty(dy.shape, dtype=dy.dtype)

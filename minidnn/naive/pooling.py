@@ -26,7 +26,7 @@ import numpy as np
 from .. import backend
 from ..primitives import _cuda, convert
 from ..primitives import pooling as checks
-from ..primitives._checks import check_bool
+from ..primitives._checks import check_bool, check_float_or_half, check_gradient_part
 from . import kernels
 
 
@@ -77,13 +77,19 @@ def max_pool2d_forward(x: Any, kernel_size: Any, stride: Any = None, padding: An
 
 
 def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
-                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False, *, dy_other: Any = None) -> Any:
     """dx: each dy entry added to the input pixel its window chose. dy, indices: (N, C, P, Q); returns dx: x_shape.
 
     With the window parameters (as :mod:`minidnn.functional` passes them) the GPU gathers per input
     pixel (MaxPoolBackward); without them, or with dilation, a plain scatter-add of dy at the indices.
-    A half dy runs the float32 layer on its widening and dx is rounded once.
+    A half dy runs the float32 layer on its widening and dx is rounded once. dy_other, a second part of the
+    gradient (a y that fed two operations), is summed into dy first, as Caffe's SplitLayer sums the gradients of a
+    blob it split.
     """
+    if dy_other is not None:
+        check_float_or_half(dy, "grad_output")
+        check_gradient_part(dy_other, dy, "dy_other", "grad_output", half=True)
+        dy = convert.add(dy, dy_other)
     if hasattr(dy, "dtype") and convert.half_type_of(dy) is not None:
         return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding,
                                   dilation, ceil_mode)

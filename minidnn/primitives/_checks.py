@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import backend
 from . import layout
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -102,6 +103,15 @@ def check_like(a: Any, b: Any, name_a: str, name_b: str) -> None:
     check_float(b, name_b)
     check_same_dtype(a, b, name_a, name_b)
     check_same_shape(a, b, name_a, name_b)
+
+
+def check_gradient_part(part: Any, gradient: Any, name: str, gradient_name: str, half: bool = False) -> None:
+    """``part``, a second part of ``gradient`` (of an output that fed two operations), must be a float array (with
+    ``half``: or a half one) of the gradient's shape and dtype, on its device."""
+    (check_float_or_half if half else check_float)(part, name)
+    check_same_dtype(part, gradient, name, gradient_name)
+    check_same_shape(part, gradient, name, gradient_name)
+    backend.get_array_module(gradient, part)  # one device, or a clear ValueError
 
 
 def check_same_shape(array: Any, like: Any, name: str, like_name: str) -> None:

@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import backend
 from . import _cuda, convert, layout
-from ._checks import check_dense, check_float, check_float_or_half, check_real, check_same_dtype, check_same_shape
+from ._checks import (check_dense, check_float, check_float_or_half, check_gradient_part, check_real, check_same_dtype,
+                      check_same_shape)
 from ._select import where_or_zero
 
 __all__ = ["relu_forward", "relu_backward", "add_relu_forward", "sigmoid_forward", "sigmoid_backward",
@@ -95,7 +96,7 @@ def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
         return where_or_zero(convert.half_to_float(y, half) > 0, dy if dy_other is None else dy + dy_other)
     _check_gradient_pair(dy, y, "y")  # one device, or a clear ValueError
     if dy_other is not None:
-        _check_gradient_part(dy_other, dy)
+        check_gradient_part(dy_other, dy, "dy_other", "dy")
     if backend.is_cuda_array(dy):
         return _elementwise_gpu(name, *arrays, key=key)
     return where_or_zero(y > 0, dy if dy_other is None else dy + dy_other)
@@ -201,14 +202,6 @@ def _check_gradient_pair(dy: Any, x: Any, name: str) -> None:
     if dy.shape != x.shape:
         raise ValueError(f"dy and {name} must have the same shape, got {tuple(dy.shape)} and {tuple(x.shape)}")
     backend.get_array_module(dy, x)
-
-
-def _check_gradient_part(dy_other: Any, dy: Any) -> None:
-    """A second part of a gradient must be a float array of dy's shape and dtype, on dy's device."""
-    check_float(dy_other, "dy_other")
-    check_same_dtype(dy_other, dy, "dy_other", "dy")
-    check_same_shape(dy_other, dy, "dy_other", "dy")
-    backend.get_array_module(dy, dy_other)  # one device, or a clear ValueError
 
 
 def leaky_relu_forward(x: Any, negative_slope: float = 0.01, out: Any = None) -> Any:

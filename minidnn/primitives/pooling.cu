@@ -175,11 +175,28 @@ struct Candidates {
           q1(last_window(w, s.stride_w, s.pad_w, s.Q)) {}
 };
 
+// dy[o] as the backward kernels read it: one array, or (the *_sum kernels, PARTS) the two parts of the pooled
+// output's gradient where it fed two operations (ResNet's stem pooling feeds the first block's convolution and its
+// shortcut), added as the sum's own array would hold them: in float math, rounded once to the element type. So one
+// pass reads both parts where autograd's sum took a pass of its own over three arrays.
+template <bool PARTS>
+struct OutputGradient {
+    const elem_t* __restrict__ dy;
+    const elem_t* __restrict__ dy_other;  // read only with PARTS
+    __device__ __forceinline__ scalar_t operator[](const int o) const {
+        if (!PARTS) return element_value(dy[o]);
+        return element_value(element_of(element_value(dy[o]) + element_value(dy_other[o])));
+    }
+    __device__ __forceinline__ OutputGradient from(const int offset) const {  // the entries from `offset` on
+        return {dy + offset, PARTS ? dy_other + offset : dy_other};
+    }
+};
+
 // dx[h, w] = Σ dy[p, q] over the outputs whose index is h·W + w, in the order p, then q. An index that no
 // candidate window holds (a corrupt or foreign indices array) is simply never matched: the GPU skips the
 // range check that would need a host sync.
-template <bool LAST>
-__device__ __forceinline__ void max_pool_backward_body(const elem_t* __restrict__ dy,
+template <bool LAST, bool PARTS>
+__device__ __forceinline__ void max_pool_backward_body(const OutputGradient<PARTS> dy,
                                                        const long long* __restrict__ indices,
                                                        elem_t* __restrict__ dx, const PoolShape& s) {
     const BackwardPlace<LAST> place(s);
@@ -192,7 +209,7 @@ __device__ __forceinline__ void max_pool_backward_body(const elem_t* __restrict_
         for (int p = candidates.p0; p < candidates.p1; ++p) {
             for (int q = candidates.q0; q < candidates.q1; ++q) {
                 const int o = offset + place.output(s, p, q);
-                if (indices[o] == pixel) sum += element_value(dy[o]);
+                if (indices[o] == pixel) sum += dy[o];
             }
         }
         dx[place.input(plane)] = element_of(sum);
@@ -207,8 +224,8 @@ __device__ __forceinline__ void max_pool_backward_body(const elem_t* __restrict_
 // CaffeNet's 3 × 3 windows of stride 2): for up to 3 of them, a fixed grid of candidates, each one's tap loaded
 // first and its dy only where the tap chose the pixel, so that a thread waits for memory twice per plane rather
 // than twice per candidate; the sums in the same order.
-template <int M, bool LAST>
-__device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restrict__ dy,
+template <int M, bool LAST, bool PARTS>
+__device__ __forceinline__ void fixed_candidates_backward(const OutputGradient<PARTS> dy,
                                                           const unsigned char* __restrict__ taps,
                                                           elem_t* __restrict__ dx, const PoolShape& s,
                                                           const BackwardPlace<LAST>& place,
@@ -227,7 +244,7 @@ __device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restri
         }
     for (int plane = blockIdx.y; plane < place.planes; plane += gridDim.y) {
         const unsigned char* __restrict__ plane_taps = taps + plane * s.P * s.Q * place.step;
-        const elem_t* __restrict__ plane_dy = dy + plane * s.P * s.Q * place.step;
+        const OutputGradient<PARTS> plane_dy = dy.from(plane * s.P * s.Q * place.step);
         bool chose[M][M];
 #pragma unroll
         for (int i = 0; i < M; ++i)
@@ -238,13 +255,13 @@ __device__ __forceinline__ void fixed_candidates_backward(const elem_t* __restri
         for (int i = 0; i < M; ++i)
 #pragma unroll
             for (int j = 0; j < M; ++j)
-                if (chose[i][j]) sum += element_value(plane_dy[at[i][j]]);
+                if (chose[i][j]) sum += plane_dy[at[i][j]];
         dx[place.input(plane)] = element_of(sum);
     }
 }
 
-template <bool LAST>
-__device__ __forceinline__ void max_pool_backward_taps_body(const elem_t* __restrict__ dy,
+template <bool LAST, bool PARTS>
+__device__ __forceinline__ void max_pool_backward_taps_body(const OutputGradient<PARTS> dy,
                                                             const unsigned char* __restrict__ taps,
                                                             elem_t* __restrict__ dx, const PoolShape& s) {
     const BackwardPlace<LAST> place(s);
@@ -254,9 +271,9 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const elem_t* __rest
     const bool dilated = s.dilation_h != 1 || s.dilation_w != 1;
     if (!dilated) {
         const int most = max((s.kernel_h + s.stride_h - 1) / s.stride_h, (s.kernel_w + s.stride_w - 1) / s.stride_w);
-        if (most == 1) return fixed_candidates_backward<1, LAST>(dy, taps, dx, s, place, candidates);
-        if (most == 2) return fixed_candidates_backward<2, LAST>(dy, taps, dx, s, place, candidates);
-        if (most == 3) return fixed_candidates_backward<3, LAST>(dy, taps, dx, s, place, candidates);
+        if (most == 1) return fixed_candidates_backward<1, LAST, PARTS>(dy, taps, dx, s, place, candidates);
+        if (most == 2) return fixed_candidates_backward<2, LAST, PARTS>(dy, taps, dx, s, place, candidates);
+        if (most == 3) return fixed_candidates_backward<3, LAST, PARTS>(dy, taps, dx, s, place, candidates);
     }
     for (int plane = blockIdx.y; plane < place.planes; plane += gridDim.y) {
         const int offset = plane * s.P * s.Q * place.step;
@@ -274,14 +291,14 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const elem_t* __rest
                     c /= s.dilation_w;
                 }
                 const int o = offset + place.output(s, p, q);
-                if (taps[o] == r * s.kernel_w + c) sum += element_value(dy[o]);
+                if (taps[o] == r * s.kernel_w + c) sum += dy[o];
             }
         }
         dx[place.input(plane)] = element_of(sum);
     }
 }
 
-// The kernels of both layouts.
+// The kernels of both layouts; the backward ones of one gradient and (*_sum) of two parts.
 #define MAX_POOL_KERNELS(suffix, last)                                                                            \
     extern "C" __global__ void max_pool_forward##suffix(const elem_t* __restrict__ x, elem_t* __restrict__ y,     \
                                                         long long* __restrict__ indices, const PoolShape s) {     \
@@ -294,12 +311,24 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const elem_t* __rest
     extern "C" __global__ void max_pool_backward##suffix(const elem_t* __restrict__ dy,                           \
                                                          const long long* __restrict__ indices,                   \
                                                          elem_t* __restrict__ dx, const PoolShape s) {            \
-        max_pool_backward_body<last>(dy, indices, dx, s);                                                         \
+        max_pool_backward_body<last, false>({dy, nullptr}, indices, dx, s);                                       \
     }                                                                                                             \
     extern "C" __global__ void max_pool_backward_taps##suffix(const elem_t* __restrict__ dy,                      \
                                                               const unsigned char* __restrict__ taps,             \
                                                               elem_t* __restrict__ dx, const PoolShape s) {       \
-        max_pool_backward_taps_body<last>(dy, taps, dx, s);                                                       \
+        max_pool_backward_taps_body<last, false>({dy, nullptr}, taps, dx, s);                                     \
+    }                                                                                                             \
+    extern "C" __global__ void max_pool_backward_sum##suffix(const elem_t* __restrict__ dy,                       \
+                                                             const elem_t* __restrict__ dy_other,                 \
+                                                             const long long* __restrict__ indices,               \
+                                                             elem_t* __restrict__ dx, const PoolShape s) {        \
+        max_pool_backward_body<last, true>({dy, dy_other}, indices, dx, s);                                       \
+    }                                                                                                             \
+    extern "C" __global__ void max_pool_backward_taps_sum##suffix(const elem_t* __restrict__ dy,                  \
+                                                                  const elem_t* __restrict__ dy_other,            \
+                                                                  const unsigned char* __restrict__ taps,         \
+                                                                  elem_t* __restrict__ dx, const PoolShape s) {   \
+        max_pool_backward_taps_body<last, true>({dy, dy_other}, taps, dx, s);                                     \
     }
 MAX_POOL_KERNELS(, false)
 MAX_POOL_KERNELS(_last, true)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import backend
 from . import _cuda, convert, layout
-from ._checks import check_bool, check_float, check_float_or_half, check_int, check_rank, pair
+from ._checks import check_bool, check_float, check_float_or_half, check_gradient_part, check_int, check_rank, pair
 from ._select import select, where_or_zero
 
 # The most taps a window may have for the compact uint8 record of max pooling.
@@ -303,7 +303,7 @@ def _check_taps(taps: np.ndarray, window: tuple, x_shape: tuple[int, int, int, i
 
 
 def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any = None, stride: Any = None,
-                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+                        padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False, *, dy_other: Any = None) -> Any:
     """dx = ∂L/∂x: each dy entry added to the input pixel its window chose (overlapping windows add).
 
     dy: (N, C, P, Q); indices: (N, C, P, Q) from :func:`max_pool2d_forward`, int64 positions or
@@ -315,9 +315,19 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     (n, c) plane's gradients in one thread (deterministic, but only N·C threads): pass them for
     speed. uint8 taps need them. dx is channels-last when dy is (on the GPU from kernels of that layout when the
     window parameters are given; otherwise from C-contiguous copies).
+
+    dy_other: None, or a second part of y's gradient (dy's shape and dtype), for a y that fed two operations, as
+    ResNet's stem pooling feeds the first block's convolution and its shortcut: dx is then the backward of
+    dy + dy_other, the sum rounded to the dtype as :func:`.convert.add` rounds it. On the GPU with the window
+    parameters the gather reads both parts (pooling.cu's *_sum kernels), which spares the sum a pass of its own
+    over three arrays; elsewhere the parts are summed first.
     """
     (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                          dilation, ceil_mode)
+    if dy_other is not None:
+        check_gradient_part(dy_other, dy, "dy_other", "grad_output", half=True)
+        if not (backend.is_cuda_array(dy) and window is not None):
+            dy, dy_other = convert.add(dy, dy_other), None
     if layout.is_channels_last(dy) and not (backend.is_cuda_array(dy) and window is not None):
         return layout.to_channels_last(max_pool2d_backward(layout.contiguous(dy), layout.contiguous(indices), x_shape,
                                                            kernel_size, stride, padding, dilation, ceil_mode))
@@ -329,7 +339,7 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
         return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding,
                                   dilation, ceil_mode)
     if backend.is_cuda_array(dy):
-        return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window)
+        return _max_pool2d_backward_gpu(dy, indices, (N, C, H, W), window, dy_other)
     if indices.dtype == np.uint8:
         return _max_pool2d_backward_by_tap(dy, indices, (N, C, H, W), window)
     # Scatter-add into the flattened batch; np.add.at is unbuffered (repeated indices accumulate),
@@ -634,15 +644,17 @@ def _max_pool2d_forward_gpu(x, kernel, stride, padding, dilation, out_hw, taps: 
     return y, indices
 
 
-def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
+def _max_pool2d_backward_gpu(dy, indices, x_shape, window, dy_other=None) -> Any:
     """dx in dy's layout (channels-last only with the window parameters: max_pool2d_backward copies otherwise);
-    ``indices`` laid out as dy for the kernels."""
+    ``indices`` and ``dy_other`` (given only with the window parameters) laid out as dy for the kernels."""
     cupy = backend.cupy()
     last = layout.is_channels_last(dy)
     if last:
         indices = layout.to_channels_last(indices)
+        dy_other = None if dy_other is None else layout.to_channels_last(dy_other)
     else:
         dy, indices = cupy.ascontiguousarray(dy), layout.contiguous(indices)
+        dy_other = None if dy_other is None else cupy.ascontiguousarray(dy_other)
     out_hw = tuple(dy.shape[2:])
     if indices.dtype != cupy.uint8:
         indices = indices.astype(cupy.int64, copy=False)  # no copy for max_pool2d_forward's own
@@ -654,7 +666,9 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window) -> Any:
     kernel, stride, padding, dilation, _ = window
     dx = layout.empty(x_shape, dy.dtype, cupy, last)
     name = "max_pool_backward_taps" if indices.dtype == cupy.uint8 else "max_pool_backward"
-    _launch_by_planes(name, (layout.flat(dy), layout.flat(indices), layout.flat(dx)),
+    gradients = (dy,) if dy_other is None else (dy, dy_other)
+    _launch_by_planes(name + ("_sum" if dy_other is not None else ""),
+                      (*map(layout.flat, gradients), layout.flat(indices), layout.flat(dx)),
                       _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation), last)
     return dx
 
