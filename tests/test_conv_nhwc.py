@@ -280,16 +280,21 @@ def check_twins(rng, case, direction, name, algo=ALGO):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("weight_last", [False, True], ids=["weight_contiguous", "weight_last"])
+@pytest.mark.parametrize("phase", [False, True], ids=["whole", "phase"])
 @pytest.mark.parametrize("turned", [False, True], ids=["forward", "turned"])
-def test_the_gpus_filter_copies_are_the_twins(rng, turned, weight_last, dtype):
+def test_the_gpus_filter_copies_are_the_twins(rng, turned, phase, weight_last, dtype):
     """layout.filter_to_channels_last on the GPU, bit for bit the twin's copy, grouped: forward's (K, R, S, C/G) and
-    backward-data's turned (G, C/G, R, S, K/G), from a C-contiguous or a channels-last w, of 2- and 4-byte words
-    (the half builds' and TF32's)."""
+    backward-data's turned (G, C/G, R, S, K/G), from a C-contiguous or a channels-last w, or a strided phase
+    w[:, :, 1::2, 0::2] of either (read at its strides, as strided_dgrad hands it), of 2- and 4-byte words (the half
+    builds' and TF32's)."""
     cupy = backend.cupy()
     problem = problem_of((1, 24, 5, 5, 32, 3, 2, 1, 1, 1, 2), dtype)  # C/G 12, K/G 16
-    w = rng.standard_normal(problem.w_shape).astype(dtype)
-    on_gpu = cupy.asarray(w)
+    K, group_channels, R, S = problem.w_shape
+    whole = rng.standard_normal((K, group_channels, 2 * R, 2 * S) if phase else problem.w_shape).astype(dtype)
+    on_gpu = cupy.asarray(whole)
     on_gpu = layout.to_channels_last(on_gpu) if weight_last else on_gpu
+    w = np.ascontiguousarray(whole[:, :, 1::2, 0::2]) if phase else whole
+    on_gpu = on_gpu[:, :, 1::2, 0::2] if phase else on_gpu
     expected = implicit_gemm_nhwc._numpy_filter(w, problem, turned).astype(dtype)  # the twin widens: exact
     out = cupy.empty(expected.shape, dtype)
     layout.filter_to_channels_last(on_gpu, out, turned, problem.groups)

@@ -73,15 +73,17 @@ extern "C" __global__ void transpose_narrow_8(const unsigned long long* in, unsi
 // w (K, C, R, S) -> (K, R, S, C) for forward, or -> (C, R, S, K) with r and s reversed for backward-data
 // (`turned` non-zero): one thread per value. With groups, C is a group's channels and the turned copy is laid
 // group after group, (groups, C, R, S, K / groups): each group's filter turned on its own, as the forward kernel
-// on dy reads it. A channels-last w (`w_last` non-zero: its buffer is (K, R, S, C)) is read as it is, so
-// backward-data's turned copy needs no C-contiguous copy of it first.
+// on dy reads it. w is read at its element strides (stride_k, stride_c, stride_r, stride_s), so a channels-last w
+// and a strided slice of one (strided_dgrad's phase w[:, :, a::u, b::v]) need no C-contiguous copy first.
 template <typename Word>
 __device__ __forceinline__ void filter_to_channels_last(const Word* __restrict__ w, Word* __restrict__ out, int K,
-                                                        int C, int R, int S, int turned, int w_last, int groups) {
+                                                        int C, int R, int S, int turned, int groups,
+                                                        long long stride_k, long long stride_c, long long stride_r,
+                                                        long long stride_s) {
     const int total = K * C * R * S, group_k = K / groups;
     // w's value (k, c, r, s)
     const auto at = [&](const int k, const int c, const int r, const int s_) {
-        return w_last ? ((k * R + r) * S + s_) * C + c : ((k * C + c) * R + r) * S + s_;
+        return k * stride_k + c * stride_c + r * stride_r + s_ * stride_s;
     };
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         if (turned) {  // out[g][c][r][s][k] = w[g·K/groups + k][c][R-1-r][S-1-s]
@@ -95,13 +97,16 @@ __device__ __forceinline__ void filter_to_channels_last(const Word* __restrict__
     }
 }
 
+// w's strides are in words.
 extern "C" __global__ void filter_to_channels_last_2(const unsigned short* w, unsigned short* out, int K, int C,
-                                                     int R, int S, int turned, int w_last, int groups) {
-    filter_to_channels_last(w, out, K, C, R, S, turned, w_last, groups);
+                                                     int R, int S, int turned, int groups, long long stride_k,
+                                                     long long stride_c, long long stride_r, long long stride_s) {
+    filter_to_channels_last(w, out, K, C, R, S, turned, groups, stride_k, stride_c, stride_r, stride_s);
 }
 extern "C" __global__ void filter_to_channels_last_4(const unsigned int* w, unsigned int* out, int K, int C, int R,
-                                                     int S, int turned, int w_last, int groups) {
-    filter_to_channels_last(w, out, K, C, R, S, turned, w_last, groups);
+                                                     int S, int turned, int groups, long long stride_k,
+                                                     long long stride_c, long long stride_r, long long stride_s) {
+    filter_to_channels_last(w, out, K, C, R, S, turned, groups, stride_k, stride_c, stride_r, stride_s);
 }
 
 // A padded channels-last copy (layout.py's to_channels_last_padded): out (N, H, W, P) = in's (N, C, H, W) values,

@@ -137,13 +137,14 @@ def transpose_launch(rows: int, cols: int, images: int, itemsize: int, max_block
 
 def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None:
     """On the GPU: w (K, C/G, R, S) -> out (K, R, S, C/G), or turned (C, R, S, K/G) with r and s reversed, each
-    group's filter turned on its own (G, C/G, R, S, K/G); a channels-last w read as it is, any other layout
-    through a C-contiguous copy. Words of w's item size (2 or 4 bytes), layout.cu's filter_to_channels_last."""
+    group's filter turned on its own (G, C/G, R, S, K/G). w is read at its strides, so any layout or strided view
+    of one (a phase w[:, :, a::u, b::v] of a strided filter) is copied in the one pass. Words of w's item size (2 or
+    4 bytes), layout.cu's filter_to_channels_last."""
     K, group_channels, R, S = w.shape
-    last = is_channels_last(w)
     kernel = _cuda.function("layout.cu", f"filter_to_channels_last_{w.itemsize}", np.float32)
-    _cuda.launch(kernel, w.size, (buffer(w) if last else contiguous(w), out, _cuda.i32(K), _cuda.i32(group_channels),
-                                  _cuda.i32(R), _cuda.i32(S), _cuda.i32(turned), _cuda.i32(last), _cuda.i32(groups)))
+    strides = [np.int64(stride // w.itemsize) for stride in w.strides]
+    _cuda.launch(kernel, w.size, (w, out, _cuda.i32(K), _cuda.i32(group_channels), _cuda.i32(R), _cuda.i32(S),
+                                  _cuda.i32(turned), _cuda.i32(groups), *strides))
 
 
 def to_channels_last_padded(array: Any, out: Any) -> None:

@@ -24,7 +24,7 @@ Three ways to run the phases:
   (``implicit_gemm_nhwc.backward_data_problem``'s padding less by the first of them), and each output pixel stored
   at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and column strides H·W, u·W and v). No dx_ab,
   no layout changes; dx is zeroed first only where the phases leave pixels unwritten. Workspace: the largest
-  phase's sub-filter and its turned channels-last copy.
+  phase's turned channels-last sub-filter, copied from w's strided slice in one pass.
 * **One after another** (the NumPy twin; and on the GPU a stride wider than the filter, the 1×1
   stride-2 shortcuts, whose phases without taps the one-launch kernel has not been run on): dx is
   zeroed, then each phase with taps runs as one ``implicit_gemm`` backward-data call on a contiguous
@@ -117,8 +117,8 @@ class StridedDgrad(ConvAlgorithm):
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        if on_wgmma(problem):  # phase (0, 0)'s sub-filter, the largest, and its turned copy
-            return 2 * _aligned(_taps_bytes(problem))
+        if on_wgmma(problem):  # the turned copy of phase (0, 0)'s sub-filter, the largest
+            return _taps_bytes(problem)
         if in_one_launch(problem):
             return 0
         # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
@@ -166,11 +166,8 @@ def _phases_in_place(dy: Any, w: Any, problem: ConvProblem, dx: Any, workspace: 
     if leaves_pixels:  # pixels no phase writes (phases without taps, rows no dy reaches) get no gradient
         layout.flat(dx).fill(0)  # C-contiguous: a memset on the GPU
     for a, b, phase, shape in launches:
-        taps = workspace_array(workspace, phase.w_shape, problem.dtype)
-        turned = workspace_array(workspace, (problem.C, phase.R, phase.S, problem.K // problem.groups), problem.dtype,
-                                 offset=_aligned(taps.nbytes))
-        taps[...] = w[:, :, a::u, b::v]
-        layout.filter_to_channels_last(taps, turned, True, problem.groups)
+        turned = workspace_array(workspace, (problem.C, phase.R, phase.S, problem.K // problem.groups), problem.dtype)
+        layout.filter_to_channels_last(w[:, :, a::u, b::v], turned, True, problem.groups)  # read at its strides
         implicit_gemm_wgmma._launch_forward(layout.flat(dy), turned, dx, shape, placed=True)
 
 
