@@ -472,7 +472,7 @@ def test_max_pool2d_backward_of_two_parts_is_the_backward_of_their_rounded_sum(x
     float32 or half values is exact, so rounding it is the correctly rounded sum), then the float64 reference's
     gathers; in a half type rounded once more, bit for bit (a sum kept in float32 would differ). From int64
     positions, with and without the window, and (minidnn's) from uint8 taps; on the GPU with the window, minidnn's
-    *_sum kernels."""
+    *_sum kernels for the float types (the half types' parts are summed first)."""
     from minidnn import naive  # noqa: PLC0415
     from minidnn.primitives import convert  # noqa: PLC0415
 
@@ -507,6 +507,29 @@ def test_max_pool2d_backward_of_two_parts_is_the_backward_of_their_rounded_sum(x
             np.testing.assert_array_equal(to_numpy(dx).view(np.uint16), want.view(np.uint16), err_msg=label)
         else:
             assert_close(dx, want, **(F32 if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)), name=label)
+
+
+@pytest.mark.gpu
+def test_the_gpu_gathers_two_float_parts_and_sums_half_ones_first(rng, monkeypatch):
+    """On the GPU with the window: float32 parts go to the gather of two parts (pooling.cu's *_sum kernels), half
+    ones are summed first (convert.add, a packed kernel) and gathered as one gradient, which was faster for them; in
+    either layout."""
+    from minidnn import backend  # noqa: PLC0415
+    from minidnn.primitives import convert, layout  # noqa: PLC0415
+
+    cupy = backend.cupy()
+    launched = []
+    original = pooling._launch_by_planes
+    monkeypatch.setattr(pooling, "_launch_by_planes",
+                        lambda name, *args: (launched.append(name), original(name, *args))[1])
+    for dtype in ("float32", "bfloat16", "float16"):
+        for channels_last in (False, True):
+            values = cupy.asarray(draw(rng, (2, 3, 9, 7)).astype(np.float32))
+            x = values.astype(dtype) if dtype != "bfloat16" else convert.float_to_half(values, dtype)
+            x = layout.to_channels_last(x) if channels_last else x
+            y, taps = pooling.max_pool2d_forward(x, 3, 2, 1)
+            pooling.max_pool2d_backward(y, taps, x.shape, 3, 2, 1, dy_other=y)
+    assert launched == ["max_pool_backward_taps_sum"] * 2 + ["max_pool_backward_taps"] * 4
 
 
 def test_max_pool2d_backward_of_two_parts_errors_name_the_argument(xp):

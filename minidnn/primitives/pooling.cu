@@ -177,15 +177,15 @@ struct Candidates {
 
 // dy[o] as the backward kernels read it: one array, or (the *_sum kernels, PARTS) the two parts of the pooled
 // output's gradient where it fed two operations (ResNet's stem pooling feeds the first block's convolution and its
-// shortcut), added as the sum's own array would hold them: in float math, rounded once to the element type. So one
-// pass reads both parts where autograd's sum took a pass of its own over three arrays.
+// shortcut), added in scalar_t as the sum's own array would hold them. So one pass reads both parts where autograd's
+// sum took a pass of its own over three arrays. The float builds only: in the half builds the gather of two parts
+// was slower than the packed sum and the one-gradient gather (pooling.py).
 template <bool PARTS>
 struct OutputGradient {
     const elem_t* __restrict__ dy;
     const elem_t* __restrict__ dy_other;  // read only with PARTS
     __device__ __forceinline__ scalar_t operator[](const int o) const {
-        if (!PARTS) return element_value(dy[o]);
-        return element_value(element_of(element_value(dy[o]) + element_value(dy_other[o])));
+        return PARTS ? element_value(dy[o]) + element_value(dy_other[o]) : element_value(dy[o]);
     }
     __device__ __forceinline__ OutputGradient from(const int offset) const {  // the entries from `offset` on
         return {dy + offset, PARTS ? dy_other + offset : dy_other};
@@ -298,7 +298,7 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const OutputGradient
     }
 }
 
-// The kernels of both layouts; the backward ones of one gradient and (*_sum) of two parts.
+// The kernels of both layouts; the float builds' backward also of two parts (*_sum).
 #define MAX_POOL_KERNELS(suffix, last)                                                                            \
     extern "C" __global__ void max_pool_forward##suffix(const elem_t* __restrict__ x, elem_t* __restrict__ y,     \
                                                         long long* __restrict__ indices, const PoolShape s) {     \
@@ -317,7 +317,11 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const OutputGradient
                                                               const unsigned char* __restrict__ taps,             \
                                                               elem_t* __restrict__ dx, const PoolShape s) {       \
         max_pool_backward_taps_body<last, false>({dy, nullptr}, taps, dx, s);                                     \
-    }                                                                                                             \
+    }
+#ifdef HALF
+#define MAX_POOL_SUM_KERNELS(suffix, last)
+#else
+#define MAX_POOL_SUM_KERNELS(suffix, last)                                                                        \
     extern "C" __global__ void max_pool_backward_sum##suffix(const elem_t* __restrict__ dy,                       \
                                                              const elem_t* __restrict__ dy_other,                 \
                                                              const long long* __restrict__ indices,               \
@@ -330,8 +334,11 @@ __device__ __forceinline__ void max_pool_backward_taps_body(const OutputGradient
                                                                   elem_t* __restrict__ dx, const PoolShape s) {   \
         max_pool_backward_taps_body<last, true>({dy, dy_other}, taps, dx, s);                                     \
     }
+#endif
 MAX_POOL_KERNELS(, false)
 MAX_POOL_KERNELS(_last, true)
+MAX_POOL_SUM_KERNELS(, false)
+MAX_POOL_SUM_KERNELS(_last, true)
 
 // Fallback when max_pool2d_backward is not told the window parameters: without them no thread can
 // know which outputs may point at its pixel, so one thread owns a whole (n, c) plane of dx (zeroed

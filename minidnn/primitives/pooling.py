@@ -319,14 +319,16 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     dy_other: None, or a second part of y's gradient (dy's shape and dtype), for a y that fed two operations, as
     ResNet's stem pooling feeds the first block's convolution and its shortcut: dx is then the backward of
     dy + dy_other, the sum rounded to the dtype as :func:`.convert.add` rounds it. On the GPU with the window
-    parameters the gather reads both parts (pooling.cu's *_sum kernels), which spares the sum a pass of its own
-    over three arrays; elsewhere the parts are summed first.
+    parameters and float32 or float64 parts, the gather reads both (pooling.cu's *_sum kernels), which spares the
+    sum a pass of its own over three arrays; elsewhere the parts are summed first. (The gather is bound by its
+    loop's latency more than by its bytes: a second array read in it cost the half types more than the packed sum
+    of two half arrays, benchmarks/results/2026-12-07-h100-padded-pixels-and-pooling-parts.)
     """
     (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                          dilation, ceil_mode)
     if dy_other is not None:
         check_gradient_part(dy_other, dy, "dy_other", "grad_output", half=True)
-        if not (backend.is_cuda_array(dy) and window is not None):
+        if not (backend.is_cuda_array(dy) and window is not None and convert.half_type_of(dy) is None):
             dy, dy_other = convert.add(dy, dy_other), None
     if layout.is_channels_last(dy) and not (backend.is_cuda_array(dy) and window is not None):
         return layout.to_channels_last(max_pool2d_backward(layout.contiguous(dy), layout.contiguous(indices), x_shape,
