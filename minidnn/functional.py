@@ -133,7 +133,7 @@ class MaxPool2dFunction(Function):
         return y
 
     def backward(self, dy, dy_other=None):
-        # The window lets the GPU gather (each input pixel visits only the windows covering it), both parts at once.
+        # The window lets the GPU gather (each input pixel visits only the windows covering it), float parts at once.
         return library.max_pool2d_backward(dy, self.indices, self.x_shape, *self.window, dy_other=dy_other)
 
 
