@@ -68,9 +68,9 @@ def main() -> None:
 
     original_width = wgmma.tile_width
 
-    def tile_width(columns, half, kernel):
+    def tile_width(columns, kernel):
         width = dict(extra).get("TILE_WIDTH" if kernel == "forward" else "FILTER_WIDTH")
-        return width or original_width(columns, half, kernel)
+        return width or original_width(columns, kernel)
 
     _cuda.function = function
     wgmma.tile_width = tile_width

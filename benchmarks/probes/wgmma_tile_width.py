@@ -43,7 +43,7 @@ def kernel_of(direction):
 def run_build(direction, layer, cupy, width, pipeline, tf32):
     """The kernel-only call at ``width`` (and ``pipeline``), timed, and its output widened to float32."""
     chosen, pipelines = wgmma.tile_width, dict(wgmma.PIPELINES)
-    wgmma.tile_width = lambda columns, half, kernel: width
+    wgmma.tile_width = lambda columns, kernel: width
     if pipeline is not None:
         wgmma.PIPELINES[width] = pipeline
     try:
@@ -66,7 +66,7 @@ def main() -> None:
     tf32 = not args.bf16
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     _cuda.set_allow_tf32(tf32)
-    half, dtype = (None, torch.float32) if tf32 else ("bfloat16", torch.bfloat16)
+    dtype = torch.float32 if tf32 else torch.bfloat16
     rows = []
     for layer in LAYERS:
         name = layer[0]
@@ -76,7 +76,7 @@ def main() -> None:
             if columns <= 128:
                 continue
             row = {"layer": name, "direction": direction, "columns": columns,
-                   "rule": wgmma.tile_width(columns, half, kernel_of(direction)), "gflop": flops / 1e9}
+                   "rule": wgmma.tile_width(columns, kernel_of(direction)), "gflop": flops / 1e9}
             first = None
             for label, (width, pipeline) in BUILDS.items():
                 row[label], output = run_build(direction, layer, cupy, width, pipeline, tf32)

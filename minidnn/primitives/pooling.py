@@ -326,17 +326,18 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     """
     (N, C, H, W), window = _check_max_backward_arguments(dy, indices, x_shape, kernel_size, stride, padding,
                                                          dilation, ceil_mode)
+    half = convert.half_type_of(dy)
+    gathers = backend.is_cuda_array(dy) and window is not None  # the GPU's gather kernels, in either layout
     if dy_other is not None:
         check_gradient_part(dy_other, dy, "dy_other", "grad_output", half=True)
-        if not (backend.is_cuda_array(dy) and window is not None and convert.half_type_of(dy) is None):
+        if not gathers or half is not None:
             # the sum in dy's layout, and so dx (convert.add's half kernel keeps channels-last only for two such)
             dy, dy_other = convert.add(dy, layout.like(dy_other, layout.is_channels_last(dy))), None
-    if layout.is_channels_last(dy) and not (backend.is_cuda_array(dy) and window is not None):
+    if layout.is_channels_last(dy) and not gathers:
         return layout.to_channels_last(max_pool2d_backward(layout.contiguous(dy), layout.contiguous(indices), x_shape,
                                                            kernel_size, stride, padding, dilation, ceil_mode))
     xp = backend.get_array_module(dy, indices)
-    half = convert.half_type_of(dy)
-    if half is not None and (not backend.is_cuda_array(dy) or window is None):
+    if half is not None and not gathers:
         # The twin of the half kernels (float32 sums, one rounding); on the GPU also the serial path, whose
         # in-place additions the half build does not have.
         return convert.on_widened(max_pool2d_backward, dy, indices, x_shape, kernel_size, stride, padding,
@@ -668,10 +669,10 @@ def _max_pool2d_backward_gpu(dy, indices, x_shape, window, dy_other=None) -> Any
         return dx
     kernel, stride, padding, dilation, _ = window
     dx = layout.empty(x_shape, dy.dtype, cupy, last)
-    name = "max_pool_backward_taps" if indices.dtype == cupy.uint8 else "max_pool_backward"
+    name = ("max_pool_backward_taps" if indices.dtype == cupy.uint8 else "max_pool_backward") + \
+        ("" if dy_other is None else "_sum")
     gradients = (dy,) if dy_other is None else (dy, dy_other)
-    _launch_by_planes(name + ("_sum" if dy_other is not None else ""),
-                      (*map(layout.flat, gradients), layout.flat(indices), layout.flat(dx)),
+    _launch_by_planes(name, (*map(layout.flat, gradients), layout.flat(indices), layout.flat(dx)),
                       _pool_shape(x_shape, out_hw, kernel, stride, padding, dilation), last)
     return dx
 

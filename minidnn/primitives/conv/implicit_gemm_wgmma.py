@@ -65,13 +65,14 @@ def ctas_per_sm(block_n: int) -> int:
     return 1 if block_n == 256 else 2
 
 
-def tile_width(columns: int, half: str | None, kernel: str) -> int:
+def tile_width(columns: int, kernel: str) -> int:
     """The tile's width for a product ``columns`` wide (one group's K, or C for backward-data) on ``kernel``
-    ("forward", which backward-data runs too, or "backward_filter"), either build (``half`` None: TF32):
-    implicit_gemm_nhwc's 64 or 128. A 256-wide tile copies and turns its 128 rows of x once for twice the filters:
-    the TF32 backward-filter took it while it copied each word on its own, and its staged copies, turned in shared
-    memory, timed faster at 128 on most ResNet layers of 256 and 512 filters (wgmma_forward_builds.py's
-    FILTER_WIDTH); forward and backward-data at 256 were slower on most (benchmarks/probes/wgmma_tile_width.py)."""
+    ("forward", which backward-data runs too, or "backward_filter"), in either build: implicit_gemm_nhwc's 64 or
+    128 (the probes set the two kernels' widths apart). A 256-wide tile copies and turns its 128 rows of x once for
+    twice the filters: the TF32 backward-filter took it while it copied each word on its own, and its staged copies,
+    turned in shared memory, timed faster at 128 on most ResNet layers of 256 and 512 filters
+    (wgmma_forward_builds.py's FILTER_WIDTH); forward and backward-data at 256 were slower on most
+    (benchmarks/probes/wgmma_tile_width.py)."""
     return implicit_gemm_nhwc._block_n(columns)
 
 
@@ -164,7 +165,7 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void, placed: 
     backward-data's phase writing into dx, strided_dgrad.py), not (N, K, P, Q) itself."""
     _cuda.check_int32(x_last, w_last, out)
     half = convert.half_type_of(out)
-    block_n = tile_width(int(shape["K"]), half, "forward")
+    block_n = tile_width(int(shape["K"]), "forward")
     y_last = placed or layout.is_channels_last(out)  # a placed out's caller lays it out channels-last
     kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last, placed)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
@@ -175,7 +176,7 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     """sums (K, R, S, C/G) float32 += x_last (N, H, W, C) and dy_last (N, P, Q, K), over slices of the N·P·Q pixels,
     the groups along the grid's z. A stage reduces one 128-byte row of pixels: 64 (half values) or 32 (TF32)."""
     _cuda.check_int32(x_last, dy_last, sums)
-    block_n = tile_width(problem.K // problem.groups, problem.half_type, "backward_filter")
+    block_n = tile_width(problem.K // problem.groups, "backward_filter")
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
                                                               SPLIT_K_WAVES * ctas_per_sm(block_n), block_n)
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
