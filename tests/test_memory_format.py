@@ -460,28 +460,22 @@ MAX_POOL_CASES = [((2, 37, 13, 11), 3, 2, 1, 1, False), ((3, 8, 9, 10), 3, 2, 0,
                   ((2, 5, 12, 12), 3, 1, 1, 2, False), ((1, 16, 7, 9), 4, 1, 1, 1, False)]
 
 
-def test_max_pooling_sums_two_parts_in_the_gradients_layout(rng, monkeypatch):
-    """Parts summed before the gather reach convert.add in one layout, dy's, whatever dy_other's: its half kernel
-    on the GPU walks both as flat buffers and keeps channels-last only where both are (layout.common), so a part in
-    the other layout would leave dx out of dy's layout. (Stood in here on NumPy, whose add keeps the first
-    operand's layout.)"""
-    from minidnn.primitives import pooling  # noqa: PLC0415
-
-    original = convert.add
-
-    def add_of_one_layout(a, b):
-        assert layout.is_channels_last(a) == layout.is_channels_last(b)
-        return original(a, b)
-
-    monkeypatch.setattr(pooling.convert, "add", add_of_one_layout)
-    x = rng.standard_normal((2, 5, 8, 7))
-    y, taps = pooling.max_pool2d_forward(x, 3, 2, 1)
-    for dy_last in (False, True):
-        for other_last in (False, True):
-            dy, other = (layout.to_channels_last(y) if last else y for last in (dy_last, other_last))
-            dx = pooling.max_pool2d_backward(dy, taps, x.shape, 3, 2, 1, dy_other=other)
-            assert layout.is_channels_last(dx) == dy_last
-            assert np.array_equal(layout.contiguous(dx), pooling.max_pool2d_backward(2 * y, taps, x.shape, 3, 2, 1))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_sum_is_laid_out_as_its_first_operand(xp, rng, dtype):
+    """convert.add of two arrays of either layout: the sum in a's layout (PyTorch's rule), equal bit for bit to the
+    sum of C-contiguous copies. On the GPU bfloat16 words go through convert.cu's kernel, which walks all three
+    arrays as flat buffers; the other dtypes (and ml_dtypes' bfloat16 on the CPU) through layout.add."""
+    if dtype == "bfloat16":
+        a, b = (half_operand(xp, rng, (2, 6, 5, 3), "bfloat16")[0] for _ in range(2))
+    else:
+        a, b = (xp.asarray(rng.standard_normal((2, 6, 5, 3))).astype(dtype) for _ in range(2))
+    want = convert.add(a, b)
+    for a_last in (False, True):
+        for b_last in (False, True):
+            first, second = (layout.to_channels_last(v) if last else v for v, last in ((a, a_last), (b, b_last)))
+            total = convert.add(first, second)
+            assert layout.is_channels_last(total) == a_last
+            assert xp.array_equal(layout.contiguous(total), want)
 
 
 @pytest.mark.parametrize("return_indices", [False, True], ids=["taps", "indices"])

@@ -266,13 +266,16 @@ def add(a: Any, b: Any) -> Any:
     (as ml_dtypes adds bfloat16 on the CPU): one kernel of convert.cu for two arrays of one shape (a
     gradient's two parts; eight words an access where all three are 16-byte aligned), subnormals kept as
     ml_dtypes keeps them; else widened, added with broadcasting (CuPy's kernel, which flushes subnormal sums:
-    CuPy compiles with -ftz=true) and rounded. Other dtypes: :func:`layout.add` (a channels-last pair stays so)."""
+    CuPy compiles with -ftz=true) and rounded. Other dtypes: :func:`layout.add`. The sum is laid out as ``a`` is
+    (PyTorch's rule, and layout.add's), whatever b's layout."""
     if not is_bfloat16_words(a):
         return layout.add(a, b)
     if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
     xp = backend.get_array_module(a, b)
-    (a, b), channels_last = layout.common((a, b))
+    # The kernel walks all three as flat buffers: b (and a strided a) laid out as a first.
+    channels_last = layout.is_channels_last(a)
+    a, b = layout.like(a, channels_last), layout.like(b, channels_last)
     out = layout.empty(a.shape, np.uint16, xp, channels_last)
     _cuda.check_int32(a)
     width = _cuda.elements_per_access((a, b, out))

@@ -331,8 +331,7 @@ def max_pool2d_backward(dy: Any, indices: Any, x_shape: tuple, kernel_size: Any 
     if dy_other is not None:
         check_gradient_part(dy_other, dy, "dy_other", "grad_output", half=True)
         if not gathers or half is not None:
-            # the sum in dy's layout, and so dx (convert.add's half kernel keeps channels-last only for two such)
-            dy, dy_other = convert.add(dy, layout.like(dy_other, layout.is_channels_last(dy))), None
+            dy, dy_other = convert.add(dy, dy_other), None  # the sum in dy's layout, and so dx
     if layout.is_channels_last(dy) and not gathers:
         return layout.to_channels_last(max_pool2d_backward(layout.contiguous(dy), layout.contiguous(indices), x_shape,
                                                            kernel_size, stride, padding, dilation, ceil_mode))
