@@ -866,24 +866,43 @@ def test_pack_build_is_the_widest_that_fits_the_plane_and_the_alignment():
     assert batchnorm._packing((doubles,), 49) == ("", 1)
 
 
-def test_channels_last_launch_spans_128_bytes_of_a_row(monkeypatch):
-    """batchnorm._rows_launch: a reduction block's columns span 128 bytes of a row (at most 32 packs), so a channel
-    block holds 64 bfloat16 channels or 32 float32 ones, and the splits fill an H200's 132 SMs within the rows'
-    minimum; the element-wise row kernels take 8 packs a thread (_element_count), plane kernels one. Stand-in arrays:
-    only their item size and address are read."""
+def test_channels_last_launch_spans_128_bytes_of_a_row_and_one_wave():
+    """batchnorm._rows_packing and _rows_split: a reduction block's columns span 128 bytes of a row (at most 32
+    packs), so a channel block holds 64 bfloat16 channels or 32 float32 ones; the splits fill one wave of the blocks
+    the GPU holds at once (here 3 an SM, or 2, of 132 SMs) and no more, each of at least 8 passes of rows; the
+    element-wise row kernels take 8 packs a thread (_element_count), plane kernels one. Stand-in arrays: only their
+    item size and address are read."""
     from types import SimpleNamespace  # noqa: PLC0415
 
-    from minidnn.primitives import _cuda, batchnorm  # noqa: PLC0415
+    from minidnn.primitives import batchnorm  # noqa: PLC0415
 
-    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
     words, floats = (SimpleNamespace(itemsize=size, data=SimpleNamespace(ptr=4096)) for size in (2, 4))
-    # ResNet-18's layer3 at batch 128: 32 packs a row in 4 channel blocks of 8, 24 splits of at least 32 passes.
-    assert batchnorm._rows_launch((words, words), 256, 25088) == ("_last_vector", 8, (4, 24), 1046, 8)
-    assert batchnorm._rows_launch((floats,), 256, 25088)[2:] == ((8, 24), 1046, 8)  # 64 packs of 4 floats a row
-    assert batchnorm._rows_launch((words,), 520, 18)[:3] == ("_last_vector", 8, (9, 1))  # the last block one pack
-    assert batchnorm._rows_launch((words,), 12, 30)[:3] == ("_last", 1, (1, 1))  # 12 single words: one block
-    assert batchnorm._rows_launch((words,), 64, 1605632)[2:] == ((1, 1056), 1521, 8)  # the stem: 8 blocks an SM
+    assert batchnorm._rows_packing((words, words), 256) == ("_last_vector", 8, 8)
+    assert batchnorm._rows_packing((floats,), 256) == ("_last_vector", 4, 8)  # 64 packs of 4 floats a row
+    assert batchnorm._rows_packing((words,), 12) == ("_last", 1, 12)  # 12 single words: one block
+    wave, two_an_sm = 3 * 132, 2 * 132
+    # ResNet-18's layer3 at batch 128: 32 packs a row in 4 channel blocks of 8, 98 splits of 8 passes (99 would fit).
+    assert batchnorm._rows_split(256, 25088, 8, 8, wave) == ((4, 98), 256)
+    assert batchnorm._rows_split(256, 25088, 4, 8, wave) == ((8, 49), 512)  # 8 channel blocks: 49 of them a wave
+    assert batchnorm._rows_split(520, 18, 8, 8, wave) == ((9, 1), 18)  # the last channel block one pack
+    assert batchnorm._rows_split(12, 30, 1, 12, wave) == ((1, 1), 30)
+    # The stem: bfloat16 in one channel block, float32 in two, a wave of 3 or of 2 blocks an SM.
+    assert batchnorm._rows_split(64, 1605632, 8, 8, wave) == ((1, 396), 4055)
+    assert batchnorm._rows_split(64, 1605632, 4, 8, two_an_sm) == ((2, 132), 12164)
     assert batchnorm._element_count(True, 100) == 13 and batchnorm._element_count(False, 100) == 100
+
+
+def test_reduction_split_within_a_number_of_blocks():
+    """_cuda.reduction_split with ``blocks``: channels x splits never above it (one split a channel at least), every
+    value in one split, no split empty."""
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    for channels, values, minimum, blocks in ((4, 25088, 256, 396), (1, 1605632, 256, 396), (7, 1000, 10, 50),
+                                              (600, 5000, 1, 396), (3, 0, 1, 396)):
+        splits, per = _cuda.reduction_split(channels, values, minimum, blocks=blocks)
+        assert channels * splits <= max(blocks, channels)
+        assert (splits - 1) * per < max(values, 1) <= splits * per
+    assert _cuda.reduction_split(7, 1000, 10, blocks=50) == (7, 143)  # 50 // 7 = 7 splits
 
 
 def _check_half_training(xp, rng, name, shape, relu):

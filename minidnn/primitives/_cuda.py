@@ -505,6 +505,19 @@ class PackedLaunch:
         return self._slots.view(np.uint8)[start:start + argument.itemsize].view(argument.dtype)
 
 
+def resident_blocks(kernel: Any, threads: int) -> int:
+    """How many blocks of ``threads`` threads of ``kernel`` the current GPU runs at once: the blocks an SM holds (by
+    the kernel's registers and shared memory, the driver's occupancy count) times the SMs. A grid of at most that
+    many runs in one wave."""
+    return _resident_blocks_of(current_device(), getattr(kernel, "kernel", kernel).ptr, threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_blocks_of(device_id: int, function: int, threads: int) -> int:
+    per_sm = backend.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, 0)
+    return max(1, per_sm) * _sm_count_of(device_id)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count_of(device_id: int) -> int:
     return backend.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"]
@@ -551,11 +564,15 @@ MIN_VALUES_PER_BLOCK = 4096
 
 
 def reduction_split(channels: int, values: int, minimum: int = MIN_VALUES_PER_BLOCK,
-                    sms: int | None = None) -> tuple[int, int]:
+                    sms: int | None = None, blocks: int | None = None) -> tuple[int, int]:
     """(splits, per): each channel's ``values`` in ``splits`` ranges of ``per`` values (the last may be
-    shorter, none is empty; one split even for no values), for ``sms`` SMs (default: the current device's)."""
-    sms = sm_count() if sms is None else sms
-    wanted = -(-REDUCTION_BLOCKS_PER_SM * sms // max(channels, 1))
+    shorter, none is empty; one split even for no values), for ``sms`` SMs (default: the current device's);
+    with ``blocks``, at most that many blocks in all (one split a channel at least): a wave's, resident_blocks."""
+    if blocks is None:
+        sms = sm_count() if sms is None else sms
+        wanted = -(-REDUCTION_BLOCKS_PER_SM * sms // max(channels, 1))
+    else:
+        wanted = blocks // max(channels, 1)
     splits = max(1, min(wanted, values // minimum))
     per = max(1, -(-values // splits))
     return max(1, -(-values // per)), per

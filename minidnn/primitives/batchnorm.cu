@@ -534,7 +534,8 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 // whole packs and keeps V channels' sums; the threads of a block split into `block_packs` columns of packs (the
 // row's packs, or fewer: the launch's block_packs, at most 32) by rows_per_pass = blockDim.x / block_packs rows,
 // so a warp reads contiguous runs of rows. Fewer columns make more channel blocks of fewer channels, whose last
-// block merges its splits with more threads a channel (batchnorm.py's _rows_launch picks them).
+// block merges its splits with more threads a channel (batchnorm.py's _rows_packing picks the columns, _rows_split
+// the splits: one wave of blocks at most).
 // Grid (channel blocks, splits): block (b, k) owns packs [b·block_packs, ...) and the
 // rows [k·per, min((k + 1)·per, M)). Its threads merge into the block's per-channel results in a fixed order
 // (thread row 0, 1, ... of each column, through shared memory), the block publishes them, and the last block of

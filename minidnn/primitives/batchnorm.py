@@ -510,26 +510,34 @@ def _layout(x: Any) -> tuple[int, int, int]:
 
 
 # The channels-last reductions (batchnorm.cu's RowsOfBlock): a block's columns span _LAST_BLOCK_BYTES of a row
-# (at most 32 packs), and each thread sums at least _LAST_PASSES_PER_SPLIT passes of rows. A channel block's last
-# block merges every split of its channels, (splits / (THREADS / its channels)) merges a thread: wider columns
-# (fewer, larger channel blocks) lengthen that tail, and so do more splits, which a small M needs to fill the GPU.
-_LAST_BLOCK_BYTES, _LAST_PASSES_PER_SPLIT = 128, 32
+# (at most 32 packs). The grid is one wave at most, as many blocks as the GPU holds of the kernel at once
+# (_cuda.resident_blocks): a channel block's last block merges every split of its channels, (splits / (THREADS / its
+# channels)) merges a thread, each a wait for L2, and a second wave would only lengthen that tail, while one wave
+# of long splits keeps as many bytes in flight. Within the wave each thread sums at least _LAST_PASSES_PER_SPLIT
+# passes of rows: a small layer takes more, shorter splits, since a thread's passes are round trips to memory
+# one after another.
+_LAST_BLOCK_BYTES, _LAST_PASSES_PER_SPLIT = 128, 8
 # The element-wise row kernels: each thread does at least this many packs, so that its V channels' coefficients
 # (3V or 4V loads from the caches, once a thread where the grid's stride is a whole number of rows) serve as many.
 _ROW_PACKS_PER_THREAD = 8
 
 
-def _rows_launch(arrays: tuple, C: int, M: int) -> tuple[str, int, tuple[int, int], int, int]:
-    """A channels-last launch over (M, C) rows: (the build's suffix, elements per access, the reductions' grid
-    (channel blocks, splits), rows per split, packs per block row). Packs must lie inside a row: C a multiple of
-    the pack."""
+def _rows_packing(arrays: tuple, C: int) -> tuple[str, int, int]:
+    """A channels-last launch over (M, C) rows: (the build's suffix, elements per access, packs per block row).
+    Packs must lie inside a row: C a multiple of the pack."""
     width = _cuda.elements_per_access(arrays, plane=C)
-    packs_per_row = C // width
-    block_packs = max(1, min(packs_per_row, 32, _LAST_BLOCK_BYTES // (width * arrays[0].itemsize)))
-    channel_blocks = -(-packs_per_row // block_packs)
+    block_packs = max(1, min(C // width, 32, _LAST_BLOCK_BYTES // (width * arrays[0].itemsize)))
+    return "_last" + ("_vector" if width > 1 else ""), width, block_packs
+
+
+def _rows_split(C: int, M: int, width: int, block_packs: int, resident: int) -> tuple[tuple[int, int], int]:
+    """A channels-last reduction's grid (channel blocks, splits) and rows per split, for a kernel of which the GPU
+    holds ``resident`` blocks at once."""
+    channel_blocks = -(-(C // width) // block_packs)
     rows_per_pass = _cuda.THREADS // block_packs
-    splits, per = _cuda.reduction_split(channel_blocks, M, minimum=_LAST_PASSES_PER_SPLIT * rows_per_pass)
-    return "_last" + ("_vector" if width > 1 else ""), width, (channel_blocks, splits), per, block_packs
+    splits, per = _cuda.reduction_split(channel_blocks, M, minimum=_LAST_PASSES_PER_SPLIT * rows_per_pass,
+                                        blocks=resident)
+    return (channel_blocks, splits), per
 
 
 def _element_count(channels_last: bool, packs: int) -> int:
@@ -538,15 +546,20 @@ def _element_count(channels_last: bool, packs: int) -> int:
     return -(-packs // _ROW_PACKS_PER_THREAD) if channels_last else packs
 
 
-def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int) -> tuple:
-    """A reduction's (grid, build suffix, elements per access, values per split, the size arguments, the last
-    arguments): over planes, or over channels-last rows (whose kernels end with their packs per block row)."""
+def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int, name: str, dtype: Any,
+               half: str | None) -> tuple:
+    """The reduction ``name``'s (kernel, grid, build suffix, elements per access, values per split, the size
+    arguments, the last arguments): over planes, or over channels-last rows (whose kernels end with their packs per
+    block row)."""
     if channels_last:
-        build, width, grid, per, block_packs = _rows_launch(arrays, C, N * S)
-        return grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C)), (_cuda.i32(block_packs),)
+        build, width, block_packs = _rows_packing(arrays, C)
+        kernel = _kernel(name + build, dtype, half)
+        grid, per = _rows_split(C, N * S, width, block_packs, _cuda.resident_blocks(kernel, _cuda.THREADS))
+        return kernel, grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C)), (_cuda.i32(block_packs),)
     build, width = _packing(arrays, S)
     splits, per = _split(C, N * S, width)
-    return (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C), _cuda.i32(S)), ()
+    return (_kernel(name + build, dtype, half), (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C),
+                                                                                 _cuda.i32(S)), ())
 
 
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:
@@ -587,10 +600,11 @@ def _forward_training_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, run
     rm, rv = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
-    grid, build, width, per, sizes, tail = _reduction(channels_last, (x_,), N, C, S)
+    reduce, grid, build, width, per, sizes, tail = _reduction(channels_last, (x_,), N, C, S, "bn_statistics", x.dtype,
+                                                              half)
     # The float64 scratch: the partial (count, mean, M2) per (split, channel), then bn_apply's coefficients (2, C),
     # mean and invstd·weight.
-    launch = _Launch(_kernel("bn_statistics" + build, x.dtype, half), _kernel("bn_apply" + build, x.dtype, half),
+    launch = _Launch(reduce, _kernel("bn_apply" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)),
                      _cuda.block_counters(x, grid[0]),
@@ -651,7 +665,7 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     _cuda.check_int32(x)
     _, C, S = _layout(x)
     y = layout.empty(x.shape, x.dtype, xp, channels_last)
-    build, width, *_ = _rows_launch((x, y), C, x.size // C) if channels_last else _packing((x, y), S)
+    build, width = _rows_packing((x, y), C)[:2] if channels_last else _packing((x, y), S)
     i32 = _cuda.i32
     _cuda.launch(_kernel("bn_inference" + build, x.dtype, half), _element_count(channels_last, x.size // width),
                  (layout.flat(x), layout.flat(y), running_mean, running_var, weight, bias, _cuda.f64(eps), i32(relu),
@@ -670,10 +684,11 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
     flats = tuple(None if a is None else layout.flat(a) for a in (x_, dy_, relu_output_))
-    grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S)
+    reduce, grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S, "bn_backward_reduce",
+                                                              x.dtype, half)
     # The float64 scratch: the partial (Σdy, Σdy·(x − mean)) per (split, channel), then the dx coefficients (3, C),
     # Σdy/M, invstd·weight and scale·invstd·dweight/M.
-    launch = _Launch(_kernel("bn_backward_reduce" + build, x.dtype, half), _kernel("bn_backward_dx" + build, x.dtype, half),
+    launch = _Launch(reduce, _kernel("bn_backward_dx" + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)),
                      _cuda.block_counters(x, grid[0]),
@@ -730,12 +745,13 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     N, C, S = _layout(x)
     dx = layout.empty(x.shape, x.dtype, xp, channels_last)
     dy, x, relu_output, flat_dx = (None if a is None else layout.flat(a) for a in (dy, x, relu_output, dx))
-    grid, build, width, per, sizes, tail = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S)
+    # The channels-last reduction writes dx in a build of its own (batchnorm.cu's DX).
+    name = "bn_backward_reduce_dx" if channels_last else "bn_backward_reduce"
+    kernel, grid, build, width, per, sizes, tail = _reduction(channels_last, (x, dy, relu_output, dx), N, C, S, name,
+                                                              x.dtype, half)
     partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
-    # The channels-last reduction writes dx in a build of its own (batchnorm.cu's DX).
-    name = "bn_backward_reduce_dx" + build if channels_last else "bn_backward_reduce" + build
-    _cuda.launch_blocks(_kernel(name, x.dtype, half), grid, _cuda.THREADS,
+    _cuda.launch_blocks(kernel, grid, _cuda.THREADS,
                         (dy, x, relu_output, running_mean, partial, _cuda.block_counters(x, grid[0]), flat_dx, None,
                          running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per), *tail))
     return dx, dweight, dbias
