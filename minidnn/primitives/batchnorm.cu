@@ -546,13 +546,6 @@ __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
 // loads MERGE_BATCH splits' results before merging any (in flight together; then merged one by one in the same
 // order, the same bits): one wait for L2 a batch rather than one a split.
 #define LAST_THREADS 256  // blockDim.x of the channels-last reductions (batchnorm.py launches _cuda.THREADS)
-// The rows a statistics thread loads before it merges any: eight, two groups of four; four in the float16 build,
-// whose conversion (cvt, then the infinity and NaN fix) would spill registers at eight under the launch bound.
-#if defined(HALF) && HALF == 1
-#define STATISTICS_ROWS 4
-#else
-#define STATISTICS_ROWS 8
-#endif
 #define MERGE_BATCH 8
 
 struct RowsOfBlock {
@@ -621,9 +614,13 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
     ChannelStates<V, row_sum_t> state = {};
     if (rows.active) {
         const Pack<V>* __restrict__ xp = packs<V>(x) + rows.pack;
-        // A group of four rows: each channel's four values, their exact two-pass statistics in chunk_t, one merge
-        // for all V channels (one division).
-        const auto merge_four = [&](const Pack<V>* p) {
+        int m = begin + rows.row;
+        for (; m + 3 * pass < end; m += 4 * pass) {
+            // Four rows per step (four loads in flight): each channel's four values, their exact two-pass
+            // statistics in chunk_t, one merge for all V channels (one division).
+            Pack<V> p[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) p[q] = xp[(long long)(m + q * pass) * packs_per_row];
             chunk_t chunk_mean[V], chunk_m2[V];
 #pragma unroll
             for (int u = 0; u < V; ++u) {
@@ -634,25 +631,6 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
                 chunk_m2[u] = ((a - mu) * (a - mu) + (b - mu) * (b - mu)) + ((c - mu) * (c - mu) + (d - mu) * (d - mu));
             }
             merge_states<V>(state, (chunk_t)4, chunk_mean, chunk_m2);
-        };
-        int m = begin + rows.row;
-        // STATISTICS_ROWS rows a step, every load first (the kernel waits on memory, and a thread's loads are what
-        // it keeps in flight), then its groups of four in order: the groups and merges of four rows a step, the
-        // same bits.
-        if (STATISTICS_ROWS == 8) {
-            for (; m + 7 * pass < end; m += 8 * pass) {
-                Pack<V> p[8];
-#pragma unroll
-                for (int q = 0; q < 8; ++q) p[q] = xp[(long long)(m + q * pass) * packs_per_row];
-                merge_four(p);
-                merge_four(p + 4);
-            }
-        }
-        for (; m + 3 * pass < end; m += 4 * pass) {
-            Pack<V> p[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) p[q] = xp[(long long)(m + q * pass) * packs_per_row];
-            merge_four(p);
         }
         for (; m < end; m += pass) {
             const Pack<V> p = xp[(long long)m * packs_per_row];
