@@ -905,6 +905,31 @@ def test_reduction_split_within_a_number_of_blocks():
     assert _cuda.reduction_split(7, 1000, 10, blocks=50) == (7, 143)  # 50 // 7 = 7 splits
 
 
+def test_resident_blocks_is_the_occupancy_count_times_the_sms(monkeypatch):
+    """_cuda.resident_blocks: the driver's blocks an SM for the kernel's function and the block size, times the SMs
+    (at least one block an SM); a RawKernel-like object is asked for its function. Stand-in driver and device."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from minidnn.primitives import _cuda  # noqa: PLC0415
+
+    asked = []
+
+    def occupancy(function, threads, dynamic_shared_bytes):
+        asked.append((function, threads, dynamic_shared_bytes))
+        return {1111: 3, 2222: 2, 3333: 0}[function]
+
+    cupy = SimpleNamespace(cuda=SimpleNamespace(driver=SimpleNamespace(
+        occupancyMaxActiveBlocksPerMultiprocessor=occupancy)))
+    monkeypatch.setattr(_cuda.backend, "cupy", lambda: cupy)
+    monkeypatch.setattr(_cuda, "current_device", lambda: 7)
+    monkeypatch.setattr(_cuda, "_sm_count_of", lambda device: {7: 132}[device])
+    monkeypatch.setattr(_cuda, "_resident_blocks_of", _cuda._resident_blocks_of.__wrapped__)  # no cache across tests
+    assert _cuda.resident_blocks(SimpleNamespace(ptr=1111), 256) == 396
+    assert _cuda.resident_blocks(SimpleNamespace(kernel=SimpleNamespace(ptr=2222)), 128) == 264
+    assert _cuda.resident_blocks(SimpleNamespace(ptr=3333), 1024) == 132  # none fits: counted as one an SM
+    assert asked == [(1111, 256, 0), (2222, 128, 0), (3333, 1024, 0)]
+
+
 def _check_half_training(xp, rng, name, shape, relu):
     x, weight, bias, running_mean, running_var, exact_x = _half_arrays(xp, rng, shape, name, relu)
     start_mean, start_var = to_numpy(running_mean).copy(), to_numpy(running_var).copy()
