@@ -558,8 +558,8 @@ def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int, name:
         return kernel, grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C)), (_cuda.i32(block_packs),)
     build, width = _packing(arrays, S)
     splits, per = _split(C, N * S, width)
-    return (_kernel(name + build, dtype, half), (C, splits), build, width, per, (_cuda.i32(N), _cuda.i32(C),
-                                                                                 _cuda.i32(S)), ())
+    sizes = (_cuda.i32(N), _cuda.i32(C), _cuda.i32(S))
+    return _kernel(name + build, dtype, half), (C, splits), build, width, per, sizes, ()
 
 
 def _kernel(name: str, dtype: Any, half: str | None = None) -> Any:

@@ -142,9 +142,13 @@ def filter_to_channels_last(w: Any, out: Any, turned: bool, groups: int) -> None
     4 bytes), layout.cu's filter_to_channels_last."""
     K, group_channels, R, S = w.shape
     kernel = _cuda.function("layout.cu", f"filter_to_channels_last_{w.itemsize}", np.float32)
-    strides = [np.int64(stride // w.itemsize) for stride in w.strides]
     _cuda.launch(kernel, w.size, (w, out, _cuda.i32(K), _cuda.i32(group_channels), _cuda.i32(R), _cuda.i32(S),
-                                  _cuda.i32(turned), _cuda.i32(groups), *strides))
+                                  _cuda.i32(turned), _cuda.i32(groups), *_element_strides(w)))
+
+
+def _element_strides(array: Any) -> list[np.int64]:
+    """``array``'s strides in elements, as layout.cu's kernels that read an array at its strides take them."""
+    return [np.int64(stride // array.itemsize) for stride in array.strides]
 
 
 def to_channels_last_padded(array: Any, out: Any) -> None:
@@ -158,7 +162,7 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     if backend.get_array_module(out) is not np and array.itemsize == out.itemsize and array.itemsize in (2, 4):
         _, C, H, W = array.shape
         _cuda.check_int32(out)
-        strides = [np.int64(stride // array.itemsize) for stride in array.strides]
+        strides = _element_strides(array)
         if out.shape[-1] * out.itemsize == _cuda.PACK_BYTES and out.data.ptr % _cuda.PACK_BYTES == 0:
             kernel = _cuda.function("layout.cu", f"pad_pixels_{array.itemsize}", np.float32)
             pixels = out.size // out.shape[-1]
