@@ -235,11 +235,9 @@ def plan_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for engine in args.engines:
                     if (engine == "minidnn-graph" and args.layers_only) or (engine == "naive" and half):
                         continue  # the graph's convolutions are minidnn's; Caffe's engine has no half precision
-                    if half and args.layers_only:
-                        continue  # the layer tables time float32 convolutions (half layers: a probe)
                     grid = args.settings if engine in CONV_SETTING_ENGINES else [None]
                     for index, setting in enumerate(grid):
-                        layer_table = not args.no_layers and engine != "minidnn-graph" and not half
+                        layer_table = not args.no_layers and engine != "minidnn-graph"
                         cells.append({"kind": "engine", **shape, **common, "engine": engine,
                                       "precision": precision, "tf32": precision == "tf32", "setting": setting,
                                       "layer_table": layer_table,

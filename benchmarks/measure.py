@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -183,6 +184,8 @@ class Engine:
     no_grad: Callable[[], Any]
     autocast: Callable[[], Any] = staticmethod(contextlib.nullcontext)
     scaler: Any = None
+    half: str | None = None  # the autocast type's name (HALF_DTYPES), None in fp32 and tf32
+    channels_last = False  # whether the model's convolutions and the batch are channels-last
 
     def step(self) -> None:
         self.train_step(self.x, self.y)
@@ -237,7 +240,7 @@ class MinidnnEngine(Engine):
             self.x = self.x.to(memory_format=minidnn.channels_last)
         self.optimizer = optim.SGD(self.model.parameters(), lr=0.001, momentum=0.9, weight_decay=5e-4)
         self.minidnn_model, self.minidnn_device = self.model, self.device
-        half = HALF_DTYPES.get(spec.get("precision"))
+        half = self.half = HALF_DTYPES.get(spec.get("precision"))
         if half is not None:
             device_type = self.device.split(":")[0]
             region = minidnn.autocast(device_type, dtype=getattr(minidnn, half))  # re-entrant: made once
@@ -272,18 +275,27 @@ class MinidnnEngine(Engine):
         stats = minidnn.cuda.memory_stats()
         return {"peak_bytes": stats["peak"], "reserved_bytes": stats["reserved"]}
 
-    def to_device(self, array: np.ndarray) -> Any:
-        return backend.to_device(array, self.device)
+    def layer_operand(self, array: np.ndarray) -> Any:
+        """A convolution operand (x, w or dy) as this engine's training step holds it: on the device, in the cell's
+        half type under autocast (the weight a cast of its float32 master), channels-last in a channels-last cell."""
+        tensor = minidnn.tensor(array, device=self.device)
+        if self.half is not None:
+            tensor = tensor.to(getattr(minidnn, self.half))
+        if self.channels_last:
+            tensor = tensor.to(memory_format=minidnn.channels_last)
+        return tensor.data
 
     def conv_calls(self, problem: Any, arrays: tuple, **options: Any) -> dict[str, Callable[[], Any]]:
-        """The three directions of one convolution as calls of the current engine's library."""
+        """The three directions of one convolution as calls of the current engine's library; under autocast the
+        weight gradient is float32, as the step asks for it (the master weight's)."""
         library = current_library()
         x, w, dy = arrays
         arguments = (problem.stride, problem.padding, problem.dilation, problem.groups)
+        gradient = {"dtype": np.float32} if self.half is not None else {}
         return {"forward": lambda: library.conv2d_forward(x, w, *arguments, **options),
                 "backward_data": lambda: library.conv2d_backward_data(dy, w, problem.x_shape, *arguments, **options),
                 "backward_filter": lambda: library.conv2d_backward_filter(x, dy, problem.w_shape, *arguments,
-                                                                           **options)}
+                                                                           **options, **gradient)}
 
 
 class CapturedMinidnnEngine(MinidnnEngine):
@@ -338,8 +350,9 @@ class TorchEngine(Engine):
         self.model = torch_twin(spec["architecture"], self.minidnn_model).to(self.device)
         x, y = batch_arrays(spec)
         self.x, self.y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
-        half = HALF_DTYPES.get(spec.get("precision"))
-        if half is not None or spec.get("torch_channels_last"):  # cuDNN's tensor cores are fastest channels_last
+        half = self.half = HALF_DTYPES.get(spec.get("precision"))
+        self.channels_last = half is not None or bool(spec.get("torch_channels_last"))
+        if self.channels_last:  # cuDNN's tensor cores are fastest channels_last
             self.model = self.model.to(memory_format=torch.channels_last)
             self.x = self.x.contiguous(memory_format=torch.channels_last)
         if half is not None:  # PyTorch AMP as a user runs it on tensor cores: autocast with channels_last
@@ -363,8 +376,15 @@ class TorchEngine(Engine):
         return {"peak_bytes": self.torch.cuda.max_memory_allocated(),
                 "reserved_bytes": self.torch.cuda.max_memory_reserved()}
 
-    def to_device(self, array: np.ndarray) -> Any:
-        return self.torch.from_numpy(array).to(self.device)
+    def layer_operand(self, array: np.ndarray) -> Any:
+        """A convolution operand as PyTorch's step gives it to cuDNN: in the half type under autocast,
+        channels_last where the model is."""
+        tensor = self.torch.from_numpy(array).to(self.device)
+        if self.half is not None:
+            tensor = tensor.to(getattr(self.torch, self.half))
+        if self.channels_last:
+            tensor = tensor.contiguous(memory_format=self.torch.channels_last)
+        return tensor
 
     def conv_calls(self, problem: Any, arrays: tuple, **options: Any) -> dict[str, Callable[[], Any]]:
         """cuDNN's three directions (PyTorch's convolution and its two gradient functions)."""
@@ -551,6 +571,14 @@ def distinct_shapes(layers: list[dict[str, Any]], batch: int) -> list[dict[str, 
     return list(rows.values())
 
 
+def row_problem(problem: Any, half: str | None) -> Any:
+    """The problem a layer table's row names, the same in every engine's table of a cell, so that the rows pair up:
+    its shapes as (N, C, H, W) and the cell's type (``half`` under autocast). Each engine's operands are laid out as
+    its own step's (``layer_operand``)."""
+    dtype = np.dtype(getattr(minidnn, half)) if half is not None else problem.dtype
+    return dataclasses.replace(problem, dtype=dtype, channels_last=False)
+
+
 def plan_summary(plan: Any) -> dict[str, Any]:
     return {"segments": [[images, algorithm.name] for images, algorithm in plan.segments],
             "workspace_bytes": plan.workspace_bytes, "text": plan.describe()}
@@ -566,9 +594,9 @@ def layer_table(engine: Engine, spec: dict[str, Any]) -> list[dict[str, Any]]:
     for shape in distinct_shapes(layers, spec["batch"]):
         problem = shape["problem"]
         rng = np.random.default_rng(1)
-        arrays = tuple(engine.to_device(rng.standard_normal(s).astype(np.float32))
+        arrays = tuple(engine.layer_operand(rng.standard_normal(s).astype(np.float32))
                        for s in (problem.x_shape, problem.w_shape, problem.y_shape))
-        row = {"layers": shape["layers"], "shape": problem.describe(), "runs": shape["runs"],
+        row = {"layers": shape["layers"], "shape": row_problem(problem, engine.half).describe(), "runs": shape["runs"],
                "gflop": problem.flops() / 1e9, "times": {}}
         directions = [d for d in DIRECTIONS if shape["runs"][d]]
         calls = engine.conv_calls(problem, arrays)

@@ -426,15 +426,47 @@ def _write(path, content) -> str:
     return str(path)
 
 
-def test_half_precisions_plan_no_naive_engine_and_no_layer_tables(monkeypatch):
+def test_half_precisions_plan_no_naive_engine_and_no_menu(monkeypatch):
     monkeypatch.setattr(bench, "_gpu_present", lambda: True)
     args = bench.parse_args(["--models", "resnet20", "--precision", "fp32,bf16,fp16", "--engines", "minidnn,naive,torch"])
     cells = [cell for cell in bench.plan_cells(args) if cell["kind"] == "engine"]
     half = [cell for cell in cells if cell["precision"] in ("bf16", "fp16")]
     assert {(c["precision"], c["engine"]) for c in half} == {(p, e) for p in ("bf16", "fp16") for e in ("minidnn", "torch")}
-    assert not any(c["layer_table"] or c.get("menu") or c["tf32"] for c in half)
+    assert all(c["layer_table"] and not c.get("menu") and not c["tf32"] for c in half)
     assert [c["engine"] for c in cells if c["precision"] == "fp32"] == ["minidnn", "naive", "torch"]
     assert bench.parse_args(["--models", "resnet20", "--tf32", "off,on"]).modes == ["fp32", "tf32"]
+    layers_only = bench.parse_args(["--models", "resnet20", "--precision", "bf16", "--engines", "minidnn,torch",
+                                    "--layers-only"])
+    assert [(c["engine"], c["layer_table"], c["measure_step"]) for c in bench.plan_cells(layers_only)] == \
+        [("minidnn", True, False), ("torch", True, False)]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_half_layer_table_times_the_operands_as_the_autocast_step_holds_them(channels_last):
+    """bf16 x, w and dy (channels-last in a channels-last cell) and a float32 weight gradient, as a step under
+    autocast makes its convolutions; each row names the plan that ran."""
+    cell = {**TINY_CELL, "engine": "minidnn", "precision": "bf16", "channels_last": channels_last}
+    engine = measure.MinidnnEngine(cell)
+    operand = engine.layer_operand(np.ones((2, 3, 5, 4), np.float32))
+    assert operand.dtype == minidnn.bfloat16
+    assert minidnn.primitives.layout.is_channels_last(operand) == channels_last
+    record = measure.measure_engine({**cell, "measure_step": False, "layer_table": True, "menu": False})
+    rows = record["layers"]
+    assert len(rows) == 3 and all(set(row["times"]) <= set(measure.DIRECTIONS) for row in rows)
+    assert all("plan" in timing and timing["ms"] > 0 for row in rows for timing in row["times"].values())
+    problem = measure.conv_layers(engine.model, TINY_CELL["image_size"], "cpu")[0]["problem"].with_batch(2)
+    x, w, dy = (engine.layer_operand(np.ones(s, np.float32)) for s in (problem.x_shape, problem.w_shape,
+                                                                     problem.y_shape))
+    calls = engine.conv_calls(problem, (x, w, dy))
+    assert calls["forward"]().dtype == x.dtype and calls["backward_filter"]().dtype == np.float32
+
+
+def test_pytorchs_half_layer_operands_are_channels_last_in_the_half_type():
+    torch = pytest.importorskip("torch")
+    engine = measure.TorchEngine({**TINY_CELL, "engine": "torch", "precision": "bf16"})
+    operand = engine.layer_operand(np.ones((2, 3, 5, 4), np.float32))
+    assert operand.dtype == torch.bfloat16 and operand.is_contiguous(memory_format=torch.channels_last)
+    assert not operand.is_contiguous()
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
