@@ -130,13 +130,19 @@ def test_a_narrow_transpose_moves_words_in_a_grid_that_fills_the_gpu():
 
 def test_a_given_out_decides_the_common_layout(xp):
     """layout.common: the inputs follow a given out (which a kernel writes and the caller reads), whichever layout
-    they have; without out, channels-last only when every 4-D input is."""
+    they have; without out, the first 4-D input whose layouts differ (one of shape (2, 1, 4, 5) has no say)."""
     plain, last = xp.zeros((2, 3, 4, 5)), layout.to_channels_last(xp.zeros((2, 3, 4, 5)))
     (a, b), channels_last = layout.common((plain, last), out=last)
     assert channels_last and layout.is_channels_last(a) and b is last
     (a, b), channels_last = layout.common((plain, last), out=plain)
     assert not channels_last and a is plain and a.flags.c_contiguous and b.flags.c_contiguous
     assert layout.common((last, last))[1] and not layout.common((plain, last))[1]
+    (a, b), channels_last = layout.common((last, plain))
+    assert channels_last and a is last and layout.is_channels_last(b)
+    (none, a, b), channels_last = layout.common((None, plain, last))
+    assert not channels_last and none is None and a is plain and b.flags.c_contiguous
+    one_channel = xp.zeros((2, 1, 4, 5))
+    assert layout.common((one_channel, last))[1] and not layout.common((one_channel, plain))[1]
 
 
 def test_shapes_whose_layouts_coincide_are_left_as_they_are(xp):

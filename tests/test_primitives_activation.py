@@ -206,6 +206,42 @@ def test_relu_backward_of_two_parts_is_the_mask_of_their_rounded_sum(xp, rng, dt
     assert layouts.is_channels_last(relu_backward(*arrays)) == (layout == "channels-last")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("first_last", [True, False], ids=["channels-last first", "C-contiguous first"])
+def test_mixed_layouts_give_the_first_operands_layout(xp, rng, dtype, first_last):
+    """An input of each layout: the ReLU kernels' result is laid out as their first operand (x, a or dy), PyTorch's
+    rule for element-wise results, on the GPU's flat kernels as in NumPy; the values are those of C-contiguous
+    copies, against a float64 reference."""
+    from minidnn.primitives import convert, layout  # noqa: PLC0415
+
+    shape = (3, 6, 5, 4)
+    values = [rng.standard_normal(shape) for _ in range(3)]
+    device = [xp.asarray(v.astype(np.float32)) for v in values]
+    if dtype != "float32":
+        device = [convert.float_to_half(a, dtype) for a in device]
+    wide = [to_numpy(convert.half_to_float(a, dtype)) if dtype != "float32" else to_numpy(a) for a in device]
+    wide = [w.astype(np.float64) for w in wide]
+    first, second, third = device
+    first = layout.to_channels_last(first) if first_last else first
+    second, third = (a if first_last else layout.to_channels_last(a) for a in (second, third))
+
+    def rounded(v):  # a float64 result in the operands' type (the kernels round their float32 sums once)
+        v = v.astype(np.float32)
+        return v if dtype == "float32" else to_numpy(convert.half_to_float(convert.float_to_half(v, dtype), dtype))
+
+    relu = np.maximum(wide[0], 0)
+    cases = {"relu_forward": (relu_forward(first), relu),
+             "add_relu_forward": (add_relu_forward(first, second), np.maximum(rounded(wide[0] + wide[1]), 0)),
+             "relu_backward": (relu_backward(first, second), np.where(wide[1] > 0, wide[0], 0)),
+             "relu_backward of two parts": (relu_backward(first, second, third),
+                                            np.where(wide[1] > 0, rounded(wide[0] + wide[2]), 0))}
+    for name, (result, expected) in cases.items():
+        assert layout.is_channels_last(result) == first_last, name
+        assert result.dtype == first.dtype, name
+        values = convert.half_to_float(layout.contiguous(result), dtype) if dtype != "float32" else result
+        np.testing.assert_allclose(to_numpy(values), expected, rtol=1e-6, atol=0, err_msg=name)
+
+
 def test_relu_backward_of_two_parts_errors_name_the_argument(xp):
     from minidnn.naive import relu_backward as naive_relu_backward  # noqa: PLC0415
 

@@ -92,14 +92,25 @@ def relu_backward(dy: Any, y: Any, dy_other: Any = None) -> Any:
         _check_half_arrays(*zip(("dy", "y", "dy_other"), arrays))
         if backend.is_cuda_array(dy):
             return _elementwise_gpu(name, *arrays, half=half, key=key)
-        # NumPy keeps the layout of the mask and dy; two parts' half sum is rounded once from float32
-        return where_or_zero(convert.half_to_float(y, half) > 0, dy if dy_other is None else dy + dy_other)
+        # Two parts' half sum is rounded once from float32 (ml_dtypes' add)
+        return _where_positive(convert.half_to_float(y, half), dy if dy_other is None else dy + dy_other, arrays)
     _check_gradient_pair(dy, y, "y")  # one device, or a clear ValueError
     if dy_other is not None:
         check_gradient_part(dy_other, dy, "dy_other", "dy")
     if backend.is_cuda_array(dy):
         return _elementwise_gpu(name, *arrays, key=key)
-    return where_or_zero(y > 0, dy if dy_other is None else dy + dy_other)
+    return _where_positive(y, dy if dy_other is None else dy + dy_other, arrays)
+
+
+def _where_positive(y: Any, gradient: Any, operands: tuple) -> Any:
+    """gradient where y > 0, else 0 (NumPy), laid out as an element-wise result of ``operands`` (PyTorch's rule, as
+    the GPU's kernels: the first operand's layout), whatever NumPy's iterator picked for mixed layouts."""
+    return layout.like(where_or_zero(y > 0, gradient), layout.leads_channels_last(operands))
+
+
+def _new_like(a: Any, b: Any) -> Any:
+    """An empty array of a's shape and dtype, in the layout an element-wise result of (a, b) takes."""
+    return layout.empty(a.shape, a.dtype, backend.get_array_module(a), layout.leads_channels_last((a, b)))
 
 
 def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
@@ -122,12 +133,13 @@ def add_relu_forward(a: Any, b: Any, out: Any = None) -> Any:
         if backend.is_cuda_array(a):
             return _elementwise_gpu("add_relu_forward", a, b, out=out, half=half, key=key)
         wide = convert.half_to_float(a, half) + convert.half_to_float(b, half)
+        wide = layout.like(wide, layout.leads_channels_last((a, b)))  # the first operand's layout, as the GPU's
         return _rounded_into(np.maximum(wide, np.float32(0)), half, out)
     _check_add_relu_arguments(a, b, out)
     xp = backend.get_array_module(a, b)
     if backend.is_cuda_array(a):
         return _elementwise_gpu("add_relu_forward", a, b, out=out, key=key)
-    y = xp.empty_like(a) if out is None else out  # (xp.add(a, b) of 0-d arrays would give a scalar)
+    y = _new_like(a, b) if out is None else out  # (xp.add(a, b) of 0-d arrays would give a scalar)
     xp.add(a, b, out=y)
     return xp.maximum(y, xp.zeros((), dtype=y.dtype), out=y)
 
@@ -347,9 +359,9 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     output: ``out`` (contiguous, already checked) or a new array. ``scalars`` (float64 hyper-parameters
     such as a slope) follow the element count. ``half``: the half build for that type's words. ``key``: the
     call's steady-state key (see ``_kept``), under which a call without out on C-contiguous arrays is kept."""
-    # A RawKernel sees only the base pointer: the inputs in one layout, walked as flat buffers (layout.common:
-    # channels-last ones as they are, others C-contiguous; a 0-d array stays 0-d). An out that is an input is
-    # already in that layout, so it stays that very array.
+    # A RawKernel sees only the base pointer: the inputs in one layout, walked as flat buffers (layout.common: out's,
+    # else the first operand's, PyTorch's rule; a 0-d array stays 0-d). An out that is an input is already in that
+    # layout, so it stays that very array.
     new = out is None
     inputs, channels_last = layout.common(arrays, out)
     if out is None:

@@ -679,7 +679,7 @@ def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
     the channel (dweight, dbias, the dx coefficients), then the element-wise dx. The launch is kept for the
     call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
-    (dy_, x_, relu_output_), channels_last = layout.common((dy, x, relu_output))
+    (x_, dy_, relu_output_), channels_last = layout.common((x, dy, relu_output))  # x's layout, as dx's
     weight_, mean_, invstd_ = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
@@ -738,7 +738,7 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     """One launch: the per-(channel, split) sums with dx = dy·weight·invstd written in the same pass; the
     last block per channel finishes it (dweight, dbias)."""
     xp = backend.get_array_module(x)
-    (dy, x, relu_output), channels_last = layout.common((dy, x, relu_output))
+    (x, dy, relu_output), channels_last = layout.common((x, dy, relu_output))  # x's layout, as dx's
     weight = _contiguous(xp, weight)
     running_mean, running_var = _contiguous(xp, running_mean), _contiguous(xp, running_var)
     _cuda.check_int32(x)

@@ -178,6 +178,13 @@ def to_channels_last_padded(array: Any, out: Any) -> None:
     out[..., :channels] = source if source.dtype == out.dtype else source.view(out.dtype)
 
 
+def leads_channels_last(operands: Sequence[Any]) -> bool:
+    """Whether an element-wise result of ``operands`` is channels-last by PyTorch's rule: where the first 4-D operand
+    whose two layouts differ (:func:`coincide`) is (None, scalars and arrays of other ranks have no say)."""
+    lead = next((a for a in operands if getattr(a, "ndim", 0) == 4 and not coincide(a.shape)), None)
+    return lead is not None and is_channels_last(lead)
+
+
 def elementwise(function: Callable[..., Any], *operands: Any) -> Any:
     """``function(*operands)``, an element-wise operation of the array module (an operator, a ufunc, ``where``),
     with its result laid out as PyTorch lays one out: channels-last where the first 4-D operand whose two layouts
@@ -187,8 +194,7 @@ def elementwise(function: Callable[..., Any], *operands: Any) -> Any:
     (N, H, W, C) view, one of fewer dimensions first given leading axes of 1 as broadcasting would, so that the
     result is an (N, H, W, C) buffer written in memory order, returned as its channels-last view. Scalars and
     operands of more than 4 dimensions are left as they are (the latter: no layout of ours)."""
-    lead = next((a for a in operands if getattr(a, "ndim", 0) == 4 and not coincide(a.shape)), None)
-    if lead is None or not is_channels_last(lead) or any(getattr(a, "ndim", 0) > 4 for a in operands):
+    if not leads_channels_last(operands) or any(getattr(a, "ndim", 0) > 4 for a in operands):
         return function(*operands)
     return function(*map(_buffer_view, operands)).transpose(TO_VIEW)
 
@@ -229,13 +235,9 @@ def like(result: Any, channels_last: bool) -> Any:
 def common(arrays: Sequence[Any], out: Any = None) -> tuple[tuple[Any, ...], bool]:
     """The arrays (None kept) in one layout an element-wise kernel can walk as flat buffers, and whether
     it is channels-last: with ``out`` given, out's (out itself is what the caller reads, so it is never the one
-    replaced); else channels-last when every 4-D array among them is (and there is one), and every array is
-    made C-contiguous otherwise."""
-    if out is not None:
-        channels_last = is_channels_last(out)
-        return tuple(a if a is None else like(a, channels_last) for a in arrays), channels_last
-    present = [a for a in arrays if a is not None and getattr(a, "ndim", 0) > 0]
-    channels_last = bool(present) and all(is_channels_last(a) for a in present)
-    if channels_last:
-        return tuple(arrays), True
-    return tuple(a if a is None or getattr(a, "ndim", 0) == 0 else contiguous(a) for a in arrays), False
+    replaced); else the one a new result takes by PyTorch's rule (:func:`leads_channels_last`: the first array
+    whose layouts differ decides), the others copied into it where they are not already. 0-d arrays stay as they
+    are."""
+    channels_last = is_channels_last(out) if out is not None else leads_channels_last(arrays)
+    return tuple(a if a is None or getattr(a, "ndim", 0) == 0 else like(a, channels_last) for a in arrays), \
+        channels_last
