@@ -372,10 +372,9 @@ def _elementwise_gpu(name: str, *arrays: Any, out: Any = None, scalars: tuple = 
     count = -(-out.size // width)
     _cuda.launch(kernel, count, (*(layout.flat(a) for a in inputs), layout.flat(out), _cuda.i32(out.size),
                                  *(_cuda.f64(v) for v in scalars)))
-    # Kept when every input went to the kernel as it came: all C-contiguous, or all channels-last (the key holds
-    # the strides, so a call under it has the same layouts; a channels-last array's address is its buffer's).
-    if key is not None and new and count > 0 and not scalars and all(a is b for a, b in zip(inputs, arrays)) \
-            and (channels_last or all(a.flags.c_contiguous for a in inputs)):
+    # Kept when every input went to the kernel as it came, so already in the one layout layout.common chose (the key
+    # holds the strides, so a call under it has the same layouts; a channels-last array's address is its buffer's).
+    if key is not None and new and count > 0 and not scalars and all(a is b for a, b in zip(inputs, arrays)):
         if len(_kept) >= _MOST_KEPT:
             _kept.clear()
         arguments = (*[_cuda.PER_CALL] * (len(inputs) + 1), _cuda.i32(out.size))  # the inputs and out, then the count
@@ -392,8 +391,8 @@ def _empty_channels_last(shape: tuple, dtype: Any) -> Any:
 # The steady state of the ReLU kernels on the GPU: a call without out seen before (its _cuda.steady_key: the kernel's
 # name, and of each array its type, shape, strides, dtype, GPU and address modulo 16) -> its launch (the kernel's
 # _cuda.PackedLaunch, the output's shape and dtype, the allocator), so that a repeated call neither
-# checks its arrays nor picks its build again: a training step repeats every call. Only calls whose arrays are all
-# C-contiguous are kept; anything else is checked every time. Emptied when it reaches _MOST_KEPT keys.
+# checks its arrays nor picks its build again: a training step repeats every call. Only calls whose arrays needed no
+# copy into one layout are kept; anything else is checked every time. Emptied when it reaches _MOST_KEPT keys.
 _kept: dict[tuple, tuple] = {}
 _MOST_KEPT = 4096
 
