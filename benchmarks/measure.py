@@ -387,13 +387,18 @@ class TorchEngine(Engine):
         return tensor
 
     def conv_calls(self, problem: Any, arrays: tuple, **options: Any) -> dict[str, Callable[[], Any]]:
-        """cuDNN's three directions (PyTorch's convolution and its two gradient functions)."""
+        """cuDNN's three directions: PyTorch's convolution, and its gradients as autograd asks for them, one
+        ``aten.convolution_backward`` on the step's own x, w and dy, one output wanted. (``torch.nn.grad``'s
+        functions pass a stand-in of stride 0 for the operand they do not need: a call no training step makes.)"""
         torch = self.torch
         x, w, dy = arrays
         arguments = (problem.stride, problem.padding, problem.dilation, problem.groups)
+        backward = torch.ops.aten.convolution_backward
+        gradient_arguments = (list(problem.stride), list(problem.padding), list(problem.dilation), False, [0, 0],
+                              problem.groups)
         return {"forward": lambda: torch.nn.functional.conv2d(x, w, None, *arguments),
-                "backward_data": lambda: torch.nn.grad.conv2d_input(problem.x_shape, w, dy, *arguments),
-                "backward_filter": lambda: torch.nn.grad.conv2d_weight(x, problem.w_shape, dy, *arguments)}
+                "backward_data": lambda: backward(dy, x, w, None, *gradient_arguments, (True, False, False))[0],
+                "backward_filter": lambda: backward(dy, x, w, None, *gradient_arguments, (False, True, False))[1]}
 
 
 HALF_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # --precision's half types, by their names in both libraries

@@ -461,6 +461,41 @@ def test_a_half_layer_table_times_the_operands_as_the_autocast_step_holds_them(c
     assert calls["forward"]().dtype == x.dtype and calls["backward_filter"]().dtype == np.float32
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_pytorchs_layer_gradients_are_autograds_on_the_steps_own_operands(channels_last):
+    """The cuDNN rows time what autograd runs: one aten.convolution_backward on the real x, w and dy (not
+    torch.nn.grad's stand-in of stride 0, which cuDNN's algorithm choice sees), with autograd's gradients."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+
+    from minidnn.primitives.conv.problem import ConvProblem  # noqa: PLC0415
+
+    engine = measure.TorchEngine({**TINY_CELL, "engine": "torch", "precision": "fp32",
+                                  "torch_channels_last": channels_last})
+    engine.channels_last = channels_last
+    rng = np.random.default_rng(7)
+    problem = ConvProblem(N=3, C=5, H=9, W=7, K=6, R=3, S=3, stride=(2, 1), padding=(1, 0), dilation=(1, 1), groups=1,
+                          dtype=np.dtype(np.float32), device="cpu")
+    x, w, dy = (engine.layer_operand(rng.standard_normal(s).astype(np.float32))
+                for s in (problem.x_shape, problem.w_shape, problem.y_shape))
+    calls = engine.conv_calls(problem, (x, w, dy))
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, function, types, args=(), kwargs=None):
+            if function is torch.ops.aten.convolution_backward.default:
+                seen.append(args)
+            return function(*args, **(kwargs or {}))
+
+    seen: list = []
+    with Record():
+        dx, dw = calls["backward_data"](), calls["backward_filter"]()
+    assert len(seen) == 2 and all(a[1] is x and a[2] is w and a[0] is dy for a in seen)
+    x_, w_ = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.nn.functional.conv2d(x_, w_, None, problem.stride, problem.padding).backward(dy)
+    torch.testing.assert_close(dx, x_.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, w_.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_pytorchs_half_layer_operands_are_channels_last_in_the_half_type():
     torch = pytest.importorskip("torch")
     engine = measure.TorchEngine({**TINY_CELL, "engine": "torch", "precision": "bf16"})
