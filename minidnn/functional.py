@@ -404,13 +404,16 @@ class BatchNormTrainingFunction(Function):
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, relu=False, num_batches_tracked=None):
         y, mean, invstd = library.batch_norm_forward_training(x, weight, bias, running_mean, running_var, momentum, eps,
                                                               relu=relu, num_batches_tracked=num_batches_tracked)
-        # With the fused ReLU the backward masks dy by y > 0, so y is kept (the next layer keeps it anyway).
-        self.save_for_backward(x, weight, mean, invstd, y if relu else None)
+        # With the fused ReLU the backward masks dy by [y > 0], which it recomputes from x and the bias (the
+        # primitives' relu=True): y is never read again, one pass over it fewer each way.
+        self.save_for_backward(x, weight, mean, invstd, bias if relu else None)
+        self.relu = relu
         return y
 
     def backward(self, dy):
-        x, weight, mean, invstd, relu_output = self.saved
-        dx, dweight, dbias = library.batch_norm_backward_training(dy, x, weight, mean, invstd, relu_output=relu_output)
+        x, weight, mean, invstd, bias = self.saved
+        dx, dweight, dbias = library.batch_norm_backward_training(dy, x, weight, mean, invstd, bias=bias,
+                                                                  relu=self.relu)
         return dx, dweight, dbias
 
 

@@ -352,6 +352,76 @@ def test_fused_relu_exact_zeros_infinities_and_nan_as_the_unfused_path(xp, rng, 
     assert np.all(np.isfinite(dx)) and np.all(dx[:, 3] == 0) and dweight[3] == dbias[3] == 0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("affine", [True, False])
+def test_the_relu_mask_recomputed_from_x_is_the_forwards_to_the_bit(xp, rng, dtype, channels_last, affine):
+    """The training backward with relu=True (the mask [y > 0] recomputed from x, mean, invstd, weight and bias)
+    gives the same bits as with relu_output=y, the forward's own output: the forward normalises with the statistics
+    it returns. In float32 a quarter of each channel sits exactly at the mean the forward returns (set to it until
+    it stays put), the ReLU's kink where the bias is 0: there y is exactly 0, where a forward normalising with the
+    mean in double would let about half of them through. Packed shapes included (S and C multiples of 8); the naive
+    engine too, in float."""
+    from minidnn import naive  # noqa: PLC0415
+    from minidnn.primitives import convert, layout  # noqa: PLC0415
+
+    shape = (6, 16, 8, 8) if channels_last else (6, 16, 5, 8)
+    vector = np.float64 if dtype == "float64" else np.float32
+    x64 = rng.standard_normal(shape).astype(vector).astype(np.float64)
+    picked = rng.random(shape) < 0.25
+    # The picked values at the mean of the others (which is then the mean of all), rounded to float32; then set
+    # to the forward's own mean until it stays put (its sums round differently).
+    others = np.where(picked, 0.0, x64).sum(axis=(0, 2, 3)) / (~picked).sum(axis=(0, 2, 3))
+    x64 = np.where(picked, others.astype(np.float32)[None, :, None, None], x64)
+    weight, bias = (rng.uniform(0.5, 1.5, 16), rng.standard_normal(16) * 0.1) if affine else (None, None)
+    if affine:
+        bias[:8] = 0.0  # the kink at the mean itself
+        weight, bias = xp.asarray(weight.astype(vector)), xp.asarray(bias.astype(vector))
+
+    def device(values):
+        array = xp.asarray(values.astype(vector))
+        if dtype in ("bfloat16", "float16"):
+            array = convert.float_to_half(array, dtype)
+        return layout.to_channels_last(array) if channels_last else array
+
+    engines = [batch_norm_forward_training, batch_norm_backward_training], [naive.batch_norm_forward_training,
+                                                                           naive.batch_norm_backward_training]
+    dy = device(rng.standard_normal(shape))
+    for forward, backward in engines[:1] if dtype in ("bfloat16", "float16") else engines:
+        x = device(x64)
+        for _ in range(8 if dtype == "float32" else 0):
+            mean = to_numpy(forward(x, weight, bias, None, None, relu=True)[1]).astype(np.float64)
+            if np.all(x64[picked] == np.broadcast_to(mean[None, :, None, None], shape)[picked]):
+                break
+            x64 = np.where(picked, mean[None, :, None, None], x64)
+            x = device(x64)
+        y, mean, invstd = forward(x, weight, bias, None, None, relu=True)
+        from_y = backward(dy, x, weight, mean, invstd, relu_output=y)
+        from_x = backward(dy, x, weight, mean, invstd, bias=bias, relu=True)
+        kept = backward(dy, x, weight, mean, invstd, bias=bias, relu=True)  # the GPU's kept launch
+        for name, a, b, c in zip(("dx", "dweight", "dbias"), from_y, from_x, kept):
+            np.testing.assert_array_equal(to_numpy(layout.contiguous(b)), to_numpy(layout.contiguous(a)),
+                                          err_msg=f"{forward.__module__} {name}")
+            np.testing.assert_array_equal(to_numpy(layout.contiguous(c)), to_numpy(layout.contiguous(b)))
+        if forward is batch_norm_forward_training:  # the naive engine's layout is its array library's rule
+            assert layout.is_channels_last(from_x[0]) == channels_last
+        if dtype == "float32":  # the kink: y is exactly 0 where x is the returned mean and the bias 0
+            at_mean = (x64 == to_numpy(mean)[None, :, None, None])[:, :8]
+            assert at_mean.sum() >= picked[:, :8].sum() * 0.9, f"{forward.__module__}: the mean did not settle"
+            assert np.all(to_numpy(layout.contiguous(y))[:, :8][at_mean] == 0)
+
+
+def test_the_relu_mask_from_x_is_an_alternative_to_relu_output(xp):
+    x = xp.asarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    y, mean, invstd = batch_norm_forward_training(x, None, None, None, None, relu=True)
+    with pytest.raises(ValueError, match="relu_output .* or relu=True .*, not both"):
+        batch_norm_backward_training(x, x, None, mean, invstd, relu_output=y, relu=True)
+    with pytest.raises(TypeError, match="relu"):
+        batch_norm_backward_training(x, x, None, mean, invstd, relu=1)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        batch_norm_backward_training(x, x, None, mean, invstd, bias=xp.zeros(4, np.float32), relu=True)
+
+
 @pytest.mark.parametrize("shape", [(4, 3), (2, 3, 2, 3)])
 @pytest.mark.parametrize("training", [True, False])
 def test_fused_relu_backward_finite_differences(xp, rng, shape, training):
@@ -1043,8 +1113,9 @@ def test_a_kept_launch_packs_one_pair_per_set_of_scalars(monkeypatch):
     dy = np.zeros_like(x)
     for _ in range(2):
         launched.clear()
-        dx, dweight, dbias = batchnorm._run_backward_training(launch, dy, x, weight, mean, invstd, None)
+        dx, dweight, dbias = batchnorm._run_backward_training(launch, dy, x, weight, mean, invstd, None, bias)
         (reduce, reduce_arrays), (elementwise, elementwise_arrays) = launched
-        assert [a is b for a, b in zip(reduce_arrays, (dy, x, None, mean, invstd, weight, dweight, dbias))] == [True] * 8
-        assert elementwise_arrays[4] is dx
+        expected = (dy, x, None, bias, mean, invstd, weight, dweight, dbias)
+        assert [a is b for a, b in zip(reduce_arrays, expected)] == [True] * 9
+        assert elementwise_arrays[3] is bias and elementwise_arrays[5] is dx
     assert len(made) == 6  # one backward pair, reused

@@ -103,17 +103,25 @@ def _affine(normalised: Any, weight: Any, bias: Any, relu: bool) -> Any:
 
 
 def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                                 relu_output: Any = None) -> tuple[Any, Any, Any]:
+                                 relu_output: Any = None, bias: Any = None, relu: bool = False) -> tuple[Any, Any, Any]:
     """Gradients through the batch statistics; with ``relu_output`` (the forward's y after ReLU) dy is
-    first masked by y > 0. Returns dx: x's shape, dweight, dbias: (C,)."""
-    backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
+    first masked by y > 0, and with ``relu`` by the same mask recomputed from x (the forward's arithmetic on its
+    returned mean and invstd, and ``bias``). Returns dx: x's shape, dweight, dbias: (C,)."""
+    backend.get_array_module(dy, x, weight, mean, invstd, relu_output, bias)
     channels = bn_checks._check_input(x)
     bn_checks._check_like_x(dy, x, "dy")
     bn_checks._check_channel_vector(weight, "weight", channels, x, optional=True)
+    bn_checks._check_channel_vector(bias, "bias", channels, x, optional=True)
     bn_checks._check_channel_vector(mean, "mean", channels, x)
     bn_checks._check_channel_vector(invstd, "invstd", channels, x)
     count = bn_checks._check_nonempty_channels(x)
     _check_relu_output(relu_output, x)
+    relu = check_bool(relu, "batch_norm_backward_training: relu")
+    if relu and relu_output is not None:
+        raise ValueError("batch_norm_backward_training: pass relu_output (the forward's y) or relu=True (the mask "
+                         "recomputed from x), not both")
+    if relu:
+        relu_output = _affine((x - _per_channel(mean, x)) * _per_channel(invstd, x), weight, bias, True)
     if relu_output is not None:
         dy = relu_backward(dy, relu_output)
     normalised = (x - _per_channel(mean, x)) * _per_channel(invstd, x)

@@ -189,6 +189,63 @@ __device__ __forceinline__ T gradient(const elem_t dy, const elem_t y, const boo
     return (!relu || element_value(y) > 0) ? (T)element_value(dy) : T(0);
 }
 
+// The normalisation w = (x − mean)·scale + shift (shift only where there is a bias), every operation rounded as
+// written: the compiler contracts nothing differently in one kernel than in another, so that the training
+// backward's recomputed ReLU mask (below) is the forward's to the bit.
+__device__ __forceinline__ float normalised(const float v, const float mean, const float scale, const float shift,
+                                            const bool has_shift) {
+    const float centered = __fsub_rn(v, mean);
+    return has_shift ? __fmaf_rn(centered, scale, shift) : __fmul_rn(centered, scale);
+}
+__device__ __forceinline__ double normalised(const double v, const double mean, const double scale,
+                                             const double shift, const bool has_shift) {
+    const double centered = __dsub_rn(v, mean);
+    return has_shift ? __fma_rn(centered, scale, shift) : __dmul_rn(centered, scale);
+}
+
+// The backward's products of a gradient and a centred x, rounded as written for the same reason: the mask from x
+// and the y path (different kernels) then add the same values, and the sums come out the same to the bit. One
+// fused multiply-add where the sums accumulate, as the compiler's contraction would have made.
+__device__ __forceinline__ float rounded_difference(const float a, const float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double rounded_difference(const double a, const double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float rounded_product(const float a, const float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rounded_product(const double a, const double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float rounded_fma(const float a, const float b, const float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double rounded_fma(const double a, const double b, const double c) {
+    return __fma_rn(a, b, c);
+}
+
+// dx = (g − Σg/M)·scale − (x − mean)·slope (finish_sums's coefficients), rounded as written.
+__device__ __forceinline__ math_t dx_value(const math_t g, const math_t mean_dy, const math_t scale, const math_t v,
+                                          const math_t mean, const math_t slope) {
+    return rounded_fma(rounded_difference(g, mean_dy), scale, -rounded_product(rounded_difference(v, mean), slope));
+}
+
+// The fused ReLU's mask recomputed from x (the training backward's `relu`): [y > 0] for the forward's y =
+// element_of(max(w, 0)), which is w > 0 unless w rounds to 0 in the element type (NaN: false either way). The
+// backward takes w's coefficients from the saved statistics, as the forward's (finish_statistics): mean, and
+// scale = invstd·weight, a product of two floats that a double holds exactly.
+__device__ __forceinline__ bool relu_passes(const math_t w) { return element_value(element_of(w)) > 0; }
+
+// The training backward's per-channel scale of that normalisation, invstd·weight in double (finish_statistics's).
+__device__ __forceinline__ acc_t saved_scale(const scalar_t* __restrict__ invstd,
+                                             const scalar_t* __restrict__ weight, const int c) {
+    return weight ? (acc_t)invstd[c] * (acc_t)weight[c] : (acc_t)invstd[c];
+}
+
+// One element's gradient in the training backward: dy·[y > 0] by the mask from x (the FROM_X builds, batchnorm.py's
+// `relu`), from y (relu_output), or plain dy.
+template <typename T, bool FROM_X>
+__device__ __forceinline__ T masked_gradient(const elem_t dy, const elem_t y, const bool from_y, const elem_t x,
+                                             const math_t mean, const math_t scale, const math_t shift,
+                                             const bool has_shift) {
+    if (FROM_X) {
+        return relu_passes(normalised((math_t)element_value(x), mean, scale, shift, has_shift))
+                   ? (T)element_value(dy) : T(0);
+    }
+    return gradient<T>(dy, y, from_y);
+}
+
 // ----------------------------------------------------------------------------------------------
 // Finishing a channel in the last of its blocks (last_block_of_channel: channels.cuh)
 // ----------------------------------------------------------------------------------------------
@@ -205,10 +262,13 @@ __device__ __forceinline__ void finish_statistics(const int c, const int C, cons
                                                   long long* __restrict__ batches_tracked) {
     const acc_t var = m2 / n;  // biased: the normalisation uses it
     const acc_t invstd = 1.0 / sqrt(var + eps);
-    mean_out[c] = (scalar_t)mean;
-    invstd_out[c] = (scalar_t)invstd;
-    coef[c] = mean;
-    coef[C + c] = weight ? invstd * (acc_t)weight[c] : invstd;
+    // The normalisation's coefficients come from the saved statistics as the caller gets them (x's dtype), so that
+    // the backward, which has only those, can recompute the fused ReLU's mask to the bit (relu_passes).
+    const scalar_t saved_mean = (scalar_t)mean, saved_invstd = (scalar_t)invstd;
+    mean_out[c] = saved_mean;
+    invstd_out[c] = saved_invstd;
+    coef[c] = saved_mean;
+    coef[C + c] = weight ? (acc_t)saved_invstd * (acc_t)weight[c] : (acc_t)saved_invstd;
     if (running_mean) {
         running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
         const acc_t unbiased = var * (n / (n - 1.0));
@@ -345,8 +405,7 @@ __device__ void apply(APPLY_PARAMETERS) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            math_t w = (element_value(in.e[u]) - mean) * scale;
-            if (bias) w += shift;
+            const math_t w = normalised((math_t)element_value(in.e[u]), mean, scale, shift, bias != nullptr);
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -382,8 +441,7 @@ __device__ void inference(INFERENCE_PARAMETERS) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            math_t w = (element_value(in.e[u]) - mean) * scale;
-            if (bias) w += shift;
+            const math_t w = normalised((math_t)element_value(in.e[u]), mean, scale, shift, bias != nullptr);
             p.e[u] = element_of(apply_relu(w, relu));
         }
         out[i] = p;
@@ -405,14 +463,15 @@ __device__ void inference(INFERENCE_PARAMETERS) {
 // is a per-channel constant. weight may be null.
 #define BACKWARD_REDUCE_PARAMETERS                                                                               \
     const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,         \
-    const scalar_t* __restrict__ center, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,       \
+    const scalar_t* __restrict__ bias, const scalar_t* __restrict__ center, acc_t* __restrict__ partial,         \
+    unsigned int* __restrict__ counters,                                                                         \
     elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd, const scalar_t* __restrict__ running_var,      \
     const scalar_t* __restrict__ weight, const double eps_arg, scalar_t* __restrict__ dweight,                   \
     scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int N, const int C, const int S, const int per
 #define BACKWARD_REDUCE_ARGUMENTS                                                                            \
-    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
+    dy, x, relu_output, bias, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
     coef, N, C, S, per
-template <int V>
+template <int V, bool FROM_X>
 __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
     const int c = blockIdx.x, k = blockIdx.y, splits = gridDim.y;
     const int t = threadIdx.x, B = blockDim.x;
@@ -425,10 +484,14 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
         const int base = c * S;
         const Pack<V>* __restrict__ dyc = packs<V>(dy + base);
         const Pack<V>* __restrict__ xc = packs<V>(x + base);
-        const Pack<V>* __restrict__ yc = relu_output ? packs<V>(relu_output + base) : nullptr;
+        const Pack<V>* __restrict__ yc = (!FROM_X && relu_output) ? packs<V>(relu_output + base) : nullptr;
         Pack<V>* __restrict__ dxc = dx ? packs<V>(dx + base) : nullptr;
         const acc_t mu = (acc_t)center[c];
         const chunk_t chunk_mu = (chunk_t)center[c];
+        // The fused ReLU's mask from x (training: center is the saved mean, invstd the saved one).
+        const bool has_shift = bias != nullptr;
+        const math_t relu_mean = center[c], relu_scale = FROM_X ? (math_t)saved_scale(invstd, weight, c) : math_t(0);
+        const math_t relu_shift = (FROM_X && has_shift) ? (math_t)bias[c] : math_t(0);
         acc_t scale = 0;
         if (dx) {
             scale = inference_invstd(running_var[c], eps);
@@ -455,9 +518,11 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
                 group_dy[q] = group_dy_xc[q] = 0;
 #pragma unroll
                 for (int u = 0; u < V; ++u) {
-                    const chunk_t g = gradient<chunk_t>(d[q].e[u], y[q].e[u], yc != nullptr);
+                    const chunk_t g = masked_gradient<chunk_t, FROM_X>(d[q].e[u], y[q].e[u], yc != nullptr, p[q].e[u],
+                                                                       relu_mean, relu_scale, relu_shift, has_shift);
                     group_dy[q] += g;
-                    group_dy_xc[q] += g * ((chunk_t)element_value(p[q].e[u]) - chunk_mu);
+                    group_dy_xc[q] = rounded_fma(g, rounded_difference((chunk_t)element_value(p[q].e[u]), chunk_mu),
+                                                 group_dy_xc[q]);
                     out.e[u] = element_of((acc_t)g * scale);
                 }
                 if (dxc) dxc[o[q]] = out;
@@ -471,9 +536,10 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
             Pack<V> out;
 #pragma unroll
             for (int u = 0; u < V; ++u) {
-                const acc_t g = gradient(d.e[u], y.e[u], yc != nullptr);
+                const acc_t g = masked_gradient<acc_t, FROM_X>(d.e[u], y.e[u], yc != nullptr, p.e[u], relu_mean,
+                                                               relu_scale, relu_shift, has_shift);
                 sum_dy += g;
-                sum_dy_xc += g * (element_value(p.e[u]) - mu);
+                sum_dy_xc = rounded_fma(g, rounded_difference((acc_t)element_value(p.e[u]), mu), sum_dy_xc);
                 out.e[u] = element_of(g * scale);
             }
             if (dxc) dxc[o] = out;
@@ -501,25 +567,30 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
 // saved mean.
 #define BACKWARD_DX_PARAMETERS                                                                               \
     const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,     \
-    const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef, elem_t* __restrict__ dx, const int C, \
+    const scalar_t* __restrict__ bias, const scalar_t* __restrict__ mean, const acc_t* __restrict__ coef,      \
+    elem_t* __restrict__ dx, const int C,                                                                    \
     const int S, const int total
-#define BACKWARD_DX_ARGUMENTS dy, x, relu_output, mean, coef, dx, C, S, total
-template <int V>
+#define BACKWARD_DX_ARGUMENTS dy, x, relu_output, bias, mean, coef, dx, C, S, total
+template <int V, bool FROM_X>
 __device__ void backward_dx(BACKWARD_DX_PARAMETERS) {
     const int G = blockDim.x * gridDim.x, count = total / V;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
+    const Pack<V>* __restrict__ relu_packs = (!FROM_X && relu_output) ? packs<V>(relu_output) : nullptr;
     Pack<V>* __restrict__ out = packs<V>(dx);
+    const bool has_shift = bias != nullptr;
     for (ChannelStep channel(i, G, C, S / V); i < count; i += G, channel.advance()) {
         const int c = channel.c;
+        // scale is finish_sums's invstd·weight, the forward's own (the ReLU mask from x needs it too).
         const math_t mean_dy = coef[c], scale = coef[C + c], slope = coef[2 * C + c], mean_of = mean[c];
+        const math_t shift = (FROM_X && has_shift) ? (math_t)bias[c] : math_t(0);
         const Pack<V> d = packs<V>(dy)[i], y = relu_packs ? relu_packs[i] : d, in = packs<V>(x)[i];
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const math_t g = gradient<math_t>(d.e[u], y.e[u], relu_packs != nullptr);
-            p.e[u] = element_of((g - mean_dy) * scale - (element_value(in.e[u]) - mean_of) * slope);
+            const math_t g = masked_gradient<math_t, FROM_X>(d.e[u], y.e[u], relu_packs != nullptr, in.e[u], mean_of,
+                                                             scale, shift, has_shift);
+            p.e[u] = element_of(dx_value(g, mean_dy, scale, (math_t)element_value(in.e[u]), mean_of, slope));
         }
         out[i] = p;
     }
@@ -696,15 +767,16 @@ __device__ void statistics_last(STATISTICS_LAST_PARAMETERS) {
 // a build of its own so that training's reduction keeps no per-channel scale in registers.
 #define BACKWARD_REDUCE_LAST_PARAMETERS                                                                          \
     const elem_t* __restrict__ dy, const elem_t* __restrict__ x, const elem_t* __restrict__ relu_output,         \
-    const scalar_t* __restrict__ center, acc_t* __restrict__ partial, unsigned int* __restrict__ counters,       \
+    const scalar_t* __restrict__ bias, const scalar_t* __restrict__ center, acc_t* __restrict__ partial,         \
+    unsigned int* __restrict__ counters,                                                                         \
     elem_t* __restrict__ dx, const scalar_t* __restrict__ invstd, const scalar_t* __restrict__ running_var,      \
     const scalar_t* __restrict__ weight, const double eps_arg, scalar_t* __restrict__ dweight,                   \
     scalar_t* __restrict__ dbias, acc_t* __restrict__ coef, const int M, const int C, const int per,            \
     const int block_packs
 #define BACKWARD_REDUCE_LAST_ARGUMENTS                                                                       \
-    dy, x, relu_output, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
+    dy, x, relu_output, bias, center, partial, counters, dx, invstd, running_var, weight, eps_arg, dweight, dbias, \
     coef, M, C, per, block_packs
-template <int V, bool DX>
+template <int V, bool DX, bool FROM_X>
 __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
     __shared__ acc_t shared_a[LAST_THREADS * V], shared_b[LAST_THREADS * V];
     const int packs_per_row = C / V, k = blockIdx.y, splits = gridDim.y, t = threadIdx.x;
@@ -716,9 +788,17 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
         const int c0 = rows.pack * V;
         chunk_t mu[V];
         acc_t scale[DX ? V : 1];
+        // The fused ReLU's mask from x (training only: never the DX build): the saved mean (mu: chunk_t is math_t),
+        // invstd·weight and the bias of each of the thread's channels.
+        const bool has_shift = bias != nullptr;
+        math_t relu_scale[FROM_X ? V : 1], relu_shift[FROM_X ? V : 1];
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             mu[u] = (chunk_t)center[c0 + u];
+            if (FROM_X) {
+                relu_scale[FROM_X ? u : 0] = (math_t)saved_scale(invstd, weight, c0 + u);
+                relu_shift[FROM_X ? u : 0] = has_shift ? (math_t)bias[c0 + u] : math_t(0);
+            }
             if (DX) {
                 scale[u] = inference_invstd(running_var[c0 + u], eps);
                 if (weight) scale[u] *= (acc_t)weight[c0 + u];
@@ -726,7 +806,7 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
         }
         const Pack<V>* __restrict__ dyp = packs<V>(dy) + rows.pack;
         const Pack<V>* __restrict__ xp = packs<V>(x) + rows.pack;
-        const Pack<V>* __restrict__ yp = relu_output ? packs<V>(relu_output) + rows.pack : nullptr;
+        const Pack<V>* __restrict__ yp = (!FROM_X && relu_output) ? packs<V>(relu_output) + rows.pack : nullptr;
         Pack<V>* __restrict__ dxp = DX ? packs<V>(dx) + rows.pack : nullptr;
         // ROWS rows per step, every load first: four for narrow packs; two for 16-byte packs of half words,
         // whose twelve loads and double sums would not fit the registers of two blocks an SM.
@@ -747,8 +827,10 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
                 chunk_t g[ROWS], gx[ROWS];
 #pragma unroll
                 for (int q = 0; q < ROWS; ++q) {
-                    g[q] = gradient<chunk_t>(d[q].e[u], y[q].e[u], yp != nullptr);
-                    gx[q] = g[q] * ((chunk_t)element_value(p[q].e[u]) - mu[u]);
+                    g[q] = masked_gradient<chunk_t, FROM_X>(d[q].e[u], y[q].e[u], yp != nullptr, p[q].e[u], mu[u],
+                                                            relu_scale[FROM_X ? u : 0], relu_shift[FROM_X ? u : 0],
+                                                            has_shift);
+                    gx[q] = rounded_product(g[q], rounded_difference((chunk_t)element_value(p[q].e[u]), mu[u]));
                 }
                 if (ROWS == 4) {
                     sum_dy[u] += (g[0] + g[1]) + (g[ROWS - 2] + g[ROWS - 1]);
@@ -776,9 +858,11 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
             Pack<V> out;
 #pragma unroll
             for (int u = 0; u < V; ++u) {
-                const chunk_t g = gradient<chunk_t>(d.e[u], y.e[u], yp != nullptr);
+                const chunk_t g = masked_gradient<chunk_t, FROM_X>(d.e[u], y.e[u], yp != nullptr, p.e[u], mu[u],
+                                                                   relu_scale[FROM_X ? u : 0],
+                                                                   relu_shift[FROM_X ? u : 0], has_shift);
                 sum_dy[u] += g;
-                sum_dy_xc[u] += g * ((chunk_t)element_value(p.e[u]) - mu[u]);
+                sum_dy_xc[u] += rounded_product(g, rounded_difference((chunk_t)element_value(p.e[u]), mu[u]));
                 if (DX) out.e[u] = element_of(g * scale[DX ? u : 0]);
             }
             if (DX) dxp[o] = out;
@@ -884,23 +968,22 @@ __device__ __forceinline__ void normalise_rows(const elem_t* __restrict__ x, ele
     const Pack<V>* __restrict__ in = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(y);
     math_t mean_of[V], scale_of[V], shift_of[V];
-    const auto normalised = [&](const Pack<V> a) {
+    const auto normalise_pack = [&](const Pack<V> a) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            math_t w = (element_value(a.e[u]) - mean_of[u]) * scale_of[u];
-            if (has_shift) w += shift_of[u];
+            const math_t w = normalised((math_t)element_value(a.e[u]), mean_of[u], scale_of[u], shift_of[u], has_shift);
             p.e[u] = element_of(apply_relu(w, relu));
         }
         return p;
     };
     walk_row_packs<V>(
         C, total / V, [&](const int c) { load(c, mean_of, scale_of, shift_of); },
-        [&](const int i) { out[i] = normalised(in[i]); },
+        [&](const int i) { out[i] = normalise_pack(in[i]); },
         [&](const int i, const int j) {
             const Pack<V> a = in[i], b = in[j];
-            out[i] = normalised(a);
-            out[j] = normalised(b);
+            out[i] = normalise_pack(a);
+            out[j] = normalise_pack(b);
         });
 }
 
@@ -932,19 +1015,23 @@ __device__ void inference_last(INFERENCE_PARAMETERS) {  // S is unused (1)
     });
 }
 
-template <int V>
+template <int V, bool FROM_X>
 __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
-    const Pack<V>* __restrict__ relu_packs = relu_output ? packs<V>(relu_output) : nullptr;
+    const Pack<V>* __restrict__ relu_packs = (!FROM_X && relu_output) ? packs<V>(relu_output) : nullptr;
     const Pack<V>* __restrict__ dy_packs = packs<V>(dy);
     const Pack<V>* __restrict__ x_packs = packs<V>(x);
     Pack<V>* __restrict__ out = packs<V>(dx);
-    math_t mean_dy[V], scale[V], mean_of[V], slope[V];
+    const bool has_shift = bias != nullptr;
+    math_t mean_dy[V], scale[V], mean_of[V], slope[V], shift[FROM_X ? V : 1];
     const auto gradient_of = [&](const Pack<V> d, const Pack<V> y, const Pack<V> in) {
         Pack<V> p;
 #pragma unroll
         for (int u = 0; u < V; ++u) {
-            const math_t g = gradient<math_t>(d.e[u], y.e[u], relu_packs != nullptr);
-            p.e[u] = element_of((g - mean_dy[u]) * scale[u] - (element_value(in.e[u]) - mean_of[u]) * slope[u]);
+            // scale is finish_sums's invstd·weight, the forward's own (the ReLU mask from x needs it too).
+            const math_t g = masked_gradient<math_t, FROM_X>(d.e[u], y.e[u], relu_packs != nullptr, in.e[u],
+                                                             mean_of[u], scale[u], shift[FROM_X ? u : 0], has_shift);
+            p.e[u] = element_of(dx_value(g, mean_dy[u], scale[u], (math_t)element_value(in.e[u]), mean_of[u],
+                                         slope[u]));
         }
         return p;
     };
@@ -955,6 +1042,7 @@ __device__ void backward_dx_last(BACKWARD_DX_PARAMETERS) {
             for (int u = 0; u < V; ++u) {
                 const int c = c0 + u;
                 mean_dy[u] = coef[c], scale[u] = coef[C + c], slope[u] = coef[2 * C + c], mean_of[u] = mean[c];
+                if (FROM_X) shift[FROM_X ? u : 0] = has_shift ? (math_t)bias[c] : math_t(0);
             }
         },
         [&](const int i) {
@@ -988,21 +1076,28 @@ extern "C" __global__ void bn_inference(INFERENCE_PARAMETERS) { inference<1>(INF
 extern "C" __global__ void bn_inference_vector(INFERENCE_PARAMETERS) { inference<VECTOR>(INFERENCE_ARGUMENTS); }
 extern "C" __global__ void bn_inference_vector8(INFERENCE_PARAMETERS) { inference<VECTOR8>(INFERENCE_ARGUMENTS); }
 
-extern "C" __global__ void bn_backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
-    backward_reduce<1>(BACKWARD_REDUCE_ARGUMENTS);
-}
-extern "C" __global__ void bn_backward_reduce_vector(BACKWARD_REDUCE_PARAMETERS) {
-    backward_reduce<VECTOR>(BACKWARD_REDUCE_ARGUMENTS);
-}
-extern "C" __global__ void bn_backward_reduce_vector8(BACKWARD_REDUCE_PARAMETERS) {
-    backward_reduce<VECTOR8>(BACKWARD_REDUCE_ARGUMENTS);
-}
-
-extern "C" __global__ void bn_backward_dx(BACKWARD_DX_PARAMETERS) { backward_dx<1>(BACKWARD_DX_ARGUMENTS); }
-extern "C" __global__ void bn_backward_dx_vector(BACKWARD_DX_PARAMETERS) { backward_dx<VECTOR>(BACKWARD_DX_ARGUMENTS); }
-extern "C" __global__ void bn_backward_dx_vector8(BACKWARD_DX_PARAMETERS) {
-    backward_dx<VECTOR8>(BACKWARD_DX_ARGUMENTS);
-}
+// The training backward's builds with the fused ReLU's mask recomputed from x are the _relu kernels.
+#define BACKWARD_PLANE_KERNELS(SUFFIX, FROM_X)                                                      \
+    extern "C" __global__ void bn_backward_reduce##SUFFIX(BACKWARD_REDUCE_PARAMETERS) {             \
+        backward_reduce<1, FROM_X>(BACKWARD_REDUCE_ARGUMENTS);                                      \
+    }                                                                                               \
+    extern "C" __global__ void bn_backward_reduce##SUFFIX##_vector(BACKWARD_REDUCE_PARAMETERS) {    \
+        backward_reduce<VECTOR, FROM_X>(BACKWARD_REDUCE_ARGUMENTS);                                 \
+    }                                                                                               \
+    extern "C" __global__ void bn_backward_reduce##SUFFIX##_vector8(BACKWARD_REDUCE_PARAMETERS) {   \
+        backward_reduce<VECTOR8, FROM_X>(BACKWARD_REDUCE_ARGUMENTS);                                \
+    }                                                                                               \
+    extern "C" __global__ void bn_backward_dx##SUFFIX(BACKWARD_DX_PARAMETERS) {                     \
+        backward_dx<1, FROM_X>(BACKWARD_DX_ARGUMENTS);                                              \
+    }                                                                                               \
+    extern "C" __global__ void bn_backward_dx##SUFFIX##_vector(BACKWARD_DX_PARAMETERS) {            \
+        backward_dx<VECTOR, FROM_X>(BACKWARD_DX_ARGUMENTS);                                         \
+    }                                                                                               \
+    extern "C" __global__ void bn_backward_dx##SUFFIX##_vector8(BACKWARD_DX_PARAMETERS) {           \
+        backward_dx<VECTOR8, FROM_X>(BACKWARD_DX_ARGUMENTS);                                        \
+    }
+BACKWARD_PLANE_KERNELS(, false)
+BACKWARD_PLANE_KERNELS(_relu, true)
 
 // Channels-last builds: packs of VECTOR and single elements.
 // Two blocks an SM at least (the reductions keep V channels' sums per thread); the statistics' packs three, which
@@ -1013,28 +1108,40 @@ extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_statistics_last
 extern "C" __global__ void __launch_bounds__(LAST_THREADS, 3) bn_statistics_last_vector(STATISTICS_LAST_PARAMETERS) {
     statistics_last<VECTOR>(STATISTICS_LAST_ARGUMENTS);
 }
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) bn_backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
-    backward_reduce_last<1, false>(BACKWARD_REDUCE_LAST_ARGUMENTS);
-}
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
-bn_backward_reduce_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
-    backward_reduce_last<VECTOR, false>(BACKWARD_REDUCE_LAST_ARGUMENTS);
-}
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
-bn_backward_reduce_dx_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
-    backward_reduce_last<1, true>(BACKWARD_REDUCE_LAST_ARGUMENTS);
-}
-extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2)
-bn_backward_reduce_dx_last_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {
-    backward_reduce_last<VECTOR, true>(BACKWARD_REDUCE_LAST_ARGUMENTS);
-}
+// VECTOR_BLOCKS: the blocks an SM the vector build asks room for. The half build's mask from x keeps its packs'
+// scales and shifts (2·V floats) where the y path keeps y's loads: three blocks, as the y path has, fit without a
+// spill there (ptxas -v); the float build's need two.
+#define BACKWARD_REDUCE_LAST_KERNELS(NAME, DX, FROM_X, VECTOR_BLOCKS)                                          \
+    extern "C" __global__ void __launch_bounds__(LAST_THREADS, 2) NAME(BACKWARD_REDUCE_LAST_PARAMETERS) {      \
+        backward_reduce_last<1, DX, FROM_X>(BACKWARD_REDUCE_LAST_ARGUMENTS);                                   \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(LAST_THREADS, VECTOR_BLOCKS)                                  \
+        NAME##_vector(BACKWARD_REDUCE_LAST_PARAMETERS) {                                                       \
+        backward_reduce_last<VECTOR, DX, FROM_X>(BACKWARD_REDUCE_LAST_ARGUMENTS);                              \
+    }
+#ifdef HALF
+#define RELU_ROWS_BLOCKS 3
+#else
+#define RELU_ROWS_BLOCKS 2
+#endif
+BACKWARD_REDUCE_LAST_KERNELS(bn_backward_reduce_last, false, false, 2)
+BACKWARD_REDUCE_LAST_KERNELS(bn_backward_reduce_relu_last, false, true, RELU_ROWS_BLOCKS)
+BACKWARD_REDUCE_LAST_KERNELS(bn_backward_reduce_dx_last, true, false, 2)
 extern "C" __global__ void bn_apply_last(APPLY_PARAMETERS) { apply_last<1>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_apply_last_vector(APPLY_PARAMETERS) { apply_last<VECTOR>(APPLY_ARGUMENTS); }
 extern "C" __global__ void bn_inference_last(INFERENCE_PARAMETERS) { inference_last<1>(INFERENCE_ARGUMENTS); }
 extern "C" __global__ void bn_inference_last_vector(INFERENCE_PARAMETERS) {
     inference_last<VECTOR>(INFERENCE_ARGUMENTS);
 }
-extern "C" __global__ void bn_backward_dx_last(BACKWARD_DX_PARAMETERS) { backward_dx_last<1>(BACKWARD_DX_ARGUMENTS); }
+extern "C" __global__ void bn_backward_dx_last(BACKWARD_DX_PARAMETERS) {
+    backward_dx_last<1, false>(BACKWARD_DX_ARGUMENTS);
+}
 extern "C" __global__ void bn_backward_dx_last_vector(BACKWARD_DX_PARAMETERS) {
-    backward_dx_last<VECTOR>(BACKWARD_DX_ARGUMENTS);
+    backward_dx_last<VECTOR, false>(BACKWARD_DX_ARGUMENTS);
+}
+extern "C" __global__ void bn_backward_dx_relu_last(BACKWARD_DX_PARAMETERS) {
+    backward_dx_last<1, true>(BACKWARD_DX_ARGUMENTS);
+}
+extern "C" __global__ void bn_backward_dx_relu_last_vector(BACKWARD_DX_PARAMETERS) {
+    backward_dx_last<VECTOR, true>(BACKWARD_DX_ARGUMENTS);
 }

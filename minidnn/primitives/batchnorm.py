@@ -15,7 +15,10 @@ over the M = N·prod(spatial) values of that channel:
 Fused ReLU: ``relu=True`` makes the forward functions return y = max(BN(x), 0), and the backward
 functions given that y as ``relu_output`` take dy·[y > 0] as their output gradient (ReLU's gradient
 at 0 is 0, as in PyTorch): the same results as relu_forward after the normalisation and
-relu_backward before its backward, without the two extra passes over memory.
+relu_backward before its backward, without the two extra passes over memory. The training backward can
+instead recompute the mask from x (``relu=True`` with the forward's ``bias``), which it reads anyway: the
+forward normalises with the statistics it returns (mean and invstd in x's dtype), so the backward redoes
+the very operations on the very values and gets [y > 0] to the bit without reading y at all.
 
 Statistics are two-pass (mean first, then the mean of the squared deviations), never
 E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std. The sums run along
@@ -201,6 +204,15 @@ def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: boo
     return y.reshape(x.shape)
 
 
+def _relu_mask(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, half: str | None) -> Any:
+    """[y > 0] for the y a training forward with ``relu=True`` returned with ``mean`` and ``invstd``: its
+    normalisation redone on the same values (NumPy), rounded to the half type where x is one."""
+    if half is not None:
+        wide = _normalise(_wide(x, half), weight, bias, mean.astype(np.float64), invstd.astype(np.float64), False)
+        return convert.float_to_half(wide, half) > 0
+    return _normalise(x, weight, bias, mean.astype(np.float64), invstd.astype(np.float64), False) > 0
+
+
 def _relu_masked(dy: Any, relu_output: Any) -> Any:
     """dy where the fused ReLU's output is > 0, else 0 (relu_backward); dy itself without a fused ReLU.
     NumPy arrays only (the GPU kernels apply the mask as they read dy)."""
@@ -263,9 +275,12 @@ def batch_norm_forward_training(x: Any, weight: Any, bias: Any, running_mean: An
         running_mean[...] = ((1.0 - momentum) * running_mean + momentum * mean).astype(x.dtype)
         running_var[...] = ((1.0 - momentum) * running_var + momentum * var * (count / (count - 1))).astype(x.dtype)
 
-    # x − mean is already in ``centered``, computed as _normalise would: it continues from there.
-    y = _normalise(x, weight, bias, mean, invstd, relu, centered=centered)
-    return layout.like(y, channels_last), mean.astype(x.dtype), invstd.astype(x.dtype)
+    # x − mean is already in ``centered``, computed as _normalise would: it continues from there, with the
+    # statistics as the caller gets them (x's dtype: the mean is rounded there already), so that the backward can
+    # redo the normalisation for the fused ReLU's mask (_relu_mask).
+    saved_invstd = invstd.astype(x.dtype)
+    y = _normalise(x, weight, bias, mean, saved_invstd.astype(xp.float64), relu, centered=centered)
+    return layout.like(y, channels_last), mean.astype(x.dtype), saved_invstd
 
 
 def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
@@ -301,12 +316,15 @@ def batch_norm_forward_inference(x: Any, weight: Any, bias: Any, running_mean: A
 
 
 def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                                 relu_output: Any = None) -> tuple[Any, Any, Any]:
+                                 relu_output: Any = None, bias: Any = None,
+                                 relu: bool = False) -> tuple[Any, Any, Any]:
     """Gradients of :func:`batch_norm_forward_training`, through the batch statistics.
 
     dy, x: (N, C, *spatial); weight: (C,) or None; mean, invstd: (C,) as returned by the forward;
     relu_output: None, or the y of a forward with ``relu=True`` (x's shape), when dy is the gradient of
-    max(BN(x), 0): dy is then replaced by dy·[y > 0] everywhere below.
+    max(BN(x), 0): dy is then replaced by dy·[y > 0] everywhere below. ``relu=True`` (with the forward's
+    ``bias``: (C,) or None) does the same without y: the mask [y > 0] is recomputed from x, mean, invstd,
+    weight and bias, as the forward computed y (module docstring), bit for bit. Not both.
     Returns dx: x's shape, dweight, dbias: (C,), all of x's dtype. dweight and dbias are computed
     even when weight is None (the caller drops them). With x̂ = (x − mean)·invstd:
 
@@ -316,24 +334,34 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     The two subtracted terms are the paths through the batch mean and the batch variance.
     Half precision: dy, x, relu_output and dx in x's type, the vectors and dweight, dbias float32.
     """
-    key = _cuda.steady_key("backward_training", dy, x, weight, mean, invstd, relu_output) \
-        if backend.is_cuda_array(x) else None
+    # The kept launches' key: the direction (with the mask from x or not) and every array; a relu that is not a
+    # bool goes through the checks.
+    key = _cuda.steady_key("backward_training_relu" if relu is True else "backward_training", dy, x, weight, mean,
+                           invstd, relu_output, bias) if backend.is_cuda_array(x) and type(relu) is bool else None
     if key is not None:
         launch = _launches.get(key)
         if launch is not None:
-            return _run_backward_training(launch, dy, x, weight, mean, invstd, relu_output)
+            return _run_backward_training(launch, dy, x, weight, mean, invstd, relu_output, bias if relu else None)
     half = convert.half_type_of(x)
     channels = _check_input(x, half=half is not None)
     _check_like_x(dy, x, "dy", half=half is not None)
     _check_like_x(relu_output, x, "relu_output", optional=True, half=half is not None)
     _check_channel_vector(weight, "weight", channels, x, optional=True)
+    _check_channel_vector(bias, "bias", channels, x, optional=True)
     _check_channel_vector(mean, "mean", channels, x)
     _check_channel_vector(invstd, "invstd", channels, x)
+    relu = check_bool(relu, "batch_norm_backward_training: relu")
+    if relu and relu_output is not None:
+        raise ValueError("batch_norm_backward_training: pass relu_output (the forward's y) or relu=True (the mask "
+                         "recomputed from x), not both")
     count = _check_nonempty_channels(x)
-    xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output)
+    xp = backend.get_array_module(dy, x, weight, mean, invstd, relu_output, bias)
     if backend.is_cuda_array(x):
-        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, half, key)
+        return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, bias if relu else None, relu, half,
+                                      key)
     channels_last = layout.is_channels_last(x)
+    if relu:  # the forward's [y > 0], then the gradient of the plain batch norm
+        dy = where_or_zero(_relu_mask(x, weight, bias, mean, invstd, half), dy)
     if half is not None:
         dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), _wide(x, half), weight, mean, invstd,
                                                           _wide(relu_output, half))
@@ -547,14 +575,16 @@ def _element_count(channels_last: bool, packs: int) -> int:
 
 
 def _reduction(channels_last: bool, arrays: tuple, N: int, C: int, S: int, name: str, dtype: Any,
-               half: str | None) -> tuple:
+               half: str | None, split_as: str | None = None) -> tuple:
     """The reduction ``name``'s (kernel, grid, build suffix, elements per access, values per split, the size
     arguments, the last arguments): over planes, or over channels-last rows (whose kernels end with their packs per
-    block row)."""
+    block row). The rows' split follows the blocks an SM holds of ``split_as``'s build (default ``name``): two
+    kernels given one split add the same values in the same order."""
     if channels_last:
         build, width, block_packs = _rows_packing(arrays, C)
         kernel = _kernel(name + build, dtype, half)
-        grid, per = _rows_split(C, N * S, width, block_packs, _cuda.resident_blocks(kernel, _cuda.THREADS))
+        resident = _cuda.resident_blocks(_kernel((split_as or name) + build, dtype, half), _cuda.THREADS)
+        grid, per = _rows_split(C, N * S, width, block_packs, resident)
         return kernel, grid, build, width, per, (_cuda.i32(N * S), _cuda.i32(C)), (_cuda.i32(block_packs),)
     build, width = _packing(arrays, S)
     splits, per = _split(C, N * S, width)
@@ -673,35 +703,41 @@ def _forward_inference_gpu(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     return y
 
 
-def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                           relu_output: Any, half: str | None, key: tuple | None) -> tuple[Any, Any, Any]:
+def _backward_training_gpu(dy: Any, x: Any, weight: Any, mean: Any, invstd: Any, relu_output: Any, bias: Any,
+                           relu: bool, half: str | None, key: tuple | None) -> tuple[Any, Any, Any]:
     """Two launches: per-(channel, split) Σdy and Σdy·(x − mean), whose last block per channel finishes
-    the channel (dweight, dbias, the dx coefficients), then the element-wise dx. The launch is kept for the
-    call's key when no array needed a copy."""
+    the channel (dweight, dbias, the dx coefficients), then the element-wise dx; with ``relu`` the builds that
+    recompute the fused ReLU's mask from x (batchnorm.cu's _relu kernels, which read ``bias``). The launch is
+    kept for the call's key when no array needed a copy."""
     xp = backend.get_array_module(x)
     (x_, dy_, relu_output_), channels_last = layout.common((x, dy, relu_output))  # x's layout, as dx's
     weight_, mean_, invstd_ = _contiguous(xp, weight), _contiguous(xp, mean), _contiguous(xp, invstd)
+    bias_ = _contiguous(xp, bias)
     _cuda.check_int32(x_)
     N, C, S = _layout(x_)
     flats = tuple(None if a is None else layout.flat(a) for a in (x_, dy_, relu_output_))
-    reduce, grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S, "bn_backward_reduce",
-                                                              x.dtype, half)
+    mask = "_relu" if relu else ""
+    # The mask from x splits the sums as the y path does (its kernels may hold another number of blocks an SM), so
+    # that both give the same bits.
+    reduce, grid, build, width, per, sizes, tail = _reduction(channels_last, flats, N, C, S,
+                                                              "bn_backward_reduce" + mask, x.dtype, half,
+                                                              split_as="bn_backward_reduce")
     # The float64 scratch: the partial (Σdy, Σdy·(x − mean)) per (split, channel), then the dx coefficients (3, C),
     # Σdy/M, invstd·weight and scale·invstd·dweight/M.
-    launch = _Launch(reduce, _kernel("bn_backward_dx" + build, x.dtype, half),
+    launch = _Launch(reduce, _kernel("bn_backward_dx" + mask + build, x.dtype, half),
                      grid, _cuda.i32(per), sizes, tail, _element_count(channels_last, x.size // width), channels_last,
                      C, _vector_dtype(x), (_cuda.i32(C), _cuda.i32(S), _cuda.i32(x.size)),
                      _cuda.block_counters(x, grid[0]),
                      (2 * grid[1] + 3) * C, 2 * grid[1] * C)
-    if _same((dy_, x_, relu_output_, weight_, mean_, invstd_), (dy, x, relu_output, weight, mean, invstd)):
+    if _same((dy_, x_, relu_output_, weight_, mean_, invstd_, bias_), (dy, x, relu_output, weight, mean, invstd, bias)):
         _keep(key, launch)
-    return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_)
+    return _run_backward_training(launch, dy_, x_, weight_, mean_, invstd_, relu_output_, bias_)
 
 
 def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: Any, invstd: Any,
-                           relu_output: Any) -> tuple[Any, Any, Any]:
+                           relu_output: Any, bias: Any) -> tuple[Any, Any, Any]:
     """The two launches of a checked call: dy, x and relu_output in the one layout ``launch`` was made for (a kept
-    launch's through its packed form)."""
+    launch's through its packed form); bias only where the launch recomputes the ReLU's mask (else None)."""
     cupy = backend.cupy()
     dx, flat_x, flat_dx = _output_like(cupy, x, launch.channels_last)
     if launch.channels_last:
@@ -709,28 +745,29 @@ def _run_backward_training(launch: _Launch, dy: Any, x: Any, weight: Any, mean: 
     dweight, dbias = cupy.empty(launch.C, dtype=launch.vector_dtype), cupy.empty(launch.C, dtype=launch.vector_dtype)
     if launch.packed is not None:
         pair = launch.packed.get(())
-        if pair is None:  # per call: the reduction's dy, x, relu_output, mean, invstd, weight, dweight, dbias; and dx's
-            P = _cuda.PER_CALL
-            pair = _packs_for(launch, (), _backward_arguments(launch, P, P, P, P, P, P, launch.scratch, launch.coef, P,
-                                                              P, P))
-        pair[0](dy, flat_x, relu_output, mean, invstd, weight, dweight, dbias)
-        pair[1](dy, flat_x, relu_output, mean, flat_dx)
+        if pair is None:  # per call: the reduction's dy, x, relu_output, bias, mean, invstd, weight, dweight, dbias;
+            P = _cuda.PER_CALL  # and dx's
+            pair = _packs_for(launch, (), _backward_arguments(launch, P, P, P, P, P, P, P, launch.scratch, launch.coef,
+                                                              P, P, P))
+        pair[0](dy, flat_x, relu_output, bias, mean, invstd, weight, dweight, dbias)
+        pair[1](dy, flat_x, relu_output, bias, mean, flat_dx)
         return dx, dweight, dbias
     scratch, coef = _scratch(cupy, launch)
-    reduce, elementwise = _backward_arguments(launch, dy, flat_x, relu_output, mean, invstd, weight, scratch, coef,
-                                              dweight, dbias, flat_dx)
+    reduce, elementwise = _backward_arguments(launch, dy, flat_x, relu_output, bias, mean, invstd, weight, scratch,
+                                              coef, dweight, dbias, flat_dx)
     _cuda.launch_blocks(launch.reduce, launch.grid, _cuda.THREADS, reduce)
     _cuda.launch(launch.elementwise, launch.count, elementwise)
     return dx, dweight, dbias
 
 
-def _backward_arguments(launch: _Launch, dy: Any, flat_x: Any, relu_output: Any, mean: Any, invstd: Any, weight: Any,
-                        scratch: Any, coef: Any, dweight: Any, dbias: Any, flat_dx: Any) -> tuple[tuple, tuple]:
+def _backward_arguments(launch: _Launch, dy: Any, flat_x: Any, relu_output: Any, bias: Any, mean: Any, invstd: Any,
+                        weight: Any, scratch: Any, coef: Any, dweight: Any, dbias: Any,
+                        flat_dx: Any) -> tuple[tuple, tuple]:
     """The backward's two argument lists, in batchnorm.cu's order: bn_backward_reduce's (no dx, running_var or eps
     in training) and bn_backward_dx's."""
-    return ((dy, flat_x, relu_output, mean, scratch, launch.counters, None, invstd, None, weight, _cuda.f64(0.0),
-             dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail),
-            (dy, flat_x, relu_output, mean, coef, flat_dx, *launch.sizes_of_x))
+    return ((dy, flat_x, relu_output, bias, mean, scratch, launch.counters, None, invstd, None, weight,
+             _cuda.f64(0.0), dweight, dbias, coef, *launch.sizes, launch.per, *launch.tail),
+            (dy, flat_x, relu_output, bias, mean, coef, flat_dx, *launch.sizes_of_x))
 
 
 def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, running_var: Any, eps: float,
@@ -752,6 +789,7 @@ def _backward_inference_gpu(dy: Any, x: Any, weight: Any, running_mean: Any, run
     partial = xp.empty((2, grid[1], C), dtype=xp.float64)  # Σdy, Σdy·(x − running_mean)
     dweight, dbias = xp.empty(C, dtype=_vector_dtype(x)), xp.empty(C, dtype=_vector_dtype(x))
     _cuda.launch_blocks(kernel, grid, _cuda.THREADS,
-                        (dy, x, relu_output, running_mean, partial, _cuda.block_counters(x, grid[0]), flat_dx, None,
-                         running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per), *tail))
+                        (dy, x, relu_output, None, running_mean, partial, _cuda.block_counters(x, grid[0]), flat_dx,
+                         None, running_var, weight, _cuda.f64(eps), dweight, dbias, None, *sizes, _cuda.i32(per),
+                         *tail))
     return dx, dweight, dbias
