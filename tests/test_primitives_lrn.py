@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minidnn.primitives import layout
 from minidnn.primitives.lrn import lrn_backward, lrn_forward
 from tests.helpers import FD_TOLERANCE, assert_close, numerical_gradient, to_numpy
 
@@ -146,6 +147,32 @@ def test_gpu_lrn_large_shapes_match_numpy_twin(xp, rng, shape, size, dtype):
     # dx subtracts two terms of similar size: float32's pow rounding (CUDA's powf is within 4 ulp) shows more.
     dx_tol = tol if dtype == np.float64 else dict(rtol=1e-4, atol=1e-5)
     assert_close(dx, lrn_backward(dy, x, to_numpy(y), to_numpy(scale), size, **params), **dx_tol, name="dx")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("channels, size", [(13, 5), (13, 4), (3, 7), (6, 1)])
+def test_gpu_lrn_reads_and_writes_channels_last_arrays(xp, rng, dtype, channels, size):
+    """A channels-last x gives channels-last y, scale and dx, read and written as they lie (no copies), equal to the
+    NumPy twin on the same values, odd and even windows, one wider than C; a dy of the other layout still gives
+    the twin's dx."""
+    if xp is np:
+        pytest.skip("compares the GPU kernels with the NumPy twin")
+    shape, params = (3, channels, 9, 11), dict(alpha=1e-2, beta=0.75, k=2.0)
+    x, dy = (rng.standard_normal(shape) * 2).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-6)
+    dx_tol = tol if dtype == np.float64 else dict(rtol=1e-4, atol=1e-5)
+    x_last, dy_last = (layout.to_channels_last(xp.asarray(a)) for a in (x, dy))
+    y, scale = lrn_forward(x_last, size, **params, keep_scale=True)
+    y_twin, scale_twin = lrn_forward(x, size, **params, keep_scale=True)
+    assert layout.is_channels_last(y) and layout.is_channels_last(scale)
+    assert_close(y, y_twin, **tol, name="y")
+    assert_close(scale, scale_twin, **tol, name="scale")
+    dx_twin = lrn_backward(dy, x, y_twin, scale_twin, size, **params)
+    dx = lrn_backward(dy_last, x_last, y, scale, size, **params)
+    assert layout.is_channels_last(dx)
+    assert_close(dx, dx_twin, **dx_tol, name="dx")
+    assert_close(lrn_backward(dy_last, x_last, y, None, size, **params), dx_twin, **dx_tol, name="dx, scale recomputed")
+    assert_close(lrn_backward(xp.asarray(dy), x_last, y, scale, size, **params), dx_twin, **dx_tol, name="dx, mixed")
 
 
 def test_lrn_errors_name_the_argument(xp):

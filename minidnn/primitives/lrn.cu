@@ -2,7 +2,8 @@
 // NumPy code is the reference twin of both kernels; Caffe's lrn_layer.cu design).
 //
 // Layout: x, y, scale, dy and dx are contiguous (N, C, S) arrays, S = the product of the spatial
-// sizes: channel c of pixel (n, s) is at (n·C + c)·S + s.
+// sizes: channel c of pixel (n, s) is at (n·C + c)·S + s; or, for the _last kernels at the end,
+// all channels-last, (N, S, C) buffers, channel c of pixel (n, s) at (n·S + s)·C + c.
 //
 // Thread mapping: one thread per pixel (n, s), grid-stride, walking the channels c = 0 … C − 1 at
 // stride S; consecutive threads take consecutive s, so each step of a warp reads and writes
@@ -97,5 +98,50 @@ extern "C" __global__ void lrn_backward(const scalar_t* __restrict__ dy, const s
             if (enter < C) window += acc_t(ratio(dy, y, scale, base + enter * S));
             if (leave >= 0) window -= acc_t(ratio(dy, y, scale, base + leave * S));
         }
+    }
+}
+
+// Channels-last: one thread per element, grid-stride over the (N, S, C) buffer, so a warp's loads and
+// stores are consecutive addresses. A pixel's channels are consecutive here, and the walk above would
+// give each thread its own pixel: a warp's loads would spread over 32 pixels' cache lines, and one
+// thread would serialise the C channels. So each thread adds its own window's terms directly (size
+// loads of its pixel's neighbouring channels, through L1): a double sum of the same scalar_t terms
+// as the running sum's, never below 0, so no clamp.
+extern "C" __global__ void lrn_forward_last(const scalar_t* __restrict__ x, scalar_t* __restrict__ y,
+                                            scalar_t* __restrict__ scale, const int count, const int C,
+                                            const int before, const int after, const double alpha_over_size,
+                                            const double beta, const double k) {
+    const scalar_t coefficient = scalar_t(alpha_over_size);
+    const scalar_t minus_beta = scalar_t(-beta);
+    const scalar_t offset = scalar_t(k);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x) {
+        const int c = i % C;
+        const scalar_t* __restrict__ pixel = x + (i - c);
+        const int last = min(c + after, C - 1);
+        acc_t window = 0;
+        for (int j = max(c - before, 0); j <= last; ++j) {
+            const scalar_t v = pixel[j];
+            window += acc_t(v * v);
+        }
+        const scalar_t s = offset + coefficient * scalar_t(window);
+        if (scale) scale[i] = s;
+        if (y) y[i] = x[i] * pow(s, minus_beta);
+    }
+}
+
+// The backward of the channels-last layout: each thread sums its mirrored window's ratios directly.
+extern "C" __global__ void lrn_backward_last(const scalar_t* __restrict__ dy, const scalar_t* __restrict__ x,
+                                             const scalar_t* __restrict__ y, const scalar_t* __restrict__ scale,
+                                             scalar_t* __restrict__ dx, const int count, const int C,
+                                             const int before, const int after, const double beta,
+                                             const double two_alpha_beta_over_size) {
+    const scalar_t minus_beta = scalar_t(-beta);
+    const scalar_t coefficient = scalar_t(two_alpha_beta_over_size);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += blockDim.x * gridDim.x) {
+        const int c = i % C;
+        const int pixel = i - c, last = min(c + after, C - 1);
+        acc_t window = 0;
+        for (int j = max(c - before, 0); j <= last; ++j) window += acc_t(ratio(dy, y, scale, pixel + j));
+        dx[i] = dy[i] * pow(scale[i], minus_beta) - coefficient * x[i] * scalar_t(window);
     }
 }

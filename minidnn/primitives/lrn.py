@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from . import _cuda
+from . import _cuda, layout
 from ._checks import check_bool, check_float, check_int, check_real, check_same_dtype
 
 __all__ = ["lrn_forward", "lrn_backward"]
@@ -143,33 +143,49 @@ def _geometry(x: Any) -> tuple[int, int, int]:
 
 def _lrn_forward_gpu(x: Any, size: int, alpha: float, beta: float, k: float, want_y: bool,
                      want_scale: bool) -> tuple[Any, Any]:
-    """(y or None, scale or None) in one launch; an output not wanted is a null pointer to the kernel."""
+    """(y or None, scale or None) in one launch, in x's layout: channels-last x is read as it lies (LRN runs in
+    float32 under autocast, where a copy each way would cost more than the kernel); an output not wanted is a null
+    pointer to the kernel."""
     cupy = backend.cupy()
-    x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
-    y = cupy.empty(x.shape, dtype=x.dtype) if want_y else None
-    scale = cupy.empty(x.shape, dtype=x.dtype) if want_scale else None
+    channels_last = layout.is_channels_last(x)
+    if not channels_last:
+        x = cupy.ascontiguousarray(x)  # a RawKernel sees only the base pointer
+    y = layout.empty(x.shape, x.dtype, cupy, channels_last) if want_y else None
+    scale = layout.empty(x.shape, x.dtype, cupy, channels_last) if want_scale else None
     _cuda.check_int32(x)
     N, C, S = _geometry(x)
     if x.size:
         # Window reaches clipped to C: beyond it every channel is a zero, and the kernel's indices stay small.
         before, after = min(size // 2, C), min((size - 1) // 2, C)
-        _cuda.launch(_cuda.function("lrn.cu", "lrn_forward", x.dtype), N * S,
-                     (x, _NULL if y is None else y, _NULL if scale is None else scale, _cuda.i32(N), _cuda.i32(C),
-                      _cuda.i32(S), _cuda.i32(before), _cuda.i32(after),
-                      _cuda.f64(alpha / size), _cuda.f64(beta), _cuda.f64(k)))
+        outputs = (_NULL if y is None else layout.flat(y), _NULL if scale is None else layout.flat(scale))
+        window = (_cuda.i32(before), _cuda.i32(after), _cuda.f64(alpha / size), _cuda.f64(beta), _cuda.f64(k))
+        if channels_last:
+            _cuda.launch(_cuda.function("lrn.cu", "lrn_forward_last", x.dtype), x.size,
+                         (layout.flat(x), *outputs, _cuda.i32(x.size), _cuda.i32(C), *window))
+        else:
+            _cuda.launch(_cuda.function("lrn.cu", "lrn_forward", x.dtype), N * S,
+                         (x, *outputs, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), *window))
     return y, scale
 
 
 def _lrn_backward_gpu(dy: Any, x: Any, y: Any, scale: Any, size: int, alpha: float, beta: float) -> Any:
+    """dx in one launch: in the four arrays' layout when all are channels-last, else from C-contiguous copies."""
     cupy = backend.cupy()
-    dy, x, y, scale = (cupy.ascontiguousarray(a) for a in (dy, x, y, scale))
-    dx = cupy.empty(x.shape, dtype=x.dtype)
+    channels_last = all(layout.is_channels_last(a) for a in (dy, x, y, scale))
+    if not channels_last:
+        dy, x, y, scale = (cupy.ascontiguousarray(a) for a in (dy, x, y, scale))
+    dx = layout.empty(x.shape, x.dtype, cupy, channels_last)
     _cuda.check_int32(x)
     N, C, S = _geometry(x)
     if x.size:
         # The mirrored window: channel c is reached from c − (size − 1)//2 … c + size//2.
         before, after = min((size - 1) // 2, C), min(size // 2, C)
-        _cuda.launch(_cuda.function("lrn.cu", "lrn_backward", x.dtype), N * S,
-                     (dy, x, y, scale, dx, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), _cuda.i32(before),
-                      _cuda.i32(after), _cuda.f64(beta), _cuda.f64(2 * alpha * beta / size)))
+        window = (_cuda.i32(before), _cuda.i32(after), _cuda.f64(beta), _cuda.f64(2 * alpha * beta / size))
+        arrays = tuple(layout.flat(a) for a in (dy, x, y, scale, dx))
+        if channels_last:
+            _cuda.launch(_cuda.function("lrn.cu", "lrn_backward_last", x.dtype), x.size,
+                         (*arrays, _cuda.i32(x.size), _cuda.i32(C), *window))
+        else:
+            _cuda.launch(_cuda.function("lrn.cu", "lrn_backward", x.dtype), N * S,
+                         (*arrays, _cuda.i32(N), _cuda.i32(C), _cuda.i32(S), *window))
     return dx
