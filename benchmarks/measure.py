@@ -594,6 +594,15 @@ def layer_table(engine: Engine, spec: dict[str, Any]) -> list[dict[str, Any]]:
     (for minidnn: its own choice under the cell's setting, with the plan, and on request the whole
     algorithm menu). Wall ms per call first, then, on the GPU, the kernels' time per call."""
     repeats = spec["layer_repeats"]
+    # minidnn's plans as a captured step's replays choose them, by the GPU's time alone (``registry.for_graph``), as
+    # PyTorch's benchmark mode chooses cuDNN's: the table sets kernels against kernels. An eager choice also weighs
+    # the host's time to issue each call, which moves with the machine's load, so that two runs of the table
+    # picked different plans for the same layer.
+    with registry.for_graph():
+        return _layer_rows(engine, spec, repeats)
+
+
+def _layer_rows(engine: Engine, spec: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
     rows, tasks = [], []
     layers = conv_layers(engine.minidnn_model, spec["image_size"], engine.minidnn_device)
     for shape in distinct_shapes(layers, spec["batch"]):

@@ -496,6 +496,28 @@ def test_pytorchs_layer_gradients_are_autograds_on_the_steps_own_operands(channe
     torch.testing.assert_close(dw, w_.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_minidnns_layer_rows_run_the_plans_a_captured_step_chooses(monkeypatch):
+    """Every minidnn call of the layer table, the kernel-time pass included, runs planned for a graph's replays
+    (least GPU time, as cuDNN's benchmark mode), not by the eager rule that weighs the host's time to issue."""
+    from minidnn.primitives.conv import registry  # noqa: PLC0415
+
+    engine = measure.MinidnnEngine({**TINY_CELL, "engine": "minidnn"})
+    conv_calls, seen = engine.conv_calls, []
+
+    def recording(problem, arrays, **options):
+        def recorded(call):
+            def run():
+                seen.append(registry.planning_for_graph())
+                return call()
+            return run
+        return {direction: recorded(call) for direction, call in conv_calls(problem, arrays, **options).items()}
+
+    monkeypatch.setattr(engine, "conv_calls", recording)
+    rows = measure.layer_table(engine, {"layer_repeats": 1, "image_size": TINY_CELL["image_size"], "batch": 2})
+    assert rows and len(seen) >= 3 * len(rows) and all(seen)
+    assert not registry.planning_for_graph()
+
+
 def test_pytorchs_half_layer_operands_are_channels_last_in_the_half_type():
     torch = pytest.importorskip("torch")
     engine = measure.TorchEngine({**TINY_CELL, "engine": "torch", "precision": "bf16"})
