@@ -189,23 +189,11 @@ __device__ __forceinline__ T gradient(const elem_t dy, const elem_t y, const boo
     return (!relu || element_value(y) > 0) ? (T)element_value(dy) : T(0);
 }
 
-// The normalisation w = (x − mean)·scale + shift (shift only where there is a bias), every operation rounded as
-// written: the compiler contracts nothing differently in one kernel than in another, so that the training
-// backward's recomputed ReLU mask (below) is the forward's to the bit.
-__device__ __forceinline__ float normalised(const float v, const float mean, const float scale, const float shift,
-                                            const bool has_shift) {
-    const float centered = __fsub_rn(v, mean);
-    return has_shift ? __fmaf_rn(centered, scale, shift) : __fmul_rn(centered, scale);
-}
-__device__ __forceinline__ double normalised(const double v, const double mean, const double scale,
-                                             const double shift, const bool has_shift) {
-    const double centered = __dsub_rn(v, mean);
-    return has_shift ? __fma_rn(centered, scale, shift) : __dmul_rn(centered, scale);
-}
-
-// The backward's products of a gradient and a centred x, rounded as written for the same reason: the mask from x
-// and the y path (different kernels) then add the same values, and the sums come out the same to the bit. One
-// fused multiply-add where the sums accumulate, as the compiler's contraction would have made.
+// Arithmetic rounded as written: the compiler contracts none of it into a fused multiply-add of its own choosing,
+// which it may choose differently in one kernel than in another. The normalisation below and the backward's
+// products of a gradient and a centred x go through these, so that the training backward's ReLU mask recomputed
+// from x is the forward's to the bit, and its sums those of the y path (another kernel). One fused multiply-add
+// where the sums accumulate, as the compiler's contraction would have made.
 __device__ __forceinline__ float rounded_difference(const float a, const float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ double rounded_difference(const double a, const double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ float rounded_product(const float a, const float b) { return __fmul_rn(a, b); }
@@ -213,6 +201,13 @@ __device__ __forceinline__ double rounded_product(const double a, const double b
 __device__ __forceinline__ float rounded_fma(const float a, const float b, const float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ double rounded_fma(const double a, const double b, const double c) {
     return __fma_rn(a, b, c);
+}
+
+// The normalisation w = (x − mean)·scale + shift (shift only where there is a bias), rounded as written.
+__device__ __forceinline__ math_t normalised(const math_t v, const math_t mean, const math_t scale, const math_t shift,
+                                             const bool has_shift) {
+    const math_t centered = rounded_difference(v, mean);
+    return has_shift ? rounded_fma(centered, scale, shift) : rounded_product(centered, scale);
 }
 
 // dx = (g − Σg/M)·scale − (x − mean)·slope (finish_sums's coefficients), rounded as written.
@@ -227,10 +222,10 @@ __device__ __forceinline__ math_t dx_value(const math_t g, const math_t mean_dy,
 // scale = invstd·weight, a product of two floats that a double holds exactly.
 __device__ __forceinline__ bool relu_passes(const math_t w) { return element_value(element_of(w)) > 0; }
 
-// The training backward's per-channel scale of that normalisation, invstd·weight in double (finish_statistics's).
-__device__ __forceinline__ acc_t saved_scale(const scalar_t* __restrict__ invstd,
-                                             const scalar_t* __restrict__ weight, const int c) {
-    return weight ? (acc_t)invstd[c] * (acc_t)weight[c] : (acc_t)invstd[c];
+// The normalisation's per-channel scale from the saved invstd, invstd·weight in double: finish_statistics's for the
+// forward, and the training backward's for the mask from x.
+__device__ __forceinline__ acc_t saved_scale(const scalar_t invstd, const scalar_t* __restrict__ weight, const int c) {
+    return weight ? (acc_t)invstd * (acc_t)weight[c] : (acc_t)invstd;
 }
 
 // One element's gradient in the training backward: dy·[y > 0] by the mask from x (the FROM_X builds, batchnorm.py's
@@ -268,7 +263,7 @@ __device__ __forceinline__ void finish_statistics(const int c, const int C, cons
     mean_out[c] = saved_mean;
     invstd_out[c] = saved_invstd;
     coef[c] = saved_mean;
-    coef[C + c] = weight ? (acc_t)saved_invstd * (acc_t)weight[c] : (acc_t)saved_invstd;
+    coef[C + c] = saved_scale(saved_invstd, weight, c);
     if (running_mean) {
         running_mean[c] = (scalar_t)((1.0 - momentum) * (acc_t)running_mean[c] + momentum * mean);
         const acc_t unbiased = var * (n / (n - 1.0));
@@ -490,7 +485,7 @@ __device__ void backward_reduce(BACKWARD_REDUCE_PARAMETERS) {
         const chunk_t chunk_mu = (chunk_t)center[c];
         // The fused ReLU's mask from x (training: center is the saved mean, invstd the saved one).
         const bool has_shift = bias != nullptr;
-        const math_t relu_mean = center[c], relu_scale = FROM_X ? (math_t)saved_scale(invstd, weight, c) : math_t(0);
+        const math_t relu_mean = center[c], relu_scale = FROM_X ? (math_t)saved_scale(invstd[c], weight, c) : math_t(0);
         const math_t relu_shift = (FROM_X && has_shift) ? (math_t)bias[c] : math_t(0);
         acc_t scale = 0;
         if (dx) {
@@ -796,7 +791,7 @@ __device__ void backward_reduce_last(BACKWARD_REDUCE_LAST_PARAMETERS) {
         for (int u = 0; u < V; ++u) {
             mu[u] = (chunk_t)center[c0 + u];
             if (FROM_X) {
-                relu_scale[FROM_X ? u : 0] = (math_t)saved_scale(invstd, weight, c0 + u);
+                relu_scale[FROM_X ? u : 0] = (math_t)saved_scale(invstd[c0 + u], weight, c0 + u);
                 relu_shift[FROM_X ? u : 0] = has_shift ? (math_t)bias[c0 + u] : math_t(0);
             }
             if (DX) {

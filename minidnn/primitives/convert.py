@@ -273,9 +273,8 @@ def add(a: Any, b: Any) -> Any:
     if a.shape != b.shape:
         return float_to_half(half_to_float(a, "bfloat16") + half_to_float(b, "bfloat16"), "bfloat16")
     xp = backend.get_array_module(a, b)
-    # The kernel walks all three as flat buffers: b (and a strided a) laid out as a first.
-    channels_last = layout.is_channels_last(a)
-    a, b = layout.like(a, channels_last), layout.like(b, channels_last)
+    # The kernel walks all three as flat buffers: b (and a strided a) laid out as a first (layout.common's rule).
+    (a, b), channels_last = layout.common((a, b))
     out = layout.empty(a.shape, np.uint16, xp, channels_last)
     _cuda.check_int32(a)
     width = _cuda.elements_per_access((a, b, out))
