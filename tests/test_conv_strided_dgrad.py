@@ -11,7 +11,8 @@ import pytest
 from minidnn import backend
 from minidnn.primitives import _cuda, convert, layout
 
-from minidnn.primitives.conv import implicit_gemm, plans, registry, selection, strided_dgrad
+from minidnn.primitives.conv import (implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma, plans, registry,
+                                     selection, strided_dgrad)
 from minidnn.primitives.conv.problem import ConvProblem
 from minidnn.primitives.conv.strided_dgrad import phase_problem, phase_span, phase_taps
 from tests.helpers import assert_close, to_numpy
@@ -218,6 +219,8 @@ IN_PLACE_CASES = {
     "five_by_five_strides_3_2": (2, 8, 17, 14, 16, 5, 5, (3, 2), (1, 2), 1),
     "shortcut_1x1_stride_2": (2, 8, 9, 8, 16, 1, 1, (2, 2), (0, 0), 1),    # three phases without taps: zeros
     "rows_no_dy_reaches": (2, 8, 10, 9, 8, 3, 3, (2, 2), (0, 0), 1),      # H = 10: dx's last row gets nothing
+    # phases of 9 row tiles each, 136 channels of dx: two column tiles, the second 8 wide
+    "many_tiles_two_column_tiles": (4, 136, 33, 31, 16, 3, 3, (2, 2), (1, 1), 1),
 }
 
 
@@ -226,20 +229,11 @@ def in_place_problem(case, dtype, device):
     return ConvProblem(N, C, H, W, K, R, S, stride, padding, (1, 1), groups, np.dtype(dtype), device, True)
 
 
-def stand_in_turned_filter(w, out, turned, groups):
-    """layout.filter_to_channels_last's turned copy on NumPy: w (K, C/G, R, S) -> out (C, R, S, K/G), each group's
-    filter turned on its own, r and s reversed."""
-    assert turned
-    K, group_channels, R, S = w.shape
-    out[...] = w.reshape(groups, K // groups, group_channels, R, S)[:, :, :, ::-1, ::-1].transpose(0, 2, 3, 4, 1) \
-        .reshape(out.shape)
-
-
-def stand_in_placed_forward(x_last, w_last, out, shape, placed=False):
+def stand_in_placed_forward(x_last, w_last, out, shape):
     """implicit_gemm_wgmma's Y_PLACED forward kernel on NumPy, read off the NhwcShape it is handed: y (N, P, Q, K·G)
     of x_last (N, H, W, C·G) and w_last (K·G, R, S, C), stride 1, each output pixel (n, p, q) stored at pixel
     n·out_image + p·out_row + q·out_column + out_first of out's channels-last buffer."""
-    assert placed and layout.is_channels_last(out)
+    assert layout.is_channels_last(out)
     N, C, H, W, K, R, S, P, Q, groups = (int(shape[f]) for f in ("N", "C", "H", "W", "K", "R", "S", "P", "Q", "groups"))
     assert (int(shape["stride_h"]), int(shape["stride_w"]), int(shape["dilation_h"]), int(shape["dilation_w"])) == \
         (1, 1, 1, 1)
@@ -260,16 +254,33 @@ def stand_in_placed_forward(x_last, w_last, out, shape, placed=False):
     layout.flat(out).reshape(-1, K * groups)[placed_pixels.ravel()] = y.reshape(-1, K * groups)
 
 
+def stand_in_phases(dy_last, filters, dx, phases, grid):
+    """implicit_gemm_wgmma's phase kernel on NumPy, read off the Phases argument it is handed: each phase's placed
+    forward product with its sub-filter from its offset. Also checks what only the kernel reads: each phase's tiles
+    are its forward grid's, one after another along x, and the longest reductions come first."""
+    count = int(phases["count"])
+    assert 0 < count <= implicit_gemm_wgmma.MAX_PHASES
+    for i in range(count):
+        shape = phases["shape"][i]
+        K, R, S, C, groups = (int(shape[f]) for f in ("K", "R", "S", "C", "groups"))
+        tiles = implicit_gemm_nhwc.forward_grid(shape, implicit_gemm_wgmma.tile_width(K, "forward"))[0]
+        assert int(phases["first_tile"][i + 1]) - int(phases["first_tile"][i]) == tiles
+        if i:
+            assert R * S <= int(phases["shape"][i - 1]["R"]) * int(phases["shape"][i - 1]["S"])
+        offset = int(phases["filter_offset"][i])
+        stand_in_placed_forward(dy_last, filters[offset:offset + groups * K * R * S * C], dx, shape)
+    assert int(phases["first_tile"][0]) == 0 and grid == (int(phases["first_tile"][count]), 1, groups)
+
+
 @pytest.mark.parametrize("case_name", IN_PLACE_CASES)
 def test_the_in_place_phases_on_numpy_with_the_kernels_stood_in(rng, monkeypatch, case_name):
     """The GPU path's Python (the cropped shapes, the placements, the zeroing where phases leave pixels, the
-    workspace) run on NumPy, the two kernels stood in by their NumPy equivalents above: every pixel of a
-    NaN-poisoned channels-last dx written, equal to the float64 reference, within a 0xFF workspace of exactly the
-    declared size."""
+    workspace) run on NumPy, the sub-filters turned by turn_phase_filters' NumPy twin and the phase kernel stood in
+    by its NumPy equivalent above: every pixel of a NaN-poisoned channels-last dx written, equal to the float64
+    reference, within a 0xFF workspace of exactly the declared size."""
     case = in_place_problem(IN_PLACE_CASES[case_name], np.float64, "cpu")
     monkeypatch.setattr(strided_dgrad, "on_wgmma", lambda problem: problem.channels_last)
-    monkeypatch.setattr(strided_dgrad.layout, "filter_to_channels_last", stand_in_turned_filter)
-    monkeypatch.setattr(strided_dgrad.implicit_gemm_wgmma, "_launch_forward", stand_in_placed_forward)
+    monkeypatch.setattr(strided_dgrad.implicit_gemm_wgmma, "_launch_phases", stand_in_phases)
     dy, w = rng.standard_normal(case.y_shape), rng.standard_normal(case.w_shape)
     want = call("backward_data", dy, w, case.x_shape, (case.stride, case.padding, 1, case.groups), algo="reference")
     workspace = np.full(ALGORITHM.workspace_bytes(case, "backward_data"), 0xFF, dtype=np.uint8)
@@ -318,3 +329,22 @@ def test_the_in_place_phases_on_wgmma(rng, case_name, precision):
                 magnitude = call("backward_data", np.abs(dy), np.abs(w), case.x_shape, args, algo="reference")
                 assert_within_half_bound(layout.contiguous(out), want, magnitude, half,
                                          case.K // case.groups * case.R * case.S, f"{case_name} {half}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case_name", IN_PLACE_CASES)
+def test_gpu_phase_filters_equal_the_twin(rng, case_name, dtype):
+    """strided_dgrad.cu's one pass lays every phase's turned sub-filter where the NumPy twin does, word for word, from
+    a C-contiguous w and from a channels-last one (read at its strides), 4- and 2-byte words; the words between the
+    copies (alignment) are left as they were."""
+    cupy = backend.cupy()
+    case = in_place_problem(IN_PLACE_CASES[case_name], dtype, "cuda")
+    values = strided_dgrad._placed_launches(case)[1]
+    w = rng.standard_normal(case.w_shape).astype(dtype)
+    want = np.full(values, 7, dtype=dtype)
+    strided_dgrad.turn_phase_filters(w, want, case)
+    for w_gpu in (cupy.asarray(w), layout.to_channels_last(cupy.asarray(w))):
+        got = cupy.full(values, 7, dtype=dtype)
+        strided_dgrad.turn_phase_filters(w_gpu, got, case)
+        np.testing.assert_array_equal(to_numpy(got).view(np.uint8), want.view(np.uint8))

@@ -254,9 +254,9 @@ __device__ __forceinline__ void k_major_pipeline(float (&acc)[ACCUMULATORS], uns
     wait_copies<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
-implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
-                            const NhwcShape s) {
+// One CTA's tile of the forward product: tile `tile` of group blockIdx.z (its m and n tiles, n fastest).
+__device__ __forceinline__ void forward_tile(const Element* __restrict__ x, const Element* __restrict__ w,
+                                             Element* __restrict__ y, const NhwcShape& s, const int tile) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
     const int reduction = s.R * s.S * s.C, group = blockIdx.z;
@@ -264,7 +264,7 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     w += group * s.K * reduction;
     y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
-    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int tile_m = tile / n_tiles, tile_n = tile % n_tiles;
     const int tid = threadIdx.x, chunk = tid % CHUNKS, copy_row = tid / CHUNKS;
 
     // Each thread copies chunk `chunk` of the rows copy_row + 32·i of A and B (channels_last.cuh's gather).
@@ -291,6 +291,34 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
+
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
+implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
+                            const NhwcShape s) {
+    forward_tile(x, w, y, s, blockIdx.x);
+}
+
+#if Y_PLACED
+// A strided backward-data's phases in one launch (strided_dgrad.py): phase i is a forward product of dy with its
+// turned sub-filter, at w + filter_offset[i], storing its rows at their places in dx (its shape's placement). Its
+// tiles are blockIdx.x first_tile[i] ... first_tile[i + 1] − 1; the phases come longest reduction first, so the
+// CTAs that run longest start first and the short ones fill the last wave.
+constexpr int MAX_PHASES = 4;  // a stride of up to 2 × 2
+struct Phases {
+    NhwcShape shape[MAX_PHASES];
+    int filter_offset[MAX_PHASES];
+    int first_tile[MAX_PHASES + 1];  // first_tile[count] is the grid's x
+    int count;
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
+implicit_gemm_wgmma_phases(const Element* __restrict__ dy, const Element* __restrict__ w, Element* __restrict__ dx,
+                           const Phases phases) {
+    int phase = 0;
+    while (phase + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[phase + 1]) ++phase;
+    forward_tile(dy, w + phases.filter_offset[phase], dx, phases.shape[phase], blockIdx.x - phases.first_tile[phase]);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // Backward-filter: sums (K, R, S, C) += Σ over this CTA's slice of pixels of x (N, H, W, C) and dy (N, P, Q, K),

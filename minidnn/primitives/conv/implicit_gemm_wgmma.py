@@ -152,24 +152,59 @@ _VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
 
 def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False, placed: bool = False) -> Any:
     """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
-    channels-last y; ``placed``: its rows stored at the shape's placement (channels_last.cuh's Y_PLACED)."""
+    channels-last y; ``placed``: its rows stored at the shape's placement (channels_last.cuh's Y_PLACED: the phase
+    kernel's build)."""
     stages, in_flight = PIPELINES[block_n]
     return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ())
         + ((("Y_PLACED", 1),) if placed else ()))
 
 
-def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void, placed: bool = False) -> None:
+def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     """out (N, K, P, Q), C-contiguous or channels-last, = x_last (N, H, W, C) ⋆ w_last (K, R, S, C/G), for
-    ``shape``; ``placed``: out is a channels-last array whose pixels the shape's placement names (a strided
-    backward-data's phase writing into dx, strided_dgrad.py), not (N, K, P, Q) itself."""
+    ``shape``."""
     _cuda.check_int32(x_last, w_last, out)
     half = convert.half_type_of(out)
     block_n = tile_width(int(shape["K"]), "forward")
-    y_last = placed or layout.is_channels_last(out)  # a placed out's caller lays it out channels-last
-    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last, placed)
+    kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, layout.is_channels_last(out))
     implicit_gemm_nhwc._launch_tile_kernel(kernel, implicit_gemm_nhwc.forward_grid(shape, block_n),
                                            shared_bytes(block_n), (x_last, w_last, layout.flat(out), shape))
+
+
+# implicit_gemm_wgmma.cu's Phases: a strided backward-data's phases (at most MAX_PHASES) in one launch.
+MAX_PHASES = 4
+_PHASES = np.dtype([("shape", implicit_gemm_nhwc._NHWC_SHAPE, (MAX_PHASES,)),
+                    ("filter_offset", np.int32, (MAX_PHASES,)), ("first_tile", np.int32, (MAX_PHASES + 1,)),
+                    ("count", np.int32)])
+
+
+def phases_struct(shapes: list[np.void], filter_offsets: list[int]) -> tuple[np.void, tuple[int, int, int]]:
+    """(the Phases argument, the grid) of one launch of up to MAX_PHASES placed forward products: ``shapes`` (each
+    phase's NhwcShape, placed; all of one K and groups), ``filter_offsets`` (where each phase's turned sub-filter
+    starts, in values, from the filters' base). The tiles of the phases follow one another along x, in the order
+    given."""
+    if not 0 < len(shapes) <= MAX_PHASES or len(filter_offsets) != len(shapes):
+        raise ValueError(f"shapes and filter_offsets must be 1 to {MAX_PHASES} of each, got {len(shapes)} and "
+                         f"{len(filter_offsets)}")
+    block_n = tile_width(int(shapes[0]["K"]), "forward")
+    phases = np.zeros((), dtype=_PHASES)
+    first = 0
+    for i, (shape, offset) in enumerate(zip(shapes, filter_offsets)):
+        phases["shape"][i], phases["filter_offset"][i], phases["first_tile"][i] = shape, offset, first
+        first += implicit_gemm_nhwc.forward_grid(shape, block_n)[0]
+    phases["first_tile"][len(shapes):] = first
+    phases["count"] = len(shapes)
+    return phases[()], (first, 1, int(shapes[0]["groups"]))
+
+
+def _launch_phases(dy_last: Any, filters: Any, dx: Any, phases: np.void, grid: tuple[int, int, int]) -> None:
+    """dx (channels-last) receives every phase of ``phases`` (``phases_struct``'s): each a forward product of dy_last
+    (N, P, Q, K) and its turned sub-filter in ``filters`` (C-contiguous, from its offset), stored at its places."""
+    _cuda.check_int32(dy_last, filters, dx)
+    block_n = tile_width(int(phases["shape"][0]["K"]), "forward")
+    kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True)
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), (dy_last, filters, layout.flat(dx),
+                                                                                 phases))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:

@@ -18,13 +18,15 @@ Three ways to run the phases:
 * **In one launch** (GPU, when every phase has taps, as on every strided 3×3 and 7×7 layer):
   implicit_gemm.cu's phase kernel, blockIdx.z the phase, each phase's rows its own dx pixels and its
   reduction K/G·R_a·S_b; every pixel is written once, in place. No workspace, no copies.
-* **On wgmma, each phase's pixels written in place** (a channels-last problem on Hopper whose every phase
-  ``implicit_gemm_wgmma`` runs: TF32 or half): each phase is that kernel's backward-data, a forward convolution of dy
-  as it lies with the phase's turned sub-filter, its output cropped to the dx rows and columns the phase reaches
-  (``implicit_gemm_nhwc.backward_data_problem``'s padding less by the first of them), and each output pixel stored
-  at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and column strides H·W, u·W and v). No dx_ab,
-  no layout changes; dx is zeroed first only where the phases leave pixels unwritten. Workspace: the largest
-  phase's turned channels-last sub-filter, copied from w's strided slice in one pass.
+* **On wgmma, the phases in one launch, each writing its pixels in place** (a channels-last problem on Hopper whose
+  every phase ``implicit_gemm_wgmma`` runs, TF32 or half, at strides up to 4 × 4): each phase is that kernel's
+  backward-data, a forward convolution of dy as it lies with the phase's turned sub-filter, its output cropped to the
+  dx rows and columns the phase reaches (``implicit_gemm_nhwc.backward_data_problem``'s padding less by the first of
+  them), and each output pixel stored at its own place in dx (channels_last.cuh's Y_PLACED build: image, row and
+  column strides H·W, u·W and v). The phases' tiles share one grid (implicit_gemm_wgmma.cu's phase kernel, up to
+  four phases a launch), longest reduction first, so the short phases' CTAs fill the long ones' last wave. No dx_ab,
+  no layout changes; dx is zeroed first only where the phases leave pixels unwritten. Workspace: every phase's turned
+  channels-last sub-filter, all laid out in one pass over w (strided_dgrad.cu, a transpose through shared memory).
 * **One after another** (the NumPy twin; and on the GPU a stride wider than the filter, the 1×1
   stride-2 shortcuts, whose phases without taps the one-launch kernel has not been run on): dx is
   zeroed, then each phase with taps runs as one ``implicit_gemm`` backward-data call on a contiguous
@@ -39,8 +41,12 @@ phase), except that a 1x1 phase (the strided 1x1 shortcuts') runs as ``gemm_1x1`
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
+import numpy as np
+
+from ... import backend
 from .. import _cuda, layout
 from . import implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma
 from .problem import ConvProblem
@@ -97,8 +103,9 @@ def on_wgmma(problem: ConvProblem) -> bool:
 @functools.lru_cache(maxsize=256)  # asked on every call: worked out once per problem and TF32 switch
 def _phases_on_wgmma(problem: ConvProblem, tf32: bool) -> bool:
     wgmma = get(implicit_gemm_wgmma.ImplicitGemmWgmma.name)
-    found = phases(problem)
-    return bool(found) and all(supports(wgmma, phase.laid_out(True), "backward_data") for _, _, phase, _, _ in found)
+    found, (u, v) = phases(problem), problem.stride
+    return bool(found) and u * v <= MAX_TURNED_PHASES and all(
+        supports(wgmma, phase.laid_out(True), "backward_data") for _, _, phase, _, _ in found)
 
 
 ALIGNMENT = 256  # bytes between the two arrays carved from the workspace, phase by phase
@@ -117,8 +124,8 @@ class StridedDgrad(ConvAlgorithm):
         return direction == "backward_data" and problem.stride != (1, 1) and problem.dilation == (1, 1)
 
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
-        if on_wgmma(problem):  # the turned copy of phase (0, 0)'s sub-filter, the largest
-            return _taps_bytes(problem)
+        if on_wgmma(problem):  # every phase's turned sub-filter
+            return _placed_launches(problem)[1] * problem.itemsize
         if in_one_launch(problem):
             return 0
         # Phase (0, 0) has the most taps in both directions, so the largest dx_ab and sub-filter.
@@ -158,32 +165,83 @@ def _taps_bytes(problem: ConvProblem) -> int:
 
 
 def _phases_in_place(dy: Any, w: Any, problem: ConvProblem, dx: Any, workspace: Any) -> None:
-    """dx (channels-last) = backward-data of ``problem`` from dy (channels-last), each phase one launch of
-    implicit_gemm_wgmma's forward kernel on dy's buffer with the phase's turned sub-filter, storing its pixels at
-    their places in dx (the module docstring's third way)."""
-    (u, v) = problem.stride
-    launches, leaves_pixels = _placed_launches(problem)
+    """dx (channels-last) = backward-data of ``problem`` from dy (channels-last): every phase's turned sub-filter
+    copied into the workspace, then the phases in one launch of implicit_gemm_wgmma's phase kernel (up to its
+    MAX_PHASES a launch) on dy's buffer, each storing its pixels at their places in dx (the module docstring's third
+    way)."""
+    launches, filter_values, leaves_pixels = _placed_launches(problem)
+    filters = workspace_array(workspace, (filter_values,), problem.dtype)
     if leaves_pixels:  # pixels no phase writes (phases without taps, rows no dy reaches) get no gradient
         layout.flat(dx).fill(0)  # C-contiguous: a memset on the GPU
-    for a, b, phase, shape in launches:
-        turned = workspace_array(workspace, (problem.C, phase.R, phase.S, problem.K // problem.groups), problem.dtype)
-        layout.filter_to_channels_last(w[:, :, a::u, b::v], turned, True, problem.groups)  # read at its strides
-        implicit_gemm_wgmma._launch_forward(layout.flat(dy), turned, dx, shape, placed=True)
+    turn_phase_filters(w, filters, problem)
+    for _, phases_argument, grid in launches:
+        implicit_gemm_wgmma._launch_phases(layout.flat(dy), filters, dx, phases_argument, grid)
 
 
 @functools.lru_cache(maxsize=256)  # every call of a step asks: worked out once per problem
-def _placed_launches(problem: ConvProblem) -> tuple[tuple[tuple[int, int, ConvProblem, Any], ...], bool]:
-    """((a, b, the phase's problem, its kernel's NhwcShape), ...) of every phase that reaches dx, and whether they
-    leave pixels of dx unwritten. A phase's shape is its backward-data cropped to the dx rows and columns it reaches,
-    each output pixel (n, i, j) placed at dx's (n, start_h + u·i, start_w + v·j)."""
+def _placed_launches(problem: ConvProblem) -> tuple[tuple[Any, ...], int, bool]:
+    """(launches, the values of all turned sub-filters, whether the phases leave pixels of dx unwritten). Each launch
+    is ((a, b, the phase's problem, its sub-filter's offset in values), ...), its Phases argument and its grid: up
+    to MAX_PHASES phases that reach dx, the longest reductions first. A phase's shape is its backward-data cropped to
+    the dx rows and columns it reaches, each output pixel (n, i, j) placed at dx's (n, start_h + u·i, start_w + v·j);
+    each sub-filter starts on a 256-byte boundary, which keeps the kernel's 16-byte copies aligned."""
     (u, v), H, W = problem.stride, problem.H, problem.W
-    launches, written = [], 0
-    for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in phases(problem):
+    itemsize, group_filters = problem.itemsize, problem.K // problem.groups
+    placed, written, offset = [], 0, 0
+    for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in sorted(
+            phases(problem), key=lambda found: -found[2].R * found[2].S):
         cropped = implicit_gemm_nhwc.backward_data_problem(phase, (first_h, stop_h), (first_w, stop_w))
         placement = (H * W, u * W, v, start_h * W + start_w)
-        launches.append((a, b, phase, implicit_gemm_nhwc._shape_struct(cropped, placement)))
+        placed.append(((a, b, phase, offset), implicit_gemm_nhwc._shape_struct(cropped, placement)))
         written += (stop_h - first_h) * (stop_w - first_w)
-    return tuple(launches), written != H * W
+        offset += _aligned(problem.C * phase.R * phase.S * group_filters * itemsize) // itemsize
+    launches = []
+    for first in range(0, len(placed), implicit_gemm_wgmma.MAX_PHASES):
+        chunk = placed[first:first + implicit_gemm_wgmma.MAX_PHASES]
+        argument, grid = implicit_gemm_wgmma.phases_struct([shape for _, shape in chunk],
+                                                           [turn[3] for turn, _ in chunk])
+        launches.append((tuple(turn for turn, _ in chunk), argument, grid))
+    return tuple(launches), offset, written != H * W
+
+
+# strided_dgrad.cu's PhaseOffsets: the phases whose sub-filters its one pass lays out, strides up to 4 × 4 (wider
+# ones run the generic paths).
+MAX_TURNED_PHASES = 16
+_PHASE_OFFSETS = np.dtype([("at", np.int32, (MAX_TURNED_PHASES,))])
+
+
+def turn_phase_filters(w: Any, filters: Any, problem: ConvProblem) -> None:
+    """filters (a flat array: the wgmma path's workspace) = every run phase's turned channels-last sub-filter, phase
+    (a, b)'s w[:, :, a::u, b::v] laid (C, R_a, S_b, K/G) with its taps reversed (each group's on its own), at the
+    offset ``_placed_launches`` gives it; w (K, C/G, R, S) read at its strides. On the GPU one pass of
+    strided_dgrad.cu's phase_filters (a transpose through shared memory); on NumPy phase by phase, its twin."""
+    (u, v), groups = problem.stride, problem.groups
+    launches, _, _ = _placed_launches(problem)
+    if backend.get_array_module(w) is np:
+        for turns, _, _ in launches:
+            for a, b, phase, offset in turns:
+                shape = (problem.C, phase.R, phase.S, problem.K // groups)
+                sub_filter = w[:, :, a::u, b::v].reshape(groups, problem.K // groups, problem.C // groups, phase.R,
+                                                         phase.S)
+                filters[offset:offset + math.prod(shape)] = \
+                    sub_filter[:, :, :, ::-1, ::-1].transpose(0, 2, 3, 4, 1).reshape(-1)
+        return
+    _cuda.check_int32(w, filters)
+    K, group_channels, R, S = w.shape
+    kernel = _cuda.function("conv/strided_dgrad.cu", f"phase_filters_{w.itemsize}", np.float32)
+    _cuda.launch_blocks(kernel, (-(-group_channels * R * S // 32), -(-K // 32)), 256, (
+        w, filters, _cuda.i32(K), _cuda.i32(group_channels), _cuda.i32(R), _cuda.i32(S), _cuda.i32(u), _cuda.i32(v),
+        _cuda.i32(groups), *(np.int64(stride // w.itemsize) for stride in w.strides), _phase_offsets(problem)))
+
+
+@functools.lru_cache(maxsize=256)  # every call of a step asks: worked out once per problem
+def _phase_offsets(problem: ConvProblem) -> np.void:
+    """strided_dgrad.cu's PhaseOffsets for ``problem``: each run phase's offset, −1 for the others."""
+    offsets = np.full((), -1, dtype=_PHASE_OFFSETS)
+    for turns, _, _ in _placed_launches(problem)[0]:
+        for a, b, _, offset in turns:
+            offsets["at"][a * problem.stride[1] + b] = offset
+    return offsets[()]
 
 
 def phase_algorithm(phase: ConvProblem) -> str:
