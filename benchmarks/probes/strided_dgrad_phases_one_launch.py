@@ -17,16 +17,13 @@ import os
 import numpy as np
 
 from half_implicit_gemm_vs_cudnn import start, timed, torch_call, write_report  # this folder's probes
+from half_strided_dgrad import LAYERS as HALF_STRIDED_LAYERS
 from minidnn.primitives import _cuda, convert, layout
 from minidnn.primitives.conv import registry, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 
-# (name, N, C, H, W, K, R, S, stride, padding): C and H, W are dx's (the layer's input), K dy's channels.
-LAYERS = [
-    ("resnet18.layer2.0.conv1", 128, 64, 56, 56, 128, 3, 3, 2, 1),
-    ("resnet18.layer3.0.conv1", 128, 128, 28, 28, 256, 3, 3, 2, 1),
-    ("resnet18.layer4.0.conv1", 128, 256, 14, 14, 512, 3, 3, 2, 1),
-    ("resnet50.layer2.0.conv2", 128, 128, 56, 56, 128, 3, 3, 2, 1),
+# (name, N, C, H, W, K, R, S, stride, padding): half_strided_dgrad's 3×3 layers, and ResNet-50's two deeper ones.
+LAYERS = [layer for layer in HALF_STRIDED_LAYERS if layer[6] == 3] + [
     ("resnet50.layer3.0.conv2", 128, 256, 28, 28, 256, 3, 3, 2, 1),
     ("resnet50.layer4.0.conv2", 128, 512, 14, 14, 512, 3, 3, 2, 1),
 ]
