@@ -37,10 +37,10 @@ class Build:
     def __str__(self) -> str:  # the test id: conv/winograd.cu-float, conv/implicit_gemm.cu-float-CTAS_PER_SM=3
         return "-".join([self.source, self.scalar, *(f"{name}={value}" for name, value in self.defines)])
 
-    def command(self, cubin: str) -> list[str]:
+    def command(self, nvcc: str, cubin: str) -> list[str]:
         architecture = _cuda.ARCHITECTURES.get(self.source, "sm_90")  # sm_90a: nvcc's -arch=sm_90a also runs sm_90
         target = f"-gencode=arch=compute_{architecture[3:]},code={architecture}"
-        return [NVCC, "-cubin", target, "--std=c++17", f"-DSCALAR={self.scalar}",
+        return [nvcc, "-cubin", target, "--std=c++17", f"-DSCALAR={self.scalar}",
                 *(f"-D{name}={value}" for name, value in self.defines), "-Xptxas", "-v,-warn-spills",
                 "-o", cubin, _cuda.source_path(self.source)]
 
@@ -55,9 +55,12 @@ class Report:
 
 
 class Builds:
-    """The session's builds: each compiled once, in the order asked, one nvcc at a time in a background thread."""
+    """The session's builds: each compiled once, in the order asked, one nvcc at a time in a background thread, by
+    the nvcc found when they were made (a test that stands a script in for NVCC later must not reach the builds
+    still running in the background)."""
 
     def __init__(self) -> None:
+        self._nvcc = NVCC
         self._directory = tempfile.TemporaryDirectory(prefix="minidnn-nvcc-")
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvcc")
         self._futures: dict[Build, Future] = {}
@@ -97,8 +100,8 @@ class Builds:
             if self._closed:
                 raise RuntimeError("the session's builds were closed")
             # Its own process group: nvcc runs cicc and ptxas as children, and ending nvcc alone would leave them.
-            self._running = subprocess.Popen(build.command(cubin), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                             text=True, start_new_session=True)
+            self._running = subprocess.Popen(build.command(self._nvcc, cubin), stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             _, stderr = self._running.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:

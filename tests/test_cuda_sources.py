@@ -126,6 +126,21 @@ def test_each_build_compiles_once_per_session(tmp_path, monkeypatch):
                zip(calls, [float_build, double_build, three_ctas]))
 
 
+def test_builds_keep_the_nvcc_they_were_made_with(tmp_path, monkeypatch):
+    # The session's builds run in the background while other tests stand scripts in for NVCC: a build queued before
+    # must still run the nvcc its session found (else a real source's report comes from a stand-in).
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    first = _stand_in_nvcc(tmp_path / "first", monkeypatch, 'echo "ptxas info    : first" >&2')
+    builds = nvcc_builds.Builds()
+    second = _stand_in_nvcc(tmp_path / "second", monkeypatch, 'echo "ptxas info    : second" >&2')
+    try:
+        assert builds.report(Build("lrn.cu")).stderr == "ptxas info    : first\n"
+    finally:
+        builds.close()
+    assert first.exists() and not second.exists()
+
+
 def test_closing_the_session_ends_a_running_build_and_its_children(tmp_path, monkeypatch):
     log = _stand_in_nvcc(tmp_path, monkeypatch, "sleep 60")  # sh waits for its child sleep, as nvcc for ptxas
     builds = nvcc_builds.Builds()
