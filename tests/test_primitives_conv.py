@@ -447,7 +447,9 @@ def test_find_times_the_gpu_not_the_hosts_launches():
         data.fill(2)
         cupy.cuda.Device().synchronize()
 
-    assert 0 <= selection._time(waits_for_the_gpu, cupy, 1)[0][0] < 1.0
+    # Timed without the hold, which would add MAX_HOLD_MS. The bound leaves room for other processes' kernels on the
+    # same GPU (the suite's xdist workers): under 8 of them a 256 KiB fill and a synchronize once took 2.4 ms.
+    assert 0 <= selection._time(waits_for_the_gpu, cupy, 1)[0][0] < selection.MAX_HOLD_MS / 4
 
 
 def test_find_offers_the_reference_only_when_nothing_else_can_run(find_cache, monkeypatch):
