@@ -207,10 +207,9 @@ def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: boo
 def _relu_mask(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, half: str | None) -> Any:
     """[y > 0] for the y a training forward with ``relu=True`` returned with ``mean`` and ``invstd``: its
     normalisation redone on the same values (NumPy), rounded to the half type where x is one."""
-    if half is not None:
-        wide = _normalise(_wide(x, half), weight, bias, mean.astype(np.float64), invstd.astype(np.float64), False)
-        return convert.float_to_half(wide, half) > 0
-    return _normalise(x, weight, bias, mean.astype(np.float64), invstd.astype(np.float64), False) > 0
+    y = _normalise(x if half is None else _wide(x, half), weight, bias, mean.astype(np.float64),
+                   invstd.astype(np.float64), False)
+    return (y if half is None else convert.float_to_half(y, half)) > 0
 
 
 def _relu_masked(dy: Any, relu_output: Any) -> Any:

@@ -160,8 +160,12 @@ class StridedDgrad(ConvAlgorithm):
 
 def _taps_bytes(problem: ConvProblem) -> int:
     """The bytes of phase (0, 0)'s sub-filter, the largest (it has the most taps in both directions)."""
-    phase = phase_problem(problem, 0, 0)
-    return phase.K * (phase.C // phase.groups) * phase.R * phase.S * problem.itemsize
+    return math.prod(turned_shape(problem, phase_problem(problem, 0, 0))) * problem.itemsize
+
+
+def turned_shape(problem: ConvProblem, phase: ConvProblem) -> tuple[int, int, int, int]:
+    """A phase's turned channels-last sub-filter, (C, R_a, S_b, K/G): each group's filters last."""
+    return problem.C, phase.R, phase.S, problem.K // problem.groups
 
 
 def _phases_in_place(dy: Any, w: Any, problem: ConvProblem, dx: Any, workspace: Any) -> None:
@@ -186,7 +190,7 @@ def _placed_launches(problem: ConvProblem) -> tuple[tuple[Any, ...], int, bool]:
     the dx rows and columns it reaches, each output pixel (n, i, j) placed at dx's (n, start_h + u·i, start_w + v·j);
     each sub-filter starts on a 256-byte boundary, which keeps the kernel's 16-byte copies aligned."""
     (u, v), H, W = problem.stride, problem.H, problem.W
-    itemsize, group_filters = problem.itemsize, problem.K // problem.groups
+    itemsize = problem.itemsize
     placed, written, offset = [], 0, 0
     for a, b, phase, (first_h, stop_h, start_h), (first_w, stop_w, start_w) in sorted(
             phases(problem), key=lambda found: -found[2].R * found[2].S):
@@ -194,7 +198,7 @@ def _placed_launches(problem: ConvProblem) -> tuple[tuple[Any, ...], int, bool]:
         placement = (H * W, u * W, v, start_h * W + start_w)
         placed.append(((a, b, phase, offset), implicit_gemm_nhwc._shape_struct(cropped, placement)))
         written += (stop_h - first_h) * (stop_w - first_w)
-        offset += _aligned(problem.C * phase.R * phase.S * group_filters * itemsize) // itemsize
+        offset += _aligned(math.prod(turned_shape(problem, phase)) * itemsize) // itemsize
     launches = []
     for first in range(0, len(placed), implicit_gemm_wgmma.MAX_PHASES):
         chunk = placed[first:first + implicit_gemm_wgmma.MAX_PHASES]
@@ -220,7 +224,7 @@ def turn_phase_filters(w: Any, filters: Any, problem: ConvProblem) -> None:
     if backend.get_array_module(w) is np:
         for turns, _, _ in launches:
             for a, b, phase, offset in turns:
-                shape = (problem.C, phase.R, phase.S, problem.K // groups)
+                shape = turned_shape(problem, phase)
                 sub_filter = w[:, :, a::u, b::v].reshape(groups, problem.K // groups, problem.C // groups, phase.R,
                                                          phase.S)
                 filters[offset:offset + math.prod(shape)] = \
