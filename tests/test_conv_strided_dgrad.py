@@ -221,6 +221,8 @@ IN_PLACE_CASES = {
     "rows_no_dy_reaches": (2, 8, 10, 9, 8, 3, 3, (2, 2), (0, 0), 1),      # H = 10: dx's last row gets nothing
     # phases of 9 row tiles each, 136 channels of dx: two column tiles, the second 8 wide
     "many_tiles_two_column_tiles": (4, 136, 33, 31, 16, 3, 3, (2, 2), (1, 1), 1),
+    # a 2×3 filter: phases (0, 0), (0, 1), (1, 0) of 2, 1, 2 taps, so the longest-first order is not (a, b)'s
+    "phases_out_of_tap_order": (2, 8, 11, 12, 16, 2, 3, (2, 2), (0, 1), 1),
 }
 
 
