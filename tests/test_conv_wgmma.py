@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda, conv, layout
+from minidnn.primitives import _cuda, conv, convert, layout
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
 from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes
 from tests.test_conv_implicit_gemm import output_shape, problem_of, relative_error, run
@@ -309,3 +309,60 @@ def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
     cut = cut_reference("backward_filter", x, dy, case)
     assert relative_error(out, before + cut) < 2e-5
 
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward kernel's PRODUCER build: a producer warpgroup, mbarriers, one persistent CTA an SM
+# ----------------------------------------------------------------------------------------------
+PRODUCER_PIPELINES = [(3, 0), (4, 1), (6, 1)]  # (STAGES, IN_FLIGHT); 6 is capped where it does not fit
+# With 132 SMs the last two give CTAs several tiles each: 200 tiles of 128 wide (K 200: 128 + 72), 144 of 64 wide.
+PRODUCER_CASES = {name: CASES[name] for name in ("rows_and_reduction_off_the_tiles", "two_column_tiles_one_partial",
+                                                  "two_groups_two_column_tiles", "one_by_one")}
+PRODUCER_CASES.update(more_tiles_than_sms_128_wide=(8, 16, 40, 40, 200, 3, 3, 1, 1, 1, 1),
+                      more_tiles_than_sms_64_wide=(8, 24, 48, 48, 64, 3, 3, 1, 1, 1, 1))
+
+
+def test_the_producer_build_takes_the_stages_the_shared_memory_holds(monkeypatch):
+    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: (6, 1), 64: (9, 1), 256: (2, 2)})
+    limit = 227 * 1024
+    # 128 wide: 32 KiB stages beside a 128 × 136 output tile: five of bfloat16 words, four of TF32's floats.
+    for itemsize, most in ((2, 5), (4, 4)):
+        stages, in_flight, shared = implicit_gemm_wgmma.producer_pipeline(128, itemsize)
+        assert (stages, in_flight) == (most, 1)
+        assert shared == most * (256 * 128 + 16) + 128 * 136 * itemsize + 1024 <= limit
+        assert shared + 256 * 128 + 16 > limit  # one stage more would not fit
+    stages, _, shared = implicit_gemm_wgmma.producer_pipeline(64, 2)  # 24 KiB stages: eight fit
+    assert stages == 8 and shared <= limit < shared + 192 * 128 + 16
+    with pytest.raises(ValueError, match="more stages than the 2 in flight"):
+        implicit_gemm_wgmma.producer_pipeline(256, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+@pytest.mark.parametrize("pipeline", PRODUCER_PIPELINES, ids=lambda p: f"stages{p[0]}_in_flight{p[1]}")
+@pytest.mark.parametrize("case_name", PRODUCER_CASES)
+def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng, case_name, pipeline, direction,
+                                                                dtype, operands_last):
+    """The same products summed in the same order: bit for bit the barrier pipeline's output (which the tests above
+    hold against float64 references), whatever the stages, the products in flight or the tiles a CTA runs."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    case = PRODUCER_CASES[case_name]
+    cupy = backend.cupy()
+    first_shape, second_shape = operand_shapes(case, direction)
+    operands = [rng.standard_normal(shape).astype(np.float32) for shape in (first_shape, second_shape)]
+    on_gpu = [cupy.asarray(a) for a in operands]
+    if dtype == "bfloat16":
+        on_gpu = [convert.float_to_half(a, "bfloat16") for a in on_gpu]
+    if operands_last:
+        on_gpu = [layout.to_channels_last(a) for a in on_gpu]
+    with _cuda.tf32(dtype == "float32"):
+        barrier = run(direction, *on_gpu, case, algo=ALGO)
+        monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: pipeline, 64: pipeline, 256: None})
+        produced = run(direction, *on_gpu, case, algo=ALGO)
+    assert layout.is_channels_last(produced) == layout.is_channels_last(barrier) == operands_last
+    words = np.uint16 if dtype == "bfloat16" else np.uint32
+    assert np.array_equal(cupy.asnumpy(produced).view(words), cupy.asnumpy(barrier).view(words))
+    assert np.abs(cupy.asnumpy(barrier).view(words)).any()  # not two empty outputs

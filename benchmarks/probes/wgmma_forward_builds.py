@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
+# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER (which pipeline the forward kernel runs), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
 """Each layer-direction in one process, float32 on the TF32 build and bfloat16: the wgmma kernel alone on
 operands already channels-last (nhwc_implicit_gemm_vs_cudnn.kernel_only), once per variant, and PyTorch's cuDNN
 on channels_last tensors (cudnn.benchmark on). CUDA events around 10 calls in a row (the launches queue behind each
@@ -7,12 +7,14 @@ other, so no host gap counts), after 3 warm-ups; the median of 7 such groups, pe
 implicit_gemm_wgmma.cu, except FORWARD_CTAS_PER_SM, added only to 64-wide tiles (a 128-wide tile's three stages
 leave room for two CTAs an SM whatever the launch bounds say). TILE_WIDTH is not a macro: it sets the forward
 kernel's tile width (implicit_gemm_wgmma.tile_width), whose builds then take the variant's FORWARD_CTAS_PER_SM;
-FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of more than 128 filters). Each
+FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of more than 128 filters).
+PRODUCER_STAGES and PRODUCER_IN_FLIGHT (0 unless given) run the forward kernel's PRODUCER build at both widths
+(implicit_gemm_wgmma.FORWARD_PRODUCER: a producer warpgroup, mbarriers, one persistent CTA an SM). Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
 sums in the same order: 0).
 
     PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_forward_builds.py --out DIR \
-        --variants base two=FORWARD_CTAS_PER_SM:2 narrow=TILE_WIDTH:64 \
+        --variants base two=FORWARD_CTAS_PER_SM:2 narrow=TILE_WIDTH:64 producer=PRODUCER_STAGES:4,PRODUCER_IN_FLIGHT:1 \
         [--dtypes float32,bfloat16] [--layers PART,...]
 
 Writes DIR/wgmma-forward-builds.json and DIR/wgmma-forward-builds.md.
@@ -39,7 +41,8 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer3.stride2", 128, 128, 28, 28, 256, 3, 3, 2, 1),
           ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
 DIRECTIONS = ("forward", "backward_data")
-SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH")  # a variant's entries that are Python settings, not macros
+# A variant's entries that are Python settings, not macros.
+SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT")
 
 
 def per_call_ms(call, cupy):
@@ -67,6 +70,7 @@ def main() -> None:
         return original(relative, name, dtype, defines)
 
     original_width = wgmma.tile_width
+    original_producer = wgmma.FORWARD_PRODUCER
 
     def tile_width(columns, kernel):
         width = dict(extra).get("TILE_WIDTH" if kernel == "forward" else "FILTER_WIDTH")
@@ -88,6 +92,12 @@ def main() -> None:
                 first = None
                 for name, defines in variants:
                     extra = defines
+                    settings = dict(defines)
+                    if "PRODUCER_STAGES" in settings:
+                        pipeline = (settings["PRODUCER_STAGES"], settings.get("PRODUCER_IN_FLIGHT", 0))
+                        wgmma.FORWARD_PRODUCER = {128: pipeline, 64: pipeline, 256: None}
+                    else:
+                        wgmma.FORWARD_PRODUCER = original_producer
                     run = kernel_only(direction, layer, cupy, np.random.default_rng(0), wgmma, tf32)
                     if run is None:
                         break
@@ -110,6 +120,7 @@ def main() -> None:
                       flush=True)
     _cuda.function = original
     wgmma.tile_width = original_width
+    wgmma.FORWARD_PRODUCER = original_producer
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]
     lines = ["| layer | dtype | direction | " + " | ".join(columns) + " |", "|---" * (len(columns) + 3) + "|"]

@@ -201,11 +201,12 @@ struct OutputStage {
 // (with K a multiple of a run, so are the group's first channel and the stride, and every run is aligned).
 template <int M_TILE, int N_TILE, int THREAD_COUNT>
 __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& out, Element* __restrict__ y,
-                                                  const NhwcShape& s, const int tile_m, const int tile_n) {
+                                                  const NhwcShape& s, const int tile_m, const int tile_n,
+                                                  const int thread = threadIdx.x) {
     const int PQ = s.P * s.Q, rows = s.N * PQ;
 #if Y_LAST
     constexpr int RUN = VALUES_PER_COPY, RUNS = N_TILE / RUN;
-    for (int i = threadIdx.x; i < M_TILE * RUNS; i += THREAD_COUNT) {
+    for (int i = thread; i < M_TILE * RUNS; i += THREAD_COUNT) {
         const int pixel = i / RUNS, run = i % RUNS, row = tile_m * M_TILE + pixel, k = tile_n * N_TILE + RUN * run;
         if (row >= rows || k >= s.K) continue;
 #if Y_PLACED
@@ -223,10 +224,10 @@ __device__ __forceinline__ void store_output_tile(OutputStage<M_TILE, N_TILE>& o
         }
     }
 #else
-    const int pixel = threadIdx.x % M_TILE, row = tile_m * M_TILE + pixel;
+    const int pixel = thread % M_TILE, row = tile_m * M_TILE + pixel;
     if (row >= rows) return;
     Element* destination = y + (row / PQ) * s.channels_out() * PQ + row % PQ;
-    for (int column = threadIdx.x / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
+    for (int column = thread / M_TILE; column < N_TILE; column += THREAD_COUNT / M_TILE) {
         const int k = tile_n * N_TILE + column;
         if (k < s.K) destination[k * PQ] = out.values[column][pixel];
     }

@@ -73,6 +73,9 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef IN_FLIGHT
 #define IN_FLIGHT 0
 #endif
+#ifndef PRODUCER  // 1: the forward kernel's copies by a producer warpgroup, through mbarriers (below)
+#define PRODUCER 0
+#endif
 // The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
 // (73 KiB with the period) leave room for three in the 227 KiB of shared memory, and its 32 accumulators a thread
 // fit the 80 registers that leaves each thread: a third CTA hides more of each one's waits at barriers and copies.
@@ -292,11 +295,123 @@ __device__ __forceinline__ void forward_tile(const Element* __restrict__ x, cons
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
 
+#if !PRODUCER
 extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
     forward_tile(x, w, y, s, blockIdx.x);
 }
+#else
+// The PRODUCER build of the forward kernel: a third warpgroup copies, the two others only multiply, and one CTA an
+// SM runs tile after tile (a persistent kernel: blockIdx.x, then gridDim.x on). Above, every thread copies, and a
+// CTA barrier a stage makes the tensor cores wait for the slowest copy of the CTA, and the copies for the products;
+// a second CTA on the SM fills those waits. Here each stage has two mbarriers: `full`, on which each producer
+// thread's copies arrive as they land (cp.async.mbarrier.arrive), and `empty`, on which each consumer warp arrives
+// once its products have read the stage. The producer runs up to STAGES stages ahead of the products, into the next
+// tile while the consumers store this one (the output tile has memory of its own), and IN_FLIGHT product groups
+// stay in flight while the next stage's are issued. One CTA of 384 threads leaves 168 registers a thread: no
+// setmaxnreg is needed to fit the consumers' accumulators.
+constexpr int PRODUCER_THREADS = 128, FORWARD_THREADS = THREADS + PRODUCER_THREADS;
+constexpr int CONSUMER_WARPS = THREADS / 32;
+constexpr int PRODUCER_ROWS_PER_PASS = PRODUCER_THREADS / CHUNKS;  // 16
+constexpr int PRODUCER_A_COPIES = BLOCK_M / PRODUCER_ROWS_PER_PASS;
+constexpr int PRODUCER_B_COPIES = BLOCK_N / PRODUCER_ROWS_PER_PASS;
+static_assert(sizeof(OutputTile) % 16 == 0, "the barriers after the output tile stay 8-byte aligned");
+
+__device__ __forceinline__ void barrier_init(const unsigned barrier, const unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed (parity 1 before the first: at once).
+__device__ __forceinline__ void barrier_wait(const unsigned barrier, const unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(barrier), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(const unsigned barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
+}
+// The barrier receives one arrival once every cp.async this thread has issued has landed.
+__device__ __forceinline__ void arrive_when_copied(const unsigned barrier) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");
+}
+// A barrier of the two consumer warpgroups alone (barrier 0 is __syncthreads').
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory"); }
+
+extern "C" __global__ void __launch_bounds__(FORWARD_THREADS, 1)
+implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
+                            const NhwcShape s) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles + STAGES * STAGE_BYTES);
+    const unsigned full = shared_address(&out + 1), empty = full + 8 * STAGES;  // 8 bytes a barrier
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int stage = 0; stage < STAGES; ++stage) {
+            barrier_init(full + 8 * stage, PRODUCER_THREADS);
+            barrier_init(empty + 8 * stage, CONSUMER_WARPS);
+        }
+    }
+    __syncthreads();
+    const int reduction = s.R * s.S * s.C, group = blockIdx.z, steps = (reduction + BLOCK_K - 1) / BLOCK_K;
+    x += group * s.C;
+    w += group * s.K * reduction;
+    y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tiles_count = (s.N * s.P * s.Q + BLOCK_M - 1) / BLOCK_M * n_tiles;
+
+    if (threadIdx.x < PRODUCER_THREADS) {
+        const int chunk = threadIdx.x % CHUNKS, copy_row = threadIdx.x / CHUNKS;
+        int index = 0;  // the stages copied so far, over all the CTA's tiles
+        for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
+            ForwardGather<PRODUCER_A_COPIES, PRODUCER_B_COPIES> gather(
+                s, tile / n_tiles * BLOCK_M + copy_row, tile % n_tiles * BLOCK_N + copy_row, PRODUCER_ROWS_PER_PASS,
+                chunk * VECTOR);
+            for (int step = 0; step < steps; ++step, ++index) {
+                const int stage = index % STAGES;
+                barrier_wait(empty + 8 * stage, (index / STAGES & 1) ^ 1);  // its last products have read it
+                unsigned char* const a = tiles + stage * STAGE_BYTES;
+                unsigned char* const b = a + A_BYTES;
+                gather.copy_stage(x, w, s, reduction, BLOCK_K,
+                                  [&](int i) { return a + swizzled(copy_row + PRODUCER_ROWS_PER_PASS * i, chunk); },
+                                  [&](int i) { return b + swizzled(copy_row + PRODUCER_ROWS_PER_PASS * i, chunk); });
+                arrive_when_copied(full + 8 * stage);
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
+        return;
+    }
+
+    const int thread = threadIdx.x - PRODUCER_THREADS, warpgroup = thread / 128, lane = thread % 32;
+    const int t = thread % 128, g = t % 32 / 4, q = t % 4, row0 = warpgroup * 64 + t / 32 * 16 + g;
+    int index = 0;  // the stages multiplied so far
+    for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
+        float acc[ACCUMULATORS] = {};
+        for (int step = 0; step < steps; ++step, ++index) {
+            const int stage = index % STAGES;
+            barrier_wait(full + 8 * stage, index / STAGES & 1);
+            fence_async_proxy();
+            multiply_stage(acc, shared_address(tiles + stage * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
+                           shared_address(tiles + stage * STAGE_BYTES + A_BYTES));
+            wgmma_wait<IN_FLIGHT>();
+            fence_accumulators(acc);
+            // The stage whose products are now done goes back to the producer.
+            if (step >= IN_FLIGHT && lane == 0) barrier_arrive(empty + 8 * ((index - IN_FLIGHT) % STAGES));
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        for (int last = 1; last <= min(IN_FLIGHT, steps); ++last)  // the stages still held
+            if (lane == 0) barrier_arrive(empty + 8 * ((index - last) % STAGES));
+        consumers_sync();  // the last tile's store has read the output tile
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 8; ++i)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
+        consumers_sync();
+        store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile / n_tiles, tile % n_tiles, thread);
+    }
+}
+#endif
 
 #if Y_PLACED
 // A strided backward-data's phases in one launch (strided_dgrad.py): phase i is a forward product of dy with its
