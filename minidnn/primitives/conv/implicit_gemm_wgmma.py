@@ -53,24 +53,26 @@ BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # an SM whatever its stages; three fill 145 KiB of the 227, and four were no faster (wgmma_tile_width.py).
 PIPELINES = {128: (3, 0), 64: (3, 0), 256: (3, 0)}
 # The forward kernel's other pipeline (implicit_gemm_wgmma.cu's PRODUCER build): a producer warpgroup copies beside
-# the two that multiply, through mbarriers, one persistent CTA an SM. Per tile width, None (the barrier pipeline
-# above) or (STAGES, IN_FLIGHT), the stages capped at what the shared memory holds beside the output tile.
-FORWARD_PRODUCER: dict[int, tuple[int, int] | None] = {128: None, 64: None, 256: None}
-PRODUCER_THREADS = THREADS + 128
+# the warpgroups that multiply (one a 64 rows of the tile), through mbarriers, one persistent CTA an SM. Per tile
+# width, None (the barrier pipeline above) or (STAGES, IN_FLIGHT, rows of the tile: 128 or 256), the stages capped
+# at what the shared memory holds beside the output tile.
+FORWARD_PRODUCER: dict[int, tuple[int, int, int] | None] = {128: None, 64: None, 256: None}
 SHARED_LIMIT = 227 * 1024  # Hopper's dynamic shared memory a CTA at most
 
 
-def producer_pipeline(block_n: int, itemsize: int) -> tuple[int, int, int]:
-    """(stages, in_flight, shared bytes) of the PRODUCER build at ``block_n`` wide on values of ``itemsize``
-    bytes: FORWARD_PRODUCER's stages, fewer if the shared memory holds fewer beside the output tile (BLOCK_M rows
-    of block_n + 8 values, or block_n columns of BLOCK_M + 8) and two 8-byte mbarriers a stage."""
-    stages, in_flight = FORWARD_PRODUCER[block_n]
-    stage_bytes = (BLOCK_M + block_n) * ROW_BYTES
-    fixed = max(BLOCK_M * (block_n + 8), block_n * (BLOCK_M + 8)) * itemsize + SWIZZLE_PERIOD
+def producer_pipeline(block_n: int, itemsize: int) -> tuple[int, int, int, int]:
+    """(stages, in_flight, rows, shared bytes) of the PRODUCER build at ``block_n`` wide on values of ``itemsize``
+    bytes: FORWARD_PRODUCER's, its stages fewer if the shared memory holds fewer beside the output tile (rows of
+    block_n + 8 values, or block_n columns of rows + 8) and two 8-byte mbarriers a stage."""
+    stages, in_flight, rows = FORWARD_PRODUCER[block_n]
+    if rows not in (128, 256):
+        raise ValueError(f"the PRODUCER build's rows must be 128 or 256, got {rows}")
+    stage_bytes = (rows + block_n) * ROW_BYTES
+    fixed = max(rows * (block_n + 8), block_n * (rows + 8)) * itemsize + SWIZZLE_PERIOD
     stages = min(stages, (SHARED_LIMIT - fixed) // (stage_bytes + 16))
     if stages <= in_flight:
-        raise ValueError(f"the PRODUCER build at {block_n} wide needs more stages than the {in_flight} in flight")
-    return stages, in_flight, stages * (stage_bytes + 16) + fixed
+        raise ValueError(f"the PRODUCER build at {rows} × {block_n} needs more stages than the {in_flight} in flight")
+    return stages, in_flight, rows, stages * (stage_bytes + 16) + fixed
 
 
 # Backward-filter's split of N·P·Q aims at two waves of CTAs, half implicit_gemm_nhwc's four: a stage here reduces
@@ -193,15 +195,17 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
         kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, layout.is_channels_last(out))
         implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), args)
         return
-    # The persistent build: one CTA an SM (at most one a tile), each running tiles gridDim.x apart.
-    stages, in_flight, shared = producer_pipeline(block_n, out.dtype.itemsize)
+    # The persistent build: one CTA an SM, each running tiles gridDim.x apart; a producer warpgroup and one
+    # warpgroup a 64 rows.
+    stages, in_flight, rows, shared = producer_pipeline(block_n, out.dtype.itemsize)
     kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight), ("PRODUCER", 1))
-        + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight), ("PRODUCER", 1),
+        ("PRODUCER_BLOCK_M", rows)) + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
     if kernel not in implicit_gemm_nhwc._raised:
         kernel.max_dynamic_shared_size_bytes = shared
         implicit_gemm_nhwc._raised.add(kernel)
-    _cuda.launch_blocks(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), PRODUCER_THREADS, args,
+    tiles = -(-int(shape["N"]) * int(shape["P"]) * int(shape["Q"]) // rows) * -(-int(shape["K"]) // block_n)
+    _cuda.launch_blocks(kernel, (min(tiles, _cuda.sm_count()), 1, grid[2]), 128 + 2 * rows, args,
                         shared_bytes=shared)
 
 
