@@ -314,8 +314,8 @@ def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
 # ----------------------------------------------------------------------------------------------
 # The forward kernel's PRODUCER build: a producer warpgroup, mbarriers, one persistent CTA an SM
 # ----------------------------------------------------------------------------------------------
-# (STAGES, IN_FLIGHT, rows of the tile); 6 stages are capped where they do not fit
-PRODUCER_PIPELINES = [(3, 0, 128), (4, 1, 128), (6, 1, 128), (3, 1, 256)]
+# (STAGES, IN_FLIGHT, rows of the tile, producer warpgroups); 6 stages are capped where they do not fit
+PRODUCER_PIPELINES = [(3, 0, 128, 1), (4, 1, 128, 1), (6, 1, 128, 1), (3, 1, 256, 1), (4, 1, 128, 2)]
 # With 132 SMs the last two give CTAs several tiles each: 200 tiles of 128 wide (K 200: 128 + 72), 144 of 64 wide.
 PRODUCER_CASES = {name: CASES[name] for name in ("rows_and_reduction_off_the_tiles", "two_column_tiles_one_partial",
                                                   "two_groups_two_column_tiles", "one_by_one")}
@@ -324,34 +324,37 @@ PRODUCER_CASES.update(more_tiles_than_sms_128_wide=(8, 16, 40, 40, 200, 3, 3, 1,
 
 
 def test_the_producer_build_takes_the_stages_the_shared_memory_holds(monkeypatch):
-    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: (6, 1, 128), 64: (9, 1, 128),
-                                                                  256: (2, 2, 128)})
+    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: (6, 1, 128, 1), 64: (9, 1, 128, 2),
+                                                                  256: (2, 2, 128, 1)})
     limit = 227 * 1024
     # 128 × 128: 32 KiB stages beside a 128 × 136 output tile: five of bfloat16 words, four of TF32's floats.
     for itemsize, most in ((2, 5), (4, 4)):
-        stages, in_flight, rows, shared = implicit_gemm_wgmma.producer_pipeline(128, itemsize)
-        assert (stages, in_flight, rows) == (most, 1, 128)
-        assert shared == most * (256 * 128 + 16) + 128 * 136 * itemsize + 1024 <= limit
-        assert shared + 256 * 128 + 16 > limit  # one stage more would not fit
-    stages, _, _, shared = implicit_gemm_wgmma.producer_pipeline(64, 2)  # 24 KiB stages: eight fit
-    assert stages == 8 and shared <= limit < shared + 192 * 128 + 16
+        build = implicit_gemm_wgmma.producer_build(128, itemsize)
+        assert build[:4] == (most, 1, 128, 1) and build.threads == 384
+        assert build.shared_bytes == most * (256 * 128 + 16) + 128 * 136 * itemsize + 1024 <= limit
+        assert build.shared_bytes + 256 * 128 + 16 > limit  # one stage more would not fit
+    build = implicit_gemm_wgmma.producer_build(64, 2)  # 24 KiB stages: eight fit
+    assert build.stages == 8 and build.shared_bytes <= limit < build.shared_bytes + 192 * 128 + 16
+    assert build.threads == 512  # two producer warpgroups
     with pytest.raises(ValueError, match="more stages than the 2 in flight"):
-        implicit_gemm_wgmma.producer_pipeline(256, 2)
+        implicit_gemm_wgmma.producer_build(256, 2)
     # 256 × 128: 48 KiB stages; three beside bfloat16's 256 × 136 output tile, one beside TF32's.
-    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (6, 1, 256))
-    assert implicit_gemm_wgmma.producer_pipeline(128, 2)[:3] == (3, 1, 256)
+    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (6, 1, 256, 1))
+    assert implicit_gemm_wgmma.producer_build(128, 2)[:4] == (3, 1, 256, 1)
+    assert implicit_gemm_wgmma.producer_build(128, 2).threads == 640
     with pytest.raises(ValueError, match="256 × 128 needs more stages than the 1 in flight"):
-        implicit_gemm_wgmma.producer_pipeline(128, 4)
-    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (3, 1, 192))
-    with pytest.raises(ValueError, match="rows must be 128 or 256, got 192"):
-        implicit_gemm_wgmma.producer_pipeline(128, 2)
+        implicit_gemm_wgmma.producer_build(128, 4)
+    for rows, producers in ((192, 1), (256, 2), (128, 3)):
+        monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (3, 1, rows, producers))
+        with pytest.raises(ValueError, match=f"got {rows} and {producers}"):
+            implicit_gemm_wgmma.producer_build(128, 2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("direction", FORWARD_AND_DATA)
-@pytest.mark.parametrize("pipeline", PRODUCER_PIPELINES, ids=lambda p: f"stages{p[0]}_in_flight{p[1]}_rows{p[2]}")
+@pytest.mark.parametrize("pipeline", PRODUCER_PIPELINES, ids=lambda p: "stages{}_in_flight{}_rows{}_producers{}".format(*p))
 @pytest.mark.parametrize("case_name", PRODUCER_CASES)
 def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng, case_name, pipeline, direction,
                                                                 dtype, operands_last):
