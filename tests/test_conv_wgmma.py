@@ -314,8 +314,8 @@ def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
 # ----------------------------------------------------------------------------------------------
 # The forward kernel's PRODUCER build: a producer warpgroup, mbarriers, one persistent CTA an SM
 # ----------------------------------------------------------------------------------------------
-# (STAGES, IN_FLIGHT, rows of the tile, producer warpgroups); 6 stages are capped where they do not fit
-PRODUCER_PIPELINES = [(3, 0, 128, 1), (4, 1, 128, 1), (6, 1, 128, 1), (3, 1, 256, 1), (4, 1, 128, 2)]
+# (STAGES, IN_FLIGHT, producer warpgroups); 6 stages are capped where they do not fit
+PRODUCER_PIPELINES = [(3, 0, 1), (4, 1, 1), (6, 1, 1), (4, 1, 2)]
 # With 132 SMs the last two give CTAs several tiles each: 200 tiles of 128 wide (K 200: 128 + 72), 144 of 64 wide.
 PRODUCER_CASES = {name: CASES[name] for name in ("rows_and_reduction_off_the_tiles", "two_column_tiles_one_partial",
                                                   "two_groups_two_column_tiles", "one_by_one")}
@@ -324,13 +324,12 @@ PRODUCER_CASES.update(more_tiles_than_sms_128_wide=(8, 16, 40, 40, 200, 3, 3, 1,
 
 
 def test_the_producer_build_takes_the_stages_the_shared_memory_holds(monkeypatch):
-    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: (6, 1, 128, 1), 64: (9, 1, 128, 2),
-                                                                  256: (2, 2, 128, 1)})
+    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: (6, 1, 1), 64: (9, 1, 2), 256: (2, 2, 1)})
     limit = 227 * 1024
-    # 128 × 128: 32 KiB stages beside a 128 × 136 output tile: five of bfloat16 words, four of TF32's floats.
+    # 128 wide: 32 KiB stages beside a 128 × 136 output tile: five of bfloat16 words, four of TF32's floats.
     for itemsize, most in ((2, 5), (4, 4)):
         build = implicit_gemm_wgmma.producer_build(128, itemsize)
-        assert build[:4] == (most, 1, 128, 1) and build.threads == 384
+        assert build[:3] == (most, 1, 1) and build.threads == 384
         assert build.shared_bytes == most * (256 * 128 + 16) + 128 * 136 * itemsize + 1024 <= limit
         assert build.shared_bytes + 256 * 128 + 16 > limit  # one stage more would not fit
     build = implicit_gemm_wgmma.producer_build(64, 2)  # 24 KiB stages: eight fit
@@ -338,23 +337,16 @@ def test_the_producer_build_takes_the_stages_the_shared_memory_holds(monkeypatch
     assert build.threads == 512  # two producer warpgroups
     with pytest.raises(ValueError, match="more stages than the 2 in flight"):
         implicit_gemm_wgmma.producer_build(256, 2)
-    # 256 × 128: 48 KiB stages; three beside bfloat16's 256 × 136 output tile, one beside TF32's.
-    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (6, 1, 256, 1))
-    assert implicit_gemm_wgmma.producer_build(128, 2)[:4] == (3, 1, 256, 1)
-    assert implicit_gemm_wgmma.producer_build(128, 2).threads == 640
-    with pytest.raises(ValueError, match="256 × 128 needs more stages than the 1 in flight"):
-        implicit_gemm_wgmma.producer_build(128, 4)
-    for rows, producers in ((192, 1), (256, 2), (128, 3)):
-        monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (3, 1, rows, producers))
-        with pytest.raises(ValueError, match=f"got {rows} and {producers}"):
-            implicit_gemm_wgmma.producer_build(128, 2)
+    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (3, 1, 3))
+    with pytest.raises(ValueError, match="1 or 2 producer warpgroups, got 3"):
+        implicit_gemm_wgmma.producer_build(128, 2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("direction", FORWARD_AND_DATA)
-@pytest.mark.parametrize("pipeline", PRODUCER_PIPELINES, ids=lambda p: "stages{}_in_flight{}_rows{}_producers{}".format(*p))
+@pytest.mark.parametrize("pipeline", PRODUCER_PIPELINES, ids=lambda p: "stages{}_in_flight{}_producers{}".format(*p))
 @pytest.mark.parametrize("case_name", PRODUCER_CASES)
 def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng, case_name, pipeline, direction,
                                                                 dtype, operands_last):
@@ -362,8 +354,6 @@ def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng
     hold against float64 references), whatever the stages, the products in flight or the tiles a CTA runs."""
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
-    if dtype == "float32" and pipeline[2] == 256:
-        pytest.skip("TF32's 256-row output tile leaves room for one stage")
     case = PRODUCER_CASES[case_name]
     cupy = backend.cupy()
     first_shape, second_shape = operand_shapes(case, direction)

@@ -8,9 +8,9 @@ implicit_gemm_wgmma.cu, except FORWARD_CTAS_PER_SM, added only to 64-wide tiles 
 leave room for two CTAs an SM whatever the launch bounds say). TILE_WIDTH is not a macro: it sets the forward
 kernel's tile width (implicit_gemm_wgmma.tile_width), whose builds then take the variant's FORWARD_CTAS_PER_SM;
 FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of more than 128 filters).
-PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given), PRODUCER_ROWS (128 unless given) and PRODUCER_WARPGROUPS
-(1 unless given) run the forward kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER:
-producer warpgroups, mbarriers, one persistent CTA an SM). Each
+PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given) and PRODUCER_WARPGROUPS (1 unless given) run the forward
+kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: producer warpgroups, mbarriers, one
+persistent CTA an SM). Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
 sums in the same order: 0).
 
@@ -43,8 +43,7 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
-SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_ROWS",
-            "PRODUCER_WARPGROUPS")
+SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS")
 
 
 def per_call_ms(call, cupy):
@@ -97,7 +96,7 @@ def main() -> None:
                     settings = dict(defines)
                     if "PRODUCER_STAGES" in settings:
                         pipeline = (settings["PRODUCER_STAGES"], settings.get("PRODUCER_IN_FLIGHT", 0),
-                                    settings.get("PRODUCER_ROWS", 128), settings.get("PRODUCER_WARPGROUPS", 1))
+                                    settings.get("PRODUCER_WARPGROUPS", 1))
                         wgmma.FORWARD_PRODUCER = {128: pipeline, 64: pipeline, 256: None}
                     else:
                         wgmma.FORWARD_PRODUCER = original_producer

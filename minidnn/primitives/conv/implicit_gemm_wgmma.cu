@@ -302,29 +302,26 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     forward_tile(x, w, y, s, blockIdx.x);
 }
 #else
-// The PRODUCER build of the forward kernel: a third warpgroup copies, the two others only multiply, and one CTA an
-// SM runs tile after tile (a persistent kernel: blockIdx.x, then gridDim.x on). Above, every thread copies, and a
-// CTA barrier a stage makes the tensor cores wait for the slowest copy of the CTA, and the copies for the products;
-// a second CTA on the SM fills those waits. Here each stage has two mbarriers: `full`, on which each producer
-// thread's copies arrive as they land (cp.async.mbarrier.arrive), and `empty`, on which each consumer warp arrives
-// once its products have read the stage. The producer runs up to STAGES stages ahead of the products, into the next
-// tile while the consumers store this one (the output tile has memory of its own), and IN_FLIGHT product groups
-// stay in flight while the next stage's are issued. One CTA of 384 threads leaves 168 registers a thread: no
-// setmaxnreg is needed to fit the consumers' accumulators.
-#ifndef PRODUCER_BLOCK_M
-#define PRODUCER_BLOCK_M 128  // the tile's rows: 64 a consumer warpgroup
-#endif
+// The PRODUCER build of the forward kernel: one or two more warpgroups copy, the two others only multiply, and one
+// CTA an SM runs tile after tile (a persistent kernel: blockIdx.x, then gridDim.x on). Above, every thread copies,
+// and a CTA barrier a stage makes the tensor cores wait for the slowest copy of the CTA, and the copies for the
+// products; a second CTA on the SM fills those waits. Here each stage has two mbarriers: `full`, on which each
+// producer thread's copies arrive as they land (cp.async.mbarrier.arrive), and `empty`, on which each consumer warp
+// arrives once its products have read the stage. The producers run up to STAGES stages ahead of the products, into
+// the next tile while the consumers store this one (the output tile has memory of its own), and IN_FLIGHT product
+// groups stay in flight while the next stage's are issued. One CTA of 384 or 512 threads leaves 168 or 128
+// registers a thread, enough for the consumers' accumulators (ptxas allocates every role at the launch bounds'
+// count, setmaxnreg or not). It timed slower than the barrier pipeline: implicit_gemm_wgmma.FORWARD_PRODUCER says
+// which widths take it (none).
 #ifndef PRODUCER_WARPGROUPS
-#define PRODUCER_WARPGROUPS 1
+#define PRODUCER_WARPGROUPS 1  // or 2: one CTA of 512 threads still leaves the consumers 128 registers
 #endif
-constexpr int CONSUMER_THREADS = PRODUCER_BLOCK_M * 2, PRODUCER_THREADS = 128 * PRODUCER_WARPGROUPS;
-constexpr int FORWARD_THREADS = CONSUMER_THREADS + PRODUCER_THREADS, CONSUMER_WARPS = CONSUMER_THREADS / 32;
+constexpr int PRODUCER_THREADS = 128 * PRODUCER_WARPGROUPS, FORWARD_THREADS = THREADS + PRODUCER_THREADS;
+constexpr int CONSUMER_WARPS = THREADS / 32;
 constexpr int PRODUCER_ROWS_PER_PASS = PRODUCER_THREADS / CHUNKS;  // 16 a warpgroup
-constexpr int PRODUCER_A_COPIES = PRODUCER_BLOCK_M / PRODUCER_ROWS_PER_PASS;
+constexpr int PRODUCER_A_COPIES = BLOCK_M / PRODUCER_ROWS_PER_PASS;
 constexpr int PRODUCER_B_COPIES = BLOCK_N / PRODUCER_ROWS_PER_PASS;
-constexpr int PRODUCER_A_BYTES = PRODUCER_BLOCK_M * ROW_BYTES, PRODUCER_STAGE_BYTES = PRODUCER_A_BYTES + B_BYTES;
-typedef OutputStage<PRODUCER_BLOCK_M, BLOCK_N> ProducerOutputTile;
-static_assert(sizeof(ProducerOutputTile) % 16 == 0, "the barriers after the output tile stay 8-byte aligned");
+static_assert(sizeof(OutputTile) % 16 == 0, "the barriers after the output tile stay 8-byte aligned");
 
 __device__ __forceinline__ void barrier_init(const unsigned barrier, const unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
@@ -345,7 +342,7 @@ __device__ __forceinline__ void arrive_when_copied(const unsigned barrier) {
 }
 // A barrier of the two consumer warpgroups alone (barrier 0 is __syncthreads').
 __device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMER_THREADS) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
 extern "C" __global__ void __launch_bounds__(FORWARD_THREADS, 1)
@@ -353,7 +350,7 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
                             const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
-    ProducerOutputTile& out = *reinterpret_cast<ProducerOutputTile*>(tiles + STAGES * PRODUCER_STAGE_BYTES);
+    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles + STAGES * STAGE_BYTES);
     const unsigned full = shared_address(&out + 1), empty = full + 8 * STAGES;  // 8 bytes a barrier
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -368,20 +365,20 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     w += group * s.K * reduction;
     y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
-    const int tiles_count = (s.N * s.P * s.Q + PRODUCER_BLOCK_M - 1) / PRODUCER_BLOCK_M * n_tiles;
+    const int tiles_count = (s.N * s.P * s.Q + BLOCK_M - 1) / BLOCK_M * n_tiles;
 
     if (threadIdx.x < PRODUCER_THREADS) {
         const int chunk = threadIdx.x % CHUNKS, copy_row = threadIdx.x / CHUNKS;
         int index = 0;  // the stages copied so far, over all the CTA's tiles
         for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
             ForwardGather<PRODUCER_A_COPIES, PRODUCER_B_COPIES> gather(
-                s, tile / n_tiles * PRODUCER_BLOCK_M + copy_row, tile % n_tiles * BLOCK_N + copy_row,
+                s, tile / n_tiles * BLOCK_M + copy_row, tile % n_tiles * BLOCK_N + copy_row,
                 PRODUCER_ROWS_PER_PASS, chunk * VECTOR);
             for (int step = 0; step < steps; ++step, ++index) {
                 const int stage = index % STAGES;
                 barrier_wait(empty + 8 * stage, (index / STAGES & 1) ^ 1);  // its last products have read it
-                unsigned char* const a = tiles + stage * PRODUCER_STAGE_BYTES;
-                unsigned char* const b = a + PRODUCER_A_BYTES;
+                unsigned char* const a = tiles + stage * STAGE_BYTES;
+                unsigned char* const b = a + A_BYTES;
                 gather.copy_stage(x, w, s, reduction, BLOCK_K,
                                   [&](int i) { return a + swizzled(copy_row + PRODUCER_ROWS_PER_PASS * i, chunk); },
                                   [&](int i) { return b + swizzled(copy_row + PRODUCER_ROWS_PER_PASS * i, chunk); });
@@ -401,8 +398,8 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
             const int stage = index % STAGES;
             barrier_wait(full + 8 * stage, index / STAGES & 1);
             fence_async_proxy();
-            multiply_stage(acc, shared_address(tiles + stage * PRODUCER_STAGE_BYTES) + warpgroup * 64 * ROW_BYTES,
-                           shared_address(tiles + stage * PRODUCER_STAGE_BYTES + PRODUCER_A_BYTES));
+            multiply_stage(acc, shared_address(tiles + stage * STAGE_BYTES) + warpgroup * (A_BYTES / 2),
+                           shared_address(tiles + stage * STAGE_BYTES + A_BYTES));
             wgmma_wait<IN_FLIGHT>();
             fence_accumulators(acc);
             // The stage whose products are now done goes back to the producer.
@@ -418,8 +415,7 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
 #pragma unroll
             for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
         consumers_sync();
-        store_output_tile<PRODUCER_BLOCK_M, BLOCK_N, CONSUMER_THREADS>(out, y, s, tile / n_tiles, tile % n_tiles,
-                                                                  thread);
+        store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile / n_tiles, tile % n_tiles, thread);
     }
 }
 #endif

@@ -52,40 +52,40 @@ BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # values in the same bytes: four to six stages were no faster (the probe's --tf32). A 256-wide tile holds one CTA
 # an SM whatever its stages; three fill 145 KiB of the 227, and four were no faster (wgmma_tile_width.py).
 PIPELINES = {128: (3, 0), 64: (3, 0), 256: (3, 0)}
-# The forward kernel's other pipeline (implicit_gemm_wgmma.cu's PRODUCER build): producer warpgroups copy beside the
-# warpgroups that multiply (one a 64 rows of the tile), through mbarriers, one persistent CTA an SM. Per tile width,
-# None (the barrier pipeline above) or (STAGES, IN_FLIGHT, rows of the tile: 128 or 256, producer warpgroups: 1 or 2),
-# the stages capped at what the shared memory holds beside the output tile.
-FORWARD_PRODUCER: dict[int, tuple[int, int, int, int] | None] = {128: None, 64: None, 256: None}
+# The forward kernel's other pipeline (implicit_gemm_wgmma.cu's PRODUCER build): one or two producer warpgroups copy
+# beside the two that multiply, through mbarriers, one persistent CTA an SM. It times slower than the barrier
+# pipeline on every layer measured (benchmarks/probes/wgmma_forward_builds.py), so no width takes it: per tile width,
+# None (the barrier pipeline) or (STAGES, IN_FLIGHT, producer warpgroups), the stages capped at what the shared memory
+# holds beside the output tile.
+FORWARD_PRODUCER: dict[int, tuple[int, int, int] | None] = {128: None, 64: None, 256: None}
 SHARED_LIMIT = 227 * 1024  # Hopper's dynamic shared memory a CTA at most
 
 
 class ProducerBuild(NamedTuple):
     stages: int
     in_flight: int
-    rows: int
-    producers: int  # warpgroups
+    producers: int  # warpgroups, beside the two that multiply
     shared_bytes: int
 
     @property
     def threads(self) -> int:
-        return 128 * self.producers + 2 * self.rows
+        return 128 * self.producers + THREADS
 
 
 def producer_build(block_n: int, itemsize: int) -> ProducerBuild:
     """The PRODUCER build at ``block_n`` wide on values of ``itemsize`` bytes: FORWARD_PRODUCER's, its stages fewer
-    if the shared memory holds fewer beside the output tile (rows of block_n + 8 values, or block_n columns of
-    rows + 8) and two 8-byte mbarriers a stage. The registers of one CTA an SM fit 640 threads at most."""
-    stages, in_flight, rows, producers = FORWARD_PRODUCER[block_n]
-    if rows not in (128, 256) or producers not in (1, 2) or rows == 256 and producers == 2:
-        raise ValueError(f"the PRODUCER build takes 128 rows and 1 or 2 producer warpgroups, or 256 rows and 1, "
-                         f"got {rows} and {producers}")
-    stage_bytes = (rows + block_n) * ROW_BYTES
-    fixed = max(rows * (block_n + 8), block_n * (rows + 8)) * itemsize + SWIZZLE_PERIOD
+    if the shared memory holds fewer beside the output tile (BLOCK_M rows of block_n + 8 values, or block_n columns
+    of BLOCK_M + 8) and two 8-byte mbarriers a stage. One CTA of 512 threads holds 128 registers a thread, which the
+    consumers' accumulators need: so one or two producer warpgroups."""
+    stages, in_flight, producers = FORWARD_PRODUCER[block_n]
+    if producers not in (1, 2):
+        raise ValueError(f"the PRODUCER build takes 1 or 2 producer warpgroups, got {producers}")
+    stage_bytes = (BLOCK_M + block_n) * ROW_BYTES
+    fixed = max(BLOCK_M * (block_n + 8), block_n * (BLOCK_M + 8)) * itemsize + SWIZZLE_PERIOD
     stages = min(stages, (SHARED_LIMIT - fixed) // (stage_bytes + 16))
     if stages <= in_flight:
-        raise ValueError(f"the PRODUCER build at {rows} × {block_n} needs more stages than the {in_flight} in flight")
-    return ProducerBuild(stages, in_flight, rows, producers, stages * (stage_bytes + 16) + fixed)
+        raise ValueError(f"the PRODUCER build at {block_n} wide needs more stages than the {in_flight} in flight")
+    return ProducerBuild(stages, in_flight, producers, stages * (stage_bytes + 16) + fixed)
 
 
 # Backward-filter's split of N·P·Q aims at two waves of CTAs, half implicit_gemm_nhwc's four: a stage here reduces
@@ -212,13 +212,11 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     build = producer_build(block_n, out.dtype.itemsize)
     kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
-        ("PRODUCER_BLOCK_M", build.rows), ("PRODUCER_WARPGROUPS", build.producers))
-        + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
+        ("PRODUCER_WARPGROUPS", build.producers)) + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
     if kernel not in implicit_gemm_nhwc._raised:
         kernel.max_dynamic_shared_size_bytes = build.shared_bytes
         implicit_gemm_nhwc._raised.add(kernel)
-    tiles = -(-int(shape["N"]) * int(shape["P"]) * int(shape["Q"]) // build.rows) * -(-int(shape["K"]) // block_n)
-    _cuda.launch_blocks(kernel, (min(tiles, _cuda.sm_count()), 1, grid[2]), build.threads, args,
+    _cuda.launch_blocks(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), build.threads, args,
                         shared_bytes=build.shared_bytes)
 
 
