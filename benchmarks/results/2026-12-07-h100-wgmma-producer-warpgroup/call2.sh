@@ -1,11 +1,11 @@
 #!/bin/bash
-# Session 33, call 2. Tree = main + PRODUCER_WARPGROUPS (uncommitted or just committed; off by default).
+# Session 33, call 2. Tree = main 425f249 (PRODUCER_WARPGROUPS; the PRODUCER build off by default).
 # 1. the PRODUCER tests (now with two producer warpgroups); 2. wgmma_forward_builds.py, bf16 and TF32: base,
 # one producer warpgroup (4 stages, 1 in flight), two; 3. the same on a diagnostic copy whose forward kernels copy
 # nothing (scratch/calls/nocopies.py): each pipeline's own time; 4. CaffeNet b256 TF32 captured vs PyTorch;
 # 5. CaffeNet b256 bf16 layer table.
 set -u
-END=${END:-480}
+END=${END:-400}
 R=/tmp/s33c2; rm -rf $R; mkdir -p $R
 save() { tar czf $OUT/s33c2.tgz -C /tmp s33c2; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/machine.txt 2>&1; cat $R/machine.txt
