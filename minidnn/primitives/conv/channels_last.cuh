@@ -36,22 +36,9 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
     return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
 }
 
-// 16 bytes global -> shared, bypassing L1; `valid` false copies nothing and writes 16 zero bytes. COPY_PREFETCH
-// (a build, 0 by default) asks L2 to fetch that many bytes around each copy's: 64, 128 or 256.
-#ifndef COPY_PREFETCH
-#define COPY_PREFETCH 0
-#endif
-#if COPY_PREFETCH == 0
-#define COPY_16_PTX "cp.async.cg.shared.global"
-#elif COPY_PREFETCH == 64
-#define COPY_16_PTX "cp.async.cg.shared.global.L2::64B"
-#elif COPY_PREFETCH == 128
-#define COPY_16_PTX "cp.async.cg.shared.global.L2::128B"
-#elif COPY_PREFETCH == 256
-#define COPY_16_PTX "cp.async.cg.shared.global.L2::256B"
-#endif
+// 16 bytes global -> shared, bypassing L1; `valid` false copies nothing and writes 16 zero bytes.
 __device__ __forceinline__ void copy_16(void* shared, const void* global, bool valid) {
-    asm volatile(COPY_16_PTX " [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared)), "l"(global),
                  "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
