@@ -310,7 +310,6 @@ def test_tf32_backward_filter_accumulates_on_the_gpu(rng, operands_last):
     assert relative_error(out, before + cut) < 2e-5
 
 
-
 # ----------------------------------------------------------------------------------------------
 # The forward kernel's PRODUCER build: a producer warpgroup, mbarriers, one persistent CTA an SM
 # ----------------------------------------------------------------------------------------------
@@ -365,9 +364,11 @@ def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng
         on_gpu = [layout.to_channels_last(a) for a in on_gpu]
     with _cuda.tf32(dtype == "float32"):
         barrier = run(direction, *on_gpu, case, algo=ALGO)
+        # The second call launches anew: no kept form of the first (a ready launch or a recording) may stand in.
+        conv.registry.clear_caches()
         monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: pipeline, 64: pipeline, 256: None})
         produced = run(direction, *on_gpu, case, algo=ALGO)
     assert layout.is_channels_last(produced) == layout.is_channels_last(barrier) == operands_last
     words = np.uint16 if dtype == "bfloat16" else np.uint32
     assert np.array_equal(cupy.asnumpy(produced).view(words), cupy.asnumpy(barrier).view(words))
-    assert np.abs(cupy.asnumpy(barrier).view(words)).any()  # not two empty outputs
+    assert cupy.asnumpy(barrier).view(words).any()  # not two empty outputs
