@@ -120,11 +120,11 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
     if relu and relu_output is not None:
         raise ValueError("batch_norm_backward_training: pass relu_output (the forward's y) or relu=True (the mask "
                          "recomputed from x), not both")
-    if relu:
-        relu_output = _affine((x - _per_channel(mean, x)) * _per_channel(invstd, x), weight, bias, True)
+    normalised = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
+    if relu:  # the forward's y before its ReLU: y > 0 where max(y, 0) > 0
+        relu_output = _affine(normalised, weight, bias, False)
     if relu_output is not None:
         dy = relu_backward(dy, relu_output)
-    normalised = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
     dbias = dy.sum(axis=_axes(x))
     dweight = (dy * normalised).sum(axis=_axes(x))
     scale = invstd if weight is None else invstd * weight

@@ -206,9 +206,9 @@ def _normalise(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, relu: boo
 
 def _relu_mask(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any, half: str | None) -> Any:
     """[y > 0] for the y a training forward with ``relu=True`` returned with ``mean`` and ``invstd``: its
-    normalisation redone on the same values (NumPy), rounded to the half type where x is one."""
-    y = _normalise(x if half is None else _wide(x, half), weight, bias, mean.astype(np.float64),
-                   invstd.astype(np.float64), False)
+    normalisation redone on the same values (NumPy; a half x as its float32 values, ``_wide``), rounded to the half
+    type where x is one."""
+    y = _normalise(x, weight, bias, mean.astype(np.float64), invstd.astype(np.float64), False)
     return (y if half is None else convert.float_to_half(y, half)) > 0
 
 
@@ -359,10 +359,11 @@ def batch_norm_backward_training(dy: Any, x: Any, weight: Any, mean: Any, invstd
         return _backward_training_gpu(dy, x, weight, mean, invstd, relu_output, bias if relu else None, relu, half,
                                       key)
     channels_last = layout.is_channels_last(x)
+    wide_x = x if half is None else _wide(x, half)
     if relu:  # the forward's [y > 0], then the gradient of the plain batch norm
-        dy = where_or_zero(_relu_mask(x, weight, bias, mean, invstd, half), dy)
+        dy = where_or_zero(_relu_mask(wide_x, weight, bias, mean, invstd, half), dy)
     if half is not None:
-        dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), _wide(x, half), weight, mean, invstd,
+        dx, dweight, dbias = batch_norm_backward_training(_wide(dy, half), wide_x, weight, mean, invstd,
                                                           _wide(relu_output, half))
         return layout.like(convert.float_to_half(dx, half), channels_last), dweight, dbias
 

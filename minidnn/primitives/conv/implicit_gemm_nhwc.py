@@ -345,11 +345,12 @@ def _shared_bytes(direction: str, block_n: int) -> int:
 _raised: set = set()  # kernels whose dynamic shared-memory limit has been raised
 
 
-def _launch_tile_kernel(kernel: Any, grid: tuple[int, ...], shared_bytes: int, args: tuple) -> None:
+def _launch_tile_kernel(kernel: Any, grid: tuple[int, ...], shared_bytes: int, args: tuple,
+                        threads: int = THREADS) -> None:
     if shared_bytes > STATIC_SHARED_LIMIT and kernel not in _raised:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
         _raised.add(kernel)
-    _cuda.launch_blocks(kernel, grid, THREADS, args, shared_bytes=shared_bytes)
+    _cuda.launch_blocks(kernel, grid, threads, args, shared_bytes=shared_bytes)
 
 
 def forward_grid(shape: np.void, block_n: int) -> tuple[int, int, int]:

@@ -213,11 +213,8 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
         ("BLOCK_N", block_n), ("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
         ("PRODUCER_WARPGROUPS", build.producers)) + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
-    if kernel not in implicit_gemm_nhwc._raised:
-        kernel.max_dynamic_shared_size_bytes = build.shared_bytes
-        implicit_gemm_nhwc._raised.add(kernel)
-    _cuda.launch_blocks(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), build.threads, args,
-                        shared_bytes=build.shared_bytes)
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), build.shared_bytes,
+                                           args, build.threads)
 
 
 # implicit_gemm_wgmma.cu's Phases: a strided backward-data's phases (at most MAX_PHASES) in one launch.
