@@ -372,3 +372,103 @@ def test_the_producer_build_equals_the_barrier_build_on_the_gpu(monkeypatch, rng
     words = np.uint16 if dtype == "bfloat16" else np.uint32
     assert np.array_equal(cupy.asnumpy(produced).view(words), cupy.asnumpy(barrier).view(words))
     assert cupy.asnumpy(barrier).view(words).any()  # not two empty outputs
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward kernel's TMA build: each stage copied by the bulk tensor copy engine through tensor maps
+# ----------------------------------------------------------------------------------------------
+# C and K per group multiples of 64 (a stage is one tap of 128 bytes of bfloat16 channels, 32 floats), so that
+# forward and stride-1 backward-data both take the TMA build; the last two forward only.
+TMA_CASES = {
+    "rows_off_the_tile": (3, 64, 9, 11, 64, 3, 3, 1, 1, 1, 1),            # N·P·Q 297: the last tile's rows past N
+    "two_slices_a_tap_two_column_tiles": (2, 128, 10, 9, 192, 3, 3, 1, 1, 1, 1),  # K 192: 128 + 64
+    "dilated_one_sided_padding": (2, 64, 12, 11, 64, 3, 2, 1, (2, 0), (2, 3), 1),
+    "two_groups": (2, 128, 8, 9, 128, 3, 3, 1, 1, 1, 2),                  # C/G 64, K/G 64
+    "one_by_one": (4, 64, 7, 7, 64, 1, 1, 1, 0, 1, 1),
+    "five_by_five_unpadded": (2, 64, 11, 12, 64, 5, 5, 1, 0, 1, 1),
+    "stride_2": (2, 64, 13, 10, 128, 3, 3, 2, 1, 1, 1),
+    "columns_off_the_tile": (3, 64, 9, 11, 72, 3, 3, 1, 1, 1, 1),         # K 72: a 128-wide tile, 56 columns empty
+}
+TMA_FORWARD_ONLY = ("stride_2", "columns_off_the_tile")
+
+
+def test_the_tma_build_keeps_its_barriers_after_the_stages():
+    for width in (64, 128):
+        assert implicit_gemm_wgmma.tma_shared_bytes(width) == implicit_gemm_wgmma.shared_bytes(width) + 3 * 8
+    # Three 64-wide CTAs an SM still fit, each with the 1 KiB the driver keeps a CTA.
+    assert 3 * (implicit_gemm_wgmma.tma_shared_bytes(64) + 1024) <= 228 * 1024
+
+
+def tma_operands(rng, case, direction, dtype, operands_last):
+    cupy = backend.cupy()
+    first_shape, second_shape = operand_shapes(case, direction)
+    on_gpu = [cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in (first_shape, second_shape)]
+    if dtype == "bfloat16":
+        on_gpu = [convert.float_to_half(a, "bfloat16") for a in on_gpu]
+    if operands_last:
+        on_gpu = [layout.to_channels_last(a) for a in on_gpu]
+    return on_gpu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+@pytest.mark.parametrize("case_name", TMA_CASES)
+def test_the_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, case_name, direction, dtype,
+                                                             operands_last):
+    """The bulk tensor copies land the values the gathers do, zeros on the padding and past the last image, in the
+    same stages: the output is bit for bit the gathering build's (which the tests above hold against float64
+    references). Every call here takes the TMA build."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    if direction == "backward_data" and case_name in TMA_FORWARD_ONLY:
+        pytest.skip("strided backward-data is strided_dgrad's; K 72 is no multiple of a stage's channels")
+    case = TMA_CASES[case_name]
+    cupy = backend.cupy()
+    on_gpu = tma_operands(rng, case, direction, dtype, operands_last)
+    launches = []
+    launch = implicit_gemm_wgmma._launch_tma
+    monkeypatch.setattr(implicit_gemm_wgmma, "_launch_tma", lambda *a: (launches.append(a), launch(*a)))
+    with _cuda.tf32(dtype == "float32"):
+        gathered = run(direction, *on_gpu, case, algo=ALGO)
+        assert not launches
+        conv.registry.clear_caches()  # the second call launches anew
+        monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_TMA", {128: True, 64: True, 256: False})
+        copied = run(direction, *on_gpu, case, algo=ALGO)
+    assert launches  # the TMA build ran
+    assert layout.is_channels_last(copied) == layout.is_channels_last(gathered) == operands_last
+    words = np.uint16 if dtype == "bfloat16" else np.uint32
+    assert np.array_equal(cupy.asnumpy(copied).view(words), cupy.asnumpy(gathered).view(words))
+    assert cupy.asnumpy(gathered).view(words).any()  # not two empty outputs
+
+
+@pytest.mark.gpu
+def test_a_recorded_tma_launch_maps_the_addresses_it_is_handed(monkeypatch, rng):
+    """A recording of the TMA launch (what a ReadyCall replays on a training step's next arrays) maps its operands
+    anew at each replay: their tensor maps hold addresses, and maps kept from the first call would read its
+    operands."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    cupy = backend.cupy()
+    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_TMA", {128: True, 64: True, 256: False})
+    case = TMA_CASES["rows_off_the_tile"]
+    problem = problem_of(case, np.uint16, "cuda")
+    shape = implicit_gemm_nhwc._shape_struct(problem)
+
+    def operands():
+        x, w = (convert.float_to_half(cupy.asarray(rng.standard_normal(s).astype(np.float32)), "bfloat16")
+                for s in ((problem.N, problem.H, problem.W, problem.C), (problem.K, problem.R, problem.S, problem.C)))
+        return x, w
+
+    x, w = operands()
+    out = cupy.empty(problem.y_shape, dtype=np.uint16)
+    with _cuda.recording() as steps:
+        implicit_gemm_wgmma._launch_forward(x, w, out, shape)
+    ready = _cuda.ReadyCall(steps, (x, w), (out,), (out,))
+    x2, w2 = operands()
+    (replayed,) = ready(x2, w2)
+    direct = cupy.empty_like(out)
+    implicit_gemm_wgmma._launch_forward(x2, w2, direct, shape)
+    assert np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(direct))
+    assert not np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(out))

@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER (which pipeline the forward kernel runs), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
+# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER and FORWARD_TMA (which pipeline and copies the forward kernel runs), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
 """Each layer-direction in one process, float32 on the TF32 build and bfloat16: the wgmma kernel alone on
 operands already channels-last (nhwc_implicit_gemm_vs_cudnn.kernel_only), once per variant, and PyTorch's cuDNN
 on channels_last tensors (cudnn.benchmark on). CUDA events around 10 calls in a row (the launches queue behind each
@@ -10,7 +10,8 @@ kernel's tile width (implicit_gemm_wgmma.tile_width), whose builds then take the
 FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of more than 128 filters).
 PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given) and PRODUCER_WARPGROUPS (1 unless given) run the forward
 kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: producer warpgroups, mbarriers, one
-persistent CTA an SM). Each
+persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both widths, where the problem fits
+(implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine). Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
 sums in the same order: 0).
 
@@ -43,7 +44,7 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
-SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS")
+SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA")
 
 
 def per_call_ms(call, cupy):
@@ -72,6 +73,7 @@ def main() -> None:
 
     original_width = wgmma.tile_width
     original_producer = wgmma.FORWARD_PRODUCER
+    original_tma = wgmma.FORWARD_TMA
 
     def tile_width(columns, kernel):
         width = dict(extra).get("TILE_WIDTH" if kernel == "forward" else "FILTER_WIDTH")
@@ -100,6 +102,8 @@ def main() -> None:
                         wgmma.FORWARD_PRODUCER = {128: pipeline, 64: pipeline, 256: None}
                     else:
                         wgmma.FORWARD_PRODUCER = original_producer
+                    wgmma.FORWARD_TMA = ({128: bool(settings["TMA"]), 64: bool(settings["TMA"]), 256: False}
+                                         if "TMA" in settings else original_tma)
                     run = kernel_only(direction, layer, cupy, np.random.default_rng(0), wgmma, tf32)
                     if run is None:
                         break
@@ -123,6 +127,7 @@ def main() -> None:
     _cuda.function = original
     wgmma.tile_width = original_width
     wgmma.FORWARD_PRODUCER = original_producer
+    wgmma.FORWARD_TMA = original_tma
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]
     lines = ["| layer | dtype | direction | " + " | ".join(columns) + " |", "|---" * (len(columns) + 3) + "|"]

@@ -347,10 +347,16 @@ _raised: set = set()  # kernels whose dynamic shared-memory limit has been raise
 
 def _launch_tile_kernel(kernel: Any, grid: tuple[int, ...], shared_bytes: int, args: tuple,
                         threads: int = THREADS) -> None:
+    allow_shared_bytes(kernel, shared_bytes)
+    _cuda.launch_blocks(kernel, grid, threads, args, shared_bytes=shared_bytes)
+
+
+def allow_shared_bytes(kernel: Any, shared_bytes: int) -> None:
+    """Raise ``kernel``'s dynamic shared-memory limit to ``shared_bytes`` where that is over the static 48 KiB
+    (once a kernel)."""
     if shared_bytes > STATIC_SHARED_LIMIT and kernel not in _raised:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
         _raised.add(kernel)
-    _cuda.launch_blocks(kernel, grid, threads, args, shared_bytes=shared_bytes)
 
 
 def forward_grid(shape: np.void, block_n: int) -> tuple[int, int, int]:

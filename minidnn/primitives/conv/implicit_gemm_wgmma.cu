@@ -76,6 +76,10 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef PRODUCER  // 1: the forward kernel's copies by a producer warpgroup, through mbarriers (below)
 #define PRODUCER 0
 #endif
+#ifndef TMA  // 1: the forward kernel's copies by the bulk tensor copy engine (below)
+#define TMA 0
+#endif
+static_assert(!(TMA && PRODUCER), "one forward build at a time");
 // The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
 // (73 KiB with the period) leave room for three in the 227 KiB of shared memory, and its 32 accumulators a thread
 // fit the 80 registers that leaves each thread: a third CTA hides more of each one's waits at barriers and copies.
@@ -125,6 +129,22 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 __device__ __forceinline__ void fence_accumulators(float (&d)[ACCUMULATORS]) {
 #pragma unroll
     for (int i = 0; i < ACCUMULATORS; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// mbarriers (the PRODUCER and TMA builds'): 8 bytes of shared memory each, completing a phase once their count of
+// arrivals, and of the bytes they expect, has come.
+__device__ __forceinline__ void barrier_init(const unsigned barrier, const unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed (parity 1 before the first: at once).
+__device__ __forceinline__ void barrier_wait(const unsigned barrier, const unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(barrier), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(const unsigned barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
 }
 
 // d (64 × N, float32) += A (64 × 32 bytes, descriptor a) · B (32 bytes × N, descriptor b): both K-major (stored as
@@ -257,6 +277,21 @@ __device__ __forceinline__ void k_major_pipeline(float (&acc)[ACCUMULATORS], uns
     wait_copies<0>();
 }
 
+// The forward tile's epilogue: the accumulators rounded once into the output tile (over the pipeline's memory,
+// which the caller's barrier has freed), then stored.
+__device__ __forceinline__ void store_forward_tile(const float (&acc)[ACCUMULATORS], unsigned char* const tiles,
+                                                   Element* __restrict__ y, const NhwcShape& s, const int tile_m,
+                                                   const int tile_n) {
+    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
+    const int tid = threadIdx.x, t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = tid / 128 * 64 + t / 32 * 16 + g;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 8; ++i)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
+    __syncthreads();
+    store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
+}
+
 // One CTA's tile of the forward product: tile `tile` of group blockIdx.z (its m and n tiles, n fastest).
 __device__ __forceinline__ void forward_tile(const Element* __restrict__ x, const Element* __restrict__ w,
                                              Element* __restrict__ y, const NhwcShape& s, const int tile) {
@@ -284,18 +319,103 @@ __device__ __forceinline__ void forward_tile(const Element* __restrict__ x, cons
     float acc[ACCUMULATORS] = {};
     k_major_pipeline(acc, tiles, (reduction + BLOCK_K - 1) / BLOCK_K, [&](int buffer, int) { copy_stage(buffer); });
     __syncthreads();  // the output tile reuses the pipeline's memory
-
-    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
-    const int t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = tid / 128 * 64 + t / 32 * 16 + g;
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 8; ++i)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
-    __syncthreads();
-    store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
+    store_forward_tile(acc, tiles, y, s, tile_m, tile_n);
 }
 
-#if !PRODUCER
+#if TMA
+// The TMA build of the forward kernel: the barrier pipeline above, each stage copied by the bulk tensor copy engine
+// instead of the threads' gathers. One thread issues a stage's two copies: A, the tile's 128 output pixels at one tap,
+// 128 bytes of channels each, through an im2col tensor map of x, which zero-fills the padding and the pixels past the
+// last image; and B, the tile's BLOCK_N filter rows, the same 128 bytes of their reduction, through a tiled map of w
+// (K·G, R·S·C). Both land in the stage's 128-byte-swizzled rows and complete on the stage's mbarrier, which expects
+// their bytes. A stage is one tap of one 128-byte slice of a group's channels, so C (per group) is a multiple of
+// BLOCK_K here; the stages run taps in order, slices within a tap, as the gathers' reduction index does, and the sums
+// come out bit for bit the gathers'. implicit_gemm_wgmma.py encodes the maps (tensor_map.py) and says which problems
+// take this build.
+struct alignas(64) TensorMap {  // cuda.h's CUtensorMap: opaque, 128 bytes
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ void expect_bytes(const unsigned barrier, const unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+
+// 128 pixels × 128 bytes of x into `destination`: the first pixel's window corner (w, h), its image n and channel c,
+// the tap's offsets within the window.
+__device__ __forceinline__ void copy_pixels(const unsigned destination, const TensorMap& map, const unsigned barrier,
+                                            const int c, const int w, const int h, const int n,
+                                            const unsigned short tap_w, const unsigned short tap_h) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};\n"
+        ::"r"(destination), "l"(reinterpret_cast<uint64_t>(&map)), "r"(barrier), "r"(c), "r"(w), "r"(h), "r"(n),
+        "h"(tap_w), "h"(tap_h) : "memory");
+}
+
+// BLOCK_N rows × 128 bytes of w from row `row`, value `column` into `destination`.
+__device__ __forceinline__ void copy_rows(const unsigned destination, const TensorMap& map, const unsigned barrier,
+                                          const int column, const int row) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+        ::"r"(destination), "l"(reinterpret_cast<uint64_t>(&map)), "r"(barrier), "r"(column), "r"(row) : "memory");
+}
+
+static_assert(sizeof(OutputTile) <= STAGES * STAGE_BYTES, "the output tile lies in the stages, before the barriers");
+
+// Launched with STAGES · 8 bytes more shared memory than the barrier build: the stages' mbarriers after the stages.
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
+implicit_gemm_wgmma_forward(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map,
+                            Element* __restrict__ y, const NhwcShape s) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    const unsigned first_stage = shared_address(tiles), full = first_stage + STAGES * STAGE_BYTES;
+    const int group = blockIdx.z, n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
+    const int slices = s.C / BLOCK_K, steps = s.R * s.S * slices;  // a tap's channel slices, the stages
+    const int tid = threadIdx.x, warpgroup = tid / 128;
+    if (tid == 0) {
+#pragma unroll
+        for (int stage = 0; stage < STAGES; ++stage) barrier_init(full + 8 * stage, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
+    }
+    __syncthreads();
+
+    // The tile's first pixel (n, p, q) and its window's corner; the tile's first filter row of w (K·G, R·S·C).
+    const int PQ = s.P * s.Q, first = tile_m * BLOCK_M, n = first / PQ, pq = first % PQ;
+    const int corner_h = pq / s.Q * s.stride_h - s.pad_h, corner_w = pq % s.Q * s.stride_w - s.pad_w;
+    const int filter_row = group * s.K + tile_n * BLOCK_N;
+    auto copy_stage = [&](const int buffer, const int index) {  // thread 0 only
+        const int tap = index / slices, r = tap / s.S, c = group * s.C + (index - tap * slices) * BLOCK_K;
+        const unsigned a = first_stage + buffer * STAGE_BYTES, barrier = full + 8 * buffer;
+        expect_bytes(barrier, STAGE_BYTES);
+        copy_pixels(a, x_map, barrier, c, corner_w, corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
+        copy_rows(a + A_BYTES, w_map, barrier, index * BLOCK_K, filter_row);
+    };
+
+    float acc[ACCUMULATORS] = {};
+    if (tid == 0)
+#pragma unroll
+        for (int stage = 0; stage < AHEAD; ++stage)
+            if (stage < steps) copy_stage(stage, stage);
+    for (int index = 0; index < steps; ++index) {
+        const int buffer = index % STAGES;
+        barrier_wait(full + 8 * buffer, index / STAGES & 1);
+        // Every warpgroup is past its products of stage index − 1 − IN_FLIGHT, the last to read the buffer the next
+        // copies go into.
+        __syncthreads();
+        multiply_stage(acc, first_stage + buffer * STAGE_BYTES + warpgroup * (A_BYTES / 2),
+                       first_stage + buffer * STAGE_BYTES + A_BYTES);
+        if (tid == 0 && index + AHEAD < steps) copy_stage((index + AHEAD) % STAGES, index + AHEAD);
+        wgmma_wait<IN_FLIGHT>();
+        fence_accumulators(acc);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    __syncthreads();  // the output tile reuses the pipeline's memory
+    store_forward_tile(acc, tiles, y, s, tile_m, tile_n);
+}
+#elif !PRODUCER
 extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
 implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
                             const NhwcShape s) {
@@ -323,19 +443,6 @@ constexpr int PRODUCER_A_COPIES = BLOCK_M / PRODUCER_ROWS_PER_PASS;
 constexpr int PRODUCER_B_COPIES = BLOCK_N / PRODUCER_ROWS_PER_PASS;
 static_assert(sizeof(OutputTile) % 16 == 0, "the barriers after the output tile stay 8-byte aligned");
 
-__device__ __forceinline__ void barrier_init(const unsigned barrier, const unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
-}
-// Waits until the barrier's phase of parity `parity` has completed (parity 1 before the first: at once).
-__device__ __forceinline__ void barrier_wait(const unsigned barrier, const unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(barrier), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(const unsigned barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
-}
 // The barrier receives one arrival once every cp.async this thread has issued has landed.
 __device__ __forceinline__ void arrive_when_copied(const unsigned barrier) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");

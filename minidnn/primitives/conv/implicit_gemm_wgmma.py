@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ... import backend
-from .. import _cuda, convert, layout
+from .. import _cuda, convert, layout, tensor_map
 from . import implicit_gemm_nhwc
 from .implicit_gemm_nhwc import ImplicitGemmNhwc
 from .problem import ConvProblem
@@ -59,6 +59,10 @@ PIPELINES = {128: (3, 0), 64: (3, 0), 256: (3, 0)}
 # holds beside the output tile.
 FORWARD_PRODUCER: dict[int, tuple[int, int, int] | None] = {128: None, 64: None, 256: None}
 SHARED_LIMIT = 227 * 1024  # Hopper's dynamic shared memory a CTA at most
+# The forward kernel's TMA build (implicit_gemm_wgmma.cu's TMA): the barrier pipeline with each stage copied by the
+# bulk tensor copy engine through tensor maps (tensor_map.py) instead of the threads' gathers, where the problem fits
+# (tma_fits). Per tile width, whether it runs.
+FORWARD_TMA: dict[int, bool] = {128: False, 64: False, 256: False}
 
 
 class ProducerBuild(NamedTuple):
@@ -204,6 +208,9 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     block_n = tile_width(int(shape["K"]), "forward")
     grid = implicit_gemm_nhwc.forward_grid(shape, block_n)
     args = (x_last, w_last, layout.flat(out), shape)
+    if FORWARD_TMA.get(block_n) and tma_fits(shape, x_last, w_last):
+        _launch_tma(x_last, w_last, out, shape, half, block_n, grid)
+        return
     if FORWARD_PRODUCER.get(block_n) is None:
         kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, layout.is_channels_last(out))
         implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), args)
@@ -215,6 +222,76 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
         ("PRODUCER_WARPGROUPS", build.producers)) + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
     implicit_gemm_nhwc._launch_tile_kernel(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), build.shared_bytes,
                                            args, build.threads)
+
+
+def tma_fits(shape: np.void, x_last: Any, w_last: Any) -> bool:
+    """Whether the TMA build runs ``shape`` (an NhwcShape) on x_last (N, H, W, C) and w_last (K, R, S, C/G): a
+    stage is one tap of 128 bytes of a group's channels, so C per group is a multiple of them; the tensor maps take
+    the convolution (tensor_map.im2col_fits) and both operands start on 16 bytes."""
+    itemsize = x_last.dtype.itemsize
+    return (int(shape["C"]) * itemsize % ROW_BYTES == 0 and x_last.data.ptr % 16 == 0 and w_last.data.ptr % 16 == 0
+            and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, _pair(shape, "R", "S"),
+                                       _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
+                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M))
+
+
+def _pair(shape: np.void, first: str, second: str) -> tuple[int, int]:
+    return int(shape[first]), int(shape[second])
+
+
+def tma_map_arguments(shape: np.void, itemsize: int, block_n: int) -> tuple[tensor_map.MapArguments,
+                                                                           tensor_map.MapArguments]:
+    """The TMA build's two maps for ``shape``: x (N, H, W, C·G) read as im2col boxes of BLOCK_M pixels × 128 bytes,
+    w (K·G, R·S·C) as boxes of block_n rows × 128 bytes."""
+    groups, channels = int(shape["groups"]), ROW_BYTES // itemsize
+    x_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
+                                        int(shape["C"]) * groups, itemsize, _pair(shape, "R", "S"),
+                                        _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
+                                        _pair(shape, "dilation_h", "dilation_w"), channels, BLOCK_M)
+    w_map = tensor_map.tiled_arguments(int(shape["K"]) * groups, int(shape["R"]) * int(shape["S"]) * int(shape["C"]),
+                                       itemsize, channels, block_n)
+    return x_map, w_map
+
+
+_maps = tensor_map.MapCache()
+
+
+def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | None, block_n: int,
+                grid: tuple[int, int, int]) -> None:
+    """The TMA build's launch. Its maps hold the operands' addresses, which a recorded launch (_cuda.recording) must
+    not keep: a recording gets a step that maps the addresses it is handed."""
+    stages, in_flight = PIPELINES[block_n]
+    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight), ("TMA", 1))
+        + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
+    shared = tma_shared_bytes(block_n)
+    implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
+    x_arguments, w_arguments = tma_map_arguments(shape, x_last.dtype.itemsize, block_n)
+    y = layout.flat(out)
+    kernel(grid, (THREADS,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
+                              shape), shared_mem=shared)
+    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, shared, x_arguments, w_arguments, shape)
+
+
+def _tma_launch_at(kernel: Any, grid: tuple[int, int, int], shared: int, x_arguments: tensor_map.MapArguments,
+                   w_arguments: tensor_map.MapArguments, shape: np.void) -> Any:
+    """The TMA launch as a recorded step: a callable taking the device addresses of x_last, w_last and y, which maps
+    the first two (a cached encode) and launches."""
+    empty = np.zeros((), dtype=tensor_map.MAP_DTYPE)[()]
+    packed = _cuda.PackedLaunch(kernel, grid, (THREADS,), (empty, empty, _cuda.PER_CALL, shape), shared)
+    x_view, w_view = packed.argument_view(0), packed.argument_view(1)
+
+    def launch_at(x_address: int, w_address: int, y_address: int) -> None:
+        x_view[0], w_view[0] = _maps.get(x_arguments, x_address), _maps.get(w_arguments, w_address)
+        packed.launch_at(y_address)
+
+    return launch_at
+
+
+def tma_shared_bytes(block_n: int) -> int:
+    """The TMA build's dynamic shared memory: the barrier build's, and an 8-byte mbarrier a stage after the
+    stages."""
+    return shared_bytes(block_n) + 8 * PIPELINES[block_n][0]
 
 
 # implicit_gemm_wgmma.cu's Phases: a strided backward-data's phases (at most MAX_PHASES) in one launch.
