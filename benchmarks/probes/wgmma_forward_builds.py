@@ -11,7 +11,9 @@ FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of 
 PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given) and PRODUCER_WARPGROUPS (1 unless given) run the forward
 kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: producer warpgroups, mbarriers, one
 persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both widths, where the problem fits
-(implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine). Each
+(implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine). PIPELINE_STAGES and
+PIPELINE_IN_FLIGHT (0 unless given) set implicit_gemm_wgmma.PIPELINES at both widths: every kernel's stages and
+product groups in flight, and the shared memory its launch asks. Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
 sums in the same order: 0).
 
@@ -44,7 +46,8 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
-SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA")
+SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA",
+            "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
 
 
 def per_call_ms(call, cupy):
@@ -74,6 +77,7 @@ def main() -> None:
     original_width = wgmma.tile_width
     original_producer = wgmma.FORWARD_PRODUCER
     original_tma = wgmma.FORWARD_TMA
+    original_pipelines = wgmma.PIPELINES
 
     def tile_width(columns, kernel):
         width = dict(extra).get("TILE_WIDTH" if kernel == "forward" else "FILTER_WIDTH")
@@ -104,6 +108,10 @@ def main() -> None:
                         wgmma.FORWARD_PRODUCER = original_producer
                     wgmma.FORWARD_TMA = ({128: bool(settings["TMA"]), 64: bool(settings["TMA"]), 256: False}
                                          if "TMA" in settings else original_tma)
+                    wgmma.PIPELINES = original_pipelines
+                    if "PIPELINE_STAGES" in settings:
+                        pipeline = (settings["PIPELINE_STAGES"], settings.get("PIPELINE_IN_FLIGHT", 0))
+                        wgmma.PIPELINES = {**original_pipelines, 128: pipeline, 64: pipeline}
                     run = kernel_only(direction, layer, cupy, np.random.default_rng(0), wgmma, tf32)
                     if run is None:
                         break
@@ -128,6 +136,7 @@ def main() -> None:
     wgmma.tile_width = original_width
     wgmma.FORWARD_PRODUCER = original_producer
     wgmma.FORWARD_TMA = original_tma
+    wgmma.PIPELINES = original_pipelines
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]
     lines = ["| layer | dtype | direction | " + " | ".join(columns) + " |", "|---" * (len(columns) + 3) + "|"]
