@@ -8,6 +8,8 @@ The TF32 build (float32 problems, all three directions, backward-data at stride 
 channels-last operands and C-contiguous ones, to the float64 product of its operands cut to TF32 (their low 13
 fraction bits cleared) within float32 summation's error: what the kernel claims to compute, and what a build that
 rounded the operands, or dropped a tap, would miss."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -83,10 +85,13 @@ def test_every_build_and_direction_takes_implicit_gemm_nhwcs_widths():
 
 def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch):
     """ResNet-18's layer4 conv2 at batch 128 (512 -> 512 channels, 7 × 7) on 132 SMs: every kernel on 128-wide
-    tiles, two CTAs an SM; the backward-filter's split aims at two waves of two."""
+    tiles, two CTAs an SM; the backward-filter's split aims at two waves of two. Forward takes the TMA build
+    (512 channels fill 128-byte stages), on the gathers' grid."""
     kernels, launches = [], []
     monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
                         lambda kernel, grid, shared, args: launches.append((grid, shared)))
+    monkeypatch.setattr(implicit_gemm_wgmma, "_launch_tma", lambda x, w, out, shape, half, block_n, grid: (
+        kernels.append((half, None, block_n)), launches.append((grid, "tma"))))
     monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
     monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
     monkeypatch.setattr(implicit_gemm_wgmma, "_kernel", lambda *args: kernels.append(args))
@@ -94,7 +99,8 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
     for dtype in (np.float32, np.float16):  # float16 is a half type's storage on either device
         problem = problem_of(case, dtype, "cuda")
         out = np.zeros((1, 1, 1, 1), dtype)
-        implicit_gemm_wgmma._launch_forward(None, None, out, implicit_gemm_nhwc._shape_struct(problem))
+        operand = SimpleNamespace(data=SimpleNamespace(ptr=256))  # on 16 bytes, as the maps need
+        implicit_gemm_wgmma._launch_forward(operand, operand, out, implicit_gemm_nhwc._shape_struct(problem))
         implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
     assert [args[2] for args in kernels] == [128, 128, 128, 128]
     staged = implicit_gemm_wgmma.backward_filter_shared_bytes(128, None)
@@ -102,7 +108,11 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
     # forward: N·P·Q = 6272 rows, 49 tiles of 128, by 4 column tiles. backward-filter: R·S·C = 4608 rows, 36 tiles,
     # by 4 column tiles, 144 tiles for 4 × 132 CTAs: 196 stages of 32 pixels (TF32) in 4 slices of 49; 98 stages of
     # 64 (half values) in 4 slices of 25.
-    assert launches == [((196, 1, 1), narrow), ((144, 4, 1), staged), ((196, 1, 1), narrow), ((144, 4, 1), narrow)]
+    assert launches == [((196, 1, 1), "tma"), ((144, 4, 1), staged), ((196, 1, 1), "tma"), ((144, 4, 1), narrow)]
+    launches.clear()  # the gathers, where the TMA build is off
+    monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_TMA", {128: False, 64: False, 256: False})
+    implicit_gemm_wgmma._launch_forward(operand, operand, out, implicit_gemm_nhwc._shape_struct(problem))
+    assert launches == [((196, 1, 1), narrow)]
 
 
 @pytest.mark.gpu

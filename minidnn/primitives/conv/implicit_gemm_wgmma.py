@@ -209,7 +209,7 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     block_n = tile_width(int(shape["K"]), "forward")
     grid = implicit_gemm_nhwc.forward_grid(shape, block_n)
     args = (x_last, w_last, layout.flat(out), shape)
-    if FORWARD_TMA.get(block_n) and tma_fits(shape, x_last, w_last):
+    if FORWARD_TMA.get(block_n) and tma_fits(shape, out.dtype.itemsize, x_last, w_last):
         _launch_tma(x_last, w_last, out, shape, half, block_n, grid)
         return
     if FORWARD_PRODUCER.get(block_n) is None:
@@ -225,15 +225,15 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
                                            args, build.threads)
 
 
-def tma_fits(shape: np.void, x_last: Any, w_last: Any) -> bool:
-    """Whether the TMA build runs ``shape`` (an NhwcShape) on x_last (N, H, W, C) and w_last (K, R, S, C/G): a
-    stage is one tap of 128 bytes of a group's channels, so C per group is a multiple of them; the tensor maps take
-    the convolution (tensor_map.im2col_fits) and both operands start on 16 bytes."""
-    itemsize = x_last.dtype.itemsize
-    return (int(shape["C"]) * itemsize % ROW_BYTES == 0 and x_last.data.ptr % 16 == 0 and w_last.data.ptr % 16 == 0
+def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
+    """Whether the TMA build runs ``shape`` (an NhwcShape) on x_last (N, H, W, C) and w_last (K, R, S, C/G) of
+    ``itemsize``-byte values: a stage is one tap of 128 bytes of a group's channels, so C per group is a multiple of
+    them; the tensor maps take the convolution (tensor_map.im2col_fits) and both operands start on 16 bytes."""
+    return (int(shape["C"]) * itemsize % ROW_BYTES == 0
             and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, _pair(shape, "R", "S"),
                                        _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
-                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M))
+                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M)
+            and x_last.data.ptr % 16 == 0 and w_last.data.ptr % 16 == 0)
 
 
 def _pair(shape: np.void, first: str, second: str) -> tuple[int, int]:
