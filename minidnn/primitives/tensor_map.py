@@ -35,8 +35,9 @@ DATA_TYPES = {2: 1, 4: 7}  # itemsize -> CU_TENSOR_MAP_DATA_TYPE_UINT16, _FLOAT3
 SWIZZLE_128B = 3
 L2_PROMOTION_128B = 2
 MAX_BOX = 256  # values along any dimension of a box (channels and pixels alike)
-# An im2col map of a 4-D tensor stores its window corners in 8 bits each (−128 ... 127) and the instruction's tap
-# offsets likewise below 256; the element strides (the convolution's stride) are 1 to 8.
+# A 4-D im2col map shares a few bits among its two spatial dimensions: we keep its window corners within −128 ... 127
+# and the instruction's tap offsets below 256, bounds taken on the safe side (ResNet's and CaffeNet's layers lie far
+# inside them); the element strides (the convolution's stride) are 1 to 8.
 CORNER_RANGE = range(-128, 128)
 MAX_TAP_OFFSET = 255
 MAX_ELEMENT_STRIDE = 8

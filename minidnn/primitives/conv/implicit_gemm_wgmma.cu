@@ -6,7 +6,9 @@
 //   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
 //   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
-// Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py.
+// Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py. The forward
+// kernel's TMA build (below) copies each stage by the bulk tensor copy engine instead of the gather, where a group's
+// channels fill whole stages; implicit_gemm_wgmma.FORWARD_TMA says at which widths.
 // The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0, below).
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C, BLOCK_K reduction values a

@@ -5,7 +5,9 @@ problems when :func:`minidnn.cuda.allow_tf32` is on.
 mma.sync gives each warp a 16 × 8 product from fragments it loaded into registers; wgmma gives a warpgroup of
 four warps a 64 × N product read straight from shared memory, issued asynchronously. The channels-last copies,
 the chunks of images, the workspace and the NumPy twin are ``implicit_gemm_nhwc``'s; only the kernel differs
-(``implicit_gemm_wgmma.cu``: its shared-memory layout is the one wgmma reads, 128-byte rows swizzled):
+(``implicit_gemm_wgmma.cu``: its shared-memory layout is the one wgmma reads, 128-byte rows swizzled). Where a
+group's channels fill whole 128-byte stages, the forward kernel's stages are copied by Hopper's bulk tensor copy engine
+through tensor maps (``tensor_map.py``) instead of the threads' gathers: the TMA build, ``FORWARD_TMA``.
 
     direction         rows M      columns N   reduction      operands (channels last)
     forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
