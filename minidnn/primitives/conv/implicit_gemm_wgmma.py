@@ -29,6 +29,7 @@ K-major only: forward's are, and backward-filter, whose operands lie along M and
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -231,11 +232,17 @@ def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
     """Whether the TMA build runs ``shape`` (an NhwcShape) on x_last (N, H, W, C) and w_last (K, R, S, C/G) of
     ``itemsize``-byte values: a stage is one tap of 128 bytes of a group's channels, so C per group is a multiple of
     them; the tensor maps take the convolution (tensor_map.im2col_fits) and both operands start on 16 bytes."""
+    return (_shape_fits(shape.tobytes(), itemsize) and x_last.data.ptr % 16 == 0 and w_last.data.ptr % 16 == 0)
+
+
+# Worked out once per shape: an eager step asks again at every call, and the checks cost several microseconds.
+@functools.lru_cache(maxsize=1024)
+def _shape_fits(shape_bytes: bytes, itemsize: int) -> bool:
+    shape = np.frombuffer(shape_bytes, dtype=implicit_gemm_nhwc._NHWC_SHAPE)[0]
     return (int(shape["C"]) * itemsize % ROW_BYTES == 0
             and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, _pair(shape, "R", "S"),
                                        _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
-                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M)
-            and x_last.data.ptr % 16 == 0 and w_last.data.ptr % 16 == 0)
+                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M))
 
 
 def _pair(shape: np.void, first: str, second: str) -> tuple[int, int]:
@@ -246,6 +253,13 @@ def tma_map_arguments(shape: np.void, itemsize: int, block_n: int) -> tuple[tens
                                                                            tensor_map.MapArguments]:
     """The TMA build's two maps for ``shape``: x (N, H, W, C·G) read as im2col boxes of BLOCK_M pixels × 128 bytes,
     w (K·G, R·S·C) as boxes of block_n rows × 128 bytes."""
+    return _map_arguments(shape.tobytes(), itemsize, block_n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _map_arguments(shape_bytes: bytes, itemsize: int, block_n: int) -> tuple[tensor_map.MapArguments,
+                                                                             tensor_map.MapArguments]:
+    shape = np.frombuffer(shape_bytes, dtype=implicit_gemm_nhwc._NHWC_SHAPE)[0]
     groups, channels = int(shape["groups"]), ROW_BYTES // itemsize
     x_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
                                         int(shape["C"]) * groups, itemsize, _pair(shape, "R", "S"),
