@@ -425,12 +425,14 @@ def tma_operands(rng, case, direction, dtype, operands_last):
 @pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("direction", FORWARD_AND_DATA)
+@pytest.mark.parametrize("producer", [None, (4, 1, 1)], ids=["barrier", "producer"])
 @pytest.mark.parametrize("case_name", TMA_CASES)
-def test_the_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, case_name, direction, dtype,
+def test_the_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, case_name, producer, direction, dtype,
                                                              operands_last):
     """The bulk tensor copies land the values the gathers do, zeros on the padding and past the last image, in the
     same stages: the output is bit for bit the gathering build's (which the tests above hold against float64
-    references). Every call here takes the TMA build."""
+    references), in the barrier pipeline and in the PRODUCER build's (4 stages, 1 product group in flight). Every
+    call here takes the TMA build."""
     if not _cuda.has_wgmma():
         pytest.skip("wgmma needs a Hopper GPU")
     if direction == "backward_data" and case_name in TMA_FORWARD_ONLY:
@@ -447,6 +449,7 @@ def test_the_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, c
         assert not launches
         conv.registry.clear_caches()  # the second call launches anew
         monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_TMA", {128: True, 64: True, 256: False})
+        monkeypatch.setattr(implicit_gemm_wgmma, "FORWARD_PRODUCER", {128: producer, 64: producer, 256: None})
         copied = run(direction, *on_gpu, case, algo=ALGO)
     assert launches  # the TMA build ran
     assert layout.is_channels_last(copied) == layout.is_channels_last(gathered) == operands_last

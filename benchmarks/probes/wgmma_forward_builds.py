@@ -11,7 +11,8 @@ FILTER_WIDTH, likewise, the backward-filter's (128 or 256 for the TF32 build of 
 PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given) and PRODUCER_WARPGROUPS (1 unless given) run the forward
 kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: producer warpgroups, mbarriers, one
 persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both widths, where the problem fits
-(implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine). PIPELINE_STAGES and
+(implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine; with PRODUCER_STAGES, in the
+PRODUCER build, the producer warpgroup's first thread issuing the copies). PIPELINE_STAGES and
 PIPELINE_IN_FLIGHT (0 unless given) set implicit_gemm_wgmma.PIPELINES at both widths: every kernel's stages and
 product groups in flight, and the shared memory its launch asks. Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same

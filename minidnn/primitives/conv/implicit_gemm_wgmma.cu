@@ -78,10 +78,9 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef PRODUCER  // 1: the forward kernel's copies by a producer warpgroup, through mbarriers (below)
 #define PRODUCER 0
 #endif
-#ifndef TMA  // 1: the forward kernel's copies by the bulk tensor copy engine (below)
+#ifndef TMA  // 1: the forward kernel's copies by the bulk tensor copy engine (below), in either pipeline
 #define TMA 0
 #endif
-static_assert(!(TMA && PRODUCER), "one forward build at a time");
 // The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
 // (73 KiB with the period) leave room for three in the 227 KiB of shared memory, and its 32 accumulators a thread
 // fit the 80 registers that leaves each thread: a third CTA hides more of each one's waits at barriers and copies.
@@ -333,7 +332,7 @@ __device__ __forceinline__ void forward_tile(const Element* __restrict__ x, cons
 // their bytes. A stage is one tap of one 128-byte slice of a group's channels, so C (per group) is a multiple of
 // BLOCK_K here; the stages run taps in order, slices within a tap, as the gathers' reduction index does, and the sums
 // come out bit for bit the gathers'. implicit_gemm_wgmma.py encodes the maps (tensor_map.py) and says which problems
-// take this build.
+// take this build. With PRODUCER too, the producer warpgroup's thread 0 issues the copies (below).
 struct alignas(64) TensorMap {  // cuda.h's CUtensorMap: opaque, 128 bytes
     unsigned long long words[16];
 };
@@ -362,37 +361,55 @@ __device__ __forceinline__ void copy_rows(const unsigned destination, const Tens
         ::"r"(destination), "l"(reinterpret_cast<uint64_t>(&map)), "r"(barrier), "r"(column), "r"(row) : "memory");
 }
 
+// A tile's stages through the two maps: its first pixel (n, p, q) and that pixel's window corner, its first filter row
+// of w (K·G, R·S·C); stage `index` is tap index / slices, channel slice index % slices, of group blockIdx.z.
+struct TmaTile {
+    int n, corner_h, corner_w, filter_row, slices;
+
+    __device__ __forceinline__ TmaTile(const NhwcShape& s, const int tile_m, const int tile_n) {
+        const int PQ = s.P * s.Q, first = tile_m * BLOCK_M, pq = first % PQ;
+        n = first / PQ;
+        corner_h = pq / s.Q * s.stride_h - s.pad_h;
+        corner_w = pq % s.Q * s.stride_w - s.pad_w;
+        filter_row = blockIdx.z * s.K + tile_n * BLOCK_N;
+        slices = s.C / BLOCK_K;
+    }
+
+    // Stage `index`'s two copies into the stage at shared address `a`, completing on `barrier`, which expects them.
+    __device__ __forceinline__ void copy(const unsigned a, const unsigned barrier, const int index, const NhwcShape& s,
+                                         const TensorMap& x_map, const TensorMap& w_map) const {
+        const int tap = index / slices, r = tap / s.S, c = blockIdx.z * s.C + (index - tap * slices) * BLOCK_K;
+        expect_bytes(barrier, STAGE_BYTES);
+        copy_pixels(a, x_map, barrier, c, corner_w, corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
+        copy_rows(a + A_BYTES, w_map, barrier, index * BLOCK_K, filter_row);
+    }
+};
+#define FORWARD_OPERANDS const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map
+#else
+#define FORWARD_OPERANDS const Element* __restrict__ x, const Element* __restrict__ w
+#endif
+
+#if TMA && !PRODUCER
 static_assert(sizeof(OutputTile) <= STAGES * STAGE_BYTES, "the output tile lies in the stages, before the barriers");
 
 // Launched with STAGES · 8 bytes more shared memory than the barrier build: the stages' mbarriers after the stages.
 extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
-implicit_gemm_wgmma_forward(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map,
-                            Element* __restrict__ y, const NhwcShape s) {
+implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
     const unsigned first_stage = shared_address(tiles), full = first_stage + STAGES * STAGE_BYTES;
-    const int group = blockIdx.z, n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
-    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
-    y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
-    const int slices = s.C / BLOCK_K, steps = s.R * s.S * slices;  // a tap's channel slices, the stages
-    const int tid = threadIdx.x, warpgroup = tid / 128;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N, tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    y += blockIdx.z * s.K * (Y_LAST ? 1 : s.P * s.Q);
+    const TmaTile copies(s, tile_m, tile_n);
+    const int steps = s.R * s.S * copies.slices, tid = threadIdx.x, warpgroup = tid / 128;
     if (tid == 0) {
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) barrier_init(full + 8 * stage, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
     }
     __syncthreads();
-
-    // The tile's first pixel (n, p, q) and its window's corner; the tile's first filter row of w (K·G, R·S·C).
-    const int PQ = s.P * s.Q, first = tile_m * BLOCK_M, n = first / PQ, pq = first % PQ;
-    const int corner_h = pq / s.Q * s.stride_h - s.pad_h, corner_w = pq % s.Q * s.stride_w - s.pad_w;
-    const int filter_row = group * s.K + tile_n * BLOCK_N;
     auto copy_stage = [&](const int buffer, const int index) {  // thread 0 only
-        const int tap = index / slices, r = tap / s.S, c = group * s.C + (index - tap * slices) * BLOCK_K;
-        const unsigned a = first_stage + buffer * STAGE_BYTES, barrier = full + 8 * buffer;
-        expect_bytes(barrier, STAGE_BYTES);
-        copy_pixels(a, x_map, barrier, c, corner_w, corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
-        copy_rows(a + A_BYTES, w_map, barrier, index * BLOCK_K, filter_row);
+        copies.copy(first_stage + buffer * STAGE_BYTES, full + 8 * buffer, index, s, x_map, w_map);
     };
 
     float acc[ACCUMULATORS] = {};
@@ -455,8 +472,7 @@ __device__ __forceinline__ void consumers_sync() {
 }
 
 extern "C" __global__ void __launch_bounds__(FORWARD_THREADS, 1)
-implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __restrict__ w, Element* __restrict__ y,
-                            const NhwcShape s) {
+implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const NhwcShape s) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
     OutputTile& out = *reinterpret_cast<OutputTile*>(tiles + STAGES * STAGE_BYTES);
@@ -464,19 +480,36 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) {
-            barrier_init(full + 8 * stage, PRODUCER_THREADS);
+            barrier_init(full + 8 * stage, TMA ? 1 : PRODUCER_THREADS);  // the copy engine's: one expecting arrival
             barrier_init(empty + 8 * stage, CONSUMER_WARPS);
         }
+        if (TMA) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const int reduction = s.R * s.S * s.C, group = blockIdx.z, steps = (reduction + BLOCK_K - 1) / BLOCK_K;
+#if !TMA
     x += group * s.C;
     w += group * s.K * reduction;
+#endif
     y += group * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tiles_count = (s.N * s.P * s.Q + BLOCK_M - 1) / BLOCK_M * n_tiles;
 
     if (threadIdx.x < PRODUCER_THREADS) {
+#if TMA
+        if (threadIdx.x == 0) {  // one thread issues every copy; C per group fills whole stages here
+            int index = 0;
+            for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
+                const TmaTile copies(s, tile / n_tiles, tile % n_tiles);
+                for (int step = 0; step < steps; ++step, ++index) {
+                    const int stage = index % STAGES;
+                    barrier_wait(empty + 8 * stage, (index / STAGES & 1) ^ 1);
+                    copies.copy(shared_address(tiles + stage * STAGE_BYTES), full + 8 * stage, step, s, x_map, w_map);
+                }
+            }
+        }
+        return;
+#else
         const int chunk = threadIdx.x % CHUNKS, copy_row = threadIdx.x / CHUNKS;
         int index = 0;  // the stages copied so far, over all the CTA's tiles
         for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
@@ -496,6 +529,7 @@ implicit_gemm_wgmma_forward(const Element* __restrict__ x, const Element* __rest
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
         return;
+#endif
     }
 
     const int thread = threadIdx.x - PRODUCER_THREADS, warpgroup = thread / 128, lane = thread % 32;

@@ -56,7 +56,8 @@ BLOCK_M, ROW_BYTES, SWIZZLE_PERIOD = implicit_gemm_nhwc.BLOCK_M, 128, 1024
 # an SM whatever its stages; three fill 145 KiB of the 227, and four were no faster (wgmma_tile_width.py).
 PIPELINES = {128: (3, 0), 64: (3, 0), 256: (3, 0)}
 # The forward kernel's other pipeline (implicit_gemm_wgmma.cu's PRODUCER build): one or two producer warpgroups copy
-# beside the two that multiply, through mbarriers, one persistent CTA an SM. It times slower than the barrier
+# beside the two that multiply, through mbarriers, one persistent CTA an SM (with the TMA build, the producer
+# warpgroup's first thread issues the bulk tensor copies). It times slower than the barrier
 # pipeline on every layer measured (benchmarks/probes/wgmma_forward_builds.py), so no width takes it: per tile width,
 # None (the barrier pipeline) or (STAGES, IN_FLIGHT, producer warpgroups), the stages capped at what the shared memory
 # holds beside the output tile.
@@ -275,27 +276,36 @@ _maps = tensor_map.MapCache()
 
 def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | None, block_n: int,
                 grid: tuple[int, int, int]) -> None:
-    """The TMA build's launch. Its maps hold the operands' addresses, which a recorded launch (_cuda.recording) must
-    not keep: a recording gets a step that maps the addresses it is handed."""
-    stages, in_flight = PIPELINES[block_n]
-    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight), ("TMA", 1))
-        + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
-    shared = tma_shared_bytes(block_n)
+    """The TMA build's launch: the barrier pipeline, or with FORWARD_PRODUCER set at this width the PRODUCER build's
+    (one persistent CTA an SM, the producer warpgroup's first thread issuing the copies). Its maps hold the operands'
+    addresses, which a recorded launch (_cuda.recording) must not keep: a recording gets a step that maps the
+    addresses it is handed."""
+    defines = _VALUE_BUILDS[half] + (("BLOCK_N", block_n), ("TMA", 1)) + (
+        (("Y_LAST", 1),) if layout.is_channels_last(out) else ())
+    if FORWARD_PRODUCER.get(block_n) is None:
+        stages, in_flight = PIPELINES[block_n]
+        defines += (("STAGES", stages), ("IN_FLIGHT", in_flight))
+        threads, shared = THREADS, tma_shared_bytes(block_n)
+    else:
+        build = producer_build(block_n, out.dtype.itemsize)
+        defines += (("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
+                    ("PRODUCER_WARPGROUPS", build.producers))
+        threads, shared, grid = build.threads, build.shared_bytes, (min(grid[0], _cuda.sm_count()), 1, grid[2])
+    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, defines)
     implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
     x_arguments, w_arguments = tma_map_arguments(shape, x_last.dtype.itemsize, block_n)
     y = layout.flat(out)
-    kernel(grid, (THREADS,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
+    kernel(grid, (threads,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
                               shape), shared_mem=shared)
-    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, shared, x_arguments, w_arguments, shape)
+    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, threads, shared, x_arguments, w_arguments, shape)
 
 
-def _tma_launch_at(kernel: Any, grid: tuple[int, int, int], shared: int, x_arguments: tensor_map.MapArguments,
-                   w_arguments: tensor_map.MapArguments, shape: np.void) -> Any:
+def _tma_launch_at(kernel: Any, grid: tuple[int, int, int], threads: int, shared: int,
+                   x_arguments: tensor_map.MapArguments, w_arguments: tensor_map.MapArguments, shape: np.void) -> Any:
     """The TMA launch as a recorded step: a callable taking the device addresses of x_last, w_last and y, which maps
     the first two (a cached encode) and launches."""
     empty = np.zeros((), dtype=tensor_map.MAP_DTYPE)[()]
-    packed = _cuda.PackedLaunch(kernel, grid, (THREADS,), (empty, empty, _cuda.PER_CALL, shape), shared)
+    packed = _cuda.PackedLaunch(kernel, grid, (threads,), (empty, empty, _cuda.PER_CALL, shape), shared)
     x_view, w_view = packed.argument_view(0), packed.argument_view(1)
 
     def launch_at(x_address: int, w_address: int, y_address: int) -> None:
