@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda, conv, convert, layout
+from minidnn.primitives import _cuda, conv, convert, layout, tensor_map
 from minidnn.primitives.conv import implicit_gemm_nhwc, implicit_gemm_wgmma
 from tests.test_conv_half import check_backward_filter_accumulates, operand_shapes
 from tests.test_conv_implicit_gemm import output_shape, problem_of, relative_error, run
@@ -408,6 +408,44 @@ def test_the_tma_build_keeps_its_barriers_after_the_stages():
         assert implicit_gemm_wgmma.tma_shared_bytes(width) == implicit_gemm_wgmma.shared_bytes(width) + 3 * 8
     # Three 64-wide CTAs an SM still fit, each with the 1 KiB the driver keeps a CTA.
     assert 3 * (implicit_gemm_wgmma.tma_shared_bytes(64) + 1024) <= 228 * 1024
+
+
+def test_the_tma_launch_maps_both_operands_and_picks_its_pipeline(monkeypatch):
+    """ResNet-50's layer2 3×3 (128 -> 128 channels, 28 × 28) at batch 32 in bf16: x mapped as im2col boxes of 128
+    pixels × 64 channels with the convolution's corners, w (K·G, R·S·C) as boxes of 64 values × 128 rows; the barrier
+    pipeline on the gathers' grid with room for its three mbarriers, or the PRODUCER build on one persistent CTA an SM
+    (132 here) of 384 threads."""
+    launches, encoded = [], []
+    monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
+    monkeypatch.setattr(implicit_gemm_nhwc, "allow_shared_bytes", lambda kernel, shared: None)
+    monkeypatch.setattr(implicit_gemm_wgmma, "_maps", SimpleNamespace(
+        get=lambda arguments, address: encoded.append((arguments, address)) or address))
+
+    def function(source, name, dtype, defines):
+        return lambda grid, block, args, shared_mem: launches.append((dict(defines), grid, block, args, shared_mem))
+
+    monkeypatch.setattr(_cuda, "function", function)
+    problem = problem_of((32, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1), np.uint16, "cuda")
+    shape = implicit_gemm_nhwc._shape_struct(problem)
+    x = SimpleNamespace(data=SimpleNamespace(ptr=1 << 20), dtype=np.dtype(np.uint16))
+    w = SimpleNamespace(data=SimpleNamespace(ptr=1 << 21), dtype=np.dtype(np.uint16))
+    out = np.zeros((32, 128, 28, 28), np.uint16)
+    implicit_gemm_wgmma._launch_forward(x, w, out, shape)
+    monkeypatch.setitem(implicit_gemm_wgmma.FORWARD_PRODUCER, 128, (4, 1, 1))
+    implicit_gemm_wgmma._launch_forward(x, w, out, shape)
+    x_map, w_map = encoded[0][0], encoded[1][0]
+    assert [address for _, address in encoded] == [1 << 20, 1 << 21] * 2
+    assert x_map == tensor_map.im2col_arguments(32, 28, 28, 128, 2, (3, 3), (1, 1), (1, 1), (1, 1), 64, 128)
+    assert w_map.dims == (9 * 128, 128) and w_map.box == (64, 128)
+    (barrier, grid, block, args, shared), (producer, persistent, producer_block, _, producer_shared) = launches
+    assert args[:2] == (1 << 20, 1 << 21) and args[3] is shape
+    tiles = -(-32 * 28 * 28 // 128)  # 196 tiles of 128 pixels, one column tile: more than the SMs
+    assert barrier["TMA"] == 1 and "PRODUCER" not in barrier and (barrier["STAGES"], barrier["IN_FLIGHT"]) == (3, 0)
+    assert grid == (tiles, 1, 1) and block == (256,) and shared == implicit_gemm_wgmma.tma_shared_bytes(128)
+    build = implicit_gemm_wgmma.producer_build(128, 2)
+    assert producer["TMA"] == producer["PRODUCER"] == 1 and producer["STAGES"] == build.stages
+    assert persistent == (min(tiles, 132), 1, 1) and producer_block == (384,) and producer_shared == build.shared_bytes
 
 
 def tma_operands(rng, case, direction, dtype, operands_last):
