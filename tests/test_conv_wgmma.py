@@ -89,7 +89,7 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
     (512 channels fill 128-byte stages), on the gathers' grid."""
     kernels, launches = [], []
     monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
-                        lambda kernel, grid, shared, args: launches.append((grid, shared)))
+                        lambda kernel, grid, shared, args, threads=256: launches.append((grid, shared)))
     monkeypatch.setattr(implicit_gemm_wgmma, "_launch_tma", lambda x, w, out, shape, half, block_n, grid: (
         kernels.append((half, None, block_n)), launches.append((grid, "tma"))))
     monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)

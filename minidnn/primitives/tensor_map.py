@@ -59,7 +59,8 @@ class MapArguments(NamedTuple):
 def tiled_arguments(rows: int, columns: int, itemsize: int, box_columns: int, box_rows: int) -> MapArguments:
     """A row-major matrix (``rows``, ``columns``) of ``itemsize``-byte values, read in boxes of ``box_rows`` rows of
     ``box_columns`` values (at most 128 bytes, the swizzle's row)."""
-    _check_itemsize(itemsize)
+    if itemsize not in DATA_TYPES:
+        raise ValueError(_itemsize_misfit(itemsize))
     if (columns * itemsize) % 16:
         raise ValueError(f"a tensor map's rows must be a multiple of 16 bytes apart, got {columns} × {itemsize}")
     if box_columns * itemsize > 128 or not 0 < box_rows <= MAX_BOX:
@@ -92,7 +93,7 @@ def im2col_fits(C: int, itemsize: int, filter_size: tuple[int, int], stride: tup
 def _im2col_misfit(C: int, itemsize: int, filter_size: Sequence[int], stride: Sequence[int],
                    padding: Sequence[int], dilation: Sequence[int], channels: int, pixels: int) -> str:
     if itemsize not in DATA_TYPES:
-        return f"tensor maps hold 2- or 4-byte values here, got {itemsize}-byte ones"
+        return _itemsize_misfit(itemsize)
     if (C * itemsize) % 16:
         return f"a tensor map's pixels must be a multiple of 16 bytes apart, got {C} channels of {itemsize} bytes"
     if channels * itemsize > 128 or not 0 < pixels <= MAX_BOX:
@@ -108,9 +109,8 @@ def _im2col_misfit(C: int, itemsize: int, filter_size: Sequence[int], stride: Se
     return ""
 
 
-def _check_itemsize(itemsize: int) -> None:
-    if itemsize not in DATA_TYPES:
-        raise ValueError(f"tensor maps hold 2- or 4-byte values here, got {itemsize}-byte ones")
+def _itemsize_misfit(itemsize: int) -> str:
+    return f"tensor maps hold 2- or 4-byte values here, got {itemsize}-byte ones"
 
 
 @functools.lru_cache(maxsize=1)

@@ -212,21 +212,34 @@ def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
     half = convert.half_type_of(out)
     block_n = tile_width(int(shape["K"]), "forward")
     grid = implicit_gemm_nhwc.forward_grid(shape, block_n)
-    args = (x_last, w_last, layout.flat(out), shape)
     if FORWARD_TMA.get(block_n) and tma_fits(shape, out.dtype.itemsize, x_last, w_last):
         _launch_tma(x_last, w_last, out, shape, half, block_n, grid)
         return
-    if FORWARD_PRODUCER.get(block_n) is None:
-        kernel = _kernel("implicit_gemm_wgmma_forward", half, block_n, layout.is_channels_last(out))
-        implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), args)
-        return
-    # The persistent build: one CTA an SM, each running tiles gridDim.x apart.
-    build = producer_build(block_n, out.dtype.itemsize)
-    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, _VALUE_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
-        ("PRODUCER_WARPGROUPS", build.producers)) + ((("Y_LAST", 1),) if layout.is_channels_last(out) else ()))
-    implicit_gemm_nhwc._launch_tile_kernel(kernel, (min(grid[0], _cuda.sm_count()), 1, grid[2]), build.shared_bytes,
-                                           args, build.threads)
+    kernel, grid, threads, shared = _forward_build(half, block_n, out, grid, tma=False)
+    implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared, (x_last, w_last, layout.flat(out), shape), threads)
+
+
+def _forward_build(half: str | None, block_n: int, out: Any, grid: tuple[int, int, int],
+                   tma: bool) -> tuple[Any, tuple[int, int, int], int, int]:
+    """(kernel, grid, threads a CTA, dynamic shared bytes) of the forward kernel's build at ``block_n`` wide for
+    ``out``, from the tiles' ``grid``: the barrier pipeline (PIPELINES), or with FORWARD_PRODUCER set at this width the
+    PRODUCER build, one persistent CTA an SM, each running tiles gridDim.x apart; its copies the gathers', or with
+    ``tma`` the bulk tensor copy's."""
+    y_last = layout.is_channels_last(out)
+    producer = FORWARD_PRODUCER.get(block_n) is not None
+    if not producer and not tma:
+        return _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last), grid, THREADS, shared_bytes(block_n)
+    if not producer:
+        stages, in_flight = PIPELINES[block_n]
+        pipeline, threads, shared = (("STAGES", stages), ("IN_FLIGHT", in_flight)), THREADS, tma_shared_bytes(block_n)
+    else:
+        build = producer_build(block_n, out.dtype.itemsize)
+        pipeline = (("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
+                    ("PRODUCER_WARPGROUPS", build.producers))
+        threads, shared, grid = build.threads, build.shared_bytes, (min(grid[0], _cuda.sm_count()), 1, grid[2])
+    defines = _VALUE_BUILDS[half] + (("BLOCK_N", block_n),) + pipeline + ((("TMA", 1),) if tma else ()) + (
+        (("Y_LAST", 1),) if y_last else ())
+    return _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, defines), grid, threads, shared
 
 
 def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
@@ -280,18 +293,7 @@ def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | 
     (one persistent CTA an SM, the producer warpgroup's first thread issuing the copies). Its maps hold the operands'
     addresses, which a recorded launch (_cuda.recording) must not keep: a recording gets a step that maps the
     addresses it is handed."""
-    defines = _VALUE_BUILDS[half] + (("BLOCK_N", block_n), ("TMA", 1)) + (
-        (("Y_LAST", 1),) if layout.is_channels_last(out) else ())
-    if FORWARD_PRODUCER.get(block_n) is None:
-        stages, in_flight = PIPELINES[block_n]
-        defines += (("STAGES", stages), ("IN_FLIGHT", in_flight))
-        threads, shared = THREADS, tma_shared_bytes(block_n)
-    else:
-        build = producer_build(block_n, out.dtype.itemsize)
-        defines += (("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
-                    ("PRODUCER_WARPGROUPS", build.producers))
-        threads, shared, grid = build.threads, build.shared_bytes, (min(grid[0], _cuda.sm_count()), 1, grid[2])
-    kernel = _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, defines)
+    kernel, grid, threads, shared = _forward_build(half, block_n, out, grid, tma=True)
     implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
     x_arguments, w_arguments = tma_map_arguments(shape, x_last.dtype.itemsize, block_n)
     y = layout.flat(out)
