@@ -384,6 +384,17 @@ struct TmaTile {
         copy_rows(a + A_BYTES, w_map, barrier, index * BLOCK_K, filter_row);
     }
 };
+#ifndef PREFETCH_TENSOR_MAPS  // 1: the issuing thread fetches both maps into the descriptor cache before its barriers
+#define PREFETCH_TENSOR_MAPS 0
+#endif
+
+// The maps are kernel parameters; the first copy through each waits for its 128 bytes to reach the copy engine's
+// descriptor cache unless this has brought them there while the barriers are set up.
+__device__ __forceinline__ void prefetch_maps(const TensorMap& x_map, const TensorMap& w_map) {
+    if (!PREFETCH_TENSOR_MAPS) return;
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
+}
 #define FORWARD_OPERANDS const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map
 #else
 #define FORWARD_OPERANDS const Element* __restrict__ x, const Element* __restrict__ w
@@ -403,6 +414,7 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
     const TmaTile copies(s, tile_m, tile_n);
     const int steps = s.R * s.S * copies.slices, tid = threadIdx.x, warpgroup = tid / 128;
     if (tid == 0) {
+        prefetch_maps(x_map, w_map);
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) barrier_init(full + 8 * stage, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
@@ -478,6 +490,9 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
     OutputTile& out = *reinterpret_cast<OutputTile*>(tiles + STAGES * STAGE_BYTES);
     const unsigned full = shared_address(&out + 1), empty = full + 8 * STAGES;  // 8 bytes a barrier
     if (threadIdx.x == 0) {
+#if TMA
+        prefetch_maps(x_map, w_map);
+#endif
 #pragma unroll
         for (int stage = 0; stage < STAGES; ++stage) {
             barrier_init(full + 8 * stage, TMA ? 1 : PRODUCER_THREADS);  // the copy engine's: one expecting arrival
