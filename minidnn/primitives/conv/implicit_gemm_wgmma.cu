@@ -278,17 +278,24 @@ __device__ __forceinline__ void k_major_pipeline(float (&acc)[ACCUMULATORS], uns
     wait_copies<0>();
 }
 
-// The forward tile's epilogue: the accumulators rounded once into the output tile (over the pipeline's memory,
-// which the caller's barrier has freed), then stored.
-__device__ __forceinline__ void store_forward_tile(const float (&acc)[ACCUMULATORS], unsigned char* const tiles,
-                                                   Element* __restrict__ y, const NhwcShape& s, const int tile_m,
-                                                   const int tile_n) {
-    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
-    const int tid = threadIdx.x, t = tid % 128, g = t % 32 / 4, q = t % 4, row0 = tid / 128 * 64 + t / 32 * 16 + g;
+// The accumulators of `thread` (0 ... THREADS − 1 of the two warpgroups that multiply) rounded once into the output
+// tile: an m64nN product's fragment, row g and g + 8 of each 16-row slice of its warpgroup's 64, columns 2q and 2q + 1
+// of each 8.
+__device__ __forceinline__ void fill_output_tile(const float (&acc)[ACCUMULATORS], OutputTile& out, const int thread) {
+    const int t = thread % 128, g = t % 32 / 4, q = t % 4, row0 = thread / 128 * 64 + t / 32 * 16 + g;
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 8; ++i)
 #pragma unroll
         for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
+}
+
+// The forward tile's epilogue: the accumulators into the output tile (over the pipeline's memory, which the caller's
+// barrier has freed), then stored.
+__device__ __forceinline__ void store_forward_tile(const float (&acc)[ACCUMULATORS], unsigned char* const tiles,
+                                                   Element* __restrict__ y, const NhwcShape& s, const int tile_m,
+                                                   const int tile_n) {
+    OutputTile& out = *reinterpret_cast<OutputTile*>(tiles);
+    fill_output_tile(acc, out, threadIdx.x);
     __syncthreads();
     store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile_m, tile_n);
 }
@@ -548,7 +555,6 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
     }
 
     const int thread = threadIdx.x - PRODUCER_THREADS, warpgroup = thread / 128, lane = thread % 32;
-    const int t = thread % 128, g = t % 32 / 4, q = t % 4, row0 = warpgroup * 64 + t / 32 * 16 + g;
     int index = 0;  // the stages multiplied so far
     for (int tile = blockIdx.x; tile < tiles_count; tile += gridDim.x) {
         float acc[ACCUMULATORS] = {};
@@ -568,10 +574,7 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
         for (int last = 1; last <= min(IN_FLIGHT, steps); ++last)  // the stages still held
             if (lane == 0) barrier_arrive(empty + 8 * ((index - last) % STAGES));
         consumers_sync();  // the last tile's store has read the output tile
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 8; ++i)
-#pragma unroll
-            for (int v = 0; v < 4; ++v) out.at(row0 + v / 2 * 8, 8 * i + 2 * q + v % 2) = stored(acc[4 * i + v]);
+        fill_output_tile(acc, out, thread);
         consumers_sync();
         store_output_tile<BLOCK_M, BLOCK_N, THREADS>(out, y, s, tile / n_tiles, tile % n_tiles, thread);
     }
