@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tf32", default=None, help="math modes, comma-separated: off (fp32: TF32 off everywhere), "
                         "on; default off,on on the GPU, off on the CPU (the older spelling of --precision fp32,tf32)")
     parser.add_argument("--precision", default=None, help="precisions, comma-separated: fp32, tf32, bf16, fp16 "
-                        "(bf16/fp16: autocast, fp16 with a GradScaler; PyTorch's with channels_last; no naive engine, "
-                        "no layer tables); default as --tf32's")
+                        "(bf16/fp16: autocast, fp16 with a GradScaler; PyTorch's with channels_last; no naive engine); "
+                        "default as --tf32's")
     parser.add_argument("--torch-channels-last", action="store_true", help="PyTorch's fp32 and tf32 cells run "
                         "channels_last too (its bf16/fp16 cells always do): cuDNN's fastest layout for TF32")
     parser.add_argument("--channels-last", action="store_true", help="minidnn's cells run channels_last: the "
