@@ -23,6 +23,19 @@ PLACED_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", half), 
                                                                 ("Y_PLACED", 1)))
                  for half, block_n in ((0, 128), (2, 64))]
 
+# The forward kernel's other builds (implicit_gemm_wgmma.FORWARD_TMA and FORWARD_PRODUCER): the bulk tensor copy's
+# barrier pipeline, on by default, in bf16 and TF32; the PRODUCER pipeline with the gathers, and with the bulk tensor
+# copy and its maps prefetched (PREFETCH_TENSOR_MAPS), at the stages the probes run
+FORWARD_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 64), ("TMA", 1))),
+                  Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 128), ("TMA", 1),
+                                                                 ("Y_LAST", 1))),
+                  Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("TMA", 1))),
+                  Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 1), ("BLOCK_N", 64), ("STAGES", 4),
+                                                                 ("IN_FLIGHT", 1), ("PRODUCER", 1))),
+                  Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 128), ("STAGES", 6),
+                                                                 ("IN_FLIGHT", 1), ("PRODUCER", 1), ("TMA", 1),
+                                                                 ("PREFETCH_TENSOR_MAPS", 1)))]
+
 
 @pytest.mark.parametrize("nvcc_build", [Build(source, scalar) for source in _cuda.cuda_sources()
                                         for scalar in ("float", "double")]
@@ -31,7 +44,7 @@ PLACED_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", half), 
                          + [Build(source, "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", y_last)))
                             for source in ("conv/implicit_gemm_nhwc.cu", "conv/implicit_gemm_wgmma.cu")
                             for half, block_n, y_last in ((1, 64, 0), (2, 128, 1), (1, 64, 1))]
-                         + TF32_BUILDS + PLACED_BUILDS,
+                         + TF32_BUILDS + PLACED_BUILDS + FORWARD_BUILDS,
                          indirect=True, ids=str)
 def test_cuda_source_compiles(nvcc_build):
     build = nvcc_build.build
