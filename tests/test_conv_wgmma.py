@@ -448,6 +448,20 @@ def test_the_tma_launch_maps_both_operands_and_picks_its_pipeline(monkeypatch):
     assert persistent == (min(tiles, 132), 1, 1) and producer_block == (384,) and producer_shared == build.shared_bytes
 
 
+def test_the_tma_maps_take_the_problems_window_height_first():
+    """A problem whose filter, stride, padding and dilation differ in every value, height and width: the TMA checks
+    and x's map take each as (h, w) in that order, C the group's channels times the groups; a group of 48 bf16
+    channels (96 bytes, not a whole stage) keeps the gathers."""
+    problem = conv.problem.ConvProblem(2, 128, 17, 19, 96, 3, 5, (2, 1), (1, 2), (3, 2), 2, np.dtype(np.uint16),
+                                       "cuda")
+    shape = implicit_gemm_nhwc._shape_struct(problem).tobytes()
+    assert implicit_gemm_wgmma._shape_fits(shape, 2)
+    x_map, _ = implicit_gemm_wgmma._map_arguments(shape, 2, 64)
+    assert x_map == tensor_map.im2col_arguments(2, 17, 19, 128, 2, (3, 5), (2, 1), (1, 2), (3, 2), 64, 128)
+    narrow = conv.problem.ConvProblem(2, 96, 17, 19, 96, 3, 5, (2, 1), (1, 2), (3, 2), 2, np.dtype(np.uint16), "cuda")
+    assert not implicit_gemm_wgmma._shape_fits(implicit_gemm_nhwc._shape_struct(narrow).tobytes(), 2)
+
+
 def tma_operands(rng, case, direction, dtype, operands_last):
     cupy = backend.cupy()
     first_shape, second_shape = operand_shapes(case, direction)
