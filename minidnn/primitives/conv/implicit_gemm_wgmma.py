@@ -252,36 +252,34 @@ def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
 # Worked out once per shape: an eager step asks again at every call, and the checks cost several microseconds.
 @functools.lru_cache(maxsize=1024)
 def _shape_fits(shape_bytes: bytes, itemsize: int) -> bool:
-    shape = np.frombuffer(shape_bytes, dtype=implicit_gemm_nhwc._NHWC_SHAPE)[0]
+    shape = _unpack(shape_bytes)
     return (int(shape["C"]) * itemsize % ROW_BYTES == 0
-            and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, _pair(shape, "R", "S"),
-                                       _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
-                                       _pair(shape, "dilation_h", "dilation_w"), ROW_BYTES // itemsize, BLOCK_M))
-
-
-def _pair(shape: np.void, first: str, second: str) -> tuple[int, int]:
-    return int(shape[first]), int(shape[second])
-
-
-def tma_map_arguments(shape: np.void, itemsize: int, block_n: int) -> tuple[tensor_map.MapArguments,
-                                                                           tensor_map.MapArguments]:
-    """The TMA build's two maps for ``shape``: x (N, H, W, C·G) read as im2col boxes of BLOCK_M pixels × 128 bytes,
-    w (K·G, R·S·C) as boxes of block_n rows × 128 bytes."""
-    return _map_arguments(shape.tobytes(), itemsize, block_n)
+            and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, *_window(shape),
+                                       ROW_BYTES // itemsize, BLOCK_M))
 
 
 @functools.lru_cache(maxsize=1024)
 def _map_arguments(shape_bytes: bytes, itemsize: int, block_n: int) -> tuple[tensor_map.MapArguments,
                                                                              tensor_map.MapArguments]:
-    shape = np.frombuffer(shape_bytes, dtype=implicit_gemm_nhwc._NHWC_SHAPE)[0]
+    """The TMA build's two maps for an NhwcShape's bytes: x (N, H, W, C·G) read as im2col boxes of BLOCK_M pixels ×
+    128 bytes, w (K·G, R·S·C) as boxes of block_n rows × 128 bytes."""
+    shape = _unpack(shape_bytes)
     groups, channels = int(shape["groups"]), ROW_BYTES // itemsize
     x_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
-                                        int(shape["C"]) * groups, itemsize, _pair(shape, "R", "S"),
-                                        _pair(shape, "stride_h", "stride_w"), _pair(shape, "pad_h", "pad_w"),
-                                        _pair(shape, "dilation_h", "dilation_w"), channels, BLOCK_M)
+                                        int(shape["C"]) * groups, itemsize, *_window(shape), channels, BLOCK_M)
     w_map = tensor_map.tiled_arguments(int(shape["K"]) * groups, int(shape["R"]) * int(shape["S"]) * int(shape["C"]),
                                        itemsize, channels, block_n)
     return x_map, w_map
+
+
+def _unpack(shape_bytes: bytes) -> np.void:
+    return np.frombuffer(shape_bytes, dtype=implicit_gemm_nhwc._NHWC_SHAPE)[0]
+
+
+def _window(shape: np.void) -> tuple[tuple[int, int], ...]:
+    """The convolution's window as tensor_map takes it: filter size, stride, padding and dilation, each (h, w)."""
+    return tuple((int(shape[h]), int(shape[w])) for h, w in (("R", "S"), ("stride_h", "stride_w"),
+                                                             ("pad_h", "pad_w"), ("dilation_h", "dilation_w")))
 
 
 _maps = tensor_map.MapCache()
@@ -295,7 +293,7 @@ def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | 
     addresses it is handed."""
     kernel, grid, threads, shared = _forward_build(half, block_n, out, grid, tma=True)
     implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
-    x_arguments, w_arguments = tma_map_arguments(shape, x_last.dtype.itemsize, block_n)
+    x_arguments, w_arguments = _map_arguments(shape.tobytes(), x_last.dtype.itemsize, block_n)
     y = layout.flat(out)
     kernel(grid, (threads,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
                               shape), shared_mem=shared)
