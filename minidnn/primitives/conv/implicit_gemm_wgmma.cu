@@ -397,11 +397,52 @@ struct TmaTile {
 
 // The maps are kernel parameters; the first copy through each waits for its 128 bytes to reach the copy engine's
 // descriptor cache unless this has brought them there while the barriers are set up.
-__device__ __forceinline__ void prefetch_maps(const TensorMap& x_map, const TensorMap& w_map) {
+__device__ __forceinline__ void prefetch_maps(const TensorMap& first_map, const TensorMap& second_map) {
     if (!PREFETCH_TENSOR_MAPS) return;
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&first_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&second_map)) : "memory");
 }
+
+// The TMA builds' stage barriers: one mbarrier a stage at `full`, each completing once the copy engine has landed the
+// bytes its one expecting arrival names; thread 0 sets them up (first fetching the maps, PREFETCH_TENSOR_MAPS) and the
+// CTA's barrier makes them seen before any thread waits on one.
+__device__ __forceinline__ void init_stage_barriers(const unsigned full, const TensorMap& first_map,
+                                                    const TensorMap& second_map) {
+    if (threadIdx.x == 0) {
+        prefetch_maps(first_map, second_map);
+#pragma unroll
+        for (int stage = 0; stage < STAGES; ++stage) barrier_init(full + 8 * stage, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
+    }
+    __syncthreads();
+}
+
+// The TMA builds' barrier pipeline: `steps` stages, thread 0 issuing stage `index`'s copies into buffer `buffer` by
+// copy(buffer, index), completing on that buffer's barrier in `full`; multiply(stage address) issues a landed stage's
+// products. AHEAD stages of copies are in flight while one is multiplied.
+template <class Copy, class Multiply>
+__device__ __forceinline__ void tma_pipeline(float (&acc)[ACCUMULATORS], const unsigned first_stage, const unsigned full,
+                                             const int steps, Copy copy, Multiply multiply) {
+    const int tid = threadIdx.x;
+    if (tid == 0)
+#pragma unroll
+        for (int stage = 0; stage < AHEAD; ++stage)
+            if (stage < steps) copy(stage, stage);
+    for (int index = 0; index < steps; ++index) {
+        const int buffer = index % STAGES;
+        barrier_wait(full + 8 * buffer, index / STAGES & 1);
+        // Every warpgroup is past its products of stage index − 1 − IN_FLIGHT, the last to read the buffer the next
+        // copies go into.
+        __syncthreads();
+        multiply(first_stage + buffer * STAGE_BYTES);
+        if (tid == 0 && index + AHEAD < steps) copy((index + AHEAD) % STAGES, index + AHEAD);
+        wgmma_wait<IN_FLIGHT>();
+        fence_accumulators(acc);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+}
+
 #define FORWARD_OPERANDS const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap w_map
 #else
 #define FORWARD_OPERANDS const Element* __restrict__ x, const Element* __restrict__ w
@@ -419,37 +460,16 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N, tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     y += blockIdx.z * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const TmaTile copies(s, tile_m, tile_n);
-    const int steps = s.R * s.S * copies.slices, tid = threadIdx.x, warpgroup = tid / 128;
-    if (tid == 0) {
-        prefetch_maps(x_map, w_map);
-#pragma unroll
-        for (int stage = 0; stage < STAGES; ++stage) barrier_init(full + 8 * stage, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // seen by the copy engine
-    }
-    __syncthreads();
-    auto copy_stage = [&](const int buffer, const int index) {  // thread 0 only
-        copies.copy(first_stage + buffer * STAGE_BYTES, full + 8 * buffer, index, s, x_map, w_map);
-    };
+    const int steps = s.R * s.S * copies.slices, warpgroup = static_cast<int>(threadIdx.x) / 128;
+    init_stage_barriers(full, x_map, w_map);
 
     float acc[ACCUMULATORS] = {};
-    if (tid == 0)
-#pragma unroll
-        for (int stage = 0; stage < AHEAD; ++stage)
-            if (stage < steps) copy_stage(stage, stage);
-    for (int index = 0; index < steps; ++index) {
-        const int buffer = index % STAGES;
-        barrier_wait(full + 8 * buffer, index / STAGES & 1);
-        // Every warpgroup is past its products of stage index − 1 − IN_FLIGHT, the last to read the buffer the next
-        // copies go into.
-        __syncthreads();
-        multiply_stage(acc, first_stage + buffer * STAGE_BYTES + warpgroup * (A_BYTES / 2),
-                       first_stage + buffer * STAGE_BYTES + A_BYTES);
-        if (tid == 0 && index + AHEAD < steps) copy_stage((index + AHEAD) % STAGES, index + AHEAD);
-        wgmma_wait<IN_FLIGHT>();
-        fence_accumulators(acc);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+    tma_pipeline(
+        acc, first_stage, full, steps,
+        [&](const int buffer, const int index) {
+            copies.copy(first_stage + buffer * STAGE_BYTES, full + 8 * buffer, index, s, x_map, w_map);
+        },
+        [&](const unsigned stage) { multiply_stage(acc, stage + warpgroup * (A_BYTES / 2), stage + A_BYTES); });
     __syncthreads();  // the output tile reuses the pipeline's memory
     store_forward_tile(acc, tiles, y, s, tile_m, tile_n);
 }
@@ -691,6 +711,17 @@ __device__ __forceinline__ int panel_swizzled(const int row, const int vector) {
     return vector / 8 * PANEL_BYTES + swizzled(row, vector % 8);
 }
 
+// One stage's products on MN-major tiles: the warpgroup's panel of A (shared address a) times B's panels (b), one
+// wgmma per 16 pixels of the stage, committed as one group.
+__device__ __forceinline__ void multiply_panels(float (&acc)[ACCUMULATORS], const unsigned a, const unsigned b) {
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < BLOCK_K / 16; ++k)
+        wgmma_tile<1>(acc, descriptor(a + 16 * 128 * k, PANEL_BYTES), descriptor(b + 16 * 128 * k, PANEL_BYTES));
+    wgmma_commit();
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                     const NhwcShape s, int steps_per_split) {
@@ -725,14 +756,8 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
         wait_copies<AHEAD - 1>();
         fence_async_proxy();
         __syncthreads();
-        const unsigned a = shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * PANEL_BYTES;
-        const unsigned b = shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES);
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < BLOCK_K / 16; ++k)
-            wgmma_tile<1>(acc, descriptor(a + 16 * 128 * k, PANEL_BYTES), descriptor(b + 16 * 128 * k, PANEL_BYTES));
-        wgmma_commit();
+        multiply_panels(acc, shared_address(tiles + index % STAGES * STAGE_BYTES) + warpgroup * PANEL_BYTES,
+                        shared_address(tiles + index % STAGES * STAGE_BYTES + A_BYTES));
         if (step + AHEAD < last) copy_stage((index + AHEAD) % STAGES, step + AHEAD);
         commit_copies();
         wgmma_wait<IN_FLIGHT>();
