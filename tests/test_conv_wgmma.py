@@ -94,7 +94,7 @@ def test_the_launch_geometry_of_resnet18s_last_layer_on_both_widths(monkeypatch)
         kernels.append((half, None, block_n)), launches.append((grid, "tma"))))
     monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
     monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
-    monkeypatch.setattr(implicit_gemm_wgmma, "_kernel", lambda *args: kernels.append(args))
+    monkeypatch.setattr(implicit_gemm_wgmma, "_kernel", lambda *args, **options: kernels.append(args))
     case = (128, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1)
     for dtype in (np.float32, np.float16):  # float16 is a half type's storage on either device
         problem = problem_of(case, dtype, "cuda")
@@ -466,8 +466,8 @@ def tma_operands(rng, case, direction, dtype, operands_last):
     cupy = backend.cupy()
     first_shape, second_shape = operand_shapes(case, direction)
     on_gpu = [cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in (first_shape, second_shape)]
-    if dtype == "bfloat16":
-        on_gpu = [convert.float_to_half(a, "bfloat16") for a in on_gpu]
+    if dtype != "float32":
+        on_gpu = [convert.float_to_half(a, dtype) for a in on_gpu]
     if operands_last:
         on_gpu = [layout.to_channels_last(a) for a in on_gpu]
     return on_gpu
@@ -539,3 +539,139 @@ def test_a_recorded_tma_launch_maps_the_addresses_it_is_handed(monkeypatch, rng)
     implicit_gemm_wgmma._launch_forward(x2, w2, direct, shape)
     assert np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(direct))
     assert not np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# The half backward-filter's TMA build: x through im2col boxes of a stage's 64 pixels, dy through a tiled map
+# ----------------------------------------------------------------------------------------------
+def test_the_filter_tma_launch_maps_both_operands_on_the_gathers_grid(monkeypatch):
+    """ResNet-50's layer2 3×3 (128 -> 128 channels, 28 × 28) at batch 32 in bf16: with FILTER_TMA on, x is mapped as
+    im2col boxes of 64 pixels × 64 channels with the convolution's corners, dy (N·P·Q, K) as boxes of 64 filters ×
+    64 pixel rows; the TMA build on the gathers' grid and split, with room for its three mbarriers. Off (the
+    default), the gathers' build."""
+    launches, encoded, kernels = [], [], []
+    monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
+    monkeypatch.setattr(implicit_gemm_nhwc, "allow_shared_bytes", lambda kernel, shared: None)
+    monkeypatch.setattr(implicit_gemm_wgmma, "_maps", SimpleNamespace(
+        get=lambda arguments, address: encoded.append((arguments, address)) or address))
+    monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
+                        lambda kernel, grid, shared, args, threads=256: launches.append((kernel, grid, shared, args)))
+
+    def function(source, name, dtype, defines):
+        kernels.append((name, dict(defines)))
+        return lambda grid, block, args, shared_mem: launches.append((name, grid, block, args, shared_mem))
+
+    monkeypatch.setattr(_cuda, "function", function)
+    problem = problem_of((32, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1), np.uint16, "cuda")
+    x = SimpleNamespace(data=SimpleNamespace(ptr=1 << 20), dtype=np.dtype(np.uint16))
+    dy = SimpleNamespace(data=SimpleNamespace(ptr=1 << 21), dtype=np.dtype(np.uint16))
+    sums = object()
+    grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, 64, 4, 128)
+    # 9 tiles of R·S·C = 1152 rows; 392 stages of 64 pixels, at least 16 a slice (MIN_STEPS_PER_SPLIT)
+    assert grid == (9, 25, 1) and per_split == 16
+    implicit_gemm_wgmma._launch_backward_filter(x, dy, sums, problem)  # off: the gathers
+    assert kernels.pop() == ("implicit_gemm_wgmma_backward_filter",
+                             {"HALF": 2, "BLOCK_N": 128, "STAGES": 3, "IN_FLIGHT": 0})
+    (_, gathers_grid, gathers_shared, gathers_args), = launches
+    assert gathers_grid == grid and gathers_shared == implicit_gemm_wgmma.shared_bytes(128) and not encoded
+    launches.clear()
+    monkeypatch.setitem(implicit_gemm_wgmma.FILTER_TMA, 128, True)
+    implicit_gemm_wgmma._launch_backward_filter(x, dy, sums, problem)
+    assert kernels.pop() == ("implicit_gemm_wgmma_backward_filter",
+                             {"HALF": 2, "BLOCK_N": 128, "STAGES": 3, "IN_FLIGHT": 0, "TMA": 1})
+    (name, tma_grid, block, args, shared), = launches
+    assert name == "implicit_gemm_wgmma_backward_filter"
+    assert tma_grid == grid and block == (256,) and shared == implicit_gemm_wgmma.tma_shared_bytes(128)
+    assert [address for _, address in encoded] == [1 << 20, 1 << 21]
+    x_map, dy_map = encoded[0][0], encoded[1][0]
+    assert x_map == tensor_map.im2col_arguments(32, 28, 28, 128, 2, (3, 3), (1, 1), (1, 1), (1, 1), 64, 64)
+    assert dy_map == tensor_map.tiled_arguments(32 * 28 * 28, 128, 2, 64, 64)
+    assert args[:3] == (1 << 20, 1 << 21, sums) and args[3:] == gathers_args[3:]  # the shape, the stages a split
+    assert int(args[4]) == per_split
+
+
+def test_the_filter_tma_build_takes_half_problems_of_whole_panels():
+    """A 64-row panel of A is one tap's channels only where C per group is a multiple of 64: 96 channels in two
+    groups of 48 keep the gathers, as do float32 problems (the TF32 build's tiles are K-major) and operands off 16
+    bytes; the window's every value apart (h from w) reaches x's map in order."""
+    aligned, off = (SimpleNamespace(data=SimpleNamespace(ptr=p)) for p in (1 << 20, (1 << 20) + 8))
+    window = (3, 5, (2, 1), (1, 2), (3, 2))
+    problem = conv.problem.ConvProblem(2, 128, 17, 19, 96, *window, 2, np.dtype(np.uint16), "cuda")
+    assert implicit_gemm_wgmma.filter_tma_fits(problem, aligned, aligned)
+    assert not implicit_gemm_wgmma.filter_tma_fits(problem, aligned, off)
+    assert not implicit_gemm_wgmma.filter_tma_fits(problem, off, aligned)
+    x_map, dy_map = implicit_gemm_wgmma._filter_map_arguments(problem)
+    assert x_map == tensor_map.im2col_arguments(2, 17, 19, 128, 2, (3, 5), (2, 1), (1, 2), (3, 2), 64, 64)
+    assert dy_map.dims == (96, 2 * problem.P * problem.Q) and dy_map.box == (64, 64)
+    for other in (conv.problem.ConvProblem(2, 96, 17, 19, 96, *window, 2, np.dtype(np.uint16), "cuda"),
+                  conv.problem.ConvProblem(2, 128, 17, 19, 96, *window, 2, np.dtype(np.float32), "cuda")):
+        assert not implicit_gemm_wgmma.filter_tma_fits(other, aligned, aligned)
+
+
+def two_splits(problem, sms, block_k, ctas_per_sm, block_n=None):
+    """Backward-filter's stages per slice such that N·P·Q falls in two slices: their two atomic additions into each
+    zeroed sum give one result whichever lands first, so that two runs can be compared bit for bit."""
+    steps = -(-problem.N * problem.P * problem.Q // block_k)
+    return max(1, -(-steps // 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case_name", TMA_CASES)
+def test_the_filter_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, case_name, dtype,
+                                                                    operands_last):
+    """The bulk tensor copies land the pixels the gathers do, zeros on the padding and past the last pixel and
+    filter, in the same panels: dw is bit for bit the gathering build's (which the tests above hold against float64
+    references), each on two slices of the pixels, the second starting mid-image. Every call here takes the TMA
+    build."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    case = TMA_CASES[case_name]
+    cupy = backend.cupy()
+    on_gpu = tma_operands(rng, case, "backward_filter", dtype, operands_last)
+    monkeypatch.setattr(implicit_gemm_nhwc, "steps_per_split", two_splits)
+    launches = []
+    launch = implicit_gemm_wgmma._launch_filter_tma
+    monkeypatch.setattr(implicit_gemm_wgmma, "_launch_filter_tma", lambda *a: (launches.append(a), launch(*a)))
+    gathered = run("backward_filter", *on_gpu, case, algo=ALGO)
+    assert not launches
+    conv.registry.clear_caches()  # the second call launches anew
+    monkeypatch.setattr(implicit_gemm_wgmma, "FILTER_TMA", {128: True, 64: True})
+    copied = run("backward_filter", *on_gpu, case, algo=ALGO)
+    assert launches and all(grid[1] == 2 for *_, grid, _ in launches)  # the TMA build ran, on two slices
+    assert np.array_equal(cupy.asnumpy(copied).view(np.uint16), cupy.asnumpy(gathered).view(np.uint16))
+    assert cupy.asnumpy(gathered).view(np.uint16).any()  # not two empty outputs
+
+
+@pytest.mark.gpu
+def test_a_recorded_filter_tma_launch_maps_the_addresses_it_is_handed(monkeypatch, rng):
+    """A recording of the backward-filter's TMA launch maps x and dy anew at each replay, as the forward's does."""
+    if not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    cupy = backend.cupy()
+    monkeypatch.setattr(implicit_gemm_wgmma, "FILTER_TMA", {128: True, 64: True})
+    problem = problem_of(TMA_CASES["two_slices_a_tap_two_column_tiles"], np.uint16, "cuda")
+
+    def operands():
+        return (convert.float_to_half(cupy.asarray(rng.standard_normal(s).astype(np.float32)), "bfloat16")
+                for s in ((problem.N, problem.H, problem.W, problem.C), (problem.N, problem.P, problem.Q, problem.K)))
+
+    launches = []
+    launch = implicit_gemm_wgmma._launch_filter_tma
+    monkeypatch.setattr(implicit_gemm_wgmma, "_launch_filter_tma", lambda *a: (launches.append(a), launch(*a)))
+    x, dy = operands()
+    sums = cupy.zeros((problem.K, problem.R, problem.S, problem.C), dtype=np.float32)
+    with _cuda.recording() as steps:
+        implicit_gemm_wgmma._launch_backward_filter(x, dy, sums, problem)
+    assert launches and len(steps) == 1  # the TMA build, recorded once
+    ready = _cuda.ReadyCall(steps, (x, dy, sums), (), ())
+    x2, dy2 = operands()
+    replayed, direct, first = (cupy.zeros_like(sums) for _ in range(3))
+    ready(x2, dy2, replayed)
+    implicit_gemm_wgmma._launch_backward_filter(x2, dy2, direct, problem)
+    implicit_gemm_wgmma._launch_backward_filter(x, dy, first, problem)
+    # 180 pixels are three stages, one slice: one addition into each sum, so the runs agree bit for bit
+    assert np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(direct))
+    assert not np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(first))

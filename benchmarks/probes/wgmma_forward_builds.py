@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER and FORWARD_TMA (which pipeline and copies the forward kernel runs), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
+# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER, FORWARD_TMA and FILTER_TMA (which pipeline and copies the forward and backward-filter kernels run), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
 """Each layer-direction in one process, float32 on the TF32 build and bfloat16: the wgmma kernel alone on
 operands already channels-last (nhwc_implicit_gemm_vs_cudnn.kernel_only), once per variant, and PyTorch's cuDNN
 on channels_last tensors (cudnn.benchmark on). CUDA events around 10 calls in a row (the launches queue behind each
@@ -12,7 +12,8 @@ PRODUCER_STAGES, PRODUCER_IN_FLIGHT (0 unless given) and PRODUCER_WARPGROUPS (1 
 kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: producer warpgroups, mbarriers, one
 persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both widths, where the problem fits
 (implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine; with PRODUCER_STAGES, in the
-PRODUCER build, the producer warpgroup's first thread issuing the copies). PIPELINE_STAGES and
+PRODUCER build, the producer warpgroup's first thread issuing the copies). FILTER_TMA:1 (or 0) runs the half
+backward-filter's TMA build at both widths, where the problem fits (implicit_gemm_wgmma.FILTER_TMA). PIPELINE_STAGES and
 PIPELINE_IN_FLIGHT (0 unless given) set implicit_gemm_wgmma.PIPELINES at both widths: every kernel's stages and
 product groups in flight, and the shared memory its launch asks. Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
@@ -21,6 +22,8 @@ sums in the same order: 0).
     PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_forward_builds.py --out DIR \
         --variants base two=FORWARD_CTAS_PER_SM:2 narrow=TILE_WIDTH:64 producer=PRODUCER_STAGES:4,PRODUCER_IN_FLIGHT:1 \
         [--dtypes float32,bfloat16] [--layers PART,...]
+    PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_forward_builds.py --out DIR --dtypes bfloat16 \
+        --directions backward_filter --variants gather=FILTER_TMA:0 tma=FILTER_TMA:1
 
 Writes DIR/wgmma-forward-builds.json and DIR/wgmma-forward-builds.md.
 """
@@ -48,7 +51,7 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
 SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA",
-            "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
+            "FILTER_TMA", "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
 
 
 def per_call_ms(call, cupy):
@@ -78,6 +81,7 @@ def main() -> None:
     original_width = wgmma.tile_width
     original_producer = wgmma.FORWARD_PRODUCER
     original_tma = wgmma.FORWARD_TMA
+    original_filter_tma = wgmma.FILTER_TMA
     original_pipelines = wgmma.PIPELINES
 
     def tile_width(columns, kernel):
@@ -109,6 +113,8 @@ def main() -> None:
                         wgmma.FORWARD_PRODUCER = original_producer
                     wgmma.FORWARD_TMA = ({128: bool(settings["TMA"]), 64: bool(settings["TMA"]), 256: False}
                                          if "TMA" in settings else original_tma)
+                    wgmma.FILTER_TMA = ({128: bool(settings["FILTER_TMA"]), 64: bool(settings["FILTER_TMA"])}
+                                        if "FILTER_TMA" in settings else original_filter_tma)
                     wgmma.PIPELINES = original_pipelines
                     if "PIPELINE_STAGES" in settings:
                         pipeline = (settings["PIPELINE_STAGES"], settings.get("PIPELINE_IN_FLIGHT", 0))
@@ -137,6 +143,7 @@ def main() -> None:
     wgmma.tile_width = original_width
     wgmma.FORWARD_PRODUCER = original_producer
     wgmma.FORWARD_TMA = original_tma
+    wgmma.FILTER_TMA = original_filter_tma
     wgmma.PIPELINES = original_pipelines
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]

@@ -6,9 +6,10 @@
 //   forward          N·P·Q        K           R·S·C           x  (N, H, W, C)        w  (K, R, S, C)
 //   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
-// Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py. The forward
-// kernel's TMA build (below) copies each stage by the bulk tensor copy engine instead of the gather, where a group's
-// channels fill whole stages; implicit_gemm_wgmma.FORWARD_TMA says at which widths.
+// Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py. The TMA
+// build (below) copies each stage of the forward kernel, and of the half backward-filter, by the bulk tensor copy
+// engine instead of the gather, where a group's channels fill whole stages; implicit_gemm_wgmma.FORWARD_TMA and
+// FILTER_TMA say at which widths.
 // The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0, below).
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C, BLOCK_K reduction values a
@@ -78,7 +79,7 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef PRODUCER  // 1: the forward kernel's copies by a producer warpgroup, through mbarriers (below)
 #define PRODUCER 0
 #endif
-#ifndef TMA  // 1: the forward kernel's copies by the bulk tensor copy engine (below), in either pipeline
+#ifndef TMA  // 1: the copies by the bulk tensor copy engine (below): forward's in either pipeline, backward-filter's
 #define TMA 0
 #endif
 // The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
@@ -421,8 +422,8 @@ __device__ __forceinline__ void init_stage_barriers(const unsigned full, const T
 // copy(buffer, index), completing on that buffer's barrier in `full`; multiply(stage address) issues a landed stage's
 // products. AHEAD stages of copies are in flight while one is multiplied.
 template <class Copy, class Multiply>
-__device__ __forceinline__ void tma_pipeline(float (&acc)[ACCUMULATORS], const unsigned first_stage, const unsigned full,
-                                             const int steps, Copy copy, Multiply multiply) {
+__device__ __forceinline__ void tma_pipeline(float (&acc)[ACCUMULATORS], const unsigned first_stage,
+                                             const unsigned full, const int steps, Copy copy, Multiply multiply) {
     const int tid = threadIdx.x;
     if (tid == 0)
 #pragma unroll
@@ -722,6 +723,55 @@ __device__ __forceinline__ void multiply_panels(float (&acc)[ACCUMULATORS], cons
     wgmma_commit();
 }
 
+#if TMA
+// The TMA build of the half backward-filter: the barrier pipeline of the TMA forward kernel, each stage copied by
+// the bulk tensor copy engine instead of the threads' gathers. A stage is BLOCK_K = 64 pixels; thread 0 issues
+//   A: for each 64-row panel of the tile's rows (r, s, c), the stage's pixels × 128 bytes of x's channels at that
+//      panel's tap, through an im2col map of x (boxes of 64 pixels): C (per group) is a multiple of 64 here, so a
+//      panel is one tap's 64 channels. A panel past R·S·C is not copied; its rows' sums are dropped at the end.
+//   B: for each 64-wide panel of the tile's filters, the same pixels × 128 bytes of dy's, through a tiled map of dy
+//      (N·P·Q, K·G).
+// Each box lands as the gathers lay a panel, one 128-byte row a pixel, swizzled; the engine zero-fills the padding,
+// the pixels past N·P·Q and the filters past K·G, as the gathers copy zeros there. Filters of the next group that a
+// last column tile reads are dropped at the end, as the gathers' are never copied. The products, and so the sums,
+// are the gathers' bit for bit.
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
+implicit_gemm_wgmma_backward_filter(const __grid_constant__ TensorMap x_map, const __grid_constant__ TensorMap dy_map,
+                                    float* __restrict__ sums, const NhwcShape s, int steps_per_split) {
+    const unsigned base = shared_address(shared_memory);
+    unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
+    const unsigned first_stage = shared_address(tiles), full = first_stage + STAGES * STAGE_BYTES;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
+    const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
+    const int first = blockIdx.y * steps_per_split, count = min(first + steps_per_split, steps) - first;
+    const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+    const int a_panels = min(BLOCK_M, rows - tile_m * BLOCK_M) / BLOCK_K, filter = blockIdx.z * s.K + tile_n * BLOCK_N;
+    init_stage_barriers(full, x_map, dy_map);
+
+    auto copy_stage = [&](const int buffer, const int index) {  // thread 0 only
+        const unsigned a = first_stage + buffer * STAGE_BYTES, barrier = full + 8 * buffer;
+        const int pixel = (first + index) * BLOCK_K, n = pixel / PQ, pq = pixel - n * PQ;
+        const int corner_h = pq / s.Q * s.stride_h - s.pad_h, corner_w = pq % s.Q * s.stride_w - s.pad_w;
+        expect_bytes(barrier, a_panels * PANEL_BYTES + B_BYTES);
+        for (int panel = 0; panel < a_panels; ++panel) {
+            const int row = tile_m * BLOCK_M + BLOCK_K * panel, tap = row / s.C, r = tap / s.S;
+            copy_pixels(a + panel * PANEL_BYTES, x_map, barrier, blockIdx.z * s.C + row - tap * s.C, corner_w,
+                        corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
+        }
+#pragma unroll
+        for (int panel = 0; panel < BLOCK_N / BLOCK_K; ++panel)
+            copy_rows(a + A_BYTES + panel * PANEL_BYTES, dy_map, barrier, filter + BLOCK_K * panel, pixel);
+    };
+
+    float acc[ACCUMULATORS] = {};
+    tma_pipeline(acc, first_stage, full, count, copy_stage, [&](const unsigned stage) {
+        multiply_panels(acc, stage + warpgroup * PANEL_BYTES, stage + A_BYTES);
+    });
+    add_filter_gradient_tile(acc, sums, s);
+}
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCK_N == 256 ? 1 : 2)
 implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __restrict__ dy, float* __restrict__ sums,
                                     const NhwcShape s, int steps_per_split) {
@@ -769,6 +819,7 @@ implicit_gemm_wgmma_backward_filter(const u16* __restrict__ x, const u16* __rest
 
     add_filter_gradient_tile(acc, sums, s);
 }
+#endif  // TMA
 #else
 // TF32: wgmma takes TF32 tiles K-major only, so both tiles lie along the pixels, as forward's lie along its
 // reduction: a stage is BLOCK_K = 32 pixels, one 128-byte row of them for each of A's 128 rows (r, s, c) and each

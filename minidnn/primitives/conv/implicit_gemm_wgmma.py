@@ -7,7 +7,8 @@ four warps a 64 × N product read straight from shared memory, issued asynchrono
 the chunks of images, the workspace and the NumPy twin are ``implicit_gemm_nhwc``'s; only the kernel differs
 (``implicit_gemm_wgmma.cu``: its shared-memory layout is the one wgmma reads, 128-byte rows swizzled). Where a
 group's channels fill whole 128-byte stages, the forward kernel's stages are copied by Hopper's bulk tensor copy engine
-through tensor maps (``tensor_map.py``) instead of the threads' gathers: the TMA build, ``FORWARD_TMA``.
+through tensor maps (``tensor_map.py``) instead of the threads' gathers: the TMA build, ``FORWARD_TMA``; the half
+backward-filter has one too, ``FILTER_TMA`` (off until timed).
 
     direction         rows M      columns N   reduction      operands (channels last)
     forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
@@ -68,6 +69,11 @@ SHARED_LIMIT = 227 * 1024  # Hopper's dynamic shared memory a CTA at most
 # (tma_fits). Per tile width, whether it runs: at both, it took less time than the gathers summed over ResNet's 3×3
 # layers, bf16 and TF32 (benchmarks/probes/wgmma_forward_builds.py's TMA variant); 256 is the TF32 backward-filter's.
 FORWARD_TMA: dict[int, bool] = {128: True, 64: True, 256: False}
+# The half backward-filter's TMA build: the same pipeline, each stage's 64 pixels copied by the bulk tensor copy
+# engine, x through an im2col map (a 64-row panel of the tile's rows a copy), dy through a tiled map, where the problem
+# fits (filter_tma_fits). Per tile width, whether it runs: off until it has been timed against the gathers
+# (benchmarks/probes/wgmma_forward_builds.py's filter variants).
+FILTER_TMA: dict[int, bool] = {128: False, 64: False}
 
 
 class ProducerBuild(NamedTuple):
@@ -195,14 +201,15 @@ def backward_filter_shared_bytes(block_n: int, half: str | None) -> int:
 _VALUE_BUILDS = {**_cuda.HALF_BUILDS, None: (("HALF", 0),)}
 
 
-def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False, placed: bool = False) -> Any:
+def _kernel(name: str, half: str | None, block_n: int, y_last: bool = False, placed: bool = False,
+            tma: bool = False) -> Any:
     """``name``'s build for the half type (None: float32 on TF32) and tile width; ``y_last``: forward's store to a
     channels-last y; ``placed``: its rows stored at the shape's placement (channels_last.cuh's Y_PLACED: the phase
-    kernel's build)."""
+    kernel's build); ``tma``: the TMA build, its stages copied through tensor maps."""
     stages, in_flight = PIPELINES[block_n]
     return _cuda.function(SOURCE, name, np.float32, _VALUE_BUILDS[half] + (
-        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("Y_LAST", 1),) if y_last else ())
-        + ((("Y_PLACED", 1),) if placed else ()))
+        ("BLOCK_N", block_n), ("STAGES", stages), ("IN_FLIGHT", in_flight)) + ((("TMA", 1),) if tma else ())
+        + ((("Y_LAST", 1),) if y_last else ()) + ((("Y_PLACED", 1),) if placed else ()))
 
 
 def _launch_forward(x_last: Any, w_last: Any, out: Any, shape: np.void) -> None:
@@ -226,20 +233,17 @@ def _forward_build(half: str | None, block_n: int, out: Any, grid: tuple[int, in
     PRODUCER build, one persistent CTA an SM, each running tiles gridDim.x apart; its copies the gathers', or with
     ``tma`` the bulk tensor copy's."""
     y_last = layout.is_channels_last(out)
-    producer = FORWARD_PRODUCER.get(block_n) is not None
-    if not producer and not tma:
-        return _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last), grid, THREADS, shared_bytes(block_n)
-    if not producer:
-        stages, in_flight = PIPELINES[block_n]
-        pipeline, threads, shared = (("STAGES", stages), ("IN_FLIGHT", in_flight)), THREADS, tma_shared_bytes(block_n)
-    else:
-        build = producer_build(block_n, out.dtype.itemsize)
-        pipeline = (("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
-                    ("PRODUCER_WARPGROUPS", build.producers))
-        threads, shared, grid = build.threads, build.shared_bytes, (min(grid[0], _cuda.sm_count()), 1, grid[2])
+    if FORWARD_PRODUCER.get(block_n) is None:
+        shared = tma_shared_bytes(block_n) if tma else shared_bytes(block_n)
+        return _kernel("implicit_gemm_wgmma_forward", half, block_n, y_last, tma=tma), grid, THREADS, shared
+    build = producer_build(block_n, out.dtype.itemsize)
+    pipeline = (("STAGES", build.stages), ("IN_FLIGHT", build.in_flight), ("PRODUCER", 1),
+                ("PRODUCER_WARPGROUPS", build.producers))
     defines = _VALUE_BUILDS[half] + (("BLOCK_N", block_n),) + pipeline + ((("TMA", 1),) if tma else ()) + (
         (("Y_LAST", 1),) if y_last else ())
-    return _cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, defines), grid, threads, shared
+    grid = (min(grid[0], _cuda.sm_count()), 1, grid[2])
+    return (_cuda.function(SOURCE, "implicit_gemm_wgmma_forward", np.float32, defines), grid, build.threads,
+            build.shared_bytes)
 
 
 def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
@@ -297,20 +301,24 @@ def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | 
     y = layout.flat(out)
     kernel(grid, (threads,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
                               shape), shared_mem=shared)
-    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, threads, shared, x_arguments, w_arguments, shape)
+    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, threads, shared, x_arguments, w_arguments,
+                 (shape,))
 
 
 def _tma_launch_at(kernel: Any, grid: tuple[int, int, int], threads: int, shared: int,
-                   x_arguments: tensor_map.MapArguments, w_arguments: tensor_map.MapArguments, shape: np.void) -> Any:
-    """The TMA launch as a recorded step: a callable taking the device addresses of x_last, w_last and y, which maps
-    the first two (a cached encode) and launches."""
+                   first_arguments: tensor_map.MapArguments, second_arguments: tensor_map.MapArguments,
+                   constants: tuple) -> Any:
+    """A TMA launch as a recorded step: a callable taking the device addresses of its three arrays (the two that
+    its maps read, then the one it writes), which maps the first two (a cached encode) and launches with the third
+    and ``constants`` (the shape, ...)."""
     empty = np.zeros((), dtype=tensor_map.MAP_DTYPE)[()]
-    packed = _cuda.PackedLaunch(kernel, grid, (threads,), (empty, empty, _cuda.PER_CALL, shape), shared)
-    x_view, w_view = packed.argument_view(0), packed.argument_view(1)
+    packed = _cuda.PackedLaunch(kernel, grid, (threads,), (empty, empty, _cuda.PER_CALL, *constants), shared)
+    first_view, second_view = packed.argument_view(0), packed.argument_view(1)
 
-    def launch_at(x_address: int, w_address: int, y_address: int) -> None:
-        x_view[0], w_view[0] = _maps.get(x_arguments, x_address), _maps.get(w_arguments, w_address)
-        packed.launch_at(y_address)
+    def launch_at(first_address: int, second_address: int, output_address: int) -> None:
+        first_view[0] = _maps.get(first_arguments, first_address)
+        second_view[0] = _maps.get(second_arguments, second_address)
+        packed.launch_at(output_address)
 
     return launch_at
 
@@ -364,10 +372,59 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     block_n = tile_width(problem.K // problem.groups, "backward_filter")
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
                                                               SPLIT_K_WAVES * ctas_per_sm(block_n), block_n)
+    if FILTER_TMA.get(block_n) and filter_tma_fits(problem, x_last, dy_last):
+        _launch_filter_tma(x_last, dy_last, sums, problem, block_n, grid, per_split)
+        return
     implicit_gemm_nhwc._launch_tile_kernel(_kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n),
                                            grid, backward_filter_shared_bytes(block_n, problem.half_type),
                                            (x_last, dy_last, sums, implicit_gemm_nhwc._shape_struct(problem),
                                             _cuda.i32(per_split)))
+
+
+# The half backward-filter's stage: 64 pixels (a 128-byte row of half values, the MN-major panels' depth), and each
+# panel 64 channels of x or 64 filters of dy wide: both maps' boxes are 64 × 64.
+FILTER_STAGE_PIXELS = ROW_BYTES // 2
+
+
+def filter_tma_fits(problem: ConvProblem, x_last: Any, dy_last: Any) -> bool:
+    """Whether the half backward-filter's TMA build runs ``problem`` on x_last (N, H, W, C) and dy_last (N, P, Q, K):
+    a half problem whose C per group fills whole 128-byte panels (64 values: an A panel is one tap's channels), whose
+    x the copy engine can map as im2col boxes of a stage's pixels (tensor_map.im2col_fits) and whose dy rows lie a
+    multiple of 16 bytes apart; both operands start on 16 bytes."""
+    return (_filter_shape_fits(problem) and x_last.data.ptr % 16 == 0 and dy_last.data.ptr % 16 == 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _filter_shape_fits(problem: ConvProblem) -> bool:
+    shape = implicit_gemm_nhwc._shape_struct(problem)
+    return (problem.half_type is not None and int(shape["C"]) % FILTER_STAGE_PIXELS == 0 and problem.K % 8 == 0
+            and tensor_map.im2col_fits(problem.C, 2, *_window(shape), FILTER_STAGE_PIXELS, FILTER_STAGE_PIXELS))
+
+
+@functools.lru_cache(maxsize=1024)
+def _filter_map_arguments(problem: ConvProblem) -> tuple[tensor_map.MapArguments, tensor_map.MapArguments]:
+    """The half backward-filter's TMA maps: x (N, H, W, C) read as im2col boxes of a stage's 64 pixels × 128 bytes,
+    dy (N·P·Q, K) as boxes of 64 pixel rows × 128 bytes of filters."""
+    shape, pixels = implicit_gemm_nhwc._shape_struct(problem), FILTER_STAGE_PIXELS
+    x_map = tensor_map.im2col_arguments(problem.N, problem.H, problem.W, problem.C, 2, *_window(shape), pixels,
+                                        pixels)
+    dy_map = tensor_map.tiled_arguments(problem.N * problem.P * problem.Q, problem.K, 2, pixels, pixels)
+    return x_map, dy_map
+
+
+def _launch_filter_tma(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem, block_n: int,
+                       grid: tuple[int, int, int], per_split: int) -> None:
+    """The half backward-filter's TMA launch, on the gathers' grid and split; recorded as the forward's is (its maps
+    hold the operands' addresses)."""
+    kernel = _kernel("implicit_gemm_wgmma_backward_filter", problem.half_type, block_n, tma=True)
+    shared = tma_shared_bytes(block_n)
+    implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
+    x_arguments, dy_arguments = _filter_map_arguments(problem)
+    constants = (implicit_gemm_nhwc._shape_struct(problem), _cuda.i32(per_split))
+    kernel(grid, (THREADS,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(dy_arguments, dy_last.data.ptr),
+                              sums, *constants), shared_mem=shared)
+    _cuda.record((x_last, dy_last, sums), _tma_launch_at, kernel, grid, THREADS, shared, x_arguments, dy_arguments,
+                 constants)
 
 
 register(ImplicitGemmWgmma())
