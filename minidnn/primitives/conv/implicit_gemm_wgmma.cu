@@ -99,7 +99,6 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // the swizzle's period: 8 rows
 constexpr int ACCUMULATORS = BLOCK_N / 2;  // floats per thread of an m64nN product
 constexpr int ROWS_PER_PASS = THREADS / CHUNKS;  // 32
 constexpr int A_COPIES = BLOCK_M / ROWS_PER_PASS, B_COPIES = BLOCK_N / ROWS_PER_PASS;
-constexpr int PAD = 8;
 typedef OutputStage<BLOCK_M, BLOCK_N> OutputTile;  // the epilogue's, over the pipeline's memory
 static_assert(STAGE_BYTES % GROUP_BYTES == 0, "stages start on the swizzle's 1024-byte period");
 
