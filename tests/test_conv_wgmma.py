@@ -609,7 +609,7 @@ def test_the_filter_tma_build_takes_half_problems_of_whole_panels():
         assert not implicit_gemm_wgmma.filter_tma_fits(other, aligned, aligned)
 
 
-def two_splits(problem, sms, block_k, ctas_per_sm, block_n=None):
+def two_splits(problem, sms, block_k, ctas_per_sm, block_n=None, within_waves=False):
     """Backward-filter's stages per slice such that N·P·Q falls in two slices: their two atomic additions into each
     zeroed sum give one result whichever lands first, so that two runs can be compared bit for bit."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
@@ -675,3 +675,35 @@ def test_a_recorded_filter_tma_launch_maps_the_addresses_it_is_handed(monkeypatc
     # 180 pixels are three stages, one slice: one addition into each sum, so the runs agree bit for bit
     assert np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(direct))
     assert not np.array_equal(cupy.asnumpy(replayed), cupy.asnumpy(first))
+
+
+def test_the_split_within_its_waves_leaves_no_last_wave_of_a_few_ctas(monkeypatch):
+    """Backward-filter's slices of N·P·Q, rounded up from the CTAs aimed at (two waves of two on 132 SMs: 528), make
+    a few more CTAs than that on these layers: a third wave of 12 on CaffeNet's conv3 (54 tiles × 10 slices), 48 on
+    ResNet-18's layer4. Rounded down (SPLIT_K_WITHIN_WAVES), they never make more, and the launch takes them."""
+    monkeypatch.setattr(_cuda, "sm_count", lambda: 132)
+    layers = {"resnet18.layer2": ((128, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1), 531, 504),
+              "resnet18.layer3": ((128, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1), 540, 504),
+              "resnet18.layer4": ((128, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1), 576, 432),
+              "caffenet.conv3": ((256, 256, 13, 13, 384, 3, 3, 1, 1, 1, 1), 540, 486),
+              "caffenet.conv4": ((256, 384, 13, 13, 384, 3, 3, 1, 1, 1, 2), 560, 504)}
+    for name, (case, up, within) in layers.items():
+        problem = problem_of(case, np.uint16, "cuda")
+        block_n = implicit_gemm_wgmma.tile_width(problem.K // problem.groups, "backward_filter")
+        ctas = []
+        for within_waves in (False, True):
+            (tiles, slices, groups), per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, 64, 4, block_n,
+                                                                                          within_waves)
+            assert (slices - 1) * per_split < -(-problem.N * problem.P * problem.Q // 64) <= slices * per_split
+            ctas.append(tiles * slices * groups)
+        assert ctas == [up, within], name
+        assert up > 528 >= within
+    launches = []
+    monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(implicit_gemm_wgmma, "_kernel", lambda *args, **options: None)
+    monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel", lambda kernel, grid, *_: launches.append(grid))
+    problem = problem_of(layers["caffenet.conv3"][0], np.uint16, "cuda")
+    implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
+    monkeypatch.setattr(implicit_gemm_wgmma, "SPLIT_K_WITHIN_WAVES", True)
+    implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
+    assert launches == [(54, 10, 1), (54, 9, 1)]  # 676 stages of 64 pixels: 10 slices of 68, or 9 of 76

@@ -1,4 +1,4 @@
-# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER, FORWARD_TMA and FILTER_TMA (which pipeline and copies the forward and backward-filter kernels run), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
+# Justifies implicit_gemm_wgmma.cu's FORWARD_CTAS_PER_SM (three CTAs an SM for a 64-wide tile) and implicit_gemm_wgmma.FORWARD_PRODUCER, FORWARD_TMA, FILTER_TMA and SPLIT_K_WITHIN_WAVES (which pipeline and copies the forward and backward-filter kernels run, and how backward-filter splits its pixels), and measures other builds and tile widths of its forward kernel (forward and stride-1 backward-data), per layer against cuDNN channels_last; and, with --directions backward_filter, its backward-filter's builds and tile widths.
 """Each layer-direction in one process, float32 on the TF32 build and bfloat16: the wgmma kernel alone on
 operands already channels-last (nhwc_implicit_gemm_vs_cudnn.kernel_only), once per variant, and PyTorch's cuDNN
 on channels_last tensors (cudnn.benchmark on). CUDA events around 10 calls in a row (the launches queue behind each
@@ -13,7 +13,9 @@ kernel's PRODUCER build at both widths (implicit_gemm_wgmma.FORWARD_PRODUCER: pr
 persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both widths, where the problem fits
 (implicit_gemm_wgmma.FORWARD_TMA: each stage copied by the bulk tensor copy engine; with PRODUCER_STAGES, in the
 PRODUCER build, the producer warpgroup's first thread issuing the copies). FILTER_TMA:1 (or 0) runs the half
-backward-filter's TMA build at both widths, where the problem fits (implicit_gemm_wgmma.FILTER_TMA). PIPELINE_STAGES and
+backward-filter's TMA build at both widths, where the problem fits (implicit_gemm_wgmma.FILTER_TMA);
+SPLIT_WITHIN_WAVES:1 rounds backward-filter's split down to the waves it aims at
+(implicit_gemm_wgmma.SPLIT_K_WITHIN_WAVES). PIPELINE_STAGES and
 PIPELINE_IN_FLIGHT (0 unless given) set implicit_gemm_wgmma.PIPELINES at both widths: every kernel's stages and
 product groups in flight, and the shared memory its launch asks. Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
@@ -23,7 +25,7 @@ sums in the same order: 0).
         --variants base two=FORWARD_CTAS_PER_SM:2 narrow=TILE_WIDTH:64 producer=PRODUCER_STAGES:4,PRODUCER_IN_FLIGHT:1 \
         [--dtypes float32,bfloat16] [--layers PART,...]
     PYTHONPATH=.:benchmarks/probes python benchmarks/probes/wgmma_forward_builds.py --out DIR --dtypes bfloat16 \
-        --directions backward_filter --variants gather=FILTER_TMA:0 tma=FILTER_TMA:1
+        --directions backward_filter --variants gather=FILTER_TMA:0 tma=FILTER_TMA:1 within=SPLIT_WITHIN_WAVES:1
 
 Writes DIR/wgmma-forward-builds.json and DIR/wgmma-forward-builds.md.
 """
@@ -37,7 +39,7 @@ from minidnn.primitives import _cuda, convert
 from minidnn.primitives.conv import implicit_gemm_wgmma as wgmma
 
 # (name, N, C, H, W, K, R, S, stride, padding): ResNet-18's and ResNet-50's 3x3 layers at batch 128 (the strided ones
-# forward only: their backward-data is strided_dgrad's).
+# forward only: their backward-data is strided_dgrad's), and CaffeNet's conv3 at batch 256.
 LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet18.layer2", 128, 128, 28, 28, 128, 3, 3, 1, 1),
           ("resnet18.layer3", 128, 256, 14, 14, 256, 3, 3, 1, 1),
@@ -47,11 +49,12 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
           ("resnet50.layer3.conv2", 128, 256, 14, 14, 256, 3, 3, 1, 1),
           ("resnet18.layer2.stride2", 128, 64, 56, 56, 128, 3, 3, 2, 1),
           ("resnet18.layer3.stride2", 128, 128, 28, 28, 256, 3, 3, 2, 1),
-          ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1)]
+          ("resnet18.layer4.stride2", 128, 256, 14, 14, 512, 3, 3, 2, 1),
+          ("caffenet.conv3", 256, 256, 13, 13, 384, 3, 3, 1, 1)]
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
 SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA",
-            "FILTER_TMA", "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
+            "FILTER_TMA", "SPLIT_WITHIN_WAVES", "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
 
 
 def per_call_ms(call, cupy):
@@ -82,6 +85,7 @@ def main() -> None:
     original_producer = wgmma.FORWARD_PRODUCER
     original_tma = wgmma.FORWARD_TMA
     original_filter_tma = wgmma.FILTER_TMA
+    original_within = wgmma.SPLIT_K_WITHIN_WAVES
     original_pipelines = wgmma.PIPELINES
 
     def tile_width(columns, kernel):
@@ -115,6 +119,7 @@ def main() -> None:
                                          if "TMA" in settings else original_tma)
                     wgmma.FILTER_TMA = ({128: bool(settings["FILTER_TMA"]), 64: bool(settings["FILTER_TMA"])}
                                         if "FILTER_TMA" in settings else original_filter_tma)
+                    wgmma.SPLIT_K_WITHIN_WAVES = bool(settings.get("SPLIT_WITHIN_WAVES", original_within))
                     wgmma.PIPELINES = original_pipelines
                     if "PIPELINE_STAGES" in settings:
                         pipeline = (settings["PIPELINE_STAGES"], settings.get("PIPELINE_IN_FLIGHT", 0))
@@ -144,6 +149,7 @@ def main() -> None:
     wgmma.FORWARD_PRODUCER = original_producer
     wgmma.FORWARD_TMA = original_tma
     wgmma.FILTER_TMA = original_filter_tma
+    wgmma.SPLIT_K_WITHIN_WAVES = original_within
     wgmma.PIPELINES = original_pipelines
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]

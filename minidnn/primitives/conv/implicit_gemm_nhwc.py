@@ -385,21 +385,26 @@ def filter_gradient_tiles(problem: ConvProblem, block_n: int | None = None) -> i
     return -(-rows // BLOCK_M) * -(-group_filters // (block_n or _block_n(group_filters)))
 
 
-def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int, block_n: int | None = None) -> int:
+def steps_per_split(problem: ConvProblem, sms: int, block_k: int, ctas_per_sm: int, block_n: int | None = None,
+                    within_waves: bool = False) -> int:
     """Backward-filter's stages of ``block_k`` pixels per CTA: enough slices of N·P·Q for ``ctas_per_sm`` CTAs on
     each of ``sms`` SMs (each kernel's own BLOCK_K and CTAs to aim at), every group's tiles (``block_n`` wide)
-    counted."""
+    counted. The slices a tile are the CTAs aimed at over the tiles, rounded up; ``within_waves`` rounds them down, so
+    that the grid never holds more CTAs than the waves aimed at: rounded up, the last few tiles' slices can make a
+    wave of their own, which runs on a few SMs while the others wait."""
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     tiles = filter_gradient_tiles(problem, block_n) * problem.groups
-    wanted = -(-ctas_per_sm * sms // tiles)
+    slots = ctas_per_sm * sms
+    wanted = max(1, slots // tiles) if within_waves else -(-slots // tiles)
     return max(MIN_STEPS_PER_SPLIT, -(-steps // wanted), -(-steps // _cuda.MAX_GRID_Y))
 
 
-def filter_gradient_grid(problem: ConvProblem, block_k: int, ctas_per_sm: int,
-                         block_n: int | None = None) -> tuple[tuple[int, int, int], int]:
+def filter_gradient_grid(problem: ConvProblem, block_k: int, ctas_per_sm: int, block_n: int | None = None,
+                         within_waves: bool = False) -> tuple[tuple[int, int, int], int]:
     """Backward-filter's grid and its stages per slice, for a kernel of ``block_k`` pixels a stage aiming at
-    ``ctas_per_sm``: one group's tiles (``block_n`` wide) along x, the slices of N·P·Q along y, the groups along z."""
-    per_split = steps_per_split(problem, _cuda.sm_count(), block_k, ctas_per_sm, block_n)
+    ``ctas_per_sm`` (``within_waves``: at most that many, :func:`steps_per_split`): one group's tiles (``block_n``
+    wide) along x, the slices of N·P·Q along y, the groups along z."""
+    per_split = steps_per_split(problem, _cuda.sm_count(), block_k, ctas_per_sm, block_n, within_waves)
     steps = -(-problem.N * problem.P * problem.Q // block_k)
     return (filter_gradient_tiles(problem, block_n), -(-steps // per_split), problem.groups), per_split
 

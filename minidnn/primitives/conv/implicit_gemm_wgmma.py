@@ -108,6 +108,10 @@ def producer_build(block_n: int, itemsize: int) -> ProducerBuild:
 # 3×3 stride-1 layers and no slower than four on the others (benchmarks/probes/backward_filter_kernels.py). An SM
 # holds two CTAs of a 64- or 128-wide tile, one of a 256-wide one (the kernels' launch bounds).
 SPLIT_K_WAVES = 2
+# Whether the split stays within those waves (implicit_gemm_nhwc.steps_per_split's within_waves). Rounded up, as it
+# has been timed, ResNet-50's 3×3 layers at batch 128 get 531 to 576 CTAs for 528 slots on 132 SMs: a third wave of 3
+# to 48. Off until wgmma_forward_builds.py's SPLIT_WITHIN_WAVES variant has timed it.
+SPLIT_K_WITHIN_WAVES = False
 
 
 def ctas_per_sm(block_n: int) -> int:
@@ -371,7 +375,8 @@ def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvP
     _cuda.check_int32(x_last, dy_last, sums)
     block_n = tile_width(problem.K // problem.groups, "backward_filter")
     grid, per_split = implicit_gemm_nhwc.filter_gradient_grid(problem, ROW_BYTES // problem.itemsize,
-                                                              SPLIT_K_WAVES * ctas_per_sm(block_n), block_n)
+                                                              SPLIT_K_WAVES * ctas_per_sm(block_n), block_n,
+                                                              SPLIT_K_WITHIN_WAVES)
     if FILTER_TMA.get(block_n) and filter_tma_fits(problem, x_last, dy_last):
         _launch_filter_tma(x_last, dy_last, sums, problem, block_n, grid, per_split)
         return
