@@ -24,26 +24,40 @@ __device__ __forceinline__ void phase_filters(const Word* __restrict__ w, Word* 
                                               const long long stride_r, const long long stride_s,
                                               const PhaseOffsets& offsets) {
     __shared__ Word tile[32][33];
+    // Where each of the tile's columns goes: its word in its phase's copy for the first filter of group 0 (−1: not
+    // copied), and the words from one group's copy to the next. Worked out once a column, since the divisions by
+    // the runtime sizes cost more than the copy itself when each word does them.
+    __shared__ long long column_place[32];
+    __shared__ long long group_words[32];
     const int rows = K, columns = C * R * S, group_k = K / groups;
     const int row0 = blockIdx.y * 32, column0 = blockIdx.x * 32, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int i = warp; i < 32; i += 8) {
-        const int k = row0 + i, column = column0 + lane;
-        if (k < rows && column < columns) {
-            const int s = column % S, r = column / S % R, c = column / S / R;
-            tile[i][lane] = w[k * stride_k + c * stride_c + r * stride_r + s * stride_s];
+    const int column = column0 + lane;  // the column this thread reads, and (warp 0) places
+    const int s = column % S, r = column / S % R, c = column / S / R;
+    if (column < columns) {
+        const Word* const source = w + c * stride_c + r * stride_r + s * stride_s;
+        for (int i = warp; i < 32; i += 8)
+            if (row0 + i < rows) tile[i][lane] = source[(row0 + i) * stride_k];
+    }
+    if (warp == 0) {
+        long long place = -1, words = 0;
+        const int a = r % u, b = s % v, offset = column < columns ? offsets.at[a * v + b] : -1;
+        if (offset >= 0) {
+            const int taps_h = (R - a + u - 1) / u, taps_w = (S - b + v - 1) / v;  // the phase's R_a × S_b
+            const int turned_r = taps_h - 1 - r / u, turned_s = taps_w - 1 - s / v;
+            place = offset + ((long long)(c * taps_h + turned_r) * taps_w + turned_s) * group_k;
+            words = (long long)C * taps_h * taps_w * group_k;
         }
+        column_place[lane] = place;
+        group_words[lane] = words;
     }
     __syncthreads();
+    const int k = row0 + lane;  // the filter this thread writes, for each of the tile's columns
+    if (k >= rows) return;
+    const int g = k / group_k;
+    const long long filter = k - g * group_k;
     for (int i = warp; i < 32; i += 8) {
-        const int column = column0 + i, k = row0 + lane;
-        if (k >= rows || column >= columns) continue;
-        const int s = column % S, r = column / S % R, c = column / S / R;
-        const int a = r % u, b = s % v, offset = offsets.at[a * v + b];
-        if (offset < 0) continue;
-        const int taps_h = (R - a + u - 1) / u, taps_w = (S - b + v - 1) / v;  // the phase's R_a × S_b
-        const int g = k / group_k, turned_r = taps_h - 1 - r / u, turned_s = taps_w - 1 - s / v;
-        out[offset + (((long long)(g * C + c) * taps_h + turned_r) * taps_w + turned_s) * group_k + k % group_k] =
-            tile[lane][i];
+        const long long place = column_place[i];
+        if (place >= 0) out[place + g * group_words[i] + filter] = tile[lane][i];
     }
 }
 
