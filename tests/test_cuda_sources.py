@@ -24,13 +24,14 @@ PLACED_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", half), 
                  for half, block_n in ((0, 128), (2, 64))]
 
 # The forward kernel's other builds (implicit_gemm_wgmma.FORWARD_TMA and FORWARD_PRODUCER): the bulk tensor copy's
-# barrier pipeline, on by default, in bf16 and TF32 (the bf16 builds hold the half backward-filter's TMA build too,
-# implicit_gemm_wgmma.FILTER_TMA); the PRODUCER pipeline with the gathers, and with the bulk tensor copy and its maps
-# prefetched (PREFETCH_TENSOR_MAPS), at the stages the probes run
+# barrier pipeline, on by default, in bf16, fp16 and TF32 (the half builds hold the half backward-filter's TMA build
+# too, implicit_gemm_wgmma.FILTER_TMA); the PRODUCER pipeline with the gathers, and with the bulk tensor copy and its
+# maps prefetched (PREFETCH_TENSOR_MAPS), at the stages the probes run
 FORWARD_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 64), ("TMA", 1))),
                   Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 128), ("TMA", 1),
                                                                  ("Y_LAST", 1))),
                   Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("TMA", 1))),
+                  Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 1), ("BLOCK_N", 128), ("TMA", 1))),
                   Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 1), ("BLOCK_N", 64), ("STAGES", 4),
                                                                  ("IN_FLIGHT", 1), ("PRODUCER", 1))),
                   Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 2), ("BLOCK_N", 128), ("STAGES", 6),
