@@ -4,12 +4,13 @@ Every direction of every registered algorithm is also run against the loop refer
 shape by tests/test_primitives_conv.py; here, what is particular to the phases.
 """
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from minidnn import backend
-from minidnn.primitives import _cuda, convert, layout
+from minidnn.primitives import _cuda, convert, layout, tensor_map
 
 from minidnn.primitives.conv import (implicit_gemm, implicit_gemm_nhwc, implicit_gemm_wgmma, plans, registry,
                                      selection, strided_dgrad)
@@ -350,3 +351,123 @@ def test_gpu_phase_filters_equal_the_twin(rng, case_name, dtype):
         got = cupy.full(values, 7, dtype=dtype)
         strided_dgrad.turn_phase_filters(w_gpu, got, case)
         np.testing.assert_array_equal(to_numpy(got).view(np.uint8), want.view(np.uint8))
+
+
+# The phase kernel's TMA build (implicit_gemm_wgmma.PHASES_TMA): the in-place cases with K per group 64, so that
+# every phase's channels fill whole 128-byte stages (bf16 and fp16: 64 values; TF32: two stages of 32)
+TMA_PHASE_CASES = {name: case[:4] + (64 * case[9],) + case[5:] for name, case in IN_PLACE_CASES.items()}
+
+
+def corners(lower, upper, size):
+    """The window corners a stride-1 im2col map walks along one dimension."""
+    return list(range(lower, size + upper))
+
+
+@pytest.mark.parametrize("case_name", TMA_PHASE_CASES)
+def test_the_phase_tma_launch_maps_each_phase_to_its_cropped_output(monkeypatch, case_name):
+    """With PHASES_TMA on, each launch's PhaseMaps argument holds every phase's two maps: dy's im2col box walks
+    exactly the phase's cropped output rows and columns from its first corner (−pad, its padding below 0 where the
+    crop cuts it), and its sub-filter's tiled map starts at its offset in the filters; the TMA build's kernel, with
+    room for its barriers. Off (the default), the gathers."""
+    problem_ = in_place_problem(TMA_PHASE_CASES[case_name], np.float16, "cuda")
+    encoded, launches = [], []
+    monkeypatch.setattr(_cuda, "check_int32", lambda *arrays: None)
+    monkeypatch.setattr(implicit_gemm_nhwc, "allow_shared_bytes", lambda kernel, shared: None)
+    monkeypatch.setattr(implicit_gemm_nhwc, "_launch_tile_kernel",
+                        lambda kernel, grid, shared, args, threads=256: launches.append(("gathers", grid)))
+
+    def encode(arguments, address):
+        encoded.append((arguments, address))
+        value = np.zeros((), dtype=tensor_map.MAP_DTYPE)
+        value["words"][0] = address
+        return value[()]
+
+    def function(source, name, dtype, defines):
+        return lambda grid, block, args, shared_mem: launches.append((name, dict(defines), grid, args, shared_mem))
+
+    monkeypatch.setattr(implicit_gemm_wgmma, "_maps", SimpleNamespace(get=encode))
+    monkeypatch.setattr(_cuda, "function", function)
+    dy = SimpleNamespace(data=SimpleNamespace(ptr=1 << 20), dtype=np.dtype(np.float16))
+    filters = SimpleNamespace(data=SimpleNamespace(ptr=1 << 22))
+    dx = layout.empty(problem_.x_shape, np.float16, np, True)
+    placed = strided_dgrad._placed_launches(problem_)[0]
+    for _, argument, grid in placed:
+        implicit_gemm_wgmma._launch_phases(dy, filters, dx, argument, grid)
+    assert [launch[0] for launch in launches] == ["gathers"] * len(placed)
+    launches.clear()
+    monkeypatch.setattr(implicit_gemm_wgmma, "PHASES_TMA", {128: True, 64: True})
+    for turns, argument, grid in placed:
+        encoded.clear()
+        implicit_gemm_wgmma._launch_phases(dy, filters, dx, argument, grid)
+        name, defines, launched_grid, args, shared = launches.pop()
+        assert name == "implicit_gemm_wgmma_phases" and launched_grid == grid
+        assert defines["TMA"] == defines["Y_LAST"] == defines["Y_PLACED"] == 1
+        assert shared == implicit_gemm_wgmma.tma_shared_bytes(defines["BLOCK_N"])
+        maps, flat_dx, phases = args
+        assert np.shares_memory(flat_dx, dx) and flat_dx.shape == layout.flat(dx).shape and phases is argument
+        assert len(encoded) == 2 * len(turns)
+        for i, (a, b, phase, offset) in enumerate(turns):
+            shape = argument["shape"][i]
+            (dy_map, dy_address), (w_map, w_address) = encoded[2 * i], encoded[2 * i + 1]
+            assert dy_address == 1 << 20 and w_address == (1 << 22) + offset * 2
+            assert maps["dy"][i]["words"][0] == dy_address and maps["w"][i]["words"][0] == w_address
+            assert dy_map.dims == (problem_.K, problem_.Q, problem_.P, problem_.N)  # dy, channels innermost
+            rows = corners(dy_map.lower_corner[1], dy_map.upper_corner[1], problem_.P)
+            columns = corners(dy_map.lower_corner[0], dy_map.upper_corner[0], problem_.Q)
+            assert rows == [p - int(shape["pad_h"]) for p in range(int(shape["P"]))]
+            assert columns == [q - int(shape["pad_w"]) for q in range(int(shape["Q"]))]
+            assert w_map.dims == (phase.R * phase.S * problem_.K // problem_.groups, problem_.C)
+        assert not maps["dy"][len(turns):]["words"].any()  # the phases past the launch's count: zero
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case_name", TMA_PHASE_CASES)
+def test_the_phase_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, rng, case_name, precision):
+    """The TMA phase kernel's copies land what the gathers do, each phase through its own maps: dx, every pixel
+    written once by one CTA, is bit for bit the gathering build's (which the test above holds to the float64
+    reference), NaN-poisoned first; the recorded launch replays onto other operands the same way."""
+    if not _cuda.has_wgmma():
+        pytest.skip("Hopper's kernel")
+    cupy = backend.cupy()
+    half = None if precision == "tf32" else precision
+    storage = {None: np.float32, "float16": np.float16, "bfloat16": np.uint16}[half]
+    case = in_place_problem(TMA_PHASE_CASES[case_name], storage, "cuda")
+    launched = []
+    launch = implicit_gemm_wgmma._launch_mapped
+    monkeypatch.setattr(implicit_gemm_wgmma, "_launch_mapped", lambda *a: (launched.append(a), launch(*a)))
+
+    def operands():
+        values = [cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for shape in (case.y_shape, case.w_shape)]
+        return [v if half is None else convert.float_to_half(v, half) for v in values]
+
+    words = np.uint32 if half is None else np.uint16
+
+    def backward_data(dy, w):
+        out = layout.empty(case.x_shape, storage, cupy, True)
+        layout.flat(out).view(words)[...] = words(0x7FC00000 if half is None else 0xFFFF)  # NaN in each type
+        ALGORITHM.run_in_layout("backward_data", layout.to_channels_last(dy), w, case, out, False,
+                                cupy.empty(ALGORITHM.workspace_bytes(case, "backward_data"), np.uint8))
+        return out
+
+    dy, w = operands()
+    with _cuda.tf32(True):
+        assert strided_dgrad.on_wgmma(case)
+        gathered = backward_data(dy, w)
+        assert not launched
+        monkeypatch.setattr(implicit_gemm_wgmma, "PHASES_TMA", {128: True, 64: True})
+        copied = backward_data(dy, w)
+        assert launched  # the TMA build ran
+        assert np.array_equal(to_numpy(layout.flat(copied)).view(words), to_numpy(layout.flat(gathered)).view(words))
+        dy2, w2 = operands()
+        out = layout.empty(case.x_shape, storage, cupy, True)
+        workspace = cupy.empty(ALGORITHM.workspace_bytes(case, "backward_data"), np.uint8)
+        with _cuda.recording() as steps:
+            ALGORITHM.run_in_layout("backward_data", layout.to_channels_last(dy), w, case, out, False, workspace)
+        ready = _cuda.ReadyCall(steps, (layout.to_channels_last(dy), w, layout.flat(out), workspace), (), ())
+        replayed = layout.empty(case.x_shape, storage, cupy, True)
+        layout.flat(replayed).fill(0)  # as the call's own fill leaves the pixels no phase writes
+        ready(layout.to_channels_last(dy2), w2, layout.flat(replayed), cupy.empty_like(workspace))
+        direct = backward_data(dy2, w2)
+    assert np.array_equal(to_numpy(layout.flat(replayed)).view(words), to_numpy(layout.flat(direct)).view(words))
+    assert not np.array_equal(to_numpy(layout.flat(replayed)).view(words), to_numpy(layout.flat(copied)).view(words))

@@ -18,10 +18,11 @@ FRAME = re.compile(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame, 
 TF32_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 256))),
                Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 128), ("Y_LAST", 1))),
                Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", 0), ("BLOCK_N", 64)))]
-# The placed store (a strided backward-data's phases, strided_dgrad.py): TF32 and a half build
+# The placed store (a strided backward-data's phases, strided_dgrad.py): TF32 and a half build, and the phase kernel's
+# TMA build (implicit_gemm_wgmma.PHASES_TMA)
 PLACED_BUILDS = [Build("conv/implicit_gemm_wgmma.cu", "float", (("HALF", half), ("BLOCK_N", block_n), ("Y_LAST", 1),
-                                                                ("Y_PLACED", 1)))
-                 for half, block_n in ((0, 128), (2, 64))]
+                                                                ("Y_PLACED", 1)) + tma)
+                 for half, block_n, tma in ((0, 128, ()), (2, 64, ()), (2, 128, (("TMA", 1),)))]
 
 # The forward kernel's other builds (implicit_gemm_wgmma.FORWARD_TMA and FORWARD_PRODUCER): the bulk tensor copy's
 # barrier pipeline, on by default, in bf16, fp16 and TF32 (the half builds hold the half backward-filter's TMA build

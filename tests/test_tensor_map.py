@@ -42,6 +42,28 @@ def test_the_im2col_box_holds_one_corner_per_output_pixel(rng):
         assert h_corners[-1] + (R - 1) * dilation[0] <= H - 1 + padding[0]
 
 
+def test_a_cropped_outputs_box_ends_after_its_last_corner(rng):
+    """An output cropped to its first P' rows and Q' columns, with the padding after the image that makes it (what a
+    strided backward-data's phase asks: its padding before may be negative too): the box holds exactly P' × Q'
+    corners, the first at −pad, and without padding_after the whole output's."""
+    for _ in range(200):
+        H, W = (int(v) for v in rng.integers(2, 30, size=2))
+        R, S = (int(v) for v in rng.integers(1, 4, size=2))
+        padding = tuple(int(v) for v in rng.integers(-2, 3, size=2))
+        P, Q = H + 2 * padding[0] - R + 1, W + 2 * padding[1] - S + 1
+        if P < 2 or Q < 2:
+            continue
+        rows, columns = int(rng.integers(1, P + 1)), int(rng.integers(1, Q + 1))
+        after = (rows + R - 1 - H - padding[0], columns + S - 1 - W - padding[1])
+        a = tensor_map.im2col_arguments(2, H, W, 64, 2, (R, S), (1, 1), padding, (1, 1), 64, 128, after)
+        assert corners_along(H, a.lower_corner[1], a.upper_corner[1], 1) == [p - padding[0] for p in range(rows)]
+        assert corners_along(W, a.lower_corner[0], a.upper_corner[0], 1) == [q - padding[1] for q in range(columns)]
+        whole = tensor_map.im2col_arguments(2, H, W, 64, 2, (R, S), (1, 1), padding, (1, 1), 64, 128)
+        assert corners_along(H, whole.lower_corner[1], whole.upper_corner[1], 1) == [p - padding[0] for p in range(P)]
+    with pytest.raises(ValueError, match="after"):  # the box's end out of the copy engine's range
+        tensor_map.im2col_arguments(2, 9, 9, 64, 2, (3, 3), (1, 1), (1, 1), (1, 1), 64, 128, (300, 1))
+
+
 def test_the_tiled_box_reads_rows_of_at_most_128_bytes():
     a = tensor_map.tiled_arguments(rows=192, columns=9 * 64, itemsize=2, box_columns=64, box_rows=128)
     assert a.dims == (576, 192) and a.byte_strides == (1152,) and a.box == (64, 128) and a.element_strides == (1, 1)

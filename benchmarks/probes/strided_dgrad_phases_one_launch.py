@@ -1,6 +1,6 @@
 # Justifies strided_dgrad's channels-last phases on wgmma in one launch (implicit_gemm_wgmma.cu's phase kernel) and its
 # sub-filters in one pass (strided_dgrad.cu), run against the tree before them (two launches a phase) by pointing
-# PYTHONPATH at either tree.
+# PYTHONPATH at either tree; and, with --phases-tma, the phase kernel's TMA build (implicit_gemm_wgmma.PHASES_TMA).
 """The strided 3×3 backward-data layers of ResNet-18/50 at batch 128, channels-last, bfloat16 and float32 on TF32:
 minidnn's ``strided_dgrad`` on wgmma on operands already channels-last (the filter's turned copies and the phases'
 products), called eagerly and replayed from a CUDA graph (a captured step's way: no host time between launches),
@@ -8,7 +8,8 @@ beside it the filter turns alone (replayed); and cuDNN's backward-data in the sa
 ``aten.convolution_backward``, as autograd calls it; cudnn.benchmark on). CUDA events around 20 calls after 3
 warm-ups, median.
 
-    PYTHONPATH=<tree>:benchmarks/probes python benchmarks/probes/strided_dgrad_phases_one_launch.py --out DIR
+    PYTHONPATH=<tree>:benchmarks/probes python benchmarks/probes/strided_dgrad_phases_one_launch.py --out DIR \
+        [--phases-tma]
 
 Writes DIR/strided-dgrad-phases.json and DIR/strided-dgrad-phases.md.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from half_implicit_gemm_vs_cudnn import start, timed, torch_call, write_report  # this folder's probes
 from half_strided_dgrad import LAYERS as HALF_STRIDED_LAYERS
 from minidnn.primitives import _cuda, convert, layout
-from minidnn.primitives.conv import registry, strided_dgrad
+from minidnn.primitives.conv import implicit_gemm_wgmma, registry, strided_dgrad
 from minidnn.primitives.conv.problem import ConvProblem
 
 # (name, N, C, H, W, K, R, S, stride, padding): half_strided_dgrad's 3×3 layers, and ResNet-50's two deeper ones.
@@ -76,7 +77,9 @@ def replayed(call, cupy):
 
 
 def main() -> None:
-    args, torch, cupy, rng = start(__doc__.splitlines()[0])
+    args, torch, cupy, rng = start(__doc__.splitlines()[0], extra=_options)
+    if args.phases_tma:
+        implicit_gemm_wgmma.PHASES_TMA = {128: True, 64: True}
     rows = []
     for precision in ("bf16", "tf32"):
         half = "bfloat16" if precision == "bf16" else None
@@ -101,6 +104,11 @@ def main() -> None:
               f"{r['cudnn']:.3f} | {r['speed_over_cudnn']:.2f} |" for r in rows]
     write_report(args.out, "strided-dgrad-phases", rows, "Channels-last backward-data of the strided 3×3 layers, batch "
                  "128; median of 20 (CUDA events).\n\n" + "\n".join(lines) + "\n", torch)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--phases-tma", action="store_true",
+                        help="the phase kernel's TMA build at both widths (implicit_gemm_wgmma.PHASES_TMA)")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Two kinds serve the implicit GEMM kernels:
   corner (h, w) = (p·stride − pad, q·stride − pad), its image and first channel, and the tap (r·dilation,
   s·dilation) as offsets. The copy walks the pixels along W, then H, then N, through the window corners' box,
   [−pad, size + pad − (filter − 1)·dilation) strided, so that the box holds Q × P corners an image; pixels outside
-  x (the padding, images past N) come in as zeros.
+  x (the padding, images past N) come in as zeros. An output cropped to fewer rows or columns (a strided
+  backward-data's phase) ends the box sooner: its padding after the image is given apart.
 
 Both keep the 128-byte swizzle of the kernels' tiles (16-byte chunk j of row r at chunk j ^ (r % 8)). A map is a
 NumPy struct of 16 words (``MAP_DTYPE``) that a kernel takes by value as a ``const __grid_constant__`` parameter.
@@ -71,27 +72,32 @@ def tiled_arguments(rows: int, columns: int, itemsize: int, box_columns: int, bo
 
 def im2col_arguments(N: int, H: int, W: int, C: int, itemsize: int, filter_size: tuple[int, int],
                      stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], channels: int,
-                     pixels: int) -> MapArguments:
+                     pixels: int, padding_after: tuple[int, int] | None = None) -> MapArguments:
     """A channels-last x (N, H, W, C) of ``itemsize``-byte values, read ``pixels`` output pixels × ``channels``
     channels a copy, for a convolution of ``filter_size`` (R, S), ``stride``, ``padding`` and ``dilation``, each
-    (h, w). ValueError where the copy engine cannot: :func:`im2col_fits` says which beforehand."""
-    reason = _im2col_misfit(C, itemsize, filter_size, stride, padding, dilation, channels, pixels)
+    (h, w); ``padding_after``: the padding below the last row and right of the last column where it is not
+    ``padding`` (an output cropped to fewer rows or columns, as a strided backward-data's phase is). ValueError where
+    the copy engine cannot: :func:`im2col_fits` says which beforehand."""
+    reason = _im2col_misfit(C, itemsize, filter_size, stride, padding, dilation, channels, pixels, padding_after)
     if reason:
         raise ValueError(reason)
     (R, S), (pad_h, pad_w), (dilation_h, dilation_w) = filter_size, padding, dilation
+    after_h, after_w = padding_after or padding
     return MapArguments(DATA_TYPES[itemsize], (C, W, H, N), (C * itemsize, W * C * itemsize, H * W * C * itemsize),
                         (channels, pixels), (1, stride[1], stride[0], 1), (-pad_w, -pad_h),
-                        (pad_w - (S - 1) * dilation_w, pad_h - (R - 1) * dilation_h))
+                        (after_w - (S - 1) * dilation_w, after_h - (R - 1) * dilation_h))
 
 
 def im2col_fits(C: int, itemsize: int, filter_size: tuple[int, int], stride: tuple[int, int],
-                padding: tuple[int, int], dilation: tuple[int, int], channels: int, pixels: int) -> bool:
+                padding: tuple[int, int], dilation: tuple[int, int], channels: int, pixels: int,
+                padding_after: tuple[int, int] | None = None) -> bool:
     """Whether :func:`im2col_arguments` can map this convolution's x."""
-    return not _im2col_misfit(C, itemsize, filter_size, stride, padding, dilation, channels, pixels)
+    return not _im2col_misfit(C, itemsize, filter_size, stride, padding, dilation, channels, pixels, padding_after)
 
 
 def _im2col_misfit(C: int, itemsize: int, filter_size: Sequence[int], stride: Sequence[int],
-                   padding: Sequence[int], dilation: Sequence[int], channels: int, pixels: int) -> str:
+                   padding: Sequence[int], dilation: Sequence[int], channels: int, pixels: int,
+                   padding_after: Sequence[int] | None = None) -> str:
     if itemsize not in DATA_TYPES:
         return _itemsize_misfit(itemsize)
     if (C * itemsize) % 16:
@@ -100,12 +106,12 @@ def _im2col_misfit(C: int, itemsize: int, filter_size: Sequence[int], stride: Se
         return f"channels × itemsize must be at most 128 bytes and pixels 1 to {MAX_BOX}, got {channels}, {pixels}"
     if not all(1 <= s <= MAX_ELEMENT_STRIDE for s in stride):
         return f"the copy engine strides 1 to {MAX_ELEMENT_STRIDE} values, got stride {tuple(stride)}"
-    for size, pad, step in zip(filter_size, padding, dilation):
+    for size, pad, after, step in zip(filter_size, padding, padding_after or padding, dilation):
         offset = (size - 1) * step
-        if offset > MAX_TAP_OFFSET or -pad not in CORNER_RANGE or pad - offset not in CORNER_RANGE:
+        if offset > MAX_TAP_OFFSET or -pad not in CORNER_RANGE or after - offset not in CORNER_RANGE:
             return (f"the window's corners must lie within {CORNER_RANGE.start} ... {CORNER_RANGE.stop - 1} and the "
-                    f"taps within {MAX_TAP_OFFSET}: padding {tuple(padding)}, filter {tuple(filter_size)}, "
-                    f"dilation {tuple(dilation)}")
+                    f"taps within {MAX_TAP_OFFSET}: padding {tuple(padding)}, after {tuple(padding_after or padding)}, "
+                    f"filter {tuple(filter_size)}, dilation {tuple(dilation)}")
     return ""
 
 

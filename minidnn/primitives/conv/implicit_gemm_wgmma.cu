@@ -451,13 +451,15 @@ __device__ __forceinline__ void tma_pipeline(float (&acc)[ACCUMULATORS], const u
 #if TMA && !PRODUCER
 static_assert(sizeof(OutputTile) <= STAGES * STAGE_BYTES, "the output tile lies in the stages, before the barriers");
 
-// Launched with STAGES · 8 bytes more shared memory than the barrier build: the stages' mbarriers after the stages.
-extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
-implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const NhwcShape s) {
+// One CTA's tile of the TMA forward product: tile `tile` of group blockIdx.z (its m and n tiles, n fastest), its stages
+// copied through x_map and w_map. Launched with STAGES · 8 bytes more shared memory than the barrier build: the
+// stages' mbarriers after the stages.
+__device__ __forceinline__ void tma_forward_tile(const TensorMap& x_map, const TensorMap& w_map,
+                                                 Element* __restrict__ y, const NhwcShape& s, const unsigned tile) {
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
     const unsigned first_stage = shared_address(tiles), full = first_stage + STAGES * STAGE_BYTES;
-    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N, tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
+    const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N, tile_m = tile / n_tiles, tile_n = tile % n_tiles;
     y += blockIdx.z * s.K * (Y_LAST ? 1 : s.P * s.Q);
     const TmaTile copies(s, tile_m, tile_n);
     const int steps = s.R * s.S * copies.slices, warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -472,6 +474,11 @@ implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const Nhw
         [&](const unsigned stage) { multiply_stage(acc, stage + warpgroup * (A_BYTES / 2), stage + A_BYTES); });
     __syncthreads();  // the output tile reuses the pipeline's memory
     store_forward_tile(acc, tiles, y, s, tile_m, tile_n);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
+implicit_gemm_wgmma_forward(FORWARD_OPERANDS, Element* __restrict__ y, const NhwcShape s) {
+    tma_forward_tile(x_map, w_map, y, s, blockIdx.x);
 }
 #elif !PRODUCER
 extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
@@ -614,13 +621,36 @@ struct Phases {
     int count;
 };
 
+// The phase whose tiles blockIdx.x falls in.
+__device__ __forceinline__ int phase_of_block(const Phases& phases) {
+    int phase = 0;
+    while (phase + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[phase + 1]) ++phase;
+    return phase;
+}
+
+#if TMA && !PRODUCER
+// The TMA build of the phase kernel: each phase's stages copied through its own two maps, an im2col map of dy whose
+// box of window corners is exactly the phase's cropped output (tensor_map.im2col_arguments' output) and a tiled map
+// of its turned sub-filter (C·G, R_a·S_b·K); the tile code is the TMA forward kernel's. The phase's channels (K per
+// group) fill whole stages here.
+struct PhaseMaps {
+    TensorMap dy[MAX_PHASES];
+    TensorMap w[MAX_PHASES];
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
+implicit_gemm_wgmma_phases(const __grid_constant__ PhaseMaps maps, Element* __restrict__ dx, const Phases phases) {
+    const int phase = phase_of_block(phases);
+    tma_forward_tile(maps.dy[phase], maps.w[phase], dx, phases.shape[phase], blockIdx.x - phases.first_tile[phase]);
+}
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_CTAS_PER_SM)
 implicit_gemm_wgmma_phases(const Element* __restrict__ dy, const Element* __restrict__ w, Element* __restrict__ dx,
                            const Phases phases) {
-    int phase = 0;
-    while (phase + 1 < phases.count && static_cast<int>(blockIdx.x) >= phases.first_tile[phase + 1]) ++phase;
+    const int phase = phase_of_block(phases);
     forward_tile(dy, w + phases.filter_offset[phase], dx, phases.shape[phase], blockIdx.x - phases.first_tile[phase]);
 }
+#endif
 #endif
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ K-major only: forward's are, and backward-filter, whose operands lie along M and
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -74,6 +74,11 @@ FORWARD_TMA: dict[int, bool] = {128: True, 64: True, 256: False}
 # fits (filter_tma_fits). Per tile width, whether it runs: off until it has been timed against the gathers
 # (benchmarks/probes/wgmma_forward_builds.py's filter variants).
 FILTER_TMA: dict[int, bool] = {128: False, 64: False}
+# The strided backward-data's phase kernel's TMA build: each phase's stages through its own two maps, dy's im2col box
+# ending after the phase's cropped output, where every phase of the launch fits (phases_tma_fits). Per tile width,
+# whether it runs: off until timed against the gathers (benchmarks/probes/strided_dgrad_phases_one_launch.py
+# --phases-tma).
+PHASES_TMA: dict[int, bool] = {128: False, 64: False}
 
 
 class ProducerBuild(NamedTuple):
@@ -302,26 +307,40 @@ def _launch_tma(x_last: Any, w_last: Any, out: Any, shape: np.void, half: str | 
     kernel, grid, threads, shared = _forward_build(half, block_n, out, grid, tma=True)
     implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
     x_arguments, w_arguments = _map_arguments(shape.tobytes(), x_last.dtype.itemsize, block_n)
-    y = layout.flat(out)
-    kernel(grid, (threads,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(w_arguments, w_last.data.ptr), y,
-                              shape), shared_mem=shared)
-    _cuda.record((x_last, w_last, y), _tma_launch_at, kernel, grid, threads, shared, x_arguments, w_arguments,
-                 (shape,))
+    _launch_mapped(kernel, grid, threads, shared, functools.partial(_two_maps, x_arguments, w_arguments),
+                   (x_last, w_last, layout.flat(out)), (shape,))
 
 
-def _tma_launch_at(kernel: Any, grid: tuple[int, int, int], threads: int, shared: int,
-                   first_arguments: tensor_map.MapArguments, second_arguments: tensor_map.MapArguments,
-                   constants: tuple) -> Any:
-    """A TMA launch as a recorded step: a callable taking the device addresses of its three arrays (the two that
-    its maps read, then the one it writes), which maps the first two (a cached encode) and launches with the third
-    and ``constants`` (the shape, ...)."""
-    empty = np.zeros((), dtype=tensor_map.MAP_DTYPE)[()]
-    packed = _cuda.PackedLaunch(kernel, grid, (threads,), (empty, empty, _cuda.PER_CALL, *constants), shared)
-    first_view, second_view = packed.argument_view(0), packed.argument_view(1)
+def _two_maps(first: tensor_map.MapArguments, second: tensor_map.MapArguments, first_address: int,
+              second_address: int) -> tuple[np.void, np.void]:
+    """A kernel's two tensor-map arguments, one over each operand (cached encodes)."""
+    return _maps.get(first, first_address), _maps.get(second, second_address)
+
+
+def _launch_mapped(kernel: Any, grid: tuple[int, int, int], threads: int, shared: int,
+                   map_operands: Callable[[int, int], tuple[np.void, ...]], arrays: tuple[Any, Any, Any],
+                   constants: tuple) -> None:
+    """A TMA build's launch: its leading arguments the tensor maps ``map_operands`` makes of the first two of
+    ``arrays``' addresses (the operands its maps read), then the third array (the one it writes) and ``constants``
+    (the shape, ...). Its maps hold the operands' addresses, which a recorded launch (_cuda.recording, what a
+    ReadyCall replays) must not keep: a recording gets a step that maps the addresses it is handed."""
+    first, second, output = arrays
+    leading = map_operands(first.data.ptr, second.data.ptr)
+    kernel(grid, (threads,), (*leading, output, *constants), shared_mem=shared)
+    _cuda.record(arrays, _mapped_launch_at, kernel, grid, threads, shared, map_operands, leading, constants)
+
+
+def _mapped_launch_at(kernel: Any, grid: tuple[int, int, int], threads: int, shared: int,
+                      map_operands: Callable[[int, int], tuple[np.void, ...]], leading: tuple[np.void, ...],
+                      constants: tuple) -> Any:
+    """A TMA launch as a recorded step: a callable taking the device addresses of its three arrays, which maps the
+    first two anew (``leading``: the maps of the call recorded, whose slots each replay rewrites) and launches."""
+    packed = _cuda.PackedLaunch(kernel, grid, (threads,), (*leading, _cuda.PER_CALL, *constants), shared)
+    views = [packed.argument_view(position) for position in range(len(leading))]
 
     def launch_at(first_address: int, second_address: int, output_address: int) -> None:
-        first_view[0] = _maps.get(first_arguments, first_address)
-        second_view[0] = _maps.get(second_arguments, second_address)
+        for view, value in zip(views, map_operands(first_address, second_address)):
+            view[0] = value
         packed.launch_at(output_address)
 
     return launch_at
@@ -361,9 +380,19 @@ def phases_struct(shapes: list[np.void], filter_offsets: list[int]) -> tuple[np.
 
 def _launch_phases(dy_last: Any, filters: Any, dx: Any, phases: np.void, grid: tuple[int, int, int]) -> None:
     """dx (channels-last) receives every phase of ``phases`` (``phases_struct``'s): each a forward product of dy_last
-    (N, P, Q, K) and its turned sub-filter in ``filters`` (C-contiguous, from its offset), stored at its places."""
+    (N, P, Q, K) and its turned sub-filter in ``filters`` (C-contiguous, from its offset), stored at its places; with
+    PHASES_TMA on at this width, through the TMA build where every phase fits."""
     _cuda.check_int32(dy_last, filters, dx)
     block_n = tile_width(int(phases["shape"][0]["K"]), "forward")
+    if PHASES_TMA.get(block_n) and phases_tma_fits(phases, dy_last, filters):
+        kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True,
+                         tma=True)
+        shared = tma_shared_bytes(block_n)
+        implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
+        maps = _phase_map_arguments(phases.tobytes(), dy_last.dtype.itemsize, block_n)
+        _launch_mapped(kernel, grid, THREADS, shared, functools.partial(_phase_maps, maps),
+                       (dy_last, filters, layout.flat(dx)), (phases,))
+        return
     kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True)
     implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), (dy_last, filters, layout.flat(dx),
                                                                                  phases))
@@ -425,11 +454,74 @@ def _launch_filter_tma(x_last: Any, dy_last: Any, sums: Any, problem: ConvProble
     shared = tma_shared_bytes(block_n)
     implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
     x_arguments, dy_arguments = _filter_map_arguments(problem)
-    constants = (implicit_gemm_nhwc._shape_struct(problem), _cuda.i32(per_split))
-    kernel(grid, (THREADS,), (_maps.get(x_arguments, x_last.data.ptr), _maps.get(dy_arguments, dy_last.data.ptr),
-                              sums, *constants), shared_mem=shared)
-    _cuda.record((x_last, dy_last, sums), _tma_launch_at, kernel, grid, THREADS, shared, x_arguments, dy_arguments,
-                 constants)
+    _launch_mapped(kernel, grid, THREADS, shared, functools.partial(_two_maps, x_arguments, dy_arguments),
+                   (x_last, dy_last, sums), (implicit_gemm_nhwc._shape_struct(problem), _cuda.i32(per_split)))
+
+
+# implicit_gemm_wgmma.cu's PhaseMaps: the TMA phase kernel's two maps a phase, dy's then the sub-filters'.
+_PHASE_MAPS = np.dtype([("dy", tensor_map.MAP_DTYPE, (MAX_PHASES,)), ("w", tensor_map.MAP_DTYPE, (MAX_PHASES,))])
+
+
+def phases_tma_fits(phases: np.void, dy_last: Any, filters: Any) -> bool:
+    """Whether the phase kernel's TMA build runs ``phases`` (``phases_struct``'s) on dy_last (N, P, Q, K) and the
+    turned sub-filters in ``filters``: every phase's shape fits the TMA forward's checks, its box of window corners
+    ending after its cropped output (``_padding_after``), and the operands start on 16 bytes (each sub-filter starts
+    on 256, strided_dgrad's alignment)."""
+    return (_phases_shape_fits(phases.tobytes(), dy_last.dtype.itemsize) and dy_last.data.ptr % 16 == 0
+            and filters.data.ptr % 16 == 0)
+
+
+def _padding_after(shape: np.void) -> tuple[int, int]:
+    """The padding below and right of the image that makes an NhwcShape's output P × Q (h, w): a strided
+    backward-data's phase is cropped to the dx rows and columns it reaches, so its padding after the image is not its
+    padding before."""
+    return tuple(int(shape[f"stride_{d}"]) * (int(shape[out]) - 1) + 1 + int(shape[f"dilation_{d}"])
+                 * (int(shape[taps]) - 1) - int(shape[size]) - int(shape[f"pad_{d}"])
+                 for d, out, taps, size in (("h", "P", "R", "H"), ("w", "Q", "S", "W")))
+
+
+def _phase_shapes(phases_bytes: bytes) -> tuple[np.void, ...]:
+    phases = np.frombuffer(phases_bytes, dtype=_PHASES)[0]
+    return tuple(phases["shape"][i] for i in range(int(phases["count"])))
+
+
+@functools.lru_cache(maxsize=256)
+def _phases_shape_fits(phases_bytes: bytes, itemsize: int) -> bool:
+    return all(int(shape["C"]) * itemsize % ROW_BYTES == 0
+               and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, *_window(shape),
+                                          ROW_BYTES // itemsize, BLOCK_M, _padding_after(shape))
+               for shape in _phase_shapes(phases_bytes))
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_map_arguments(phases_bytes: bytes, itemsize: int,
+                         block_n: int) -> tuple[tuple[tensor_map.MapArguments, tensor_map.MapArguments, int], ...]:
+    """Each phase's maps and where its sub-filter starts: dy (N, P, Q, K·G) read as im2col boxes of BLOCK_M pixels ×
+    128 bytes, its corners the phase's cropped output; the sub-filter (C·G, R_a·S_b·K) as boxes of block_n rows × 128
+    bytes, at its offset in bytes from the filters' base."""
+    phases, channels = np.frombuffer(phases_bytes, dtype=_PHASES)[0], ROW_BYTES // itemsize
+    found = []
+    for i, shape in enumerate(_phase_shapes(phases_bytes)):
+        groups = int(shape["groups"])
+        dy_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
+                                             int(shape["C"]) * groups, itemsize, *_window(shape), channels, BLOCK_M,
+                                             _padding_after(shape))
+        w_map = tensor_map.tiled_arguments(int(shape["K"]) * groups,
+                                           int(shape["R"]) * int(shape["S"]) * int(shape["C"]), itemsize, channels,
+                                           block_n)
+        found.append((dy_map, w_map, int(phases["filter_offset"][i]) * itemsize))
+    return tuple(found)
+
+
+def _phase_maps(maps: tuple[tuple[tensor_map.MapArguments, tensor_map.MapArguments, int], ...], dy_address: int,
+                filters_address: int) -> tuple[np.void]:
+    """The TMA phase kernel's PhaseMaps argument over dy and the filters at these addresses (the phases past the
+    launch's count left zero)."""
+    packed = np.zeros((), dtype=_PHASE_MAPS)
+    for i, (dy_map, w_map, offset) in enumerate(maps):
+        packed["dy"][i] = _maps.get(dy_map, dy_address)
+        packed["w"][i] = _maps.get(w_map, filters_address + offset)
+    return (packed[()],)
 
 
 register(ImplicitGemmWgmma())
