@@ -7,9 +7,9 @@
 //   backward-filter  R·S·C        K           N·P·Q, split    x  (N, H, W, C)        dy (N, P, Q, K)
 //
 // Stride-1 backward-data runs the forward kernel on dy and the turned filter, as in implicit_gemm_nhwc.py. The TMA
-// build (below) copies each stage of the forward kernel, and of the half backward-filter, by the bulk tensor copy
-// engine instead of the gather, where a group's channels fill whole stages; implicit_gemm_wgmma.FORWARD_TMA and
-// FILTER_TMA say at which widths.
+// build (below) copies each stage of the forward kernel, of the strided backward-data's phase kernel and of the half
+// backward-filter by the bulk tensor copy engine instead of the gather, where a group's channels fill whole stages;
+// implicit_gemm_wgmma.FORWARD_TMA, PHASES_TMA and FILTER_TMA say at which widths.
 // The values are float16 or bfloat16 (HALF 1, 2), or float32 multiplied as TF32 (HALF 0, below).
 //
 // One CTA of 256 threads is two warpgroups; it computes a 128 × BLOCK_N tile of C, BLOCK_K reduction values a
@@ -79,7 +79,7 @@ constexpr int BLOCK_K = ROW_BYTES / sizeof(Element);  // its reduction values: 6
 #ifndef PRODUCER  // 1: the forward kernel's copies by a producer warpgroup, through mbarriers (below)
 #define PRODUCER 0
 #endif
-#ifndef TMA  // 1: the copies by the bulk tensor copy engine (below): forward's in either pipeline, backward-filter's
+#ifndef TMA  // 1: the copies by the bulk tensor copy engine (below): forward's (either pipeline), the phases', filter's
 #define TMA 0
 #endif
 // The forward kernel's launch bounds: the CTAs an SM its registers are sized for. A 64-wide tile's three stages
@@ -630,9 +630,9 @@ __device__ __forceinline__ int phase_of_block(const Phases& phases) {
 
 #if TMA && !PRODUCER
 // The TMA build of the phase kernel: each phase's stages copied through its own two maps, an im2col map of dy whose
-// box of window corners is exactly the phase's cropped output (tensor_map.im2col_arguments' output) and a tiled map
-// of its turned sub-filter (C·G, R_a·S_b·K); the tile code is the TMA forward kernel's. The phase's channels (K per
-// group) fill whole stages here.
+// box of window corners is exactly the phase's cropped output (tensor_map.im2col_arguments' padding_after) and a
+// tiled map of its turned sub-filter (C·G, R_a·S_b·K); the tile code is the TMA forward kernel's. The phase's
+// channels (K per group) fill whole stages here.
 struct PhaseMaps {
     TensorMap dy[MAX_PHASES];
     TensorMap w[MAX_PHASES];

@@ -8,7 +8,8 @@ the chunks of images, the workspace and the NumPy twin are ``implicit_gemm_nhwc`
 (``implicit_gemm_wgmma.cu``: its shared-memory layout is the one wgmma reads, 128-byte rows swizzled). Where a
 group's channels fill whole 128-byte stages, the forward kernel's stages are copied by Hopper's bulk tensor copy engine
 through tensor maps (``tensor_map.py``) instead of the threads' gathers: the TMA build, ``FORWARD_TMA``; the half
-backward-filter has one too, ``FILTER_TMA`` (off until timed).
+backward-filter and the strided backward-data's phase kernel have one too, ``FILTER_TMA`` and ``PHASES_TMA`` (off
+until timed).
 
     direction         rows M      columns N   reduction      operands (channels last)
     forward           N·P·Q       K           R·S·C          x (N, H, W, C), w (K, R, S, C)
