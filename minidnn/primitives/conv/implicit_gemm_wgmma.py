@@ -115,8 +115,8 @@ def producer_build(block_n: int, itemsize: int) -> ProducerBuild:
 # holds two CTAs of a 64- or 128-wide tile, one of a 256-wide one (the kernels' launch bounds).
 SPLIT_K_WAVES = 2
 # Whether the split stays within those waves (implicit_gemm_nhwc.steps_per_split's within_waves). Rounded up, as it
-# has been timed, ResNet-50's 3×3 layers at batch 128 get 531 to 576 CTAs for 528 slots on 132 SMs: a third wave of 3
-# to 48. Off until wgmma_forward_builds.py's SPLIT_WITHIN_WAVES variant has timed it.
+# has been timed, ResNet-50's 3×3 layers of layer2 to layer4 at batch 128 get 531 to 576 CTAs for 528 slots on 132
+# SMs: a third wave of 3 to 48. Off until wgmma_forward_builds.py's SPLIT_WITHIN_WAVES variant has timed it.
 SPLIT_K_WITHIN_WAVES = False
 
 
