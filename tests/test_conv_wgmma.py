@@ -707,3 +707,114 @@ def test_the_split_within_its_waves_leaves_no_last_wave_of_a_few_ctas(monkeypatc
     monkeypatch.setattr(implicit_gemm_wgmma, "SPLIT_K_WITHIN_WAVES", True)
     implicit_gemm_wgmma._launch_backward_filter(None, None, None, problem)
     assert launches == [(54, 10, 1), (54, 9, 1)]  # 676 stages of 64 pixels: 10 slices of 68, or 9 of 76
+
+
+# ----------------------------------------------------------------------------------------------
+# A first layer's backward-filter on pixel pairs (implicit_gemm_nhwc.paired_problem, PAIRED_FILTER)
+# ----------------------------------------------------------------------------------------------
+PAIRED_CASES = {
+    "resnet_first_layer": (2, 3, 23, 21, 16, 7, 7, 2, 3, 1, 1),       # padding odd, S odd: a last pair half dropped
+    "caffenet_first_layer": (2, 3, 27, 27, 16, 11, 11, 4, 0, 1, 1),   # stride 4, no padding
+    "even_taps_even_padding": (3, 2, 12, 14, 8, 4, 4, 2, 2, 1, 1),
+    "one_channel_unread_columns": (2, 1, 9, 12, 8, 3, 3, 2, 1, 1, 1),  # W 12: the last column read by no window
+}
+
+
+def test_the_pairs_problem_halves_the_rows_and_keeps_the_output():
+    """ResNet's 7 × 7 stride-2 first layer at 224 × 224: 4 tap pairs over 113 vectors a row, stride 1 and padding 1
+    along W, the same 112 × 112 output; 224 GEMM rows where the padded problem has 392. Layers without an even
+    stride along W, with more than 4 channels, with groups or a dilation along W keep the padded copy."""
+    problem = problem_of((128, 3, 224, 224, 64, 7, 7, 2, 3, 1, 1), np.float16, "cuda")
+    pairs = implicit_gemm_nhwc.paired_problem(problem)
+    assert (pairs.C, pairs.W, pairs.S, pairs.stride, pairs.padding) == (8, 113, 4, (2, 1), (3, 1))
+    assert (pairs.P, pairs.Q, pairs.R * pairs.S * pairs.C) == (112, 112, 224)
+    padded = implicit_gemm_nhwc.padded_problem(problem)
+    assert padded.R * padded.S * padded.C == 392
+    for other in ((2, 3, 9, 9, 8, 3, 3, 1, 1, 1, 1), (2, 5, 9, 9, 8, 3, 3, 2, 1, 1, 1), (2, 4, 9, 9, 8, 3, 3, 2, 1, 1, 2),
+                  (2, 3, 9, 9, 8, 3, 3, 2, 1, 2, 1)):
+        assert implicit_gemm_nhwc.paired_problem(problem_of(other, np.float16, "cuda")) is None, other
+    assert implicit_gemm_nhwc.paired_problem(problem_of(PAIRED_CASES["resnet_first_layer"], np.float32, "cuda")) \
+        is None  # float32: TF32's four channels already fill its vectors
+
+
+@pytest.mark.parametrize("operands_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("case_name", PAIRED_CASES)
+def test_the_gpu_paths_pairs_reach_the_kernel_and_come_back_as_taps(monkeypatch, rng, case_name, operands_last):
+    """The GPU path with PAIRED_FILTER driven on NumPy arrays (float16), its kernel and finishing pass stood in by
+    NumPy: the kernel reads the pairs' problem from a NaN-poisoned workspace sized for it, each vector's halves two
+    adjacent columns of x (zeros past x and in the channels after its own), and the unpaired sums are the float64
+    reference's (to float32's rounding of the workspace's sums)."""
+    case = PAIRED_CASES[case_name]
+    problem = problem_of(case, np.float16, "cuda")
+    pairs = implicit_gemm_nhwc.paired_problem(problem)
+    monkeypatch.setattr(implicit_gemm_wgmma, "PAIRED_FILTER", True)
+    x, dy = (rng.standard_normal(shape).astype(np.float16) for shape in (problem.x_shape, problem.y_shape))
+    if operands_last:
+        x, dy = layout.to_channels_last(x), layout.to_channels_last(dy)
+    algorithm = implicit_gemm_wgmma.ImplicitGemmWgmma()
+    assert algorithm.workspace_bytes(problem, "backward_filter") == implicit_gemm_nhwc.chunk_workspace_bytes(
+        pairs, "backward_filter")
+    workspace = np.full(algorithm.workspace_bytes(problem, "backward_filter"), 255, np.uint8)
+    launches = []
+
+    def backward_filter(x_last, dy_last, sums, chunk):
+        launches.append(chunk)
+        values = x_last.view(np.float16).astype(np.float64)
+        assert values.shape == (chunk.N, pairs.H, pairs.W, 8) and not np.isnan(values).any()
+        halves = values.reshape(chunk.N, pairs.H, pairs.W, 2, 4)
+        padded_x = np.zeros((chunk.N, problem.H, 2 * pairs.W + 2, 4))
+        padded_x[:, :, 1:problem.W + 1, :problem.C] = np.asarray(layout.contiguous(x)).transpose(0, 2, 3, 1)
+        odd = problem.padding[1] % 2
+        for half in (0, 1):  # vector m's half j: column 2m − o + j (shifted by one for the zero column in front)
+            want = padded_x[:, :, 1 + half - odd:1 + half - odd + 2 * pairs.W:2][:, :, :pairs.W]
+            np.testing.assert_array_equal(halves[..., half, :], want)
+        dy_rows = dy_last.reshape(-1, chunk.K).view(np.float16).astype(np.float64)
+        for r, s, view in implicit_gemm_nhwc._tap_views(values, chunk):
+            sums[:, r, s, :] += dy_rows.T @ np.ascontiguousarray(view).reshape(-1, chunk.C)
+
+    def finish(sums, out, finished_problem, accumulate):
+        assert sums.shape == (problem.K, problem.R, problem.S, problem.C) and finished_problem is problem
+        out[...] = sums.transpose(0, 3, 1, 2)
+
+    monkeypatch.setattr(implicit_gemm_nhwc, "_finish_filter_gradient", finish)
+    monkeypatch.setattr(implicit_gemm_nhwc, "_to_channels_last",  # dy's transpose (layout.cu's on the GPU)
+                        lambda array, out: out.view(array.dtype).__setitem__(Ellipsis, array.transpose(0, 2, 3, 1)))
+    got = np.empty(problem.w_shape, np.float64)
+    implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, got, False, workspace, backward_filter,
+                                                  paired=True)
+    assert [chunk.C for chunk in launches] == [8] and launches[0].S == pairs.S
+    want = run("backward_filter", np.asarray(layout.contiguous(x), np.float64),
+               np.asarray(layout.contiguous(dy), np.float64), case, algo="reference")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)  # the workspace's float32 sums
+
+
+def test_the_gpu_call_asks_for_the_pairs_where_they_are_on(monkeypatch):
+    """implicit_gemm_wgmma's backward-filter on the GPU hands its chunk loop the pairs where PAIRED_FILTER is on and
+    the problem takes them (a first layer), the padded copy otherwise."""
+    calls = []
+    monkeypatch.setattr(implicit_gemm_nhwc, "_backward_filter_by_chunks", lambda *args: calls.append(args[-1]))
+    monkeypatch.setattr(implicit_gemm_wgmma.backend, "is_cuda_array", lambda array: True)
+    first_layer = problem_of(PAIRED_CASES["resnet_first_layer"], np.float16, "cuda")
+    algorithm = implicit_gemm_wgmma.ImplicitGemmWgmma()
+    for on in (False, True):
+        monkeypatch.setattr(implicit_gemm_wgmma, "PAIRED_FILTER", on)
+        algorithm.backward_filter(None, None, first_layer, None, False, None)
+        algorithm.backward_filter(None, None, problem_of(CASES["many_splits"], np.float16, "cuda"), None, False, None)
+    assert calls == [False, False, True, False]
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case_name", PAIRED_CASES)
+def test_the_paired_filter_gradient_within_the_half_bound(xp, monkeypatch, rng, case_name, name):
+    """With PAIRED_FILTER on, backward-filter of a first layer runs on pixel pairs (its NumPy twin on the CPU, the
+    kernel on the GPU): within the half bound of the float64 reference."""
+    if xp is not np and not _cuda.has_wgmma():
+        pytest.skip("wgmma needs a Hopper GPU")
+    monkeypatch.setattr(implicit_gemm_wgmma, "PAIRED_FILTER", True)
+    paired = []
+    pair = implicit_gemm_nhwc.pair_pixels
+    monkeypatch.setattr(implicit_gemm_nhwc, "pair_pixels", lambda *a: (paired.append(a[2]), pair(*a)))
+    conv.registry.clear_caches()
+    check_direction(xp, rng, PAIRED_CASES[case_name], "backward_filter", name,
+                    f"{case_name} backward_filter {name} on {xp.__name__}", algo=ALGO)
+    assert paired  # the pairs ran

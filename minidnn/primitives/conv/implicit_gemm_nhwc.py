@@ -155,8 +155,7 @@ class ImplicitGemmNhwc(ConvAlgorithm):
     def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
         if problem.device != "cuda":
             return 0  # the NumPy twin makes its own copies
-        problem = padded_problem(problem) or problem
-        return _bytes(_pieces(problem, direction, images_per_chunk(problem, direction)))
+        return chunk_workspace_bytes(padded_problem(problem) or problem, direction)
 
     def forward(self, x: Any, w: Any, problem: ConvProblem, out: Any, workspace: Any) -> None:
         if not backend.is_cuda_array(x):
@@ -202,6 +201,12 @@ def pads_channels(problem: ConvProblem, direction: str) -> bool:
         direction == "forward" or (direction == "backward_filter" and problem.K % _vector_values(problem) == 0))
 
 
+def chunk_workspace_bytes(problem: ConvProblem, direction: str) -> int:
+    """The workspace ``direction`` of ``problem`` (the one its kernels run: padded, paired) takes, a chunk of images
+    at a time."""
+    return _bytes(_pieces(problem, direction, images_per_chunk(problem, direction)))
+
+
 def _vector_values(problem: ConvProblem) -> int:
     """The values of the problem's type in one 16-byte copy: 8 half values, 4 float32 ones (TF32)."""
     return 16 // problem.itemsize
@@ -221,6 +226,57 @@ def padded_problem(problem: ConvProblem) -> ConvProblem | None:
 
 
 registry.cache_clearers.append(padded_problem.cache_clear)
+
+
+@functools.lru_cache(maxsize=1024)  # read on every call: worked out once per problem
+def paired_problem(problem: ConvProblem) -> ConvProblem | None:
+    """The problem backward-filter can run on pixel pairs where ``problem``'s channels fill at most half a 16-byte
+    vector (a network's first layer: 3 colour channels), one group, its stride along W even and no dilation there.
+
+    Padded, each vector of x would carry one tap's channels and zeros; paired, vector m carries the channels of two
+    columns, 2m − o and 2m − o + 1 (o = pad_w mod 2), each in its half, zeros after them. The window's taps s and
+    s + 1 then lie in one vector, since every window starts on a column of parity o: a filter of ⌈S/2⌉ tap pairs,
+    stride v/2 and padding ⌊pad_w/2⌋ along W, over as many vectors a row as the layer's Q output columns read (the
+    last ones zeros where its windows reach into the right padding). The GEMM's rows (taps × channels) are about half
+    the padded problem's; the sums of a last pair's second tap (S odd) are dropped. None where the layer does not
+    take it."""
+    half_vector = _vector_values(problem) // 2
+    (u, v), (pad_h, pad_w), (_, d_w) = problem.stride, problem.padding, problem.dilation
+    if problem.half_type is None or problem.groups != 1 or problem.C > half_vector or v % 2 or d_w != 1:
+        return None
+    pairs, pair_stride, pair_padding = -(-problem.S // 2), v // 2, pad_w // 2
+    vectors = (problem.Q - 1) * pair_stride + pairs - 2 * pair_padding  # so that the pairs' own Q is the layer's
+    return dataclasses.replace(problem, C=2 * half_vector, W=vectors, S=pairs, stride=(u, pair_stride),
+                               padding=(pad_h, pair_padding))
+
+
+registry.cache_clearers.append(paired_problem.cache_clear)
+
+
+def pair_pixels(x_last: Any, out: Any, problem: ConvProblem) -> None:
+    """out (N, H, W', V) = x_last (N, H, W, C) (any strides) as :func:`paired_problem`'s W' vectors of V values a row:
+    vector m's first half the channels of column 2m − o, its second those of column 2m − o + 1, zeros elsewhere (and
+    past the columns that are x's). Copied as they are: float16 values into the workspace's 16-bit words."""
+    if out.dtype != x_last.dtype:
+        out = out.view(x_last.dtype)
+    out.fill(0)
+    vectors, half_vector = out.shape[2], out.shape[3] // 2
+    halves = out.reshape(*out.shape[:3], 2, half_vector)
+    odd = problem.padding[1] % 2
+    for half in (0, 1):
+        column = half - odd  # vector 0's column in this half: −1 (padding) when o is 1
+        first = 1 if column < 0 else 0
+        columns = x_last[:, :, column + 2 * first::2, :][:, :, :vectors - first]
+        halves[:, :, first:first + columns.shape[2], half, :problem.C] = columns
+
+
+def unpair_sums(sums: Any, problem: ConvProblem) -> Any:
+    """The float32 sums (K, R, ⌈S/2⌉, V) of :func:`paired_problem`'s problem as ``problem``'s (K, R, S, C): tap
+    2s + j's channels are pair s's half j."""
+    K, R, pairs, vector = sums.shape
+    halves = sums.reshape(K, R, pairs, 2, vector // 2)[..., :problem.C]
+    return backend.get_array_module(sums).ascontiguousarray(
+        halves.reshape(K, R, 2 * pairs, problem.C)[:, :, :problem.S])
 
 
 def backward_data_problem(problem: ConvProblem, rows: tuple[int, int] | None = None,
@@ -445,22 +501,30 @@ def _forward_by_chunks(source: Any, w: Any, problem: ConvProblem, out: Any, work
 
 
 def _backward_filter_by_chunks(x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool, workspace: Any,
-                               launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None) -> None:
+                               launch: Callable[[Any, Any, Any, ConvProblem], None] | None = None,
+                               paired: bool = False) -> None:
     """Backward-filter on the GPU: per chunk of images the channels-last copies of x and dy and one ``launch``
     (this file's kernel, by default) adding into one float32 sum in the workspace, laid (K, R, S, C) as the kernels'
     tile rows run (so that their atomic additions are coalesced); then one launch lays it out as out (K, C/G, R, S),
-    float32 or rounded to the half type, added to out when accumulating."""
+    float32 or rounded to the half type, added to out when accumulating. ``paired``: x's copy is
+    :func:`paired_problem`'s pixel pairs where the problem takes them, instead of its channels padded."""
     launch = launch or _launch_backward_filter
-    padded = padded_problem(problem)  # x's channels padded where they fill no vectors
-    work = padded or problem
-    whole = padded is None and layout.is_channels_last(x) and layout.is_channels_last(dy)
+    pairs = paired_problem(problem) if paired else None
+    padded = None if pairs else padded_problem(problem)  # x's channels padded where they fill no vectors
+    work = pairs or padded or problem
+    whole = work is problem and layout.is_channels_last(x) and layout.is_channels_last(dy)
     for first, chunk in _chunks(work, "backward_filter", whole=whole):
         sums, x_last, dy_last = _chunk_arrays(workspace, work, chunk, "backward_filter")
         if first == 0:  # every chunk adds into the one float32 sum
             sums.fill(0)
-        launch(_channels_last_buffer(x[first:first + chunk.N], x_last),
+        x_chunk = x[first:first + chunk.N]
+        if pairs is not None:
+            pair_pixels(x_chunk.transpose(0, 2, 3, 1), x_last, problem)
+        launch(x_last if pairs is not None else _channels_last_buffer(x_chunk, x_last),
                _channels_last_buffer(dy[first:first + chunk.N], dy_last), sums, chunk)
-    if padded is not None:  # the padded channels' sums (zeros) dropped
+    if pairs is not None:
+        sums = unpair_sums(sums, problem)
+    elif padded is not None:  # the padded channels' sums (zeros) dropped
         sums = backend.get_array_module(sums).ascontiguousarray(sums[..., :problem.C])
     _finish_filter_gradient(sums, out, problem, accumulate)
 

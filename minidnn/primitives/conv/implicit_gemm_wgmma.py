@@ -41,7 +41,7 @@ from .. import _cuda, convert, layout, tensor_map
 from . import implicit_gemm_nhwc
 from .implicit_gemm_nhwc import ImplicitGemmNhwc
 from .problem import ConvProblem
-from .registry import register
+from .registry import register, store_half_filter_gradient
 
 SOURCE = "conv/implicit_gemm_wgmma.cu"
 THREADS = 256
@@ -80,6 +80,10 @@ FILTER_TMA: dict[int, bool] = {128: False, 64: False}
 # whether it runs: off until timed against the gathers (benchmarks/probes/strided_dgrad_phases_one_launch.py
 # --phases-tma).
 PHASES_TMA: dict[int, bool] = {128: False, 64: False}
+# Whether the half backward-filter of a network's first layer (3 channels, an even stride along W) runs on pixel pairs
+# (implicit_gemm_nhwc.paired_problem: two taps a 16-byte copy, about half the GEMM's rows of the padded problem's).
+# Off until timed against the padded channels (benchmarks/probes/first_layer_filter_pairs.py).
+PAIRED_FILTER = False
 
 
 class ProducerBuild(NamedTuple):
@@ -166,13 +170,34 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
             return
         implicit_gemm_nhwc._forward_by_chunks(dy, w, problem, out, workspace, "backward_data", _launch_forward)
 
+    def workspace_bytes(self, problem: ConvProblem, direction: str) -> int:
+        pairs = paired(problem, direction)
+        if pairs is None or problem.device != "cuda":
+            return super().workspace_bytes(problem, direction)
+        return implicit_gemm_nhwc.chunk_workspace_bytes(pairs, direction)
+
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
+        pairs = paired(problem, "backward_filter")
+        if not backend.is_cuda_array(x) and pairs is not None:  # the NumPy twin of the paired copies
+            x_pairs = np.zeros((pairs.N, pairs.H, pairs.W, pairs.C), np.float32)
+            implicit_gemm_nhwc.pair_pixels(implicit_gemm_nhwc._widened_channels_last(x, problem), x_pairs, problem)
+            sums = implicit_gemm_nhwc._numpy_backward_filter(
+                x_pairs, implicit_gemm_nhwc._widened_channels_last(dy, problem), pairs).transpose(0, 2, 3, 1)
+            dw = implicit_gemm_nhwc.unpair_sums(sums, problem).transpose(0, 3, 1, 2)
+            store_half_filter_gradient(dw, out, problem.half_type, accumulate)
+            return
         if not backend.is_cuda_array(x):
             super().backward_filter(x, dy, problem, out, accumulate, workspace)
             return
         implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace,
-                                                      _launch_backward_filter)
+                                                      _launch_backward_filter, pairs is not None)
+
+
+def paired(problem: ConvProblem, direction: str) -> ConvProblem | None:
+    """The pixel pairs' problem where PAIRED_FILTER runs backward-filter on them (implicit_gemm_nhwc.paired_problem),
+    else None."""
+    return implicit_gemm_nhwc.paired_problem(problem) if PAIRED_FILTER and direction == "backward_filter" else None
 
 
 def _supports_tf32(problem: ConvProblem, direction: str) -> bool:
