@@ -270,6 +270,16 @@ def pair_pixels(x_last: Any, out: Any, problem: ConvProblem) -> None:
         halves[:, :, first:first + columns.shape[2], half, :problem.C] = columns
 
 
+def numpy_paired_backward_filter(x: np.ndarray, dy: np.ndarray, problem: ConvProblem) -> np.ndarray:
+    """dw (K, C, R, S) float32 of ``problem`` computed on :func:`paired_problem`'s pixel pairs: the NumPy twin of
+    the GPU path that copies x as pairs."""
+    pairs = paired_problem(problem)
+    x_pairs = np.zeros((pairs.N, pairs.H, pairs.W, pairs.C), np.float32)
+    pair_pixels(_widened_channels_last(x, problem), x_pairs, problem)
+    sums = _numpy_backward_filter(x_pairs, _widened_channels_last(dy, problem), pairs).transpose(0, 2, 3, 1)
+    return unpair_sums(sums, problem).transpose(0, 3, 1, 2)
+
+
 def unpair_sums(sums: Any, problem: ConvProblem) -> Any:
     """The float32 sums (K, R, ⌈S/2⌉, V) of :func:`paired_problem`'s problem as ``problem``'s (K, R, S, C): tap
     2s + j's channels are pair s's half j."""

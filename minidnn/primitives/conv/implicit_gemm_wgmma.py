@@ -179,19 +179,14 @@ class ImplicitGemmWgmma(ImplicitGemmNhwc):
     def backward_filter(self, x: Any, dy: Any, problem: ConvProblem, out: Any, accumulate: bool,
                         workspace: Any) -> None:
         pairs = paired(problem, "backward_filter")
-        if not backend.is_cuda_array(x) and pairs is not None:  # the NumPy twin of the paired copies
-            x_pairs = np.zeros((pairs.N, pairs.H, pairs.W, pairs.C), np.float32)
-            implicit_gemm_nhwc.pair_pixels(implicit_gemm_nhwc._widened_channels_last(x, problem), x_pairs, problem)
-            sums = implicit_gemm_nhwc._numpy_backward_filter(
-                x_pairs, implicit_gemm_nhwc._widened_channels_last(dy, problem), pairs).transpose(0, 2, 3, 1)
-            dw = implicit_gemm_nhwc.unpair_sums(sums, problem).transpose(0, 3, 1, 2)
-            store_half_filter_gradient(dw, out, problem.half_type, accumulate)
-            return
-        if not backend.is_cuda_array(x):
+        if backend.is_cuda_array(x):
+            implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace,
+                                                          _launch_backward_filter, pairs is not None)
+        elif pairs is not None:  # the NumPy twin on the same pixel pairs
+            store_half_filter_gradient(implicit_gemm_nhwc.numpy_paired_backward_filter(x, dy, problem), out,
+                                       problem.half_type, accumulate)
+        else:
             super().backward_filter(x, dy, problem, out, accumulate, workspace)
-            return
-        implicit_gemm_nhwc._backward_filter_by_chunks(x, dy, problem, out, accumulate, workspace,
-                                                      _launch_backward_filter, pairs is not None)
 
 
 def paired(problem: ConvProblem, direction: str) -> ConvProblem | None:
