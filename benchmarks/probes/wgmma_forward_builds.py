@@ -15,7 +15,7 @@ persistent CTA an SM). TMA:1 (or 0) runs the forward kernel's TMA build at both 
 PRODUCER build, the producer warpgroup's first thread issuing the copies). FILTER_TMA:1 (or 0) runs the half
 backward-filter's TMA build at both widths, where the problem fits (implicit_gemm_wgmma.FILTER_TMA);
 SPLIT_WITHIN_WAVES:1 rounds backward-filter's split down to the waves it aims at
-(implicit_gemm_wgmma.SPLIT_K_WITHIN_WAVES). PIPELINE_STAGES and
+(implicit_gemm_wgmma.SPLIT_K_WITHIN_WAVES), and SPLIT_WAVES sets those waves (SPLIT_K_WAVES). PIPELINE_STAGES and
 PIPELINE_IN_FLIGHT (0 unless given) set implicit_gemm_wgmma.PIPELINES at both widths: every kernel's stages and
 product groups in flight, and the shared memory its launch asks. Each
 variant's output is held against the first variant's: the largest difference over the largest magnitude (the same
@@ -54,7 +54,7 @@ LAYERS = [("resnet18.layer1", 128, 64, 56, 56, 64, 3, 3, 1, 1),
 DIRECTIONS = ("forward", "backward_data")
 # A variant's entries that are Python settings, not macros.
 SETTINGS = ("TILE_WIDTH", "FILTER_WIDTH", "PRODUCER_STAGES", "PRODUCER_IN_FLIGHT", "PRODUCER_WARPGROUPS", "TMA",
-            "FILTER_TMA", "SPLIT_WITHIN_WAVES", "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
+            "FILTER_TMA", "SPLIT_WITHIN_WAVES", "SPLIT_WAVES", "PIPELINE_STAGES", "PIPELINE_IN_FLIGHT")
 
 
 def per_call_ms(call, cupy):
@@ -86,6 +86,7 @@ def main() -> None:
     original_tma = wgmma.FORWARD_TMA
     original_filter_tma = wgmma.FILTER_TMA
     original_within = wgmma.SPLIT_K_WITHIN_WAVES
+    original_waves = wgmma.SPLIT_K_WAVES
     original_pipelines = wgmma.PIPELINES
 
     def tile_width(columns, kernel):
@@ -120,6 +121,7 @@ def main() -> None:
                     wgmma.FILTER_TMA = ({128: bool(settings["FILTER_TMA"]), 64: bool(settings["FILTER_TMA"])}
                                         if "FILTER_TMA" in settings else original_filter_tma)
                     wgmma.SPLIT_K_WITHIN_WAVES = bool(settings.get("SPLIT_WITHIN_WAVES", original_within))
+                    wgmma.SPLIT_K_WAVES = settings.get("SPLIT_WAVES", original_waves)
                     wgmma.PIPELINES = original_pipelines
                     if "PIPELINE_STAGES" in settings:
                         pipeline = (settings["PIPELINE_STAGES"], settings.get("PIPELINE_IN_FLIGHT", 0))
@@ -150,6 +152,7 @@ def main() -> None:
     wgmma.FORWARD_TMA = original_tma
     wgmma.FILTER_TMA = original_filter_tma
     wgmma.SPLIT_K_WITHIN_WAVES = original_within
+    wgmma.SPLIT_K_WAVES = original_waves
     wgmma.PIPELINES = original_pipelines
     names = [name for name, _ in variants]
     columns = names + ["cudnn_channels_last"] + [f"{n}_over_cudnn" for n in names] + [f"{n}_tflops" for n in names]
