@@ -460,14 +460,15 @@ def test_the_phase_tma_build_equals_the_gathering_build_on_the_gpu(monkeypatch, 
         assert launched  # the TMA build ran
         assert np.array_equal(to_numpy(layout.flat(copied)).view(words), to_numpy(layout.flat(gathered)).view(words))
         dy2, w2 = operands()
+        dy_last, dy2_last = layout.to_channels_last(dy), layout.to_channels_last(dy2)  # outside the recording
         out = layout.empty(case.x_shape, storage, cupy, True)
         workspace = cupy.empty(ALGORITHM.workspace_bytes(case, "backward_data"), np.uint8)
         with _cuda.recording() as steps:
-            ALGORITHM.run_in_layout("backward_data", layout.to_channels_last(dy), w, case, out, False, workspace)
-        ready = _cuda.ReadyCall(steps, (layout.to_channels_last(dy), w, layout.flat(out), workspace), (), ())
+            ALGORITHM.run_in_layout("backward_data", dy_last, w, case, out, False, workspace)
+        ready = _cuda.ReadyCall(steps, (dy_last, w, layout.flat(out), workspace), (), ())
         replayed = layout.empty(case.x_shape, storage, cupy, True)
         layout.flat(replayed).fill(0)  # as the call's own fill leaves the pixels no phase writes
-        ready(layout.to_channels_last(dy2), w2, layout.flat(replayed), cupy.empty_like(workspace))
+        ready(dy2_last, w2, layout.flat(replayed), cupy.empty_like(workspace))
         direct = backward_data(dy2, w2)
     assert np.array_equal(to_numpy(layout.flat(replayed)).view(words), to_numpy(layout.flat(direct)).view(words))
     assert not np.array_equal(to_numpy(layout.flat(replayed)).view(words), to_numpy(layout.flat(copied)).view(words))
