@@ -368,26 +368,35 @@ __device__ __forceinline__ void copy_rows(const unsigned destination, const Tens
         ::"r"(destination), "l"(reinterpret_cast<uint64_t>(&map)), "r"(barrier), "r"(column), "r"(row) : "memory");
 }
 
-// A tile's stages through the two maps: its first pixel (n, p, q) and that pixel's window corner, its first filter row
-// of w (K·G, R·S·C); stage `index` is tap index / slices, channel slice index % slices, of group blockIdx.z.
-struct TmaTile {
-    int n, corner_h, corner_w, filter_row, slices;
+// Output pixel `pixel` (of N·P·Q, in order) as an im2col copy names the first of its pixels: its image n and its
+// window's corner (h, w) = (p·stride − pad, q·stride − pad).
+struct WindowCorner {
+    int n, h, w;
 
-    __device__ __forceinline__ TmaTile(const NhwcShape& s, const int tile_m, const int tile_n) {
-        const int PQ = s.P * s.Q, first = tile_m * BLOCK_M, pq = first % PQ;
-        n = first / PQ;
-        corner_h = pq / s.Q * s.stride_h - s.pad_h;
-        corner_w = pq % s.Q * s.stride_w - s.pad_w;
-        filter_row = blockIdx.z * s.K + tile_n * BLOCK_N;
-        slices = s.C / BLOCK_K;
+    __device__ __forceinline__ WindowCorner(const NhwcShape& s, const int pixel) {
+        const int PQ = s.P * s.Q, pq = pixel % PQ;
+        n = pixel / PQ;
+        h = pq / s.Q * s.stride_h - s.pad_h;
+        w = pq % s.Q * s.stride_w - s.pad_w;
     }
+};
+
+// A tile's stages through the two maps: its first pixel's window corner, its first filter row of w (K·G, R·S·C);
+// stage `index` is tap index / slices, channel slice index % slices, of group blockIdx.z.
+struct TmaTile {
+    WindowCorner corner;
+    int filter_row, slices;
+
+    __device__ __forceinline__ TmaTile(const NhwcShape& s, const int tile_m, const int tile_n)
+        : corner(s, tile_m * BLOCK_M), filter_row(blockIdx.z * s.K + tile_n * BLOCK_N), slices(s.C / BLOCK_K) {}
 
     // Stage `index`'s two copies into the stage at shared address `a`, completing on `barrier`, which expects them.
     __device__ __forceinline__ void copy(const unsigned a, const unsigned barrier, const int index, const NhwcShape& s,
                                          const TensorMap& x_map, const TensorMap& w_map) const {
         const int tap = index / slices, r = tap / s.S, c = blockIdx.z * s.C + (index - tap * slices) * BLOCK_K;
         expect_bytes(barrier, STAGE_BYTES);
-        copy_pixels(a, x_map, barrier, c, corner_w, corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
+        copy_pixels(a, x_map, barrier, c, corner.w, corner.h, corner.n, (tap - r * s.S) * s.dilation_w,
+                    r * s.dilation_h);
         copy_rows(a + A_BYTES, w_map, barrier, index * BLOCK_K, filter_row);
     }
 };
@@ -770,7 +779,7 @@ implicit_gemm_wgmma_backward_filter(const __grid_constant__ TensorMap x_map, con
     const unsigned base = shared_address(shared_memory);
     unsigned char* const tiles = shared_memory + ((base + GROUP_BYTES - 1) / GROUP_BYTES * GROUP_BYTES - base);
     const unsigned first_stage = shared_address(tiles), full = first_stage + STAGES * STAGE_BYTES;
-    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q, PQ = s.P * s.Q;
+    const int rows = s.R * s.S * s.C, pixels = s.N * s.P * s.Q;
     const int n_tiles = (s.K + BLOCK_N - 1) / BLOCK_N;
     const int tile_m = blockIdx.x / n_tiles, tile_n = blockIdx.x % n_tiles;
     const int steps = (pixels + BLOCK_K - 1) / BLOCK_K;
@@ -781,13 +790,13 @@ implicit_gemm_wgmma_backward_filter(const __grid_constant__ TensorMap x_map, con
 
     auto copy_stage = [&](const int buffer, const int index) {  // thread 0 only
         const unsigned a = first_stage + buffer * STAGE_BYTES, barrier = full + 8 * buffer;
-        const int pixel = (first + index) * BLOCK_K, n = pixel / PQ, pq = pixel - n * PQ;
-        const int corner_h = pq / s.Q * s.stride_h - s.pad_h, corner_w = pq % s.Q * s.stride_w - s.pad_w;
+        const int pixel = (first + index) * BLOCK_K;
+        const WindowCorner corner(s, pixel);
         expect_bytes(barrier, a_panels * PANEL_BYTES + B_BYTES);
         for (int panel = 0; panel < a_panels; ++panel) {
             const int row = tile_m * BLOCK_M + BLOCK_K * panel, tap = row / s.C, r = tap / s.S;
-            copy_pixels(a + panel * PANEL_BYTES, x_map, barrier, blockIdx.z * s.C + row - tap * s.C, corner_w,
-                        corner_h, n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
+            copy_pixels(a + panel * PANEL_BYTES, x_map, barrier, blockIdx.z * s.C + row - tap * s.C, corner.w,
+                        corner.h, corner.n, (tap - r * s.S) * s.dilation_w, r * s.dilation_h);
         }
 #pragma unroll
         for (int panel = 0; panel < BLOCK_N / BLOCK_K; ++panel)

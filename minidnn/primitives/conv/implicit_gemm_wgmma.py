@@ -284,23 +284,27 @@ def tma_fits(shape: np.void, itemsize: int, x_last: Any, w_last: Any) -> bool:
 
 
 # Worked out once per shape: an eager step asks again at every call, and the checks cost several microseconds.
+# ``cropped``: the shape's output is a strided backward-data's phase, cropped (its box of window corners ends after
+# it: _padding_after).
 @functools.lru_cache(maxsize=1024)
-def _shape_fits(shape_bytes: bytes, itemsize: int) -> bool:
+def _shape_fits(shape_bytes: bytes, itemsize: int, cropped: bool = False) -> bool:
     shape = _unpack(shape_bytes)
     return (int(shape["C"]) * itemsize % ROW_BYTES == 0
             and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, *_window(shape),
-                                       ROW_BYTES // itemsize, BLOCK_M))
+                                       ROW_BYTES // itemsize, BLOCK_M, _padding_after(shape) if cropped else None))
 
 
 @functools.lru_cache(maxsize=1024)
-def _map_arguments(shape_bytes: bytes, itemsize: int, block_n: int) -> tuple[tensor_map.MapArguments,
-                                                                             tensor_map.MapArguments]:
+def _map_arguments(shape_bytes: bytes, itemsize: int, block_n: int,
+                   cropped: bool = False) -> tuple[tensor_map.MapArguments, tensor_map.MapArguments]:
     """The TMA build's two maps for an NhwcShape's bytes: x (N, H, W, C·G) read as im2col boxes of BLOCK_M pixels ×
-    128 bytes, w (K·G, R·S·C) as boxes of block_n rows × 128 bytes."""
+    128 bytes (``cropped``: its box of window corners ending after the shape's cropped output), w (K·G, R·S·C) as
+    boxes of block_n rows × 128 bytes."""
     shape = _unpack(shape_bytes)
     groups, channels = int(shape["groups"]), ROW_BYTES // itemsize
     x_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
-                                        int(shape["C"]) * groups, itemsize, *_window(shape), channels, BLOCK_M)
+                                        int(shape["C"]) * groups, itemsize, *_window(shape), channels, BLOCK_M,
+                                        _padding_after(shape) if cropped else None)
     w_map = tensor_map.tiled_arguments(int(shape["K"]) * groups, int(shape["R"]) * int(shape["S"]) * int(shape["C"]),
                                        itemsize, channels, block_n)
     return x_map, w_map
@@ -405,18 +409,18 @@ def _launch_phases(dy_last: Any, filters: Any, dx: Any, phases: np.void, grid: t
     PHASES_TMA on at this width, through the TMA build where every phase fits."""
     _cuda.check_int32(dy_last, filters, dx)
     block_n = tile_width(int(phases["shape"][0]["K"]), "forward")
-    if PHASES_TMA.get(block_n) and phases_tma_fits(phases, dy_last, filters):
-        kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True,
-                         tma=True)
-        shared = tma_shared_bytes(block_n)
-        implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
-        maps = _phase_map_arguments(phases.tobytes(), dy_last.dtype.itemsize, block_n)
-        _launch_mapped(kernel, grid, THREADS, shared, functools.partial(_phase_maps, maps),
-                       (dy_last, filters, layout.flat(dx)), (phases,))
+    tma = PHASES_TMA.get(block_n, False) and phases_tma_fits(phases, dy_last, filters)
+    kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True,
+                     tma=tma)
+    if not tma:
+        implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n),
+                                               (dy_last, filters, layout.flat(dx), phases))
         return
-    kernel = _kernel("implicit_gemm_wgmma_phases", convert.half_type_of(dx), block_n, y_last=True, placed=True)
-    implicit_gemm_nhwc._launch_tile_kernel(kernel, grid, shared_bytes(block_n), (dy_last, filters, layout.flat(dx),
-                                                                                 phases))
+    shared = tma_shared_bytes(block_n)
+    implicit_gemm_nhwc.allow_shared_bytes(kernel, shared)
+    maps = _phase_map_arguments(phases.tobytes(), dy_last.dtype.itemsize, block_n)
+    _launch_mapped(kernel, grid, THREADS, shared, functools.partial(_phase_maps, maps),
+                   (dy_last, filters, layout.flat(dx)), (phases,))
 
 
 def _launch_backward_filter(x_last: Any, dy_last: Any, sums: Any, problem: ConvProblem) -> None:
@@ -508,30 +512,17 @@ def _phase_shapes(phases_bytes: bytes) -> tuple[np.void, ...]:
 
 @functools.lru_cache(maxsize=256)
 def _phases_shape_fits(phases_bytes: bytes, itemsize: int) -> bool:
-    return all(int(shape["C"]) * itemsize % ROW_BYTES == 0
-               and tensor_map.im2col_fits(int(shape["C"]) * int(shape["groups"]), itemsize, *_window(shape),
-                                          ROW_BYTES // itemsize, BLOCK_M, _padding_after(shape))
-               for shape in _phase_shapes(phases_bytes))
+    return all(_shape_fits(shape.tobytes(), itemsize, cropped=True) for shape in _phase_shapes(phases_bytes))
 
 
 @functools.lru_cache(maxsize=256)
 def _phase_map_arguments(phases_bytes: bytes, itemsize: int,
                          block_n: int) -> tuple[tuple[tensor_map.MapArguments, tensor_map.MapArguments, int], ...]:
-    """Each phase's maps and where its sub-filter starts: dy (N, P, Q, K·G) read as im2col boxes of BLOCK_M pixels ×
-    128 bytes, its corners the phase's cropped output; the sub-filter (C·G, R_a·S_b·K) as boxes of block_n rows × 128
-    bytes, at its offset in bytes from the filters' base."""
-    phases, channels = np.frombuffer(phases_bytes, dtype=_PHASES)[0], ROW_BYTES // itemsize
-    found = []
-    for i, shape in enumerate(_phase_shapes(phases_bytes)):
-        groups = int(shape["groups"])
-        dy_map = tensor_map.im2col_arguments(int(shape["N"]), int(shape["H"]), int(shape["W"]),
-                                             int(shape["C"]) * groups, itemsize, *_window(shape), channels, BLOCK_M,
-                                             _padding_after(shape))
-        w_map = tensor_map.tiled_arguments(int(shape["K"]) * groups,
-                                           int(shape["R"]) * int(shape["S"]) * int(shape["C"]), itemsize, channels,
-                                           block_n)
-        found.append((dy_map, w_map, int(phases["filter_offset"][i]) * itemsize))
-    return tuple(found)
+    """Each phase's maps (the TMA forward's, dy's box of window corners ending after the phase's cropped output) and
+    where its sub-filter (C·G, R_a·S_b·K) starts, in bytes from the filters' base."""
+    offsets = np.frombuffer(phases_bytes, dtype=_PHASES)[0]["filter_offset"]
+    return tuple((*_map_arguments(shape.tobytes(), itemsize, block_n, cropped=True), int(offsets[i]) * itemsize)
+                 for i, shape in enumerate(_phase_shapes(phases_bytes)))
 
 
 def _phase_maps(maps: tuple[tuple[tensor_map.MapArguments, tensor_map.MapArguments, int], ...], dy_address: int,
